@@ -1,0 +1,72 @@
+"""GPU discovery that never initialises CUDA in the calling process.
+
+The notebook's own process must stay CUDA-free: a CUDA context there would pin memory on GPU 0,
+and any later ``fork`` (DataLoader workers, multiprocessing) would inherit a broken context. So
+the count comes from NVML (which reads the driver, not the runtime) and, where NVML is not
+usable, from a short-lived child process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+__all__ = ["available", "device_count"]
+
+
+def _visible_limit() -> int | None:
+    """How many devices CUDA_VISIBLE_DEVICES allows, or None when it is unset."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = [v for v in value.split(",") if v.strip()]
+    # CUDA stops at the first invalid entry (e.g. "-1"); count up to it.
+    count = 0
+    for entry in entries:
+        entry = entry.strip()
+        if entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+@functools.lru_cache(maxsize=None)
+def _count_for(visible: str | None) -> int:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return 0  # a CPU build of torch: no GPU can be used, whatever the machine has
+    count = -1
+    nvml_count = getattr(torch.cuda, "_device_count_nvml", None)
+    if nvml_count is not None:
+        try:
+            count = int(nvml_count())
+        except Exception:
+            count = -1
+    if count < 0:
+        # NVML unusable: ask a throwaway process, whose CUDA initialisation dies with it.
+        probe = "import torch; print(torch.cuda.device_count())"
+        try:
+            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                 timeout=120, check=True).stdout
+            count = int(out.strip().splitlines()[-1])
+        except Exception:
+            count = 0
+    limit = _visible_limit()
+    if limit is not None:
+        count = min(count, limit)
+    return max(count, 0)
+
+
+def device_count() -> int:
+    """Number of CUDA devices this process could use, without initialising CUDA here."""
+    return _count_for(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def available() -> bool:
+    """Whether at least one CUDA device can be used, without initialising CUDA here."""
+    return device_count() > 0

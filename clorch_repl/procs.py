@@ -1,0 +1,148 @@
+"""Process plumbing shared by worker kernels and batch jobs: free ports, stopping process trees,
+and the watchdog that ends a rank when the process that started it is gone.
+
+Processes are only ever signalled by the pid or process group we started, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Callable, Iterable
+
+import psutil
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free on ``host`` a moment ago (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``-9`` -> ``"killed by signal SIGKILL"``; ``3`` -> ``"exit code 3"``."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = str(-returncode)
+        hint = " (out of memory? the OOM killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
+        return f"killed by signal {name}{hint}"
+    return f"exit code {returncode}"
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and every descendant, parents first; [] when it is already gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Signal a whole process group; False when it no longer exists."""
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def terminate_tree(pid: int, grace_s: float = 5.0, *, group: bool = True,
+                   is_gone: Callable[[], bool] | None = None) -> None:
+    """SIGTERM a process, its descendants and (``group``) its process group; SIGKILL what is left
+    after ``grace_s``. Descendants are collected first, so children that re-parent to init when
+    their parent dies are still found and ended."""
+    tree = process_tree(pid)
+    pgid = None
+    if group:
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            pgid = None
+        if pgid is not None and pgid != os.getpgrp():
+            signal_group(pgid, signal.SIGTERM)
+        else:
+            pgid = None
+    for proc in tree:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    if is_gone is not None and is_gone() and not alive:
+        return
+    if pgid is not None:
+        signal_group(pgid, signal.SIGKILL)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
+    """Wait until none of ``pids`` runs (zombies count as gone); return those still running."""
+    deadline = time.monotonic() + timeout_s
+    remaining = list(pids)
+    while remaining:
+        remaining = [p for p in remaining if pid_running(p)]
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return remaining
+
+
+def pid_running(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) is not running."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def watch_parent(parent_pid: int, on_orphaned: Callable[[], None], interval_s: float = 0.5) -> threading.Thread:
+    """Call ``on_orphaned`` (from a daemon thread) as soon as ``parent_pid`` is no longer our parent.
+
+    Polling getppid is the portable way to notice a parent's death even when it was SIGKILLed
+    (no chance for it to clean up); prctl(PR_SET_PDEATHSIG) fires when the parent *thread* exits,
+    which is wrong for a parent that launches us from a worker thread.
+    """
+
+    def run() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                on_orphaned()
+                return
+            time.sleep(interval_s)
+
+    thread = threading.Thread(target=run, name="clorch-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def end_own_group() -> None:
+    """End this process and, when it leads its own process group (as every rank we start does),
+    everything in that group: a rank's DataLoader workers and other children go with it."""
+    try:
+        for child in process_tree(os.getpid())[1:]:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(1)

@@ -1,0 +1,145 @@
+"""Who runs where: validating rank counts, device lists and backends once, for every entry point.
+
+``%clorch start`` and ``distributed.launch`` accept the same words (``nproc``, ``devices``,
+``backend``, ``timeout``) and must refuse the same mistakes with the same one-line message, before
+any process starts. Both call :func:`resolve_topology`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from . import cuda
+from .errors import ConfigError
+
+BACKENDS = ("nccl", "gloo")
+CPU_DEFAULT_NPROC = 2
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The validated layout of one group of ranks on this host.
+
+    ``devices[r]`` is the physical GPU index of rank ``r`` (its CUDA_VISIBLE_DEVICES), or None for
+    a CPU rank. ``timeout_s`` is the process-group timeout (collectives, rendezvous).
+    """
+
+    nproc: int
+    devices: tuple[int | None, ...]
+    backend: str
+    timeout_s: float
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.devices[0] is not None
+
+    def device_label(self, rank: int) -> str:
+        dev = self.devices[rank]
+        return "cpu" if dev is None else f"cuda:{dev}"
+
+
+def parse_int_list(value: str | Iterable[int] | None, what: str) -> list[int] | None:
+    """``"0,1"`` or ``[0, 1]`` to ``[0, 1]``; None stays None. Refuses junk with one line."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ConfigError(f"{what} is empty: give comma-separated integers, e.g. 0,1")
+        items: list[int] = []
+        for part in text.split(","):
+            part = part.strip()
+            try:
+                items.append(int(part))
+            except ValueError:
+                raise ConfigError(f"{what} must be comma-separated integers, e.g. 0,1; got {value!r}") from None
+        return items
+    try:
+        items = [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a list of integers; got {value!r}") from None
+    if any(isinstance(v, bool) for v in value):
+        raise ConfigError(f"{what} must be a list of integers; got {value!r}")
+    return items
+
+
+def check_unique_in_range(items: Sequence[int], upper: int, what: str, unit: str) -> None:
+    """Refuse repeated or out-of-range entries in a rank or device list."""
+    seen: set[int] = set()
+    for item in items:
+        if item in seen:
+            raise ConfigError(f"{what} repeats {item}: each {unit} may appear once")
+        seen.add(item)
+        if not 0 <= item < upper:
+            hint = f"0..{upper - 1}" if upper > 0 else "none exist"
+            raise ConfigError(f"{what} names {unit} {item}, which does not exist ({hint})")
+
+
+def parse_timeout(value: float | str | None, what: str = "timeout") -> float | None:
+    """Seconds as a positive finite float, or None for no limit."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a number of seconds; got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{what} must be a positive number of seconds; got {value!r}")
+    return seconds
+
+
+def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int] | None = None,
+                     backend: str | None = None, timeout_s: float | str | None = None,
+                     gpu_count: int | None = None) -> Topology:
+    """Turn what the user typed into a :class:`Topology`, or raise :class:`ConfigError`.
+
+    Defaults: every visible GPU with nccl; with no GPU, 2 CPU ranks with gloo. ``gpu_count`` is
+    looked up with :func:`clorch_repl.cuda.device_count` (which never initialises CUDA here)
+    unless given.
+    """
+    if nproc is not None:
+        try:
+            nproc = int(nproc)
+        except (TypeError, ValueError):
+            raise ConfigError(f"nproc must be a whole number of ranks; got {nproc!r}") from None
+        if nproc < 1:
+            raise ConfigError(f"nproc must be at least 1; got {nproc}")
+    if backend is not None:
+        backend = str(backend).lower()
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    timeout = parse_timeout(timeout_s, "timeout")
+    device_list = parse_int_list(devices, "devices")
+    if gpu_count is None:
+        gpu_count = cuda.device_count() if (device_list is not None or backend != "gloo") else 0
+
+    if device_list is not None:
+        if not device_list:
+            raise ConfigError("devices is empty: name at least one GPU, e.g. --devices 0")
+        if gpu_count == 0:
+            raise ConfigError(f"devices {','.join(map(str, device_list))} were given, but this machine has "
+                              "no usable GPU; leave out devices to run CPU ranks with gloo")
+        check_unique_in_range(device_list, gpu_count, "devices", "GPU")
+        if nproc is not None and nproc != len(device_list):
+            raise ConfigError(f"nproc {nproc} and devices {','.join(map(str, device_list))} disagree: "
+                              "give one device per rank, or leave one of them out")
+        nproc = len(device_list)
+        backend = backend or "nccl"
+        placed: tuple[int | None, ...] = tuple(device_list)
+    elif backend == "gloo" or gpu_count == 0:
+        if backend == "nccl":
+            raise ConfigError("backend nccl needs GPUs and this machine has none; use --backend gloo")
+        backend = "gloo"
+        nproc = nproc or CPU_DEFAULT_NPROC
+        placed = (None,) * nproc
+    else:
+        backend = backend or "nccl"
+        nproc = nproc or gpu_count
+        if nproc > gpu_count:
+            raise ConfigError(f"nproc {nproc} needs {nproc} GPUs but {gpu_count} are visible: one NCCL rank "
+                              "per GPU (two ranks cannot share one GPU)")
+        placed = tuple(range(nproc))
+    return Topology(nproc=nproc, devices=placed, backend=backend,
+                    timeout_s=timeout if timeout is not None else 600.0)
