@@ -59,22 +59,17 @@ def signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-def terminate_tree(pid: int, grace_s: float = 5.0, *, group: bool = True,
+def terminate_tree(pid: int, grace_s: float = 5.0, *, pgid: int | None = None,
                    is_gone: Callable[[], bool] | None = None) -> None:
-    """SIGTERM a process, its descendants and (``group``) its process group; SIGKILL what is left
-    after ``grace_s``. Descendants are collected first, so children that re-parent to init when
-    their parent dies are still found and ended."""
+    """SIGTERM a process, its descendants and its process group ``pgid`` (pass it for a process
+    started in a session of its own: the group outlives its leader); SIGKILL what is left after
+    ``grace_s``. Descendants are collected first, so children that re-parent to init when their
+    parent dies are still found and ended."""
     tree = process_tree(pid)
-    pgid = None
-    if group:
-        try:
-            pgid = os.getpgid(pid)
-        except ProcessLookupError:
-            pgid = None
-        if pgid is not None and pgid != os.getpgrp():
-            signal_group(pgid, signal.SIGTERM)
-        else:
-            pgid = None
+    if pgid is not None and pgid == os.getpgrp():
+        pgid = None  # never signal our own group
+    if pgid is not None:
+        signal_group(pgid, signal.SIGTERM)
     for proc in tree:
         try:
             proc.terminate()
@@ -82,6 +77,8 @@ def terminate_tree(pid: int, grace_s: float = 5.0, *, group: bool = True,
             pass
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     if is_gone is not None and is_gone() and not alive:
+        if pgid is not None:
+            signal_group(pgid, signal.SIGKILL)  # stragglers of the group that were not our children
         return
     if pgid is not None:
         signal_group(pgid, signal.SIGKILL)

@@ -1,0 +1,64 @@
+"""Argument decorators shared by every clorch magic, so each option parses and fails the same way
+everywhere and ``--help`` works on all of them (after ipyparallel's magics)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..errors import ConfigError
+
+Func = Callable[..., Any]
+
+
+def _compose(*decorators: Func) -> Func:
+    def apply(func: Func) -> Func:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+    return apply
+
+
+timeout_option = _compose(argument(
+    "--timeout", metavar="SECONDS", default=None,
+    help="time limit in seconds (none unless given)"))
+
+ranks_option = _compose(argument(
+    "--ranks", metavar="LIST", default=None,
+    help="comma-separated ranks to run on, e.g. 0,2 (default: every rank)"))
+
+topology_options = _compose(
+    argument("--nproc", metavar="N", default=None,
+             help="number of ranks (default: one per visible GPU; 2 CPU ranks with no GPU)"),
+    argument("--devices", metavar="LIST", default=None,
+             help="comma-separated GPU indices, one per rank, e.g. 0,1"),
+    argument("--backend", metavar="NAME", default=None,
+             help="nccl (GPUs, the default there) or gloo (CPU, the default without GPUs)"),
+    argument("--timeout", metavar="SECONDS", default=None,
+             help="process-group timeout for rendezvous and collectives (default 600)"),
+)
+
+tail_option = _compose(argument("--tail", metavar="N", type=int, default=200,
+                                help="how many lines to show (default 200; 0 for all)"))
+
+
+def parse(func: Func, line: str) -> Any:
+    """Parse ``line`` with ``func``'s magic_arguments parser; ``--help`` prints help and returns None."""
+    try:
+        return parse_argstring(func, line)
+    except SystemExit:  # argparse's exit after printing --help
+        return None
+    except UsageError as exc:
+        raise UsageError(f"{exc} (see --help)") from None
+
+
+def parse_ranks(value: str | None) -> list[int] | None:
+    from ..topology import parse_int_list
+
+    return parse_int_list(value, "--ranks")
+
+
+__all__ = ["magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
+           "tail_option", "parse", "parse_ranks", "ConfigError"]

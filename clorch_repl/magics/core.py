@@ -1,0 +1,230 @@
+"""``%clorch`` and ``%%distributed``: parse what the user typed, call the session, show the result.
+
+No process handling and no message handling lives here (see :mod:`clorch_repl.session`); a magic
+only validates its input, delegates and renders. Every mistake in the input ends in one
+``UsageError`` line, never in a traceback from inside the package.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+from typing import Any, Callable, Iterator
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import display
+
+from ..errors import ClorchError
+from ..session.display import DistributedCellError, NotebookDisplay
+from ..session.session import Session, StartupError
+from ..topology import parse_timeout, resolve_topology
+from . import views
+from .arguments import (argument, magic_arguments, parse, parse_ranks, ranks_option, tail_option,
+                        timeout_option, topology_options)
+
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Show the package's own errors as one line; rank failures keep their tracebacks."""
+    try:
+        yield
+    except StartupError as exc:
+        if exc.outcome is not None and exc.outcome.failed:
+            raise DistributedCellError(exc.outcome) from None
+        raise UsageError(str(exc)) from None
+    except ClorchError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class _Progress:
+    """One line that updates in place while ranks start (a new line per update in a terminal)."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def __call__(self, text: str) -> None:
+        bundle = {"text/plain": f"clorch: {text}"}
+        if self.handle is None:
+            self.handle = display(bundle, raw=True, display_id=True)
+        else:
+            self.handle.update(bundle, raw=True)
+
+
+@magics_class
+class ClorchMagics(Magics):
+    """Holds the notebook's one session of ranks."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.session: Session | None = None
+        atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Stop the ranks (extension unload, notebook kernel exit)."""
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+
+    def _session(self) -> Session:
+        if self.session is None or not self.session.running:
+            raise ClorchError("no ranks are running: run %clorch start first")
+        return self.session
+
+    # -------------------------------------------------------------------------- %clorch
+    @line_magic
+    def clorch(self, line: str) -> Any:
+        """Manage the ranks: %clorch start|status|logs|interrupt|restart|stop|jobs [--help]."""
+        command, _, rest = line.strip().partition(" ")
+        if command in ("", "-h", "--help", "help"):
+            print(self._overview())
+            return None
+        if command not in COMMANDS:
+            raise UsageError(f"unknown %clorch command {command!r}; expected one of: {', '.join(COMMANDS)}")
+        handler: Callable[[str], Any] = getattr(self, f"_{command}")
+        with user_errors():
+            return handler(rest)
+
+    def _overview(self) -> str:
+        lines = ["%clorch COMMAND [options]; %clorch COMMAND --help for each command's options.", ""]
+        for command in COMMANDS:
+            doc = (getattr(self, f"_{command}").__doc__ or "").strip().splitlines()
+            lines.append(f"  {command:<10} {doc[1].strip() if len(doc) > 1 else ''}")
+        return "\n".join(lines)
+
+    @magic_arguments()
+    @topology_options
+    def _start(self, line: str) -> None:
+        """%clorch start [--nproc N] [--devices LIST] [--backend nccl|gloo] [--timeout SECONDS]
+        start one worker kernel per rank and form the process group
+        """
+        args = parse(self._start, line)
+        if args is None:
+            return
+        if self.session is not None and self.session.running:
+            topo = self.session.topology
+            raise ClorchError(f"{topo.nproc} {topo.backend} rank(s) are already running: "
+                              "%clorch stop or %clorch restart first")
+        topology = resolve_topology(args.nproc, args.devices, args.backend, args.timeout)
+        session = Session(topology)
+        session.start(_Progress())
+        self.session = session
+
+    @magic_arguments()
+    def _status(self, line: str) -> None:
+        """%clorch status
+        every rank: state, pid, device, backend, memory, uptime
+        """
+        if parse(self._status, line) is None:
+            return
+        header, body = views.status_rows(self._session().status())
+        display(views.table_bundle(header, body), raw=True)
+
+    @magic_arguments()
+    @argument("rank", type=int, help="the rank whose log to show")
+    @tail_option
+    @argument("--job", metavar="ID", default=None, help="a batch job from %%clorch jobs instead of the session")
+    def _logs(self, line: str) -> None:
+        """%clorch logs RANK [--tail N] [--job ID]
+        what a rank wrote to stdout and stderr, native output included
+        """
+        args = parse(self._logs, line)
+        if args is None:
+            return
+        tail = None if args.tail == 0 else args.tail
+        if args.tail < 0:
+            raise ClorchError(f"--tail must be 0 (everything) or more; got {args.tail}")
+        if args.job is not None:
+            from ..distributed.launch import get_job
+
+            text = get_job(args.job).logs(args.rank, tail=tail)
+        else:
+            text = self._session().logs(args.rank, tail)
+        print(text, end="" if text.endswith("\n") else "\n")
+
+    @magic_arguments()
+    def _interrupt(self, line: str) -> None:
+        """%clorch interrupt
+        KeyboardInterrupt on every rank
+        """
+        if parse(self._interrupt, line) is None:
+            return
+        stuck = self._session().interrupt()
+        if not stuck:
+            print("clorch: interrupted every rank; all are idle")
+            return
+        for rank, stack in stuck.items():
+            print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
+        raise ClorchError(f"rank(s) {sorted(stuck)} are stuck: run %clorch restart for a fresh group")
+
+    @magic_arguments()
+    def _restart(self, line: str) -> None:
+        """%clorch restart
+        fresh ranks and a fresh process group, same settings
+        """
+        if parse(self._restart, line) is None:
+            return
+        if self.session is None:
+            raise ClorchError("nothing to restart: run %clorch start first")
+        self.session.restart(_Progress())
+
+    @magic_arguments()
+    def _stop(self, line: str) -> None:
+        """%clorch stop
+        end every rank; no process is left behind
+        """
+        if parse(self._stop, line) is None:
+            return
+        if self.session is None or not self.session.running:
+            print("clorch: no ranks are running")
+            return
+        n = self.session.topology.nproc
+        left = self.session.stop()
+        self.session = None
+        if left:
+            raise ClorchError(f"processes {left} did not end; they were sent SIGKILL")
+        print(f"clorch: stopped {n} rank(s)")
+
+    @magic_arguments()
+    def _jobs(self, line: str) -> None:
+        """%clorch jobs
+        batch jobs started with distributed.launch from this kernel
+        """
+        if parse(self._jobs, line) is None:
+            return
+        from ..distributed.launch import jobs
+
+        listed = jobs()
+        if not listed:
+            print("clorch: no jobs were launched from this kernel")
+            return
+        header = ["job", "state", "ranks", "main", "first failure"]
+        body = []
+        for job in listed:
+            st = job.status()
+            body.append([job.id, str(st.state), str(len(st.ranks)), str(job.main),
+                         st.first_failure or "-"])
+        display(views.table_bundle(header, body), raw=True)
+
+    # -------------------------------------------------------------------------- %%distributed
+    @cell_magic
+    @magic_arguments()
+    @ranks_option
+    @timeout_option
+    def distributed(self, line: str, cell: str) -> None:
+        """Run the cell on every rank (or --ranks), streaming each rank's output labelled.
+
+        An exception on any rank fails the cell and shows every failed rank's traceback.
+        Interrupt the notebook kernel to interrupt every rank.
+        """
+        args = parse(self.distributed, line)
+        if args is None:
+            return
+        with user_errors():
+            timeout = parse_timeout(args.timeout, "--timeout")
+            ranks = parse_ranks(args.ranks)
+            outcome = self._session().run(cell, ranks, timeout, NotebookDisplay())
+        if not outcome.ok:
+            raise DistributedCellError(outcome, timeout)

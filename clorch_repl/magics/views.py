@@ -1,0 +1,53 @@
+"""Text and HTML renderings of what ``%clorch`` reports (status and jobs tables)."""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+from ..session.session import RankStatus
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def status_rows(rows: Sequence[RankStatus]) -> tuple[list[str], list[list[str]]]:
+    header = ["rank", "state", "pid", "device", "backend", "memory", "gpu memory", "uptime"]
+    body = []
+    for row in rows:
+        state = row.state.value if row.exit is None else f"{row.state.value} ({row.exit})"
+        body.append([str(row.rank), state, str(row.pid or "-"), row.device, row.backend,
+                     _bytes(row.memory_bytes), _bytes(row.gpu_memory_bytes), _duration(row.uptime_s)])
+    return header, body
+
+
+def table_text(header: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), *(fmt.format(*r) for r in body)])
+
+
+def table_html(header: list[str], body: list[list[str]]) -> str:
+    head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in r) + "</tr>"
+                   for r in body)
+    return f"<table class='clorch-table'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def table_bundle(header: list[str], body: list[list[str]]) -> dict[str, str]:
+    """Both renderings: a notebook shows the HTML table, a terminal the text."""
+    return {"text/plain": table_text(header, body), "text/html": table_html(header, body)}

@@ -1,0 +1,61 @@
+"""Runs inside every rank's kernel when the session starts: joins the process group and gives the
+user's namespace ``rank``, ``local_rank``, ``world_size`` and ``device``.
+
+It runs through the kernel (an execute request), not before it, so a failure to form the group
+(a wrong device, an NCCL error, a rendezvous timeout) reaches the notebook as that rank's
+traceback, and a stuck rendezvous can be interrupted like any cell.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+BOOT_CODE = "from clorch_repl.session.bootstrap import join_group as _clorch_join; _clorch_join(); del _clorch_join"
+LEAVE_CODE = "from clorch_repl.session.bootstrap import leave_group as _clorch_leave; _clorch_leave(); del _clorch_leave"
+
+
+def join_group() -> None:
+    """Initialise the default process group from the launcher's environment (see API.md)."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    backend = os.environ["CLORCH_DIST_BACKEND"]
+    timeout = datetime.timedelta(milliseconds=int(os.environ["CLORCH_DIST_TIMEOUT_MS"]))
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        # One GPU per rank: CUDA_VISIBLE_DEVICES holds this rank's device, which is cuda:0 here.
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
+                                  "timeout": timeout, "init_method": "env://"}
+        if backend == "nccl":
+            # With device_id the NCCL communicator is created eagerly, here, instead of on the
+            # first collective of the first cell.
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+        if backend != "nccl":
+            dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
+    ns = _user_ns()
+    ns.update(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def leave_group() -> None:
+    """Destroy the process group before a clean stop (NCCL warns at exit when it was not)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _user_ns() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell.user_ns if shell is not None else globals()

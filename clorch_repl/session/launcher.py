@@ -1,0 +1,212 @@
+"""The processes of a session: one worker kernel per rank, started, watched and stopped here.
+
+This module owns process lifecycle only (the jupyter_client ``KernelManager`` of each rank, its
+environment, log file and pid). It never reads a message: channels belong to :mod:`.relay`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+from .. import procs
+from ..topology import Topology
+from .worker import PARENT_ENV, STACK_FILE_ENV
+
+KERNEL_NAME = "clorch-rank"
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class RankProcess:
+    """One rank's kernel process and the files that belong to it."""
+
+    rank: int
+    device: int | None
+    manager: KernelManager
+    log_path: str
+    stack_path: str
+    started_at: float = field(default_factory=time.time)
+    returncode: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        process = getattr(self.manager.provisioner, "process", None)
+        return getattr(process, "pid", None)
+
+    def poll(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal)."""
+        if self.returncode is None:
+            process = getattr(self.manager.provisioner, "process", None)
+            if process is not None:
+                self.returncode = process.poll()
+            elif not self.manager.has_kernel:
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.poll() is None
+
+
+def _private_file(path: str) -> int:
+    """Open ``path`` for appending, readable by this user only (0600), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+class WorkerGroup:
+    """Starts, watches and stops the worker kernels of one topology.
+
+    Every file of the group (connection files, IPC sockets, logs, stack dumps) lives in one
+    private directory (0700) that :meth:`stop` removes. Workers talk over IPC sockets in that
+    directory: nothing listens on a network port, and only this user can connect.
+    """
+
+    def __init__(self, topology: Topology, *, workdir: str | None = None) -> None:
+        self.topology = topology
+        self.dir = workdir or tempfile.mkdtemp(prefix="clorch-")
+        os.chmod(self.dir, 0o700)
+        self.master_port = procs.free_port()
+        self.ranks: list[RankProcess] = []
+        self._spec_manager = self._write_kernelspec()
+
+    def _write_kernelspec(self) -> KernelSpecManager:
+        spec_dir = os.path.join(self.dir, "kernels", KERNEL_NAME)
+        os.makedirs(spec_dir, exist_ok=True)
+        spec = {
+            "argv": [sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
+            "display_name": "clorch_repl rank",
+            "language": "python",
+            "interrupt_mode": "signal",
+        }
+        with open(os.path.join(spec_dir, "kernel.json"), "w") as fh:
+            json.dump(spec, fh)
+        return KernelSpecManager(kernel_dirs=[os.path.join(self.dir, "kernels")])
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """The environment of one rank: the launcher contract of API.md, plus our plumbing."""
+        topo = self.topology
+        device = topo.devices[rank]
+        env = dict(os.environ)
+        env.update({
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(topo.nproc),
+            "LOCAL_WORLD_SIZE": str(topo.nproc),
+            "MASTER_ADDR": procs.LOOPBACK,
+            "MASTER_PORT": str(self.master_port),
+            # A CPU rank sees no GPU at all, so nothing in it can grab GPU 0 by accident.
+            "CUDA_VISIBLE_DEVICES": "" if device is None else str(device),
+            "CLORCH_DIST_BACKEND": topo.backend,
+            "CLORCH_DIST_TIMEOUT_MS": str(int(topo.timeout_s * 1000)),
+            PARENT_ENV: str(os.getpid()),
+            STACK_FILE_ENV: os.path.join(self.dir, f"rank{rank}.stack"),
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        return env
+
+    def launch(self) -> None:
+        """Start every rank's kernel process; returns at once (readiness is the relay's job)."""
+        for rank in range(self.topology.nproc):
+            log_path = os.path.join(self.dir, f"rank{rank}.log")
+            stack_path = os.path.join(self.dir, f"rank{rank}.stack")
+            os.close(_private_file(stack_path))
+            manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
+                                    transport="ipc", ip=os.path.join(self.dir, f"rank{rank}"))
+            manager.connection_file = os.path.join(self.dir, f"rank{rank}.json")
+            log_fd = _private_file(log_path)
+            try:
+                with open(log_fd, "ab", closefd=False) as log:
+                    log.write(f"--- clorch_repl: rank {rank} starting at {time.ctime()} ---\n".encode())
+                manager.start_kernel(env=self.rank_env(rank), stdout=log_fd, stderr=log_fd,
+                                     cwd=os.getcwd())
+            finally:
+                os.close(log_fd)
+            self.ranks.append(RankProcess(rank, self.topology.devices[rank], manager, log_path, stack_path))
+
+    def dead(self) -> list[RankProcess]:
+        return [r for r in self.ranks if not r.alive]
+
+    def interrupt(self, ranks: list[int] | None = None) -> None:
+        """SIGINT to each chosen rank's process group (KeyboardInterrupt in its running cell)."""
+        for proc in self._select(ranks):
+            if proc.alive:
+                try:
+                    proc.manager.interrupt_kernel()
+                except Exception:
+                    pass
+
+    def dump_stack(self, rank: int, wait_s: float = 0.5) -> str:
+        """Where a rank's threads are right now, from its faulthandler (works while it is stuck in C)."""
+        proc = self.ranks[rank]
+        pid = proc.pid
+        if pid is None or not proc.alive:
+            return ""
+        start = os.path.getsize(proc.stack_path)
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        deadline = time.monotonic() + wait_s
+        text = ""
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            with open(proc.stack_path, "rb") as fh:
+                fh.seek(start)
+                text = fh.read().decode(errors="replace")
+            if text.endswith("\n\n") or ("Current thread" in text and text.endswith("\n")):
+                break
+        return text
+
+    def log_tail(self, rank: int, lines: int | None = 200) -> str:
+        """The last ``lines`` lines of what the rank wrote (all of it with ``None``)."""
+        with open(self.ranks[rank].log_path, "rb") as fh:
+            data = fh.read().decode(errors="replace")
+        if lines is None:
+            return data
+        return "".join(data.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+
+    def stop(self, grace_s: float = STOP_GRACE_S, *, keep_dir: bool = False) -> list[int]:
+        """End every rank and its children, then remove the group's directory.
+
+        Ranks get a shutdown request, then SIGTERM, then SIGKILL, each to the whole process group
+        (a rank's DataLoader workers go too). Returns the pids that were still running at the end,
+        which should be none. ``keep_dir`` keeps the logs (a restart appends to them).
+        """
+        pids = [p.pid for p in self.ranks if p.pid is not None]
+        for proc in self.ranks:
+            if proc.alive:
+                try:
+                    proc.manager.request_shutdown()
+                except Exception:
+                    pass
+        procs.wait_gone(pids, timeout_s=min(grace_s, 2.0))
+        for proc in self.ranks:
+            if proc.pid is not None:
+                procs.terminate_tree(proc.pid, grace_s=grace_s, pgid=proc.pid,
+                                     is_gone=lambda p=proc: not p.alive)
+                proc.poll()
+            try:
+                proc.manager.cleanup_resources()
+            except Exception:
+                pass
+        left = procs.wait_gone(pids, timeout_s=grace_s)
+        if not keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return left
+
+    def _select(self, ranks: list[int] | None) -> list[RankProcess]:
+        return self.ranks if ranks is None else [self.ranks[r] for r in ranks]

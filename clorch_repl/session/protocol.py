@@ -1,0 +1,93 @@
+"""What crosses the boundary between the notebook and its ranks, named before it moves.
+
+The relay (:mod:`.relay`) turns the Jupyter messages of N worker kernels into these values; the
+display (:mod:`.display`) turns them into notebook output; the magics only see outcomes. Keeping
+the three apart is what lets the relay be tested without a notebook and the display without ranks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RankState(str, enum.Enum):
+    """Life of one rank as the notebook sees it."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """One ``%%distributed`` cell: the code, the ranks that run it, and an optional time limit."""
+
+    code: str
+    ranks: tuple[int, ...]
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """One piece of output from one rank, in the order the rank produced it.
+
+    ``kind`` is the Jupyter message type it came from: ``stream`` (``content`` has ``name`` and
+    ``text``), ``display_data``, ``update_display_data``, ``execute_result`` (``data``,
+    ``metadata``, ``transient``) or ``clear_output`` (``wait``).
+    """
+
+    rank: int
+    kind: str
+    content: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RankError:
+    """An exception raised by user code on one rank."""
+
+    rank: int
+    ename: str
+    evalue: str
+    traceback: tuple[str, ...]
+
+
+class Status(str, enum.Enum):
+    """How one rank's part of a cell ended."""
+
+    OK = "ok"
+    ERROR = "error"          # the code raised; see RankOutcome.error
+    DIED = "died"            # the process ended; see RankOutcome.exit
+    INTERRUPTED = "interrupted"  # KeyboardInterrupt reached the rank's code
+    STUCK = "stuck"          # did not return within the grace period after an interrupt
+
+
+@dataclass
+class RankOutcome:
+    """The end of one rank's part of a cell."""
+
+    rank: int
+    status: Status = Status.OK
+    error: RankError | None = None
+    exit: str | None = None      # "killed by signal SIGKILL", "exit code 3"
+    stack: str | None = None     # where a stuck rank is, from its faulthandler dump
+    log_tail: str | None = None  # the end of a dead rank's log (a segfault's message lives there)
+
+
+@dataclass
+class CellOutcome:
+    """The end of one cell on every rank it ran on, plus why the wait ended early, if it did."""
+
+    ranks: dict[int, RankOutcome] = field(default_factory=dict)
+    interrupted: bool = False
+    timed_out: bool = False
+
+    @property
+    def failed(self) -> list[RankOutcome]:
+        return [o for o in self.ranks.values() if o.status is not Status.OK]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.interrupted and not self.timed_out

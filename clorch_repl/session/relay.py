@@ -1,0 +1,259 @@
+"""The channels of a session: sends cells to ranks and turns what comes back into protocol values.
+
+One thread (the caller's) polls every rank's iopub and shell sockets with a single
+``zmq.Poller``, so output streams live from all ranks at once with no relay threads to leak. A
+cell's wait always ends: when every rank is idle, when a rank's process dies (seen within a
+fraction of a second), at the cell's time limit, or after an interrupt plus a grace period, after
+which a rank that has not returned is reported as stuck together with its Python stack.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any, Callable, Protocol
+
+import zmq
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from ..errors import ClorchError
+from ..procs import describe_exit
+from .launcher import WorkerGroup
+from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
+
+#: Message types forwarded to the display as they arrive.
+OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output"})
+#: How long ranks get to return after an interrupt before they are reported stuck.
+INTERRUPT_GRACE_S = 5.0
+#: After a rank dies mid-cell, how long the others may finish on their own before being interrupted.
+DEATH_GRACE_S = 2.0
+#: How often the processes are checked for death while waiting.
+LIVENESS_PERIOD_S = 0.2
+
+
+class OutputSink(Protocol):
+    """Where a cell's output goes as it arrives (the notebook display, or a test's list)."""
+
+    def output(self, item: RankOutput) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class _Discard:
+    def output(self, item: RankOutput) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+@dataclass
+class _Wait:
+    """Book-keeping of one cell while its ranks run."""
+
+    msg_ids: dict[int, str]
+    pending: set[int]
+    outcome: CellOutcome
+    sink: OutputSink
+    deadline: float | None = None          # the cell's own time limit
+    give_up_at: float | None = None        # end of the grace period after an interrupt
+    death_at: float | None = None          # when the first rank died
+    interrupted_ranks: set[int] = field(default_factory=set)
+
+
+class Relay:
+    """Owns one jupyter_client channel set per rank and runs cells over them."""
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self.group = group
+        self.clients: dict[int, BlockingKernelClient] = {}
+        self.poller = zmq.Poller()
+        self._owner: dict[Any, tuple[int, str]] = {}
+        #: msg_id of the request each rank is still executing (None when idle as far as we know)
+        self.running: dict[int, str | None] = {}
+        self._ready: dict[int, set[str]] = {}
+        #: output of an abandoned cell that arrived between cells, shown with the next one
+        self._late: list[RankOutput] = []
+
+    # ----------------------------------------------------------------- connection and readiness
+    def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
+        """Open channels to every rank and wait until each answers on shell and iopub."""
+        for proc in self.group.ranks:
+            client = proc.manager.client()
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+            self.clients[proc.rank] = client
+            self.running[proc.rank] = None
+            self._ready[proc.rank] = set()
+            for kind in ("iopub", "shell"):
+                sock = getattr(client, f"{kind}_channel").socket
+                self.poller.register(sock, zmq.POLLIN)
+                self._owner[sock] = (proc.rank, kind)
+        total = len(self.clients)
+        deadline = time.monotonic() + timeout_s
+        last_probe: dict[int, float] = {}
+        reported = -1
+        while True:
+            ready = [r for r, seen in self._ready.items() if seen >= {"iopub", "shell"}]
+            if len(ready) != reported:
+                reported = len(ready)
+                progress(reported, total)
+            if reported == total:
+                return
+            for proc in self.group.ranks:
+                if not proc.alive:
+                    raise ClorchError(
+                        f"rank {proc.rank} exited while starting ({describe_exit(proc.returncode)}); "
+                        f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
+            now = time.monotonic()
+            if now > deadline:
+                late = sorted(set(self.clients) - set(ready))
+                raise ClorchError(f"ranks {late} did not answer within {timeout_s:.0f} s of starting; "
+                                  "see %clorch logs RANK")
+            for rank in self.clients:
+                if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
+                    # Repeated until iopub hears it too: the first may be published before our
+                    # subscription is in place (ZeroMQ's slow joiner).
+                    self.clients[rank].kernel_info()
+                    last_probe[rank] = now
+            for sock, _ in self.poller.poll(100):
+                rank, kind = self._owner[sock]
+                channel = getattr(self.clients[rank], f"{kind}_channel")
+                while True:
+                    try:
+                        channel.get_msg(timeout=0)
+                    except Empty:
+                        break
+                    self._ready[rank].add(kind)
+
+    # ----------------------------------------------------------------------------- execution
+    def busy(self) -> list[int]:
+        """Ranks still executing an earlier request (after draining what has arrived)."""
+        self._pump(None, 0)
+        return [r for r, msg_id in self.running.items() if msg_id is not None]
+
+    def execute(self, request: CellRequest, sink: OutputSink | None = None, *, silent: bool = False,
+                interrupt_grace_s: float = INTERRUPT_GRACE_S) -> CellOutcome:
+        """Run ``request`` on its ranks at once and wait, streaming output to ``sink``.
+
+        KeyboardInterrupt while waiting (Kernel > Interrupt in the notebook) interrupts the ranks
+        and keeps waiting for the grace period; a second one stops waiting at once.
+        """
+        sink = sink or _Discard()
+        for item in self._late:
+            sink.output(item)
+        self._late.clear()
+        outcome = CellOutcome(ranks={r: RankOutcome(r) for r in request.ranks})
+        wait = _Wait(msg_ids={}, pending=set(request.ranks), outcome=outcome, sink=sink)
+        if request.timeout_s is not None:
+            wait.deadline = time.monotonic() + request.timeout_s
+        for rank in request.ranks:
+            msg_id = self.clients[rank].execute(request.code, silent=silent, store_history=not silent,
+                                                allow_stdin=False, stop_on_error=False)
+            wait.msg_ids[rank] = msg_id
+            self.running[rank] = msg_id
+        next_liveness = time.monotonic() + LIVENESS_PERIOD_S
+        while wait.pending:
+            try:
+                now = time.monotonic()
+                limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at) if t is not None]
+                self._pump(wait, max(0.0, min(limits) - now))
+                sink.flush()
+                now = time.monotonic()
+                if now >= next_liveness:
+                    self._check_deaths(wait, now)
+                    next_liveness = now + LIVENESS_PERIOD_S
+                if wait.deadline is not None and now >= wait.deadline and not outcome.timed_out:
+                    outcome.timed_out = True
+                    self._interrupt(wait, interrupt_grace_s)
+                if wait.give_up_at is not None and now >= wait.give_up_at:
+                    self._give_up(wait)
+            except KeyboardInterrupt:
+                if outcome.interrupted or wait.give_up_at is not None:
+                    self._give_up(wait)  # a second interrupt: stop waiting now
+                outcome.interrupted = True
+                self._interrupt(wait, interrupt_grace_s)
+        sink.flush()
+        return outcome
+
+    def _interrupt(self, wait: _Wait, grace_s: float) -> None:
+        targets = sorted(wait.pending - wait.interrupted_ranks)
+        if targets:
+            self.group.interrupt(targets)
+            wait.interrupted_ranks.update(targets)
+        if wait.give_up_at is None:
+            wait.give_up_at = time.monotonic() + grace_s
+
+    def _give_up(self, wait: _Wait) -> None:
+        """Stop waiting for ranks that did not return; say where each one is stuck."""
+        for rank in sorted(wait.pending):
+            result = wait.outcome.ranks[rank]
+            result.status = Status.STUCK
+            result.stack = self.group.dump_stack(rank)
+        wait.pending.clear()
+
+    def _check_deaths(self, wait: _Wait, now: float) -> None:
+        for rank in sorted(wait.pending):
+            proc = self.group.ranks[rank]
+            if proc.alive:
+                continue
+            self._pump(wait, 0)  # keep what it said before it died
+            result = wait.outcome.ranks[rank]
+            result.status = Status.DIED
+            result.exit = describe_exit(proc.returncode)
+            result.log_tail = self.group.log_tail(rank, 15)
+            wait.pending.discard(rank)
+            self.running[rank] = None
+            if wait.death_at is None:
+                wait.death_at = now
+        if wait.death_at is not None and wait.pending and now - wait.death_at >= DEATH_GRACE_S:
+            # The survivors are most likely blocked in a collective with the dead rank.
+            self._interrupt(wait, INTERRUPT_GRACE_S)
+
+    def _pump(self, wait: _Wait | None, timeout_s: float) -> None:
+        """Receive whatever arrives within ``timeout_s`` on any rank's channels and route it."""
+        for sock, _ in self.poller.poll(int(timeout_s * 1000)):
+            rank, kind = self._owner[sock]
+            channel = getattr(self.clients[rank], f"{kind}_channel")
+            while True:
+                try:
+                    msg = channel.get_msg(timeout=0)
+                except Empty:
+                    break
+                if kind == "iopub":
+                    self._route(rank, msg, wait)
+                # Shell replies carry nothing iopub does not: the idle status ends a request.
+
+    def _route(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
+        msg_type = msg["header"]["msg_type"]
+        parent_id = msg["parent_header"].get("msg_id")
+        content = msg["content"]
+        if msg_type == "status":
+            if content.get("execution_state") == "idle" and parent_id == self.running.get(rank):
+                self.running[rank] = None
+                if wait is not None and wait.msg_ids.get(rank) == parent_id:
+                    wait.pending.discard(rank)
+            return
+        if wait is None:
+            if msg_type in OUTPUT_TYPES:
+                self._late.append(RankOutput(rank, msg_type, content))
+            return
+        if msg_type in OUTPUT_TYPES:
+            # Late output of an abandoned earlier cell is shown too, rather than lost.
+            wait.sink.output(RankOutput(rank, msg_type, content))
+        elif msg_type == "error" and wait.msg_ids.get(rank) == parent_id:
+            result = wait.outcome.ranks[rank]
+            result.error = RankError(rank, content.get("ename", ""), content.get("evalue", ""),
+                                     tuple(content.get("traceback", ())))
+            result.status = Status.INTERRUPTED if result.error.ename == "KeyboardInterrupt" else Status.ERROR
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            for kind in ("iopub", "shell"):
+                try:
+                    self.poller.unregister(getattr(client, f"{kind}_channel").socket)
+                except (KeyError, AttributeError):
+                    pass
+            client.stop_channels()
+        self.clients.clear()
+        self._owner.clear()

@@ -1,0 +1,210 @@
+"""A session: one group of ranks as the notebook sees it.
+
+It composes the process manager (:mod:`.launcher`) and the channels (:mod:`.relay`) and adds the
+rules that span both: a cell never runs on a dead rank or on one still busy with an abandoned
+cell, a failed start leaves no process behind, and restart keeps the settings and the logs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from ..errors import ClorchError, ConfigError
+from ..procs import describe_exit
+from ..topology import Topology, check_unique_in_range
+from .bootstrap import BOOT_CODE, LEAVE_CODE
+from .launcher import WorkerGroup
+from .protocol import CellOutcome, CellRequest, RankState
+from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One row of ``%clorch status``."""
+
+    rank: int
+    state: RankState
+    pid: int | None
+    device: str
+    backend: str
+    memory_bytes: int | None
+    gpu_memory_bytes: int | None
+    uptime_s: float
+    exit: str | None
+
+
+class StartupError(ClorchError):
+    """The ranks could not be started or could not form their process group."""
+
+    def __init__(self, message: str, outcome: CellOutcome | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class Session:
+    """Start, run cells on, inspect, restart and stop one group of worker kernels."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.group: WorkerGroup | None = None
+        self.relay: Relay | None = None
+        self._workdir: str | None = None
+        self.started_at: float | None = None
+
+    # ------------------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        return self.group is not None
+
+    def start(self, progress: Progress = lambda _: None) -> float:
+        """Start every rank and form the process group; returns the seconds it took.
+
+        On any failure, or a KeyboardInterrupt, every rank already started is stopped again.
+        """
+        t0 = time.monotonic()
+        n = self.topology.nproc
+        self.group = WorkerGroup(self.topology, workdir=self._workdir)
+        self._workdir = self.group.dir
+        try:
+            self.group.launch()
+            self.relay = Relay(self.group)
+            self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
+            progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
+            outcome = self.relay.execute(CellRequest(BOOT_CODE, tuple(range(n))), silent=True)
+            if not outcome.ok:
+                raise StartupError("the ranks could not form their process group", outcome)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.time()
+        elapsed = time.monotonic() - t0
+        progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
+        return elapsed
+
+    def stop(self, *, keep_logs: bool = False) -> list[int]:
+        """End every rank (no process left behind); returns pids that survived, which should be none."""
+        group, relay = self.group, self.relay
+        self.group = self.relay = None
+        if group is None:
+            return []
+        if relay is not None:
+            idle = [p.rank for p in group.ranks if p.alive and relay.running.get(p.rank) is None]
+            if idle and len(idle) == len(group.ranks):
+                try:  # a clean exit for NCCL; never waits long on a sick group
+                    relay.execute(CellRequest(LEAVE_CODE, tuple(idle), timeout_s=5.0), silent=True,
+                                  interrupt_grace_s=1.0)
+                except Exception:
+                    pass
+            relay.close()
+        left = group.stop(keep_dir=keep_logs)
+        if not keep_logs:
+            self._workdir = None
+        return left
+
+    def restart(self, progress: Progress = lambda _: None) -> float:
+        """Fresh ranks and a fresh process group with the same settings; logs are kept (appended)."""
+        self.stop(keep_logs=True)
+        return self.start(progress)
+
+    # ------------------------------------------------------------------------------- cells
+    def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
+            sink: OutputSink | None) -> CellOutcome:
+        group, relay = self._require()
+        chosen = tuple(range(self.topology.nproc)) if ranks is None else tuple(ranks)
+        check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
+        dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
+        if dead:
+            what = ", ".join(f"rank {p.rank} ({describe_exit(p.returncode)})" for p in dead)
+            raise ClorchError(f"{what} is dead: run %clorch restart for a fresh group")
+        busy = [r for r in relay.busy() if r in chosen]
+        if busy:
+            raise ClorchError(f"rank(s) {busy} are still running an earlier cell: wait, run "
+                              "%clorch interrupt, or %clorch restart")
+        return relay.execute(CellRequest(code, chosen, timeout_s), sink)
+
+    def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> dict[int, str]:
+        """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``."""
+        group, relay = self._require()
+        group.interrupt()
+        deadline = time.monotonic() + grace_s
+        busy = relay.busy()
+        while busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+            busy = [r for r in relay.busy() if group.ranks[r].alive]
+        return {r: group.dump_stack(r) for r in busy if group.ranks[r].alive}
+
+    # ------------------------------------------------------------------------------- views
+    def status(self) -> list[RankStatus]:
+        group, relay = self._require()
+        busy = set(relay.busy())
+        gpu_mem = _gpu_memory_by_pid() if self.topology.uses_gpu else {}
+        now = time.time()
+        rows = []
+        for proc in group.ranks:
+            pid = proc.pid
+            alive = proc.alive
+            if not alive:
+                state = RankState.DEAD
+            elif self.started_at is None:
+                state = RankState.STARTING
+            else:
+                state = RankState.BUSY if proc.rank in busy else RankState.IDLE
+            rows.append(RankStatus(
+                rank=proc.rank, state=state, pid=pid, device=self.topology.device_label(proc.rank),
+                backend=self.topology.backend, memory_bytes=_rss(pid) if alive else None,
+                gpu_memory_bytes=gpu_mem.get(pid) if pid is not None else None,
+                uptime_s=now - proc.started_at if alive else 0.0,
+                exit=None if alive else describe_exit(proc.returncode)))
+        return rows
+
+    def logs(self, rank: int, tail: int | None) -> str:
+        group, _ = self._require()
+        check_unique_in_range([rank], self.topology.nproc, "logs", "rank")
+        return group.log_tail(rank, tail)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.group.ranks if p.pid is not None] if self.group else []
+
+    def _require(self) -> tuple[WorkerGroup, Relay]:
+        if self.group is None or self.relay is None:
+            raise ConfigError("no ranks are running: run %clorch start first")
+        return self.group, self.relay
+
+
+def _rss(pid: int | None) -> int | None:
+    """Resident memory of a rank and its children (DataLoader workers count)."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+    except psutil.Error:
+        return None
+
+
+def _gpu_memory_by_pid() -> dict[int, int]:
+    """GPU memory per process from nvidia-smi: the notebook itself must not touch CUDA to ask."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    usage: dict[int, int] = {}
+    for line in out.splitlines():
+        try:
+            pid, mib = (int(x.strip()) for x in line.split(","))
+        except ValueError:
+            continue
+        usage[pid] = mib * 1024 * 1024
+    return usage
