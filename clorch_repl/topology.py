@@ -72,7 +72,9 @@ def check_unique_in_range(items: Sequence[int], upper: int, what: str, unit: str
         if item in seen:
             raise ConfigError(f"{what} repeats {item}: each {unit} may appear once")
         seen.add(item)
-        if not 0 <= item < upper:
+        if item < 0:
+            raise ConfigError(f"{what} names {unit} {item}: {unit} numbers start at 0")
+        if item >= upper:
             hint = f"0..{upper - 1}" if upper > 0 else "none exist"
             raise ConfigError(f"{what} names {unit} {item}, which does not exist ({hint})")
 
@@ -118,13 +120,15 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
     if device_list is not None:
         if not device_list:
             raise ConfigError("devices is empty: name at least one GPU, e.g. --devices 0")
+        # What can be judged from the input alone first, then what depends on the machine.
+        check_unique_in_range(device_list, max(device_list) + 1, "devices", "GPU")
+        if nproc is not None and nproc != len(device_list):
+            raise ConfigError(f"nproc {nproc} and devices {','.join(map(str, device_list))} disagree: "
+                              "give one device per rank, or leave one of them out")
         if gpu_count == 0:
             raise ConfigError(f"devices {','.join(map(str, device_list))} were given, but this machine has "
                               "no usable GPU; leave out devices to run CPU ranks with gloo")
         check_unique_in_range(device_list, gpu_count, "devices", "GPU")
-        if nproc is not None and nproc != len(device_list):
-            raise ConfigError(f"nproc {nproc} and devices {','.join(map(str, device_list))} disagree: "
-                              "give one device per rank, or leave one of them out")
         nproc = len(device_list)
         backend = backend or "nccl"
         placed: tuple[int | None, ...] = tuple(device_list)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,9 @@ from .protocol import CellOutcome, RankOutput, Status
 _ids = itertools.count()
 _LINES = re.compile(r"[^\n]*\n|[^\n]+")
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+#: An unfinished line is held this long for the rest of it, so that ranks writing a line in
+#: pieces at the same time do not chop each other's lines; then it is shown as it is.
+PARTIAL_LINE_HOLD_S = 0.5
 
 
 def label(rank: int) -> str:
@@ -50,6 +54,7 @@ class NotebookDisplay:
                                                                        "stderr": _StreamState()})
     _progress: dict[tuple[int, str], _Progress] = field(default_factory=dict)
     _display_ids: dict[tuple[int, str], str] = field(default_factory=dict)
+    _partial: dict[tuple[int, str], tuple[str, float]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------ sink API
     def output(self, item: RankOutput) -> None:
@@ -66,7 +71,14 @@ class NotebookDisplay:
                 progress.handle = None  # its display is gone; the next rewrite shows a new one
             clear_output(wait=bool(content.get("wait", False)))
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
+        """Push output to the notebook; ``final`` (the cell's end) also shows unfinished lines."""
+        if self._partial:
+            now = time.monotonic()
+            for key, (text, since) in list(self._partial.items()):
+                if final or now - since >= PARTIAL_LINE_HOLD_S:
+                    del self._partial[key]
+                    self._write(key[0], key[1], text)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -77,10 +89,18 @@ class NotebookDisplay:
     def _stream(self, rank: int, name: str, text: str) -> None:
         name = name if name in self._streams else "stdout"
         for piece in _LINES.findall(text):
-            if (rank, name) in self._progress or "\r" in piece:
-                self._rewrite(rank, name, piece)
+            key = (rank, name)
+            if key in self._partial:
+                held, since = self._partial.pop(key)
+                piece = held + piece
             else:
+                since = time.monotonic()
+            if key in self._progress or "\r" in piece:
+                self._rewrite(rank, name, piece)
+            elif piece.endswith("\n"):
                 self._write(rank, name, piece)
+            else:
+                self._partial[key] = (piece, since)
 
     def _write(self, rank: int, name: str, piece: str) -> None:
         state = self._streams[name]
@@ -110,6 +130,7 @@ class NotebookDisplay:
             del self._progress[(rank, name)]
 
     def _end_lines(self) -> None:
+        self.flush(final=True)
         for name, state in self._streams.items():
             if state.open_line is not None:
                 getattr(sys, name).write("\n")

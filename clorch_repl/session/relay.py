@@ -37,14 +37,15 @@ class OutputSink(Protocol):
 
     def output(self, item: RankOutput) -> None: ...
 
-    def flush(self) -> None: ...
+    def flush(self, final: bool = False) -> None:
+        """Called after each burst of messages, and with ``final`` once the cell has ended."""
 
 
 class _Discard:
     def output(self, item: RankOutput) -> None:
         pass
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
         pass
 
 
@@ -173,7 +174,7 @@ class Relay:
                     self._give_up(wait)  # a second interrupt: stop waiting now
                 outcome.interrupted = True
                 self._interrupt(wait, interrupt_grace_s)
-        sink.flush()
+        sink.flush(final=True)
         return outcome
 
     def _interrupt(self, wait: _Wait, grace_s: float) -> None:

@@ -1,0 +1,91 @@
+"""What crosses the process boundary between a launched rank and its parent: the rank's result,
+written once, atomically, as JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Errors that usually follow another rank's failure rather than cause one: a peer vanished or a
+# collective timed out because a peer never came.
+CASCADE_MARKERS = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "timed out",
+                   "timeout", "was aborted", "went away", "socket", "no route", "connection closed")
+
+
+@dataclass
+class RankResult:
+    """One rank's outcome. ``value_json`` holds the return value when JSON can carry it, else
+    ``value_pickle`` (base64) does. ``failed_at`` is wall-clock time, used to order failures."""
+
+    rank: int
+    ok: bool
+    value_json: str | None = None
+    value_pickle: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+    cascade: bool = False
+    failed_at: float | None = None
+
+    def value(self) -> Any:
+        if self.value_pickle is not None:
+            return pickle.loads(base64.b64decode(self.value_pickle))
+        return None if self.value_json is None else json.loads(self.value_json)
+
+    @property
+    def error_line(self) -> str | None:
+        if self.error_type is None:
+            return None
+        return f"{self.error_type}: {self.error_message}" if self.error_message else self.error_type
+
+
+def encode_value(value: Any) -> tuple[str | None, str | None]:
+    """(json, pickle) for a return value: JSON when it round-trips plainly, else pickle."""
+    try:
+        return json.dumps(value, allow_nan=True), None
+    except (TypeError, ValueError):
+        pass
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()  # a CUDA tensor must not need a GPU to unpickle in the parent
+    return None, base64.b64encode(pickle.dumps(value)).decode()
+
+
+def write_json_atomic(path: str, payload: dict[str, Any]) -> None:
+    """Write to a temporary file beside ``path`` and rename it over: a reader never sees half."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_result(path: str, result: RankResult) -> None:
+    write_json_atomic(path, asdict(result))
+
+
+def read_result(path: str) -> RankResult | None:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return RankResult(**data)
+
+
+def looks_like_cascade(error_type: str, message: str) -> bool:
+    low = f"{error_type} {message}".lower()
+    return any(marker in low for marker in CASCADE_MARKERS)

@@ -1,0 +1,79 @@
+"""Entry point of one launched rank: ``python -m clorch_repl.distributed._rank_entry JOB_SPEC``.
+
+Joins the process group, calls ``main`` with the rank's dict, and reports the outcome to the
+parent through a result file. A rank ends itself (and everything it started) as soon as the
+parent is gone, so a killed notebook never leaves ranks behind.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def run(spec_path: str) -> int:
+    from ..procs import end_own_group, watch_parent
+    from ._protocol import RankResult, encode_value, looks_like_cascade, write_result
+
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    watch_parent(int(spec["parent_pid"]), end_own_group)
+    faulthandler.enable()  # a native crash still leaves a Python traceback in the log
+    rank = int(os.environ["RANK"])
+    failed_at: float | None = None
+    result_path = os.path.join(spec["dir"], f"rank-{rank}.result.json")
+    try:
+        from ._target import load_target
+        from .group import process_group
+
+        fn = load_target(spec["main"])
+        with process_group() as pg:
+            import torch.distributed as tdist
+
+            try:
+                value = fn({"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+                            "world_size": int(os.environ["WORLD_SIZE"]), "backend": str(tdist.get_backend()),
+                            "process_group": pg, "args": spec["args"]})
+            except BaseException:
+                failed_at = time.time()  # before the group's abort, which peers may notice at once
+                raise
+        try:
+            value_json, value_pickle = encode_value(value)
+        except Exception as exc:
+            raise TypeError(f"main returned a {type(value).__name__} that can be neither JSON-encoded nor "
+                            f"pickled ({exc}); return plain data") from None
+        write_result(result_path, RankResult(rank=rank, ok=True, value_json=value_json, value_pickle=value_pickle))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            write_result(result_path, RankResult(rank=rank, ok=True))
+            return 0
+        failed_at = failed_at or time.time()
+        text = traceback.format_exc()
+        sys.stderr.write(f"[clorch rank {rank}] main failed:\n{text}")
+        kind = type(exc).__name__
+        message = str(exc)
+        write_result(result_path, RankResult(rank=rank, ok=False, error_type=kind, error_message=message,
+                                             traceback=text, cascade=looks_like_cascade(kind, message),
+                                             failed_at=failed_at))
+        return 1
+
+
+if __name__ == "__main__":
+    code = run(sys.argv[1])
+    if code:
+        _exit(code)  # skip interpreter teardown: nothing may wait on peers that are gone
+    sys.exit(0)

@@ -1,0 +1,94 @@
+"""A real notebook kernel driven through jupyter_client, as JupyterLab drives one.
+
+Tests use it where the in-process IPython shell cannot stand in: Kernel > Interrupt (SIGINT to the
+notebook kernel), SIGKILL of the notebook kernel, and timing a cell as a Jupyter client sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+from jupyter_client import KernelManager
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Reply:
+    status: str
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """Everything the cell showed, as text (streams, text/plain of displays, tracebacks)."""
+        parts = []
+        for msg in self.outputs:
+            c = msg["content"]
+            if msg["msg_type"] == "stream":
+                parts.append(c["text"])
+            elif msg["msg_type"] in ("display_data", "execute_result", "update_display_data"):
+                parts.append(c["data"].get("text/plain", "") + "\n")
+            elif msg["msg_type"] == "error":
+                parts.append("\n".join(c["traceback"]) + "\n")
+        return "".join(parts)
+
+
+class NotebookKernel:
+    """Start a python3 ipykernel (the notebook's own kernel) in the repository's directory."""
+
+    def __init__(self) -> None:
+        self.km = KernelManager(kernel_name="python3")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        self.km.start_kernel(env=env, cwd=ROOT)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def send(self, code: str) -> str:
+        return self.kc.execute(code, allow_stdin=False)
+
+    def collect(self, msg_id: str, timeout: float = 120.0) -> Reply:
+        deadline = time.monotonic() + timeout
+        reply = Reply(status="?")
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no idle status within {timeout} s; got so far:\n{reply.text}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=remaining)
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            if kind == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            if kind in ("stream", "display_data", "execute_result", "update_display_data", "error",
+                        "clear_output"):
+                reply.outputs.append(msg)
+        shell = self.kc.get_shell_msg(timeout=10)
+        while shell["parent_header"].get("msg_id") != msg_id:
+            shell = self.kc.get_shell_msg(timeout=10)
+        reply.status = shell["content"]["status"]
+        return reply
+
+    def run(self, code: str, timeout: float = 120.0) -> Reply:
+        return self.collect(self.send(code), timeout)
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            if self.km.has_kernel:
+                self.km.shutdown_kernel(now=True)
+
+

@@ -1,0 +1,200 @@
+"""%%distributed on a real 2-rank gloo group, driven through IPython's shell."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import psutil
+import pytest
+from IPython.utils.capture import capture_output
+
+from clorch_repl.procs import wait_gone
+
+pytestmark = pytest.mark.usefixtures("ranks")
+
+
+def run(ip: Any, code: str, line: str = "") -> tuple[Any, Any]:
+    with capture_output() as cap:
+        result = ip.run_cell(f"%%distributed {line}\n{code}")
+    return result, cap
+
+
+def lines_of(text: str, rank: int) -> list[str]:
+    return [m.group(1) for m in re.finditer(rf"^\[rank {rank}\] (.*)$", text, re.M)]
+
+
+def test_namespace_starts_with_rank_variables_and_persists(ip: Any) -> None:
+    res, cap = run(ip, "print(rank, local_rank, world_size, device)\ny = rank * 10")
+    assert res.success, cap.stdout
+    assert lines_of(cap.stdout, 0) == ["0 0 2 cpu"]
+    assert lines_of(cap.stdout, 1) == ["1 1 2 cpu"]
+    res, cap = run(ip, "print(y + 1)")
+    assert lines_of(cap.stdout, 0) == ["1"] and lines_of(cap.stdout, 1) == ["11"]
+
+
+def test_cells_run_inside_the_initialised_group(ip: Any) -> None:
+    res, cap = run(ip, "import torch, torch.distributed as dist\n"
+                       "t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\nprint(dist.get_backend(), t.tolist())")
+    assert res.success, cap.stdout
+    for r in (0, 1):
+        assert lines_of(cap.stdout, r) == ["gloo [3.0, 3.0, 3.0]"]
+
+
+def test_output_is_labelled_and_in_order_per_rank(ip: Any) -> None:
+    code = ("import sys, time\n"
+            "for i in range(40):\n"
+            "    print(f'out {i}', flush=True)\n"
+            "    if i % 10 == 0: print(f'err {i}', file=sys.stderr, flush=True); time.sleep(0.01)\n")
+    res, cap = run(ip, code)
+    assert res.success
+    for r in (0, 1):
+        assert lines_of(cap.stdout, r) == [f"out {i}" for i in range(40)]
+        assert lines_of(cap.stderr, r) == [f"err {i}" for i in range(0, 40, 10)]
+    unlabelled = [l for l in cap.stdout.splitlines() if l and not l.startswith("[rank ")]
+    assert unlabelled == []
+
+
+def test_a_line_written_in_pieces_stays_one_labelled_line(ip: Any) -> None:
+    res, cap = run(ip, "import time\nprint('abc', end='', flush=True)\ntime.sleep(0.05)\nprint('def')")
+    assert res.success
+    assert lines_of(cap.stdout, 0) == ["abcdef"] and lines_of(cap.stdout, 1) == ["abcdef"]
+
+
+def test_carriage_return_progress_gets_one_live_line_per_rank(ip: Any) -> None:
+    code = ("import sys, time\n"
+            "for pct in (10, 50, 100):\n"
+            "    sys.stderr.write(f'\\rprogress {pct:3d}%'); sys.stderr.flush(); time.sleep(0.05)\n"
+            "sys.stderr.write('\\n')\nprint('after')")
+    res, cap = run(ip, code)
+    assert res.success
+    assert "\r" not in cap.stderr and "\r" not in cap.stdout
+    finals: dict[int, str] = {}
+    ids: dict[int, set[str]] = {0: set(), 1: set()}
+    for out in cap.outputs:
+        text = out.data.get("text/plain", "")
+        m = re.match(r"\[rank (\d)\] progress (.*)", text)
+        if m:
+            finals[int(m.group(1))] = m.group(2)
+            ids[int(m.group(1))].add(out.transient["display_id"] if out.transient else "")
+    assert finals == {0: "100%", 1: "100%"}
+    assert len(ids[0]) == 1 and len(ids[1]) == 1 and ids[0] != ids[1]
+    assert lines_of(cap.stdout, 0) == ["after"]
+
+
+def test_rich_display_and_display_updates_pass_through_per_rank(ip: Any) -> None:
+    code = ("from IPython.display import HTML, display\n"
+            "display(HTML(f'<b>hello from {rank}</b>'))\n"
+            "h = display(HTML('v1'), display_id=True)\n"
+            "h.update(HTML(f'v2 on {rank}'))")
+    res, cap = run(ip, code)
+    assert res.success
+    html = [o.data.get("text/html", "") for o in cap.outputs]
+    assert "<b>hello from 0</b>" in html and "<b>hello from 1</b>" in html
+    updates = [o for o in cap.outputs if o.update]
+    assert sorted(o.data["text/html"] for o in updates) == ["v2 on 0", "v2 on 1"]
+    # each rank's display id is its own, so rank 1's update cannot overwrite rank 0's display
+    assert len({o.transient["display_id"] for o in updates}) == 2
+    assert lines_of(cap.stdout, 0) == [""] * 2 or "[rank 0]" in cap.stdout
+
+
+def test_last_expression_is_shown_per_rank(ip: Any) -> None:
+    res, cap = run(ip, "rank * 100 + 7")
+    assert res.success
+    shown = sorted(o.data["text/plain"] for o in cap.outputs)
+    assert shown == ["[rank 0] 7", "[rank 1] 107"]
+
+
+def test_an_error_on_one_rank_fails_the_cell_with_that_ranks_traceback(ip: Any) -> None:
+    res, cap = run(ip, "if rank == 1:\n    raise ValueError('boom on one')\nprint('fine', rank)")
+    assert not res.success
+    assert lines_of(cap.stdout, 0) == ["fine 0"]
+    assert "---- rank 1 ----" in cap.stdout and "---- rank 0 ----" not in cap.stdout
+    assert "ValueError" in cap.stdout and "boom on one" in cap.stdout
+    assert "clorch_repl" not in cap.stdout  # the rank's traceback, not ours
+
+
+def test_errors_on_every_rank_show_every_traceback(ip: Any) -> None:
+    res, cap = run(ip, "raise RuntimeError(f'failure number {rank}')")
+    assert not res.success
+    for r in (0, 1):
+        assert f"---- rank {r} ----" in cap.stdout and f"failure number {r}" in cap.stdout
+
+
+def test_ranks_option_runs_on_the_chosen_ranks_only(ip: Any) -> None:
+    res, cap = run(ip, "print('here')", "--ranks 1")
+    assert res.success
+    assert lines_of(cap.stdout, 1) == ["here"] and lines_of(cap.stdout, 0) == []
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--ranks 0,5", "--ranks names rank 5, which does not exist (0..1)"),
+    ("--ranks 1,1", "--ranks repeats 1"),
+    ("--ranks x", "--ranks must be comma-separated integers"),
+    ("--timeout -3", "--timeout must be a positive number of seconds"),
+    ("--bogus", "unrecognized arguments: --bogus"),
+])
+def test_bad_cell_options_give_one_clear_line(ip: Any, line: str, message: str) -> None:
+    res, cap = run(ip, "print('never')", line)
+    assert not res.success
+    assert message in cap.stdout + cap.stderr
+    assert "never" not in cap.stdout
+    assert "Traceback" not in cap.stdout + cap.stderr
+
+
+def test_timeout_interrupts_the_cell_and_the_ranks_stay_usable(ip: Any) -> None:
+    res, cap = run(ip, "import time\ntime.sleep(60)", "--timeout 1")
+    assert not res.success
+    assert "Timed out" in cap.stdout and "KeyboardInterrupt" in cap.stdout
+    res, cap = run(ip, "print('still here')")
+    assert res.success and lines_of(cap.stdout, 1) == ["still here"]
+
+
+def test_status_lists_every_rank_as_a_table(ip: Any) -> None:
+    with capture_output() as cap:
+        ip.run_line_magic("clorch", "status")
+    bundle = cap.outputs[-1].data
+    assert "<table" in bundle["text/html"]
+    rows = bundle["text/plain"].splitlines()[1:]
+    assert [r.split()[:2] for r in rows] == [["0", "idle"], ["1", "idle"]]
+    assert all("gloo" in r and "cpu" in r for r in rows)
+
+
+def test_logs_hold_python_and_native_output(ip: Any) -> None:
+    res, _ = run(ip, "import os\nprint('python says hi', rank)\nos.write(2, f'native says hi {rank}\\n'.encode())")
+    assert res.success
+    with capture_output() as cap:
+        ip.run_line_magic("clorch", "logs 1 --tail 20")
+    assert "python says hi 1" in cap.stdout and "native says hi 1" in cap.stdout
+
+
+def test_children_of_ranks_end_with_the_ranks(ip: Any, magics: Any) -> None:
+    res, cap = run(ip, "import subprocess\nchild = subprocess.Popen(['sleep', '300'])\nprint(child.pid)")
+    assert res.success
+    children = [int(lines_of(cap.stdout, r)[0]) for r in (0, 1)]
+    pids = magics.session.pids()
+    assert all(psutil.pid_exists(p) for p in children + pids)
+    ip.run_line_magic("clorch", "stop")
+    assert wait_gone(children + pids, 10) == []
+    ip.run_line_magic("clorch", "start --nproc 2")  # leave the module's session running
+
+
+def test_a_rank_killed_mid_cell_fails_the_cell_and_restart_recovers(ip: Any, magics: Any) -> None:
+    t0 = time.monotonic()
+    res, cap = run(ip, "import os, signal, time, torch, torch.distributed as dist\n"
+                       "if rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                       "time.sleep(0.2)\ndist.all_reduce(torch.ones(1))")
+    elapsed = time.monotonic() - t0
+    assert not res.success
+    assert "rank 1 died" in cap.stdout and "SIGKILL" in cap.stdout
+    assert elapsed < 60, f"the cell took {elapsed:.0f} s to notice a dead rank"
+    states = {r.rank: r.state.value for r in magics.session.status()}
+    assert states[1] == "dead"
+    res, cap = run(ip, "print('too late')")
+    assert not res.success and "rank 1 (killed by signal SIGKILL" in cap.stdout + cap.stderr
+    ip.run_line_magic("clorch", "restart")
+    res, cap = run(ip, "import torch, torch.distributed as dist\nt = torch.tensor([rank + 1.0])\n"
+                       "dist.all_reduce(t)\nprint(t.item(), 'y' in globals())")
+    assert res.success
+    assert lines_of(cap.stdout, 0) == ["3.0 False"] and lines_of(cap.stdout, 1) == ["3.0 False"]
