@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
 
 from ..errors import ConfigError
 
@@ -45,11 +46,16 @@ tail_option = _compose(argument("--tail", metavar="N", type=int, default=200,
 
 
 def parse(func: Func, line: str) -> Any:
-    """Parse ``line`` with ``func``'s magic_arguments parser; ``--help`` prints help and returns None."""
+    """Parse ``line`` with ``func``'s magic_arguments parser; ``--help`` prints help and returns None.
+
+    IPython's magic parsers are built without argparse's own ``-h``; we answer it here so that
+    ``%clorch start --help`` works like any command line.
+    """
+    if {"-h", "--help"} & set(arg_split(line)):
+        print(func.parser.format_help())  # type: ignore[attr-defined]
+        return None
     try:
         return parse_argstring(func, line)
-    except SystemExit:  # argparse's exit after printing --help
-        return None
     except UsageError as exc:
         raise UsageError(f"{exc} (see --help)") from None
 

@@ -23,7 +23,15 @@ from . import views
 from .arguments import (argument, magic_arguments, parse, parse_ranks, ranks_option, tail_option,
                         timeout_option, topology_options)
 
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs")
+COMMANDS = {
+    "start": "start one worker kernel per rank and form the process group",
+    "status": "every rank: state, pid, device, backend, memory, uptime",
+    "logs": "what a rank wrote to stdout and stderr, native output included",
+    "interrupt": "KeyboardInterrupt on every rank",
+    "restart": "fresh ranks and a fresh process group, same settings",
+    "stop": "end every rank; no process is left behind",
+    "jobs": "batch jobs started with clorch_repl.distributed.launch from this kernel",
+}
 
 
 @contextlib.contextmanager
@@ -89,17 +97,14 @@ class ClorchMagics(Magics):
 
     def _overview(self) -> str:
         lines = ["%clorch COMMAND [options]; %clorch COMMAND --help for each command's options.", ""]
-        for command in COMMANDS:
-            doc = (getattr(self, f"_{command}").__doc__ or "").strip().splitlines()
-            lines.append(f"  {command:<10} {doc[1].strip() if len(doc) > 1 else ''}")
+        lines += [f"  {command:<10} {summary}" for command, summary in COMMANDS.items()]
+        lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] runs a cell on every rank."]
         return "\n".join(lines)
 
-    @magic_arguments()
+    @magic_arguments(name="clorch start")
     @topology_options
     def _start(self, line: str) -> None:
-        """%clorch start [--nproc N] [--devices LIST] [--backend nccl|gloo] [--timeout SECONDS]
-        start one worker kernel per rank and form the process group
-        """
+        """%clorch start [--nproc N] [--devices LIST] [--backend nccl|gloo] [--timeout SECONDS]"""
         args = parse(self._start, line)
         if args is None:
             return
@@ -112,24 +117,20 @@ class ClorchMagics(Magics):
         session.start(_Progress())
         self.session = session
 
-    @magic_arguments()
+    @magic_arguments(name="clorch status")
     def _status(self, line: str) -> None:
-        """%clorch status
-        every rank: state, pid, device, backend, memory, uptime
-        """
+        """%clorch status"""
         if parse(self._status, line) is None:
             return
         header, body = views.status_rows(self._session().status())
         display(views.table_bundle(header, body), raw=True)
 
-    @magic_arguments()
+    @magic_arguments(name="clorch logs")
     @argument("rank", type=int, help="the rank whose log to show")
     @tail_option
     @argument("--job", metavar="ID", default=None, help="a batch job from %%clorch jobs instead of the session")
     def _logs(self, line: str) -> None:
-        """%clorch logs RANK [--tail N] [--job ID]
-        what a rank wrote to stdout and stderr, native output included
-        """
+        """%clorch logs RANK [--tail N] [--job ID]"""
         args = parse(self._logs, line)
         if args is None:
             return
@@ -144,11 +145,9 @@ class ClorchMagics(Magics):
             text = self._session().logs(args.rank, tail)
         print(text, end="" if text.endswith("\n") else "\n")
 
-    @magic_arguments()
+    @magic_arguments(name="clorch interrupt")
     def _interrupt(self, line: str) -> None:
-        """%clorch interrupt
-        KeyboardInterrupt on every rank
-        """
+        """%clorch interrupt"""
         if parse(self._interrupt, line) is None:
             return
         stuck = self._session().interrupt()
@@ -159,22 +158,18 @@ class ClorchMagics(Magics):
             print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
         raise ClorchError(f"rank(s) {sorted(stuck)} are stuck: run %clorch restart for a fresh group")
 
-    @magic_arguments()
+    @magic_arguments(name="clorch restart")
     def _restart(self, line: str) -> None:
-        """%clorch restart
-        fresh ranks and a fresh process group, same settings
-        """
+        """%clorch restart"""
         if parse(self._restart, line) is None:
             return
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
         self.session.restart(_Progress())
 
-    @magic_arguments()
+    @magic_arguments(name="clorch stop")
     def _stop(self, line: str) -> None:
-        """%clorch stop
-        end every rank; no process is left behind
-        """
+        """%clorch stop"""
         if parse(self._stop, line) is None:
             return
         if self.session is None or not self.session.running:
@@ -187,11 +182,9 @@ class ClorchMagics(Magics):
             raise ClorchError(f"processes {left} did not end; they were sent SIGKILL")
         print(f"clorch: stopped {n} rank(s)")
 
-    @magic_arguments()
+    @magic_arguments(name="clorch jobs")
     def _jobs(self, line: str) -> None:
-        """%clorch jobs
-        batch jobs started with distributed.launch from this kernel
-        """
+        """%clorch jobs"""
         if parse(self._jobs, line) is None:
             return
         from ..distributed.launch import jobs
@@ -210,7 +203,7 @@ class ClorchMagics(Magics):
 
     # -------------------------------------------------------------------------- %%distributed
     @cell_magic
-    @magic_arguments()
+    @magic_arguments(name="distributed")
     @ranks_option
     @timeout_option
     def distributed(self, line: str, cell: str) -> None:

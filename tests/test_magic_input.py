@@ -1,0 +1,85 @@
+"""Mistakes a user can make before and around %clorch start: each gives one clear line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from IPython.utils.capture import capture_output
+
+
+def say(ip: Any, line: str) -> tuple[Any, str]:
+    with capture_output() as cap:
+        result = ip.run_cell(line)
+    return result, cap.stdout + cap.stderr
+
+
+@pytest.fixture()
+def no_session(ip: Any, magics: Any) -> Any:
+    magics.shutdown()
+    return ip
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%clorch start --bogus", "unrecognized arguments: --bogus"),
+    ("%clorch start --nproc 0", "nproc must be at least 1; got 0"),
+    ("%clorch start --nproc two", "nproc must be a whole number of ranks"),
+    ("%clorch start --devices 0,0", "devices repeats 0"),
+    ("%clorch start --devices 7", "no usable GPU"),  # this machine has none: out of range
+    ("%clorch start --nproc 3 --devices 0,1", "nproc 3 and devices 0,1 disagree"),
+    ("%clorch start --backend nccl", "backend nccl needs GPUs"),
+    ("%clorch start --backend mpi", "backend must be one of nccl, gloo"),
+    ("%clorch start --timeout 0", "timeout must be a positive number of seconds"),
+    ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
+    ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
+    ("%clorch status", "no ranks are running: run %clorch start first"),
+    ("%clorch logs 0", "no ranks are running: run %clorch start first"),
+    ("%clorch interrupt", "no ranks are running"),
+    ("%clorch restart", "nothing to restart: run %clorch start first"),
+])
+def test_bad_input_gives_one_clear_line(no_session: Any, line: str, message: str) -> None:
+    result, out = say(no_session, line)
+    assert not result.success
+    assert message in out
+    assert "Traceback" not in out and "clorch_repl/" not in out
+    assert len([l for l in out.splitlines() if l.strip()]) == 1, out
+
+
+def test_help_works_for_every_command(no_session: Any) -> None:
+    for line in ("%clorch --help", "%clorch start --help", "%clorch logs --help", "%%distributed --help\npass"):
+        result, out = say(no_session, line)
+        assert result.success, out
+        assert "%clorch" in out or "%distributed" in out, (line, out)
+    _, out = say(no_session, "%clorch start --help")
+    assert "--devices" in out and "--backend" in out
+
+
+def test_start_twice_and_logs_of_a_missing_rank_are_refused(ip: Any, magics: Any) -> None:
+    if magics.session is None or not magics.session.running:
+        ip.run_line_magic("clorch", "start")
+    try:
+        for line, message in [("%clorch start", "2 gloo rank(s) are already running"),
+                              ("%clorch logs 5", "logs names rank 5, which does not exist (0..1)"),
+                              ("%clorch logs -1", "rank numbers start at 0"),
+                              ("%clorch logs --tail 5", "the following arguments are required: rank"),
+                              ("%clorch logs 0 --tail -2", "--tail must be 0 (everything) or more")]:
+            result, out = say(ip, line)
+            assert not result.success and message in out, (line, out)
+            assert "Traceback" not in out
+    finally:
+        magics.shutdown()
+
+
+def test_stop_without_ranks_says_so(no_session: Any) -> None:
+    result, out = say(no_session, "%clorch stop")
+    assert result.success and "no ranks are running" in out
+
+
+def test_unloading_the_extension_stops_the_ranks(ip: Any, magics: Any) -> None:
+    from clorch_repl.procs import wait_gone
+
+    ip.run_line_magic("clorch", "start")
+    pids = magics.session.pids()
+    ip.run_line_magic("unload_ext", "clorch_repl")
+    assert wait_gone(pids, 10) == []
+    ip.run_line_magic("load_ext", "clorch_repl")

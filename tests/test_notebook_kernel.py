@@ -1,0 +1,91 @@
+"""clorch_repl inside a real notebook kernel, driven through jupyter_client as JupyterLab drives it:
+Kernel > Interrupt, a rank stuck in a collective, and the notebook kernel killed outright."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Iterator
+
+import pytest
+
+from clorch_repl.procs import pid_running, wait_gone
+
+from notebook_kernel import NotebookKernel
+
+PIDS = ("from clorch_repl.magics import magics_for\n"
+        "print('PIDS', *magics_for(get_ipython()).session.pids())")
+
+
+@pytest.fixture()
+def nb() -> Iterator[NotebookKernel]:
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run("%clorch start --nproc 2")
+        assert reply.status == "ok", reply.text
+        assert "ranks ready 2/2" in reply.text
+        yield kernel
+    finally:
+        kernel.shutdown()
+
+
+def rank_pids(nb: NotebookKernel) -> list[int]:
+    reply = nb.run(PIDS)
+    line = next(l for l in reply.text.splitlines() if l.startswith("PIDS"))
+    return [int(p) for p in line.split()[1:]]
+
+
+def test_kernel_interrupt_interrupts_every_rank(nb: NotebookKernel) -> None:
+    msg_id = nb.send("%%distributed\nprint('spinning', flush=True)\nwhile True:\n    pass")
+    time.sleep(3)
+    nb.km.interrupt_kernel()  # what Kernel > Interrupt does
+    reply = nb.collect(msg_id, timeout=60)
+    assert reply.status == "error"
+    for r in (0, 1):
+        assert f"[rank {r}] spinning" in reply.text
+        assert f"---- rank {r} ----" in reply.text
+    assert reply.text.count("KeyboardInterrupt") >= 2
+    after = nb.run("%%distributed\nprint('back', rank)")
+    assert after.status == "ok" and "[rank 1] back 1" in after.text
+
+
+def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookKernel) -> None:
+    # rank 1 ignores SIGINT and sleeps; rank 0 waits for it in a barrier, blocked in C++.
+    code = ("%%distributed\nimport signal, time, torch.distributed as dist\n"
+            "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(600)\n"
+            "dist.barrier()")
+    msg_id = nb.send(code)
+    time.sleep(3)
+    nb.km.interrupt_kernel()
+    reply = nb.collect(msg_id, timeout=60)
+    assert reply.status == "error"
+    assert "rank 1 did not return" in reply.text
+    assert "rank 0 did not return" in reply.text
+    assert "barrier" in reply.text  # rank 0's stack shows where it waits
+    assert "sleep" in reply.text or "time.sleep" in reply.text or "line 5" in reply.text
+    assert "%clorch restart" in reply.text
+    busy = nb.run("%%distributed\nprint('queued?')")
+    assert busy.status == "error" and "still running an earlier cell" in busy.text
+    status = nb.run("%clorch status")
+    assert "busy" in status.text
+    restarted = nb.run("%clorch restart")
+    assert restarted.status == "ok", restarted.text
+    ok = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                "dist.all_reduce(t)\nprint('sum', t.item())")
+    assert ok.status == "ok" and "[rank 0] sum 2.0" in ok.text
+
+
+def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel) -> None:
+    pids = rank_pids(nb)
+    assert len(pids) == 2 and all(pid_running(p) for p in pids)
+    os.kill(nb.pid, signal.SIGKILL)
+    assert wait_gone(pids, 10) == [], "ranks outlived the notebook kernel"
+
+
+def test_stop_ends_every_rank(nb: NotebookKernel) -> None:
+    pids = rank_pids(nb)
+    reply = nb.run("%clorch stop")
+    assert reply.status == "ok" and "stopped 2 rank(s)" in reply.text
+    assert wait_gone(pids, 5) == []
