@@ -55,6 +55,8 @@ class NotebookDisplay:
     _progress: dict[tuple[int, str], _Progress] = field(default_factory=dict)
     _display_ids: dict[tuple[int, str], str] = field(default_factory=dict)
     _partial: dict[tuple[int, str], tuple[str, float]] = field(default_factory=dict)
+    #: streams written since the last flush; flushing an ipykernel stream costs two thread hops
+    _dirty: set[str] = field(default_factory=set)
 
     # ------------------------------------------------------------------------------ sink API
     def output(self, item: RankOutput) -> None:
@@ -79,11 +81,12 @@ class NotebookDisplay:
                 if final or now - since >= PARTIAL_LINE_HOLD_S:
                     del self._partial[key]
                     self._write(key[0], key[1], text)
-        for stream in (sys.stdout, sys.stderr):
+        for name in self._dirty:
             try:
-                stream.flush()
+                getattr(sys, name).flush()
             except (AttributeError, ValueError):
                 pass
+        self._dirty.clear()
 
     # ------------------------------------------------------------------------------- streams
     def _stream(self, rank: int, name: str, text: str) -> None:
@@ -105,6 +108,7 @@ class NotebookDisplay:
     def _write(self, rank: int, name: str, piece: str) -> None:
         state = self._streams[name]
         out = getattr(sys, name)
+        self._dirty.add(name)
         if state.open_line != rank:
             prefix = "\n" if state.open_line is not None else ""
             out.write(prefix + label(rank))
@@ -114,6 +118,7 @@ class NotebookDisplay:
     def _rewrite(self, rank: int, name: str, piece: str) -> None:
         state = self._streams[name]
         if state.open_line == rank:  # the line it had started is being overwritten: close it
+            self._dirty.add(name)
             getattr(sys, name).write("\n")
             state.open_line = None
         progress = self._progress.setdefault((rank, name), _Progress())
@@ -133,6 +138,7 @@ class NotebookDisplay:
         self.flush(final=True)
         for name, state in self._streams.items():
             if state.open_line is not None:
+                self._dirty.add(name)
                 getattr(sys, name).write("\n")
                 state.open_line = None
 
@@ -142,7 +148,7 @@ class NotebookDisplay:
         data = dict(content.get("data", {}))
         if set(data) - {"text/plain"}:
             sys.stdout.write(label(rank).rstrip() + "\n")  # a label line above plots, tables, HTML
-            self.flush()
+            sys.stdout.flush()
         if "text/plain" in data:
             data["text/plain"] = label(rank) + data["text/plain"]
         transient = self._transient(rank, content)

@@ -20,6 +20,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
 from ..topology import Topology
+from .wire import RankSession
 from .worker import PARENT_ENV, STACK_FILE_ENV
 
 KERNEL_NAME = "clorch-rank"
@@ -125,7 +126,8 @@ class WorkerGroup:
             stack_path = os.path.join(self.dir, f"rank{rank}.stack")
             os.close(_private_file(stack_path))
             manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
-                                    transport="ipc", ip=os.path.join(self.dir, f"rank{rank}"))
+                                    transport="ipc", ip=os.path.join(self.dir, f"rank{rank}"),
+                                    session=RankSession())  # signed with a fresh random key
             manager.connection_file = os.path.join(self.dir, f"rank{rank}.json")
             log_fd = _private_file(log_path)
             try:
