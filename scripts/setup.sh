@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up (once) the virtual environment .venv with clorch_repl and its test tools.
+# torch is installed first, pinned, so that pip never resolves the bare `torch>=2.4` requirement
+# to whatever build the index offers: TORCH_SPEC overrides the pin (e.g. a CUDA build's version).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [[ ! -x .venv/bin/python ]]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if ! python -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing $TORCH_SPEC"
+  python -m pip install -q "$TORCH_SPEC"
+fi
+python -m pip install -q -e '.[test]'
+python -c "import clorch_repl, torch, jupyter_client, ipykernel; print(f'setup: clorch_repl {clorch_repl.__version__}, torch {torch.__version__}, python', __import__('sys').version.split()[0])"
