@@ -169,6 +169,26 @@ def test_logs_hold_python_and_native_output(ip: Any) -> None:
     assert "python says hi 1" in cap.stdout and "native says hi 1" in cap.stdout
 
 
+def test_ranks_listen_on_loopback_and_ipc_only_with_private_files(ip: Any, magics: Any) -> None:
+    import json
+    import os
+    import stat
+
+    group = magics.session.group
+    for pid in magics.session.pids():
+        listening = [c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening
+    assert stat.S_IMODE(os.stat(group.dir).st_mode) & 0o077 == 0
+    for rank in (0, 1):
+        for name in (f"rank{rank}.json", f"rank{rank}.log", f"rank{rank}.stack"):
+            assert stat.S_IMODE(os.stat(os.path.join(group.dir, name)).st_mode) == 0o600, name
+        with open(os.path.join(group.dir, f"rank{rank}.json")) as fh:
+            info = json.load(fh)
+        assert info["transport"] == "ipc" and info["signature_scheme"] == "hmac-sha256"
+        assert len(info["key"]) >= 32
+
+
 def test_children_of_ranks_end_with_the_ranks(ip: Any, magics: Any) -> None:
     res, cap = run(ip, "import subprocess\nchild = subprocess.Popen(['sleep', '300'])\nprint(child.pid)")
     assert res.success

@@ -33,8 +33,11 @@ def join_group() -> None:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
+        from ..rendezvous import loopback_store
+
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
-                                  "timeout": timeout, "init_method": "env://"}
+                                  "timeout": timeout,
+                                  "store": loopback_store(rank, world_size, timeout)}
         if backend == "nccl":
             # With device_id the NCCL communicator is created eagerly, here, instead of on the
             # first collective of the first cell.

@@ -19,6 +19,7 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
+from ..rendezvous import loopback_socket_env
 from ..topology import Topology
 from .wire import RankSession
 from .worker import PARENT_ENV, STACK_FILE_ENV
@@ -117,6 +118,8 @@ class WorkerGroup:
             "PYTHONUNBUFFERED": "1",
         })
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        for key, value in loopback_socket_env().items():
+            env.setdefault(key, value)
         return env
 
     def launch(self) -> None:
