@@ -193,12 +193,12 @@ class ClorchMagics(Magics):
         if not listed:
             print("clorch: no jobs were launched from this kernel")
             return
-        header = ["job", "state", "ranks", "main", "first failure"]
+        header = ["job", "state", "ranks", "main", "elapsed", "cause"]
         body = []
         for job in listed:
             st = job.status()
-            body.append([job.id, str(st.state), str(len(st.ranks)), str(job.main),
-                         st.first_failure or "-"])
+            body.append([st.id, st.state, f"{st.nproc} x {st.backend}", st.main, f"{st.elapsed_s:.1f} s",
+                         st.message or "-"])
         display(views.table_bundle(header, body), raw=True)
 
     # -------------------------------------------------------------------------- %%distributed
