@@ -14,10 +14,11 @@ import socket
 import torch.distributed as dist
 
 
-def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
-    """The store of the default group, from MASTER_ADDR/MASTER_PORT; rank 0 serves it."""
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ["MASTER_PORT"])
+def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,
+                   port: int | None = None) -> dist.Store:
+    """The store of the default group (at MASTER_ADDR/MASTER_PORT unless given); rank 0 serves it."""
+    addr = addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = port if port is not None else int(os.environ["MASTER_PORT"])
     if rank != 0:
         return dist.TCPStore(addr, port, world_size, False, timeout)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -50,9 +50,19 @@ def encode_value(value: Any) -> tuple[str | None, str | None]:
         return json.dumps(value, allow_nan=True), None
     except (TypeError, ValueError):
         pass
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu()  # a CUDA tensor must not need a GPU to unpickle in the parent
-    return None, base64.b64encode(pickle.dumps(value)).decode()
+    return None, base64.b64encode(pickle.dumps(_to_cpu(value))).decode()
+
+
+def _to_cpu(value: Any) -> Any:
+    """CUDA tensors (also inside dicts, lists, tuples) to CPU: the parent, a notebook that must
+    stay CUDA-free, could not unpickle them without initialising CUDA."""
+    if hasattr(value, "detach") and hasattr(value, "cpu") and getattr(value, "is_cuda", False):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return type(value)((k, _to_cpu(v)) for k, v in value.items()) if type(value) is dict else value
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def write_json_atomic(path: str, payload: dict[str, Any]) -> None:

@@ -70,9 +70,9 @@ def verify_collective(group: Any, name: str, tensor: torch.Tensor | None, **deta
     _calls[key] += 1
     mine = _describe(name, tensor, details)
     device = _device_for(group, tensor)
-    gathered = torch.empty((world, FINGERPRINT_BYTES), dtype=torch.uint8, device=device)
+    gathered = torch.empty(world * FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
     _all_gather_single(gathered, _encode(mine, device), group=group)
-    calls = [_decode(row) for row in gathered]
+    calls = [_decode(row) for row in gathered.view(world, FINGERPRINT_BYTES)]
     ranks = _ranks_of(group, world)
     if len(set(calls)) > 1:
         _raise_mismatch(_calls[key], ranks, calls)
@@ -89,9 +89,10 @@ def _raise_mismatch(call_no: int, ranks: Sequence[int], calls: Sequence[str]) ->
     majority = max(by_call.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))[0]
     odd = tuple(r for c, rs in by_call.items() if c != majority for r in rs)
     lines = "; ".join(f"{_plural(rs)} {','.join(map(str, rs))} called {c}" for c, rs in by_call.items())
+    verb = "differs" if len(odd) == 1 else "differ"
     raise CollectiveMismatch(
         f"check mode: ranks disagree at collective #{call_no}: {lines}. {_plural(odd).capitalize()} "
-        f"{','.join(map(str, odd))} differ from the rest; every rank must call the same collectives in "
+        f"{','.join(map(str, odd))} {verb} from the rest; every rank must call the same collectives in "
         "the same order with the same shapes and dtypes", ranks=odd)
 
 
@@ -108,9 +109,9 @@ def _verify_splits(group: Any, tensor: torch.Tensor, splits: Any, world: int, ra
     ins = list(input_splits) if input_splits is not None else [rows_in // world] * world
     outs = list(output_splits) if output_splits is not None else [rows_out // world] * world
     mine = torch.tensor(ins + outs, dtype=torch.int64, device=device)
-    table = torch.empty((world, 2 * world), dtype=torch.int64, device=device)
+    table = torch.empty(world * 2 * world, dtype=torch.int64, device=device)
     _all_gather_single(table, mine, group=group)
-    rows = table.cpu().tolist()
+    rows = table.view(world, 2 * world).cpu().tolist()
     problems = []
     odd: set[int] = set()
     for i in range(world):

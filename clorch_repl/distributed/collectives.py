@@ -56,6 +56,7 @@ _ROUTES = {
     "nccl": {**{n: "native" for n in OP_NAMES}, "band": "bitwise", "bor": "bitwise", "bxor": "bitwise"},
 }
 _ROUTES["other"] = _ROUTES["gloo"]  # unknown backends: assume the smallest op set
+_NATIVE_ROUTES = {kind: dict(routes) for kind, routes in _ROUTES.items()}
 
 _CHECK = os.environ.get("CLORCH_DIST_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
 _GROUPS: dict[tuple[Any, bool], tuple[str, int, int]] = {}
@@ -69,6 +70,20 @@ def check_mode(enabled: bool | None = None) -> bool:
     if enabled is not None:
         _CHECK = bool(enabled)
     return _CHECK
+
+
+def emulate(ops: Sequence[str] | None) -> None:
+    """Send ``ops`` (avg, band, bor, bxor) down the emulated route on every backend; None restores
+    the defaults. For measuring the emulation's cost on a backend that has the op natively, and
+    for testing the route NCCL takes on a CPU-only machine. Every rank must make the same choice."""
+    for kind, routes in _NATIVE_ROUTES.items():
+        _ROUTES[kind] = dict(routes)
+    for op in ops or ():
+        name = _op_name(op)
+        if name not in ("avg", *_BITWISE):
+            raise ConfigError(f"op {name} has no emulated route; only avg, band, bor and bxor do")
+        for routes in _ROUTES.values():
+            routes[name] = "avg" if name == "avg" else "bitwise"
 
 
 def forget_groups() -> None:
@@ -223,18 +238,19 @@ def _check_bitwise_dtype(name: str, op: str, tensor: torch.Tensor) -> None:
 
 def _gather_fold(tensor: torch.Tensor, op: str, world: int, group: Any, name: str, async_op: bool) -> Work | None:
     """Bitwise all-reduce on backends without it: gather every rank's copy, fold locally."""
-    src = tensor.contiguous()
-    buf = torch.empty((world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    src = tensor.reshape(-1)
+    flat = torch.empty(world * src.numel(), dtype=tensor.dtype, device=tensor.device)
     fold = _BITWISE[op]
 
     def finish() -> None:
+        buf = flat.view(world, -1)
         acc = buf[0]
         for i in range(1, world):
             acc = fold(acc, buf[i])
-        tensor.copy_(acc)
+        tensor.copy_(acc.view(tensor.shape))
 
     try:
-        work = _all_gather_single(buf, src, group=group, async_op=async_op)
+        work = _all_gather_single(flat, src, group=group, async_op=async_op)
     except RuntimeError as exc:
         raise _explain(name, exc) from exc
     return _finish(work, name, async_op, finish)
@@ -325,6 +341,10 @@ def all_gather_into(output: torch.Tensor, input: torch.Tensor, *, async_op: bool
         raise _mismatch("all_gather_into", f"output dtype {output.dtype} differs from input dtype {input.dtype}")
     if _CHECK:
         _check_call(group, "all_gather_into", input, extra=f"out={_shape(output)}")
+    if output.dim() != input.dim() and output.is_contiguous():
+        # The stacked form (world, *input.shape): same memory as the concatenated one, which is
+        # the only form every backend accepts (gloo refuses the stacked one).
+        output, input = output.view(-1), input.reshape(-1)
     try:
         work = _all_gather_single(output, input, group=group, async_op=async_op)
     except RuntimeError as exc:
@@ -368,6 +388,8 @@ def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, op: Any = "su
     if route == "avg":
         _check_avg_dtype("reduce_scatter_into", input)
     native = ReduceOp.SUM if route == "avg" else _NATIVE[name]
+    if input.dim() != output.dim() and input.is_contiguous() and output.is_contiguous():
+        input, output = input.view(-1), output.view(-1)  # stacked form -> concatenated, as for all_gather
     try:
         work = _reduce_scatter_single(output, input, op=native, group=group, async_op=async_op)
     except RuntimeError as exc:

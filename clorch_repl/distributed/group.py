@@ -18,7 +18,9 @@ import torch
 import torch.distributed as tdist
 import torch.distributed.distributed_c10d as c10d
 
+from .. import cuda
 from ..errors import ConfigError
+from ..rendezvous import loopback_store
 from ..procs import LOOPBACK, free_port
 from ..topology import BACKENDS
 from . import collectives
@@ -56,7 +58,7 @@ def _resolve_backend(backend: str | None) -> str:
     chosen = backend or os.environ.get(ENV_BACKEND) or None
     if chosen is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        has_gpu = torch.cuda.is_available() and visible != ""
+        has_gpu = visible != "" and cuda.available()  # never initialises CUDA here
         chosen = "nccl" if has_gpu else "gloo"
     chosen = str(chosen).lower()
     if chosen not in BACKENDS:
@@ -121,8 +123,9 @@ def _init(backend: str | None, timeout: float | datetime.timedelta | None) -> An
         port = int(port_s)
         if not 0 <= rank_ < world:
             raise ConfigError(f"RANK {rank_} is outside WORLD_SIZE {world}")
-    kwargs: dict[str, Any] = {"backend": chosen, "init_method": f"tcp://{addr}:{port}",
-                              "rank": rank_, "world_size": world}
+    store_timeout = td if td is not None else datetime.timedelta(minutes=10)
+    kwargs: dict[str, Any] = {"backend": chosen, "rank": rank_, "world_size": world,
+                              "store": loopback_store(rank_, world, store_timeout, addr, port)}
     if td is not None:
         kwargs["timeout"] = td
     device = _cuda_device(chosen)

@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ClorchError, ConfigError, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, terminate_tree
-from ..topology import Topology, resolve_topology
+from ..rendezvous import loopback_socket_env
+from ..topology import Topology, parse_int_list, resolve_topology
 from ._errors import JobStopped, JobTimeout
 from ._protocol import RankResult, read_result, write_json_atomic
 from ._target import target_spec
@@ -269,8 +270,8 @@ class Job:
                         self._reason = "timed_out"
                         live = [r for r in range(self.topology.nproc) if not exited[r]]
                         self._message = (f"timed out after {self.timeout_s:g} s (timeout_ms="
-                                         f"{int(self.timeout_s * 1000)}); ranks {','.join(map(str, live))} "
-                                         "were still running and were stopped")
+                                         f"{int(self.timeout_s * 1000)}); {_ranks_phrase(live)} still running "
+                                         "and stopped; raise timeout_ms if the work needs longer")
                     if self._reason is not None:
                         threading.Thread(target=self._stop_ranks, args=(self.grace_s,), daemon=True).start()
             if deadline is not None and self._reason is not None:
@@ -305,7 +306,7 @@ class Job:
             others = [r for r in range(self.topology.nproc) if r != self._first_failed]
             self._message = f"rank {self._first_failed} failed first: {status.error}"
             if others:
-                self._message += f"; ranks {','.join(map(str, others))} were stopped or failed after it"
+                self._message += f"; {_ranks_phrase(others)} stopped or failed after it"
         self._ended = time.monotonic()
         self._done.set()
 
@@ -336,12 +337,19 @@ class Job:
         else:
             body = f"last lines of its log:\n{self.logs(r, tail=LOG_TAIL_ON_FAILURE).rstrip()}"
         others = [x for x in range(self.topology.nproc) if x != r]
-        tail = (f"\nThe other ranks ({','.join(map(str, others))}) were stopped. " if others else "\n") + \
+        tail = (f"\n{_ranks_phrase(others).capitalize()} stopped or failed after it. " if others else "\n") + \
             f"Full output: job.logs({r}) (%clorch logs {r} --job {self.id})"
         error = RankFailure(f"{head}\n{body}{tail}", rank=r)
         error.job_id = self.id  # type: ignore[attr-defined]
         error.traceback_text = result.traceback if result else None  # type: ignore[attr-defined]
         return error
+
+
+def _ranks_phrase(ranks: Sequence[int]) -> str:
+    """[1] -> "rank 1 was"; [1, 2] -> "ranks 1,2 were"."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} was"
+    return f"ranks {','.join(map(str, ranks))} were"
 
 
 def _tail_bytes(fh: Any, lines: int | None, block: int = 65536) -> bytes:
@@ -350,7 +358,7 @@ def _tail_bytes(fh: Any, lines: int | None, block: int = 65536) -> bytes:
     if lines == 0:
         return b""
     fh.seek(0, os.SEEK_END)
-    end = pos = fh.tell()
+    pos = fh.tell()
     data = b""
     while pos > 0 and data.count(b"\n") <= lines:
         step = min(block, pos)
@@ -358,7 +366,6 @@ def _tail_bytes(fh: Any, lines: int | None, block: int = 65536) -> bytes:
         fh.seek(pos)
         data = fh.read(step) + data
     parts = data.splitlines(keepends=True)
-    del end
     return b"".join(parts[-lines:])
 
 
@@ -404,6 +411,24 @@ def _cleanup() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # launch
+
+
+def _precheck_devices(nproc: Any, devices: Any) -> None:
+    """Mistakes that are wrong on any machine, refused before asking how many GPUs this one has
+    (so a repeated device is reported as such, not as "no GPU here")."""
+    device_list = parse_int_list(devices, "devices")
+    if not device_list:
+        return
+    seen: set[int] = set()
+    for item in device_list:
+        if item in seen:
+            raise ConfigError(f"devices repeats {item}: each GPU may appear once")
+        if item < 0:
+            raise ConfigError(f"devices names GPU {item}, which does not exist (GPU indices start at 0)")
+        seen.add(item)
+    if isinstance(nproc, int) and not isinstance(nproc, bool) and nproc != len(device_list):
+        raise ConfigError(f"nproc {nproc} and devices {','.join(map(str, device_list))} disagree: "
+                          "give one device per rank, or leave one of them out")
 
 
 def _timeout_s(timeout_ms: Any) -> float | None:
@@ -470,6 +495,7 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     """
     if main is None:
         raise ConfigError("main is required: 'module:function' or an importable function")
+    _precheck_devices(nproc_per_node, devices)
     topology = resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
     timeout_s = _timeout_s(timeout_ms)
     spec = target_spec(main)
@@ -510,6 +536,8 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
         base["CLORCH_DIST_CHECK"] = "1"
     if topology.nproc > 1:
         base.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: ranks must not oversubscribe cores
+    for key, value in loopback_socket_env().items():
+        base.setdefault(key, value)
     base.update(extra_env)
 
     def env_for(r: int) -> dict[str, str]:

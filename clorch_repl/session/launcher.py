@@ -118,6 +118,8 @@ class WorkerGroup:
             "PYTHONUNBUFFERED": "1",
         })
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if topo.nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun and launch() do
         for key, value in loopback_socket_env().items():
             env.setdefault(key, value)
         return env

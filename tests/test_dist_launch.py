@@ -1,0 +1,184 @@
+"""launch() and Job on real processes: training, failures (raise, SIGKILL), timeout, stop, logs,
+the registry, and every bad input refused before a process starts."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import psutil
+import pytest
+
+import dist_helpers  # noqa: F401  (puts this folder on sys.path for the ranks)
+import dist_workers
+
+from clorch_repl import distributed as dist
+import clorch_repl.distributed as launch_mod  # jobs() and get_job() live here too
+from clorch_repl.errors import ClorchError, ConfigError, RankFailure
+from clorch_repl.procs import pid_running, wait_gone
+
+FAST_FAIL_S = 15.0  # fail fast: the surviving rank sleeps 600 s unless the job ends it
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _wait_for_log(job: dist.Job, rank: int, marker: str, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = job.logs(rank)
+        if marker in text:
+            return text
+        if job.done():
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"{marker!r} never reached rank {rank}'s log; log:\n{job.logs(rank)}\n{job.status()}")
+
+
+def test_launch_trains_a_small_model() -> None:
+    job = dist.launch(nproc_per_node=2, main="dist_workers:train_small", args={"steps": 40}, timeout_ms=120_000)
+    assert job.id.startswith("job-") and launch_mod.get_job(job.id) is job
+    results = job.wait()
+    assert [len(r["losses"]) for r in results] == [40, 40]
+    losses = results[0]["losses"]
+    assert losses[-1] < losses[0] / 10, losses
+    assert results[0]["losses"] == results[1]["losses"]  # the averaged loss agrees on every rank
+    assert results[0]["params"] == results[1]["params"]  # averaged gradients keep the replicas equal
+    status = job.status()
+    assert status.state == "succeeded" and [r.state for r in status.ranks] == ["succeeded", "succeeded"]
+    assert [r.exit_code for r in status.ranks] == [0, 0]
+    assert "final loss" in job.logs(1)
+    assert "succeeded" in status.summary() and job.id in repr(job)
+    with pytest.raises(ConfigError, match="has ranks 0..1"):
+        job.logs(2)
+    assert launch_mod.jobs()[-1] is job
+    from clorch_repl.distributed.launch import get_job, jobs
+
+    assert jobs()[-1] is job and get_job(job.id) is job and dist.launch.jobs()[-1] is job
+
+
+def test_a_raising_rank_is_named_and_the_others_stop_fast() -> None:
+    start = time.monotonic()
+    job = dist.launch(nproc_per_node=2, main=dist_workers.fail_one, timeout_ms=120_000,
+                      args={"fail_rank": 1, "how": "raise", "others": "sleep"})
+    with pytest.raises(RankFailure) as info:
+        job.wait()
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert err.rank == 1
+    text = str(err)
+    assert text.startswith("rank 1 failed first") and "ValueError: boom from rank 1" in text
+    assert 'raise ValueError(f"boom from rank {r}")' in text  # the rank's traceback
+    assert elapsed < FAST_FAIL_S, f"rank 0 was not stopped fast ({elapsed:.1f} s)"
+    status = job.status()
+    assert status.state == "failed" and status.first_failed_rank == 1
+    assert status.ranks[1].state == "failed" and status.ranks[0].state == "stopped"
+    assert not any(pid_running(pid) for pid in job.pids())
+
+
+def test_a_sigkilled_rank_is_the_cause_not_the_cascade() -> None:
+    job = dist.launch(nproc_per_node=2, main="dist_workers:fail_one", timeout_ms=120_000,
+                      args={"fail_rank": 1, "how": "sigkill", "others": "collective"})
+    with pytest.raises(RankFailure) as info:
+        job.wait()
+    assert info.value.rank == 1
+    assert "killed by signal SIGKILL" in str(info.value)
+    assert "rank 1 about to fail" in str(info.value)  # the log tail stands in for a traceback
+    status = job.status()
+    assert status.first_failed_rank == 1 and status.ranks[1].exit_code == -9
+    assert "rank 1 failed first" in status.message
+    assert not any(pid_running(pid) for pid in job.pids())
+
+
+def test_timeout_ends_the_job() -> None:
+    job = dist.launch(nproc_per_node=2, main="dist_workers:chatty_then_sleep", timeout_ms=4_000)
+    with pytest.raises(dist.JobTimeout, match=r"timed out after 4 s \(timeout_ms=4000\)"):
+        job.wait(timeout=60)
+    status = job.status()
+    assert status.state == "timed_out"
+    assert [r.state for r in status.ranks] == ["stopped", "stopped"]
+    assert not any(pid_running(pid) for pid in job.pids())
+
+
+def test_logs_hold_python_and_native_output_and_stop_ends_every_rank() -> None:
+    job = dist.launch(nproc_per_node=2, main="dist_workers:chatty_then_sleep", timeout_ms=120_000)
+    with job:
+        for r in range(2):
+            text = _wait_for_log(job, r, f"READY {r}")
+            for line in (f"python print from rank {r}", f"fd1 write from rank {r}", f"fd2 write from rank {r}",
+                         f"libc printf from rank {r}"):
+                assert line in text, f"{line!r} missing from rank {r}'s log:\n{text}"
+            assert job.logs(r, tail=1).strip() == f"READY {r}"
+            mode = stat.S_IMODE(os.stat(job.log_path(r)).st_mode)
+            assert mode == 0o600, oct(mode)
+        assert stat.S_IMODE(os.stat(job.dir).st_mode) == 0o700
+        assert job.status().state == "running"
+        pids = job.pids()
+        assert all(pid_running(pid) for pid in pids)
+        status = job.stop(grace_s=5)
+    assert status.state == "stopped" and [r.state for r in status.ranks] == ["stopped", "stopped"]
+    assert wait_gone(pids, 1.0) == []
+    with pytest.raises(dist.JobStopped):
+        job.wait()
+
+
+def test_registry_lists_jobs_in_start_order() -> None:
+    listed = launch_mod.jobs()
+    ids = [j.id for j in listed]
+    assert len(set(ids)) == len(ids)
+    assert [int(i.split("-")[1]) for i in ids] == sorted(int(i.split("-")[1]) for i in ids)
+    if listed:
+        last = listed[-1]
+        assert launch_mod.get_job(last.id) is last
+        assert launch_mod.get_job(int(last.id.split("-")[1])) is last
+    with pytest.raises(ConfigError, match="no job 'job-99999'"):
+        launch_mod.get_job("job-99999")
+
+
+def _not_importable_here() -> None:
+    pass
+
+
+_not_importable_here.__module__ = "__main__"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "mpi"}, "backend must be one of nccl, gloo"),
+    ({"nproc_per_node": None, "devices": [0, 0]}, "devices repeats 0"),
+    ({"nproc_per_node": None, "devices": [-1]}, "does not exist"),
+    ({"nproc_per_node": None, "devices": [64]}, "(does not exist|no usable GPU)"),
+    ({"nproc_per_node": 3, "devices": [0, 1]}, "nproc 3 and devices 0,1 disagree"),
+    ({"nproc_per_node": 0}, "nproc must be at least 1"),
+    ({"main": "no_such_module_xyz:run"}, "no module named 'no_such_module_xyz'"),
+    ({"main": "dist_workers:no_such_function"}, "has no attribute 'no_such_function'"),
+    ({"main": "dist_workers"}, "main must be 'module:function'"),
+    ({"main": lambda ctx: None}, "lambda or nested function"),
+    ({"main": _not_importable_here}, "defined in __main__"),
+    ({"main": 42}, "main must be 'module:function' or a function"),
+    ({"args": {"model": object()}}, "args cannot be sent to the ranks"),
+    ({"args": {"x": float("nan")}}, "args cannot be sent to the ranks"),
+    ({"args": {1, 2}}, "args cannot be sent to the ranks"),
+    ({"timeout_ms": -5}, "timeout_ms must be a positive number"),
+    ({"timeout_ms": "soon"}, "timeout_ms must be a positive number"),
+    ({"env": {"X": 1}}, "env must map strings to strings"),
+])
+def test_bad_input_is_refused_before_any_process_starts(kwargs: dict, message: str) -> None:
+    params = {"nproc_per_node": 2, "main": "dist_workers:train_small", "args": {"steps": 1}, "timeout_ms": 10_000}
+    params.update(kwargs)
+    before_jobs, before_children = len(launch_mod.jobs()), _children()
+    with pytest.raises(ConfigError, match=message) as info:
+        dist.launch(**params)
+    assert "\n" not in str(info.value), "the refusal should be one line"
+    assert len(launch_mod.jobs()) == before_jobs
+    assert _children() <= before_children
+
+
+def test_missing_main_is_refused() -> None:
+    with pytest.raises(ConfigError, match="main is required"):
+        dist.launch(nproc_per_node=2)
+
+
+def test_config_error_is_a_clorch_error() -> None:
+    assert issubclass(ConfigError, ClorchError) and issubclass(RankFailure, ClorchError)
