@@ -18,41 +18,17 @@ import sys
 import tempfile
 import textwrap
 import time
-from queue import Empty
-
-from jupyter_client import KernelManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from notebook_kernel import NotebookKernel  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
 
 
-class Kernel:
-    def __init__(self) -> None:
-        self.km = KernelManager(kernel_name="python3")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-        self.km.start_kernel(env=env, cwd=ROOT)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
-
-    def run(self, code: str, timeout: float = 300) -> tuple[float, str]:
-        """Seconds from execute_request to the idle status of that request, and the status."""
-        t0 = time.perf_counter()
-        msg_id = self.kc.execute(code)
-        while True:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=timeout)
-            except Empty:
-                raise TimeoutError(code) from None
-            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
-                    and msg["content"]["execution_state"] == "idle"):
-                break
-        elapsed = time.perf_counter() - t0
-        reply = self.kc.get_shell_msg(timeout=timeout)
-        return elapsed, reply["content"]["status"]
-
-    def close(self) -> None:
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+def round_trip(kernel: NotebookKernel, code: str) -> tuple[float, str]:
+    """Seconds from execute_request to the idle status of that request, and the reply's status."""
+    t0 = time.perf_counter()
+    reply = kernel.collect(kernel.send(code), timeout=300)
+    return reply.idle_at - t0, reply.status
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -60,12 +36,12 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples) * 1e3, qs[8] * 1e3
 
 
-def time_cells(kernel: Kernel, code: str, iters: int) -> list[float]:
+def time_cells(kernel: NotebookKernel, code: str, iters: int) -> list[float]:
     for _ in range(max(5, iters // 10)):  # warm-up
-        kernel.run(code)
+        round_trip(kernel, code)
     samples = []
     for _ in range(iters):
-        elapsed, status = kernel.run(code)
+        elapsed, status = round_trip(kernel, code)
         assert status == "ok", status
         samples.append(elapsed)
     return samples
@@ -96,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     nprocs = [int(n) for n in args.nprocs.split(",")]
 
-    kernel = Kernel()
+    kernel = NotebookKernel()
     try:
         floor = time_cells(kernel, "pass", args.iters)
         f50, f90 = percentiles(floor)
@@ -105,7 +81,7 @@ def main() -> None:
         kernel.run("%load_ext clorch_repl")
         starts = {}
         for n in nprocs:
-            elapsed, status = kernel.run(f"%clorch start --nproc {n}")
+            elapsed, status = round_trip(kernel, f"%clorch start --nproc {n}")
             assert status == "ok", f"%clorch start --nproc {n} failed"
             starts[n] = elapsed
             samples = time_cells(kernel, "%%distributed\npass", args.iters)
@@ -113,7 +89,7 @@ def main() -> None:
             print(f"{f'%%distributed, {n} ranks':<28}{p50:>9.2f}{p90:>9.2f}{p50 / f50:>11.2f}{p90 / f90:>11.2f}")
             kernel.run("%clorch stop")
     finally:
-        kernel.close()
+        kernel.shutdown()
     print()
     for n, elapsed in starts.items():
         ref = torchrun_start(n)

@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Reply:
     status: str
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    idle_at: float = 0.0  # time.perf_counter() when the kernel reported idle for this request
 
     @property
     def text(self) -> str:
@@ -71,6 +72,7 @@ class NotebookKernel:
                 continue
             kind = msg["msg_type"]
             if kind == "status" and msg["content"]["execution_state"] == "idle":
+                reply.idle_at = time.perf_counter()
                 break
             if kind in ("stream", "display_data", "execute_result", "update_display_data", "error",
                         "clear_output"):
