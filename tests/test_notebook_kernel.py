@@ -82,9 +82,11 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
 
 def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel) -> None:
     pids = rank_pids(nb)
-    assert len(pids) == 2 and all(pid_running(p) for p in pids)
+    session_dir = nb.run("print('DIR', magics_for(get_ipython()).session.group.dir)").text.split("DIR ")[1].strip()
+    assert len(pids) == 2 and all(pid_running(p) for p in pids) and os.path.isdir(session_dir)
     os.kill(nb.pid, signal.SIGKILL)
     assert wait_gone(pids, 10) == [], "ranks outlived the notebook kernel"
+    assert not os.path.exists(session_dir), "the session's directory was left behind"
 
 
 def test_stop_ends_every_rank(nb: NotebookKernel) -> None:

@@ -22,7 +22,7 @@ from .. import procs
 from ..rendezvous import loopback_socket_env
 from ..topology import Topology
 from .wire import RankSession
-from .worker import PARENT_ENV, STACK_FILE_ENV
+from .worker import PARENT_ENV, SESSION_DIR_ENV, STACK_FILE_ENV
 
 KERNEL_NAME = "clorch-rank"
 STOP_GRACE_S = 5.0
@@ -114,6 +114,7 @@ class WorkerGroup:
             "CLORCH_DIST_TIMEOUT_MS": str(int(topo.timeout_s * 1000)),
             PARENT_ENV: str(os.getpid()),
             STACK_FILE_ENV: os.path.join(self.dir, f"rank{rank}.stack"),
+            SESSION_DIR_ENV: self.dir,
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             "PYTHONUNBUFFERED": "1",
         })

@@ -3,7 +3,8 @@
 A rank is a plain ipykernel with three additions made before the kernel starts:
 
 * it ends itself and its process group as soon as the notebook process that started it is gone,
-  even when that process was SIGKILLed (no orphans holding GPUs);
+  even when that process was SIGKILLed (no orphans holding GPUs), and removes the session's
+  private directory, which nobody else is left to remove;
 * ``SIGUSR1`` dumps the Python stack of every thread into the rank's stack file, from a C-level
   signal handler, so the notebook can show where a rank that ignores Ctrl-C is stuck (a hung
   collective blocks in C++ and never sees KeyboardInterrupt);
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import signal
 import sys
 
@@ -36,6 +38,7 @@ KERNEL_OPTIONS = ("--IPKernelApp.quiet=False", "--IPKernelApp.capture_fd_output=
                   "--IPKernelApp.outstream_class=clorch_repl.session.worker.RankOutStream",
                   "--IPythonKernel._execute_sleep=0")
 STACK_FILE_ENV = "CLORCH_STACK_FILE"
+SESSION_DIR_ENV = "CLORCH_SESSION_DIR"
 
 
 def _out_stream_class() -> type:
@@ -75,9 +78,18 @@ def __getattr__(name: str) -> type:
     raise AttributeError(name)
 
 
+def _orphaned() -> None:
+    """The notebook is gone (killed, perhaps): nobody will stop us or clean up after us. Remove the
+    session's private directory (every rank tries; whoever is first wins) and end the group."""
+    session_dir = os.environ.get(SESSION_DIR_ENV)
+    if session_dir:
+        shutil.rmtree(session_dir, ignore_errors=True)
+    end_own_group()
+
+
 def main(argv: list[str] | None = None) -> None:
     parent = int(os.environ.get(PARENT_ENV) or os.getppid())
-    watch_parent(parent, end_own_group)
+    watch_parent(parent, _orphaned)
     stack_path = os.environ.get(STACK_FILE_ENV)
     if stack_path:
         stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
