@@ -26,10 +26,12 @@ single process.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
 import secrets
+import threading
 import time
 import zipfile
 from typing import Any
@@ -79,9 +81,12 @@ def _raise_if_any(errors: list[str | None], doing: str) -> None:
         return
     if len(failed) == 1 and _world() == 1:
         raise CheckpointError(failed[0][1])
+    if len(failed) == 1:
+        rank, message = failed[0]
+        raise CheckpointError(f"{doing} failed on rank {rank}: {message}; nothing was changed on any rank")
     lines = "; ".join(f"rank {r}: {e}" for r, e in failed)
-    raise CheckpointError(f"{doing} failed on rank {failed[0][0]}{' and others' if len(failed) > 1 else ''}"
-                          f" ({lines}); nothing was changed on any rank")
+    raise CheckpointError(f"{doing} failed on ranks {', '.join(str(r) for r, _ in failed)} ({lines}); "
+                          "nothing was changed on any rank")
 
 
 # -- what gets saved -----------------------------------------------------------------------------
@@ -176,6 +181,8 @@ def _remove_stale_temps(folder: str, base: str) -> None:
             pid = int(name[len(prefix):].split(".", 1)[0])
         except ValueError:
             continue
+        if pid == os.getpid() and name.endswith(".old") and _PENDING_UNLINKS:
+            continue  # this process is deleting it right now
         if pid != os.getpid() and _pid_alive(pid):
             continue
         try:
@@ -194,27 +201,85 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_PENDING_UNLINKS: list[threading.Thread] = []
+
+
+def _join_pending_unlinks() -> None:
+    while _PENDING_UNLINKS:
+        _PENDING_UNLINKS.pop().join()
+
+
+atexit.register(_join_pending_unlinks)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sync_while_writing(fd: int, done: threading.Event, errors: list[OSError]) -> None:
+    """Push what torch.save has written so far to disk while it keeps writing, so the fsync that
+    durability needs at the end waits only for the tail, not for the whole file."""
+    sync = getattr(os, "fdatasync", os.fsync)
+    while not done.wait(0.01):
+        try:
+            sync(fd)
+        except OSError as exc:  # the final fsync reports it
+            errors.append(exc)
+            return
+
+
 def _write_atomically(path: str, payload: dict[str, Any]) -> None:
+    """Temporary file, fsync, rename over ``path``, fsync of the folder.
+
+    The previous checkpoint's inode is kept alive by a hard link until the rename is done and then
+    deleted in the background: freeing a large file's blocks takes as long as writing a good part
+    of it, and it is not needed for the new file to be durable. Whatever a killed process leaves
+    behind carries its pid in the name and is removed by the next save.
+    """
     folder, base = os.path.split(path)
     folder = folder or "."
     os.makedirs(folder, exist_ok=True)
+    _PENDING_UNLINKS[:] = [t for t in _PENDING_UNLINKS if t.is_alive()]
     _remove_stale_temps(folder, base)
-    tmp = os.path.join(folder, f".{base}{_TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+    stem = os.path.join(folder, f".{base}{_TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+    tmp, old = stem + ".new", stem + ".old"
     # O_EXCL: never follow or reuse another file; 0o666 so the umask decides, as with open().
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    kept_old = False
     try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        done, errors = threading.Event(), []
+        syncer = threading.Thread(target=_sync_while_writing, args=(fd, done, errors), daemon=True,
+                                  name="clorch-checkpoint-sync")
+        syncer.start()
+        try:
+            torch.save(payload, tmp)  # by path: torch's own buffered writer, the fastest route
+        finally:
+            done.set()
+            syncer.join()
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        try:
+            os.link(path, old)
+            kept_old = True
+        except OSError:  # no previous checkpoint, or a filesystem without hard links
+            pass
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if fd >= 0:
+            os.close(fd)
+        _unlink_quietly(tmp)
+        if kept_old:
+            _unlink_quietly(old)
         raise
     _fsync_dir(folder)
+    if kept_old:
+        thread = threading.Thread(target=_unlink_quietly, args=(old,), name="clorch-checkpoint-unlink")
+        thread.start()
+        _PENDING_UNLINKS.append(thread)
 
 
 # -- save ----------------------------------------------------------------------------------------

@@ -1,0 +1,378 @@
+"""``python -m clorch_repl.release_check --mode cpu|gpu``: does this installation train end to end?
+
+It runs what a user's first notebook session would run, on real ranks, and prints one line per
+check: collectives, DDP backward, gradient accumulation, AMP overflow handling (and, on GPU,
+float16/bfloat16 autocast and fused attention), checkpoints, a worker failure, and that no process
+is left behind. The exit status is non-zero when anything failed, so CI can run ``--mode cpu``
+(two gloo ranks, well under a minute) and a GPU host ``--mode gpu`` (one NCCL rank per GPU).
+
+The rank-side checks run in a single launched job, each guarded on its own, so one failing check
+does not hide the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["main", "run_checks", "CheckResult"]
+
+TARGET = "clorch_repl.release_check"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+# -- rank side ----------------------------------------------------------------------------------
+
+def _device(ctx: dict[str, Any]) -> Any:
+    import torch
+
+    if ctx["backend"] == "nccl":
+        torch.cuda.set_device(0)  # the launcher leaves one GPU visible per rank
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _model(device: Any, seed: int = 0) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+
+
+def _batch(device: Any, n: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(n, 8, generator=g).to(device), torch.randn(n, 1, generator=g).to(device)
+
+
+def _close(a: Any, b: Any, tol: float = 1e-5) -> bool:
+    return bool((a - b).abs().max().item() <= tol)
+
+
+def _check_collectives(ctx: dict[str, Any], device: Any) -> str:
+    import torch
+
+    from . import distributed as dist
+
+    rank, world = ctx["rank"], ctx["world_size"]
+    t = torch.full((4,), float(rank + 1), device=device)
+    dist.all_reduce(t, op="sum")
+    assert torch.all(t == world * (world + 1) / 2), f"all_reduce sum gave {t.tolist()}"
+    t = torch.full((4,), float(rank), device=device)
+    dist.all_reduce(t, op="avg")
+    assert _close(t, torch.full_like(t, (world - 1) / 2)), f"all_reduce avg gave {t.tolist()}"
+    t = torch.full((2,), float(rank), device=device)
+    dist.all_reduce(t, op="max")
+    assert torch.all(t == world - 1), f"all_reduce max gave {t.tolist()}"
+    t = torch.full((3,), float(rank + 10), device=device)
+    dist.broadcast(t, root=0)
+    assert torch.all(t == 10), f"broadcast gave {t.tolist()}"
+    out = torch.zeros(world * 2, device=device)
+    dist.all_gather_into(out, torch.full((2,), float(rank), device=device))
+    assert out.tolist() == [float(r) for r in range(world) for _ in range(2)], f"all_gather gave {out.tolist()}"
+    work = dist.all_reduce(torch.ones(1, device=device), op="sum", async_op=True)
+    work.wait()
+    dist.barrier()
+    return f"all_reduce sum/avg/max (sync and async), broadcast, all_gather, barrier on {world} rank(s)"
+
+
+def _check_ddp_backward(ctx: dict[str, Any], device: Any) -> str:
+    import torch.nn.functional as F
+
+    from . import parallel
+
+    rank, world = ctx["rank"], ctx["world_size"]
+    x, y = _batch(device, 8 * world)
+    reference = _model(device)
+    F.mse_loss(reference(x), y).backward()
+    model = _model(device, seed=rank)  # rank zero's weights must win
+    mine = slice(rank * 8, (rank + 1) * 8)
+    with parallel.distributed_data_parallel(model) as pmodel:
+        F.mse_loss(pmodel(x[mine]), y[mine]).backward()
+    diff = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
+    assert diff < 1e-5, f"DDP gradient differs from the full-batch gradient by {diff:.2e}"
+    return f"averaged gradients match one process on the whole batch (max diff {diff:.1e})"
+
+
+def _check_accumulation(ctx: dict[str, Any], device: Any) -> str:
+    import torch
+    import torch.nn.functional as F
+
+    from . import parallel
+
+    rank, world = ctx["rank"], ctx["world_size"]
+    x, y = _batch(device, 8 * world)
+    big = _model(device)
+    big_opt = torch.optim.SGD(big.parameters(), lr=0.1)
+    F.mse_loss(big(x), y).backward()
+    big_opt.step()
+    model = _model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mine_x, mine_y = x[rank * 8:(rank + 1) * 8], y[rank * 8:(rank + 1) * 8]
+    with parallel.distributed_data_parallel(model) as pmodel:
+        with parallel.no_sync(pmodel):
+            (F.mse_loss(pmodel(mine_x[:4]), mine_y[:4]) / 2).backward()
+        (F.mse_loss(pmodel(mine_x[4:]), mine_y[4:]) / 2).backward()
+        parallel.optimizer_step(pmodel, opt)
+    diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), big.parameters()))
+    assert diff < 1e-5, f"accumulated update differs from the large-batch update by {diff:.2e}"
+    return f"2 micro-batches with no_sync == one large batch (max diff {diff:.1e})"
+
+
+def _check_amp_overflow(ctx: dict[str, Any], device: Any) -> str:
+    import torch
+    import torch.nn.functional as F
+
+    from . import amp, parallel
+
+    rank, world = ctx["rank"], ctx["world_size"]
+    model = _model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp.grad_scaler(initial_scale=1024.0, device=device.type)
+    x, y = _batch(device, 8)
+    with parallel.distributed_data_parallel(model) as pmodel:
+        before = [p.detach().clone() for p in model.parameters()]
+        with amp.autocast(device=device.type, dtype="float16"):
+            out = pmodel(x)
+        amp.backward(scaler, F.mse_loss(out.float(), y))
+        if rank == world - 1:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")  # overflow on one rank only
+        stepped = parallel.optimizer_step(pmodel, opt, scaler=scaler)
+        assert not stepped, "a step was taken although a rank overflowed"
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "weights changed on overflow"
+        assert scaler.get_scale() == 512.0, f"scale is {scaler.get_scale()} after overflow, expected 512"
+        opt.zero_grad()
+        with amp.autocast(device=device.type, dtype="bfloat16"):
+            out = pmodel(x)
+        amp.backward(scaler, F.mse_loss(out.float(), y))
+        assert parallel.optimizer_step(pmodel, opt, scaler=scaler), "a normal step was skipped"
+    extra = ""
+    if device.type == "cuda":
+        extra = "; " + _check_fused_attention(device)
+    return f"overflow on rank {world - 1} only: every rank skipped, scale 1024 -> 512{extra}"
+
+
+def _check_fused_attention(device: Any) -> str:
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cpu").manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=g).to(device) for _ in range(3))
+    reference = torch.softmax(q @ k.transpose(-1, -2) / 32 ** 0.5, dim=-1) @ v
+    for dtype in (torch.float16, torch.bfloat16):
+        out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype)).float()
+        err = (out - reference).abs().max().item()
+        assert err < 5e-2, f"scaled_dot_product_attention in {dtype} differs by {err:.2e}"
+    return "fused attention float16/bfloat16 ok"
+
+
+def _check_checkpoint(ctx: dict[str, Any], device: Any) -> str:
+    import torch
+
+    from . import amp, data
+    from .distributed import load_checkpoint, save_checkpoint
+    from .distributed.checkpoint import CheckpointError
+
+    rank = ctx["rank"]
+    folder = ctx["args"]["folder"]
+    path = os.path.join(folder, "check.pt")
+    model = _model(device)
+    opt = torch.optim.AdamW(model.parameters())
+    sampler = data.distributed_sampler(64)
+    it = iter(sampler)
+    next(it)
+    scaler = amp.grad_scaler(device=device.type, initial_scale=256.0)
+    save_checkpoint(path, model=model, optimizer=opt, sampler=sampler, scaler=scaler, state={"step": 5})
+    fresh = _model(device, seed=99)
+    fresh_scaler = amp.grad_scaler(device=device.type)
+    state = load_checkpoint(path, model=fresh, optimizer=torch.optim.AdamW(fresh.parameters()),
+                            sampler=data.distributed_sampler(64), scaler=fresh_scaler)
+    assert state == {"step": 5}, f"state came back as {state}"
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters())), "weights differ"
+    assert fresh_scaler.get_scale() == 256.0, "scaler state was not restored"
+    bad = os.path.join(folder, "truncated.pt")
+    if rank == 0:
+        with open(path, "rb") as src, open(bad, "wb") as dst:
+            dst.write(src.read()[:200])
+    from . import distributed as dist
+
+    dist.barrier()
+    try:
+        load_checkpoint(bad, model=fresh)
+    except CheckpointError:
+        pass
+    else:
+        raise AssertionError("a truncated checkpoint loaded without an error")
+    return "rank-zero atomic save, load on every rank, truncated file refused"
+
+
+RANK_CHECKS: list[tuple[str, Callable[[dict[str, Any], Any], str]]] = [
+    ("collectives", _check_collectives),
+    ("ddp backward", _check_ddp_backward),
+    ("gradient accumulation", _check_accumulation),
+    ("amp overflow handling", _check_amp_overflow),
+    ("checkpoints", _check_checkpoint),
+]
+
+
+def rank_checks(ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run every rank-side check in this rank; a failure is recorded, not raised."""
+    import warnings
+
+    device = _device(ctx)
+    results = []
+    for name, fn in RANK_CHECKS:
+        started = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", DeprecationWarning)
+                warnings.simplefilter("error", FutureWarning)
+                detail, ok = fn(ctx, device), True
+        except Exception as exc:
+            detail, ok = f"{type(exc).__name__}: {exc}", False
+            traceback.print_exc()
+        results.append({"name": name, "ok": ok, "detail": detail, "seconds": time.perf_counter() - started})
+    return results
+
+
+def failing_rank(ctx: dict[str, Any]) -> None:
+    """The last rank fails; the others wait in a barrier that can never complete."""
+    from . import distributed as dist
+
+    if ctx["rank"] == ctx["world_size"] - 1:
+        raise RuntimeError("injected failure (release check)")
+    dist.barrier()
+    time.sleep(60)
+
+
+# -- driver -------------------------------------------------------------------------------------
+
+def _timed(name: str, fn: Callable[[], str]) -> CheckResult:
+    started = time.perf_counter()
+    try:
+        return CheckResult(name, True, fn(), time.perf_counter() - started)
+    except Exception as exc:
+        return CheckResult(name, False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                           time.perf_counter() - started)
+
+
+def run_checks(mode: str = "cpu", nproc: int | None = None, timeout_s: float = 180.0) -> list[CheckResult]:
+    """Every check, in order; never raises for a failed check (it is a failed row instead)."""
+    from . import cuda
+
+    results: list[CheckResult] = []
+    pids: list[int] = []
+    gpus = cuda.device_count()
+    if mode == "gpu":
+        if gpus == 0:
+            return [CheckResult("gpu available", False, "no usable CUDA device (check the driver, "
+                                "CUDA_VISIBLE_DEVICES, and that torch is a CUDA build)", 0.0)]
+        nproc = nproc or gpus
+        launch_kw: dict[str, Any] = {"nproc_per_node": nproc, "devices": list(range(nproc)), "backend": "nccl"}
+        results.append(CheckResult("gpu available", True, f"{gpus} GPU(s); using {nproc} NCCL rank(s)", 0.0))
+    else:
+        nproc = nproc or 2
+        launch_kw = {"nproc_per_node": nproc, "backend": "gloo"}
+
+    folder = tempfile.mkdtemp(prefix="clorch-release-check-")
+    try:
+        from . import distributed as dist
+
+        started = time.perf_counter()
+        try:
+            job = dist.launch(main=f"{TARGET}:rank_checks", args={"folder": folder},
+                              timeout_ms=int(timeout_s * 1000), **launch_kw)
+            pids.extend(p for p in job.pids() if p)
+            with job:
+                per_rank = job.wait()
+            launched = time.perf_counter() - started
+            results.append(CheckResult("launch", True, f"{nproc} rank(s) started, ran and exited", launched))
+            for i, (name, _fn) in enumerate(RANK_CHECKS):
+                rows = [ranks[i] for ranks in per_rank]
+                bad = [(r, row) for r, row in enumerate(rows) if not row["ok"]]
+                detail = rows[0]["detail"] if not bad else f"rank {bad[0][0]}: {bad[0][1]['detail']}"
+                results.append(CheckResult(name, not bad, detail, max(row["seconds"] for row in rows)))
+        except Exception as exc:
+            results.append(CheckResult("launch", False, f"{type(exc).__name__}: {exc}"[:500],
+                                       time.perf_counter() - started))
+
+        def worker_failure() -> str:
+            from .errors import RankFailure
+
+            job = dist.launch(main=f"{TARGET}:failing_rank", timeout_ms=int(timeout_s * 1000), **launch_kw)
+            pids.extend(p for p in job.pids() if p)
+            t0 = time.perf_counter()
+            with job:
+                try:
+                    job.wait()
+                except RankFailure as exc:
+                    expected = nproc - 1
+                    assert exc.rank == expected, f"the failure was blamed on rank {exc.rank}, not {expected}"
+                    assert "injected failure" in str(exc), f"the error lacks the rank's message: {exc}"
+                    return f"rank {exc.rank}'s exception reported in {time.perf_counter() - t0:.1f}s"
+            raise AssertionError("the job succeeded although a rank raised")
+
+        results.append(_timed("worker failure", worker_failure))
+
+        def cleanup() -> str:
+            from .procs import wait_gone
+
+            left = wait_gone(pids, 15.0)
+            assert not left, f"processes still running after their jobs ended: {left}"
+            return f"all {len(pids)} rank processes are gone"
+
+        results.append(_timed("process cleanup", cleanup))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return results
+
+
+def format_table(results: list[CheckResult]) -> str:
+    width = max(len(r.name) for r in results)
+    lines = [f"{'check':<{width}}  result  time     detail", f"{'-' * width}  ------  -------  ------"]
+    for r in results:
+        lines.append(f"{r.name:<{width}}  {'PASS' if r.ok else 'FAIL':<6}  {r.seconds:6.2f}s  {r.detail}")
+    failed = sum(not r.ok for r in results)
+    lines.append(f"{len(results) - failed} passed, {failed} failed")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clorch_repl.release_check",
+                                     description="Check a clorch_repl installation end to end.")
+    parser.add_argument("--mode", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu: gloo CPU ranks (CI); gpu: one NCCL rank per GPU")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (cpu default 2; gpu default every GPU)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for each job")
+    ns = parser.parse_args(argv)
+    if ns.nproc is not None and ns.nproc < 1:
+        parser.error("--nproc must be at least 1")
+    import torch
+
+    print(f"clorch_repl release check: mode {ns.mode}, torch {torch.__version__}, "
+          f"Python {platform.python_version()}, {platform.system()} {platform.machine()}", flush=True)
+    started = time.perf_counter()
+    results = run_checks(ns.mode, ns.nproc, ns.timeout)
+    print(format_table(results))
+    print(f"total {time.perf_counter() - started:.1f}s")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

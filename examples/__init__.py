@@ -1,0 +1,1 @@
+"""Runnable examples; ``examples.distributed_training`` is importable by launched ranks."""
