@@ -47,10 +47,12 @@ def time_cells(kernel: NotebookKernel, code: str, iters: int) -> list[float]:
     return samples
 
 
-def torchrun_start(nproc: int) -> float:
-    script = textwrap.dedent("""
-        import torch.distributed as dist
-        dist.init_process_group("gloo")
+def torchrun_start(nproc: int, backend: str) -> float:
+    script = textwrap.dedent(f"""
+        import os, torch, torch.distributed as dist
+        if "{backend}" == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("{backend}")
         dist.barrier()
         dist.destroy_process_group()
     """)
@@ -69,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--nprocs", default="2,4")
+    parser.add_argument("--backend", default=None, help="passed to %%clorch start (default: its own)")
     args = parser.parse_args()
     nprocs = [int(n) for n in args.nprocs.split(",")]
 
@@ -81,7 +84,8 @@ def main() -> None:
         kernel.run("%load_ext clorch_repl")
         starts = {}
         for n in nprocs:
-            elapsed, status = round_trip(kernel, f"%clorch start --nproc {n}")
+            backend = f" --backend {args.backend}" if args.backend else ""
+            elapsed, status = round_trip(kernel, f"%clorch start --nproc {n}{backend}")
             assert status == "ok", f"%clorch start --nproc {n} failed"
             starts[n] = elapsed
             samples = time_cells(kernel, "%%distributed\npass", args.iters)
@@ -91,9 +95,12 @@ def main() -> None:
     finally:
         kernel.shutdown()
     print()
+    from clorch_repl.topology import resolve_topology
+
     for n, elapsed in starts.items():
-        ref = torchrun_start(n)
-        print(f"start {n} gloo ranks: %clorch start {elapsed:.2f} s, torchrun (init + barrier + exit) "
+        backend = resolve_topology(n, backend=args.backend).backend
+        ref = torchrun_start(n, backend)
+        print(f"start {n} {backend} ranks: %clorch start {elapsed:.2f} s, torchrun (init + barrier + exit) "
               f"{ref:.2f} s, ratio {elapsed / ref:.2f}")
 
 

@@ -27,52 +27,11 @@ import sys
 import tempfile
 import textwrap
 import time
-from queue import Empty
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-
-class Kernel:
-    """A notebook kernel, as JupyterLab runs one."""
-
-    def __init__(self) -> None:
-        from jupyter_client import KernelManager
-
-        self.km = KernelManager(kernel_name="python3")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-        self.km.start_kernel(env=env, cwd=ROOT)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
-
-    def run(self, code: str, timeout: float = 600) -> tuple[float, str, str]:
-        """(seconds from execute_request to idle, reply status, text the cell printed)."""
-        t0 = time.perf_counter()
-        msg_id = self.kc.execute(code)
-        texts = []
-        while True:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=timeout)
-            except Empty:
-                raise TimeoutError(code) from None
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                texts.append(msg["content"]["text"])
-            elif msg["msg_type"] in ("execute_result", "display_data"):
-                texts.append(msg["content"]["data"].get("text/plain", ""))
-            elif msg["msg_type"] == "error":
-                texts.append("\n".join(msg["content"]["traceback"]))
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        elapsed = time.perf_counter() - t0
-        reply = self.kc.get_shell_msg(timeout=timeout)
-        return elapsed, reply["content"]["status"], "".join(texts)
-
-    def close(self) -> None:
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from notebook_kernel import NotebookKernel  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
 
 
 TORCHRUN_SCRIPT = textwrap.dedent("""
@@ -121,23 +80,24 @@ if rank == 0:
 """
 
 
-def notebook_round(kernel: Kernel, args: dict) -> tuple[float, float]:
-    elapsed, status, text = kernel.run(CELL.format(args=json.dumps(args)))
-    if status != "ok":
-        raise RuntimeError(f"the %%distributed cell failed:\n{text[-3000:]}")
-    line = next(ln for ln in text.splitlines() if "RESULT " in ln)
+def notebook_round(kernel: NotebookKernel, args: dict) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    reply = kernel.collect(kernel.send(CELL.format(args=json.dumps(args))), timeout=900)
+    elapsed = reply.idle_at - t0
+    if reply.status != "ok":
+        raise RuntimeError(f"the %%distributed cell failed:\n{reply.text[-3000:]}")
+    line = next(ln for ln in reply.text.splitlines() if "RESULT " in ln)
     record = json.loads(line.split("RESULT ", 1)[1])
     return record["steps"] / record["seconds"], record["steps"] / elapsed
 
 
 def bench_training(nproc: int, rounds: int, args: dict) -> dict:
-    kernel = Kernel()
+    kernel = NotebookKernel()
     try:
-        _t, status, text = kernel.run("%load_ext clorch_repl")
-        assert status == "ok", text
-        _t, status, text = kernel.run(f"%clorch start --nproc {nproc}")
-        assert status == "ok", text
-        print(text.strip())
+        for line in ("%load_ext clorch_repl", f"%clorch start --nproc {nproc}"):
+            reply = kernel.run(line, timeout=600)
+            assert reply.status == "ok", reply.text
+        print(reply.text.strip())
         notebook_round(kernel, dict(args, epochs=1))  # warm-up, like the script's
         inside, client, script = [], [], []
         for i in range(rounds):
@@ -150,7 +110,7 @@ def bench_training(nproc: int, rounds: int, args: dict) -> dict:
                   f"torchrun {c:.1f} steps/s", flush=True)
         kernel.run("%clorch stop")
     finally:
-        kernel.close()
+        kernel.shutdown()
     med = {k: statistics.median(v) for k, v in (("inside", inside), ("client", client), ("torchrun", script))}
     return med
 

@@ -39,6 +39,19 @@ class Reply:
         return "".join(parts)
 
 
+def cell_text(cell: Any) -> str:
+    """Everything an executed notebook cell (nbformat) showed, as text."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("display_data", "execute_result"):
+            parts.append(out.data.get("text/plain", ""))
+        elif out.output_type == "error":
+            parts.append("\n".join(out.traceback))
+    return "\n".join(parts)
+
+
 class NotebookKernel:
     """Start a python3 ipykernel (the notebook's own kernel) in the repository's directory."""
 

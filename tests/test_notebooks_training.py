@@ -8,20 +8,9 @@ import tempfile
 
 import nbformat
 from nbclient import NotebookClient
+from notebook_kernel import cell_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def outputs_text(cell: nbformat.NotebookNode) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("display_data", "execute_result"):
-            parts.append(out.data.get("text/plain", ""))
-        elif out.output_type == "error":
-            parts.append("\n".join(out.traceback))
-    return "\n".join(parts)
 
 
 def test_training_notebook_trains_checkpoints_and_resumes() -> None:
@@ -30,7 +19,7 @@ def test_training_notebook_trains_checkpoints_and_resumes() -> None:
         os.unlink(stale)
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "distributed_training.ipynb"), as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
-    joined = "\n".join(outputs_text(c) for c in nb.cells if c.cell_type == "code")
+    joined = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert "error" not in [o.output_type for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     for r in (0, 1):
         assert f"[rank {r}] rank {r}: 512 samples per epoch on cpu, bfloat16" in joined  # 1024 over 2 ranks

@@ -6,38 +6,27 @@ import os
 
 import nbformat
 from nbclient import NotebookClient
+from notebook_kernel import cell_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def outputs_text(cell: nbformat.NotebookNode) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("display_data", "execute_result"):
-            parts.append(out.data.get("text/plain", ""))
-        elif out.output_type == "error":
-            parts.append("\n".join(out.traceback))
-    return "\n".join(parts)
 
 
 def test_quickstart_notebook_runs_end_to_end() -> None:
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
-    texts = [outputs_text(c) for c in nb.cells if c.cell_type == "code"]
+    texts = [cell_text(c) for c in nb.cells if c.cell_type == "code"]
     joined = "\n".join(texts)
     assert "2 rank(s) ready, gloo process group formed" in joined
     assert "[rank 0] rank 0 of 2: [3.0, 3.0, 3.0]" in joined and "[rank 1] rank 1 of 2: [3.0, 3.0, 3.0]" in joined
     assert "[rank 0] 3" in joined and "[rank 1] 3" in joined  # bor of 1<<0 and 1<<1
     assert "[rank 0] 9.0" in joined
     status = next(c for c in nb.cells if c.source.startswith("%clorch status"))
-    assert "text/html" in status.outputs[0].data and "idle" in outputs_text(status)
+    assert "text/html" in status.outputs[0].data and "idle" in cell_text(status)
     logs = next(c for c in nb.cells if c.source.startswith("%clorch logs"))
-    assert "rank 0 of 2" in outputs_text(logs)
+    assert "rank 0 of 2" in cell_text(logs)
     failing = next(c for c in nb.cells if "raises-exception" in c.metadata.get("tags", []))
     err = [o for o in failing.outputs if o.output_type == "error"]
     assert len(err) == 1 and "only rank 1 fails" in "\n".join(err[0].traceback)
-    assert "[rank 0] rank 0 is fine" in outputs_text(failing)
+    assert "[rank 0] rank 0 is fine" in cell_text(failing)
     assert "[rank 0] 0 False" in joined and "[rank 1] 1 False" in joined  # restart gave fresh namespaces
     assert "stopped 2 rank(s)" in joined

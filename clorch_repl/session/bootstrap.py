@@ -47,6 +47,20 @@ def join_group() -> None:
             dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
     ns = _user_ns()
     ns.update(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    _quiet_kernel_logger()
+
+
+def _quiet_kernel_logger() -> None:
+    """The kernel's logger is left at DEBUG with a WARNING handler, so every debug call (four per
+    cell) builds a record that is then dropped: about 0.2 ms of a rank's CPU per cell. Raise the
+    logger to its handlers' level; nothing that was shown before stops being shown."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    log = getattr(getattr(shell, "kernel", None), "log", None)
+    handlers = getattr(log, "handlers", None)
+    if log is not None and handlers:
+        log.setLevel(max(log.level, min(h.level for h in handlers)))
 
 
 def leave_group() -> None:
