@@ -218,3 +218,15 @@ def test_a_rank_killed_mid_cell_fails_the_cell_and_restart_recovers(ip: Any, mag
                        "dist.all_reduce(t)\nprint(t.item(), 'y' in globals())")
     assert res.success
     assert lines_of(cap.stdout, 0) == ["3.0 False"] and lines_of(cap.stdout, 1) == ["3.0 False"]
+
+
+def test_a_segfault_names_the_rank_and_shows_where_it_crashed(ip: Any, magics: Any) -> None:
+    res, cap = run(ip, "import ctypes, time\ndef crash_here():\n    ctypes.string_at(0)\n"
+                       "if rank == 0:\n    crash_here()\ntime.sleep(30)")
+    assert not res.success
+    assert "rank 0 died" in cap.stdout and "SIGSEGV" in cap.stdout
+    assert "Segmentation fault" in cap.stdout and "crash_here" in cap.stdout  # faulthandler, via the log
+    assert "---- rank 1 ----" in cap.stdout and "KeyboardInterrupt" in cap.stdout  # the survivor was interrupted
+    ip.run_line_magic("clorch", "restart")
+    res, cap = run(ip, "print('fresh', rank)")
+    assert res.success and lines_of(cap.stdout, 0) == ["fresh 0"]

@@ -187,6 +187,17 @@ class WorkerGroup:
             return data
         return "".join(data.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
 
+    def death_report(self, rank: int, lines: int = 15) -> str:
+        """What a dead rank's log says about its end: the faulthandler report of a crash (its
+        first, most recent frames, which are the user's) when there is one, else the last lines."""
+        tail = self.log_tail(rank, 400).splitlines()
+        starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
+        if not starts:
+            return "\n".join(tail[-lines:])
+        report = tail[starts[-1]:]
+        head = [line for line in report if not line.startswith("Extension modules")][:lines]
+        return "\n".join(head + (["  ..."] if len(report) > len(head) + 1 else []))
+
     def stop(self, grace_s: float = STOP_GRACE_S, *, keep_dir: bool = False) -> list[int]:
         """End every rank and its children, then remove the group's directory.
 

@@ -202,7 +202,7 @@ class Relay:
             result = wait.outcome.ranks[rank]
             result.status = Status.DIED
             result.exit = describe_exit(proc.returncode)
-            result.log_tail = self.group.log_tail(rank, 15)
+            result.log_tail = self.group.death_report(rank)
             wait.pending.discard(rank)
             self.running[rank] = None
             if wait.death_at is None:

@@ -90,6 +90,9 @@ def _orphaned() -> None:
 def main(argv: list[str] | None = None) -> None:
     parent = int(os.environ.get(PARENT_ENV) or os.getppid())
     watch_parent(parent, _orphaned)
+    # A segfault or abort prints the Python stacks into the rank's log (fd 2), whose tail the
+    # notebook shows when a rank dies mid-cell.
+    faulthandler.enable(file=sys.__stderr__, all_threads=False)  # the crashing thread: short
     stack_path = os.environ.get(STACK_FILE_ENV)
     if stack_path:
         stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
