@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -242,8 +243,37 @@ def run_local(devices: list[int], epochs: int = 4, sample_count: int = 1024, bat
         param_digests={r: rec["param_digest"] for r, rec in enumerate(records)}, elapsed_s=elapsed)
 
 
-if __name__ == "__main__":  # python -m examples.distributed_training
-    result = run_local([0, 1], epochs=2)
-    for rank_id, text in result.logs.items():
+def main(argv: list[str] | None = None) -> int:
+    """``python examples/distributed_training.py [--devices 0,1] [--epochs 4] ...`` from the repository."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Train the example model with DDP on one rank per device "
+                                                 "(CPU ranks with gloo where there is no GPU).")
+    parser.add_argument("--devices", default="0,1", help="comma-separated GPU indices, one rank each (default 0,1)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--sample-count", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--checkpoint-path", default="/tmp/clorch-ddp.pt")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-path")
+    ns = parser.parse_args(argv)
+    devices = [int(d) for d in ns.devices.split(",") if d.strip()]
+    result = run_local(devices, epochs=ns.epochs, sample_count=ns.sample_count, batch_size=ns.batch_size,
+                       accumulation=ns.accumulation, precision=ns.precision, checkpoint_path=ns.checkpoint_path,
+                       resume=ns.resume)
+    for text in result.logs.values():
         print(text, end="")
-    print(f"final loss {result.final_loss:.5f}; checkpoint at {result.checkpoint_path}")
+    print(f"loss of the last step {result.final_loss:.5f}; checkpoint at {result.checkpoint_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run as a script, the repository root is not on sys.path; the ranks import this module by
+    # name ("examples.distributed_training"), so put it there for them too.
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if _root not in sys.path:
+        sys.path.insert(0, _root)
+    from examples.distributed_training import main as _main  # the importable copy, not __main__
+
+    raise SystemExit(_main())

@@ -64,6 +64,7 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert "rank 1 did not return" in reply.text
     assert "rank 0 did not return" in reply.text
     assert "barrier" in reply.text  # rank 0's stack shows where it waits
+    assert "kernel's own frames" in reply.text and "kernelbase.py" not in reply.text  # the cell's frames only
     assert "sleep" in reply.text or "time.sleep" in reply.text or "line 5" in reply.text
     assert "%clorch restart" in reply.text
     busy = nb.run("%%distributed\nprint('queued?')")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -24,13 +25,28 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's code on: the frames of this entry point are ours, not theirs."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def run(spec_path: str) -> int:
     from ..procs import end_own_group, watch_parent
     from ._protocol import RankResult, encode_value, looks_like_cascade, write_result
 
     with open(spec_path) as fh:
         spec = json.load(fh)
-    watch_parent(int(spec["parent_pid"]), end_own_group)
+    def orphaned() -> None:
+        # Nobody is left to read the job's files: remove them, unless they live in a log_dir the
+        # user asked to keep.
+        if spec.get("owns_dir"):
+            shutil.rmtree(spec["dir"], ignore_errors=True)
+        end_own_group()
+
+    watch_parent(int(spec["parent_pid"]), orphaned)
     faulthandler.enable()  # a native crash still leaves a Python traceback in the log
     rank = int(os.environ["RANK"])
     failed_at: float | None = None
@@ -62,7 +78,7 @@ def run(spec_path: str) -> int:
             write_result(result_path, RankResult(rank=rank, ok=True))
             return 0
         failed_at = failed_at or time.time()
-        text = traceback.format_exc()
+        text = _user_traceback(exc)
         sys.stderr.write(f"[clorch rank {rank}] main failed:\n{text}")
         kind = type(exc).__name__
         message = str(exc)

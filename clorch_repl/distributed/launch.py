@@ -523,7 +523,7 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     os.chmod(directory, 0o700)
     spec_path = os.path.join(directory, "job.json")
     write_json_atomic(spec_path, {"main": spec, "args": payload_args, "dir": directory, "parent_pid": os.getpid(),
-                                  "job_id": job_id})
+                                  "job_id": job_id, "owns_dir": owns})
 
     port = free_port()
     pythonpath = _rank_pythonpath()

@@ -23,15 +23,7 @@ from . import views
 from .arguments import (argument, magic_arguments, parse, parse_ranks, ranks_option, tail_option,
                         timeout_option, topology_options)
 
-COMMANDS = {
-    "start": "start one worker kernel per rank and form the process group",
-    "status": "every rank: state, pid, device, backend, memory, uptime",
-    "logs": "what a rank wrote to stdout and stderr, native output included",
-    "interrupt": "KeyboardInterrupt on every rank",
-    "restart": "fresh ranks and a fresh process group, same settings",
-    "stop": "end every rank; no process is left behind",
-    "jobs": "batch jobs started with clorch_repl.distributed.launch from this kernel",
-}
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs")
 
 
 @contextlib.contextmanager
@@ -97,14 +89,16 @@ class ClorchMagics(Magics):
 
     def _overview(self) -> str:
         lines = ["%clorch COMMAND [options]; %clorch COMMAND --help for each command's options.", ""]
-        lines += [f"  {command:<10} {summary}" for command, summary in COMMANDS.items()]
+        for command in COMMANDS:
+            parser = getattr(self, f"_{command}").parser  # built by magic_arguments from the docstring
+            lines.append(f"  {command:<10} {(parser.description or '').strip().rstrip('.')}")
         lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] runs a cell on every rank."]
         return "\n".join(lines)
 
     @magic_arguments(name="clorch start")
     @topology_options
     def _start(self, line: str) -> None:
-        """%clorch start [--nproc N] [--devices LIST] [--backend nccl|gloo] [--timeout SECONDS]"""
+        """Start one worker kernel per rank and form the process group."""
         args = parse(self._start, line)
         if args is None:
             return
@@ -119,7 +113,7 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch status")
     def _status(self, line: str) -> None:
-        """%clorch status"""
+        """Every rank: state, pid, device, backend, memory, uptime."""
         if parse(self._status, line) is None:
             return
         header, body = views.status_rows(self._session().status())
@@ -130,7 +124,7 @@ class ClorchMagics(Magics):
     @tail_option
     @argument("--job", metavar="ID", default=None, help="a batch job from %%clorch jobs instead of the session")
     def _logs(self, line: str) -> None:
-        """%clorch logs RANK [--tail N] [--job ID]"""
+        """What a rank wrote to stdout and stderr, native output included."""
         args = parse(self._logs, line)
         if args is None:
             return
@@ -147,7 +141,7 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch interrupt")
     def _interrupt(self, line: str) -> None:
-        """%clorch interrupt"""
+        """KeyboardInterrupt on every rank."""
         if parse(self._interrupt, line) is None:
             return
         stuck = self._session().interrupt()
@@ -160,7 +154,7 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch restart")
     def _restart(self, line: str) -> None:
-        """%clorch restart"""
+        """Fresh ranks and a fresh process group, same settings."""
         if parse(self._restart, line) is None:
             return
         if self.session is None:
@@ -169,7 +163,7 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch stop")
     def _stop(self, line: str) -> None:
-        """%clorch stop"""
+        """End every rank; no process is left behind."""
         if parse(self._stop, line) is None:
             return
         if self.session is None or not self.session.running:
@@ -184,7 +178,7 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch jobs")
     def _jobs(self, line: str) -> None:
-        """%clorch jobs"""
+        """Batch jobs started with clorch_repl.distributed.launch from this kernel."""
         if parse(self._jobs, line) is None:
             return
         from ..distributed.launch import jobs
@@ -203,7 +197,7 @@ class ClorchMagics(Magics):
 
     # -------------------------------------------------------------------------- %%distributed
     @cell_magic
-    @magic_arguments(name="distributed")
+    @magic_arguments(name="%distributed")
     @ranks_option
     @timeout_option
     def distributed(self, line: str, cell: str) -> None:

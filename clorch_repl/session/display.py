@@ -197,6 +197,8 @@ class DistributedCellError(Exception):
                 parts.append(f"rank {result.rank} died ({result.exit})")
             elif result.status is Status.STUCK:
                 parts.append(f"rank {result.rank} did not return after the interrupt")
+            elif result.status is Status.INTERRUPTED:
+                parts.append(f"rank {result.rank} interrupted")
             elif result.error is not None:
                 parts.append(f"rank {result.rank}: {result.error.ename}: {result.error.evalue}")
         if self.outcome.timed_out:

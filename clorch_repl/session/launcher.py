@@ -60,6 +60,30 @@ class RankProcess:
         return self.poll() is None
 
 
+def main_thread_stack(dump: str) -> str:
+    """The main thread's part of a faulthandler dump of every thread: that is where a cell runs.
+    The kernel's own threads (iopub, shell channel, heartbeat, watchdogs) only bury it."""
+    sections: list[list[str]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            sections.append([line])
+        elif sections and line.strip():
+            sections[-1].append(line)
+    for section in sections:
+        if any("_run_module_as_main" in line or "clorch_repl/session/worker.py" in line for line in section):
+            return "\n".join(trim_kernel_frames(section))
+    return dump
+
+
+def trim_kernel_frames(lines: list[str]) -> list[str]:
+    """Cut a faulthandler stack (most recent call first) where the cell's code was called from
+    IPython: what lies below is the same kernel machinery in every dump."""
+    for i, line in enumerate(lines):
+        if "IPython/core/interactiveshell.py" in line and " in run_code" in line:
+            return [*lines[:i], "  ... (the kernel's own frames)"]
+    return lines
+
+
 def _private_file(path: str) -> int:
     """Open ``path`` for appending, readable by this user only (0600), whatever the umask."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -177,7 +201,7 @@ class WorkerGroup:
                 text = fh.read().decode(errors="replace")
             if text.endswith("\n\n") or ("Current thread" in text and text.endswith("\n")):
                 break
-        return text
+        return main_thread_stack(text)
 
     def log_tail(self, rank: int, lines: int | None = 200) -> str:
         """The last ``lines`` lines of what the rank wrote (all of it with ``None``)."""
@@ -194,9 +218,8 @@ class WorkerGroup:
         starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
         if not starts:
             return "\n".join(tail[-lines:])
-        report = tail[starts[-1]:]
-        head = [line for line in report if not line.startswith("Extension modules")][:lines]
-        return "\n".join(head + (["  ..."] if len(report) > len(head) + 1 else []))
+        report = [line for line in tail[starts[-1]:] if not line.startswith("Extension modules")]
+        return "\n".join(trim_kernel_frames(report)[:lines])
 
     def stop(self, grace_s: float = STOP_GRACE_S, *, keep_dir: bool = False) -> list[int]:
         """End every rank and its children, then remove the group's directory.

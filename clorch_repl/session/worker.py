@@ -36,7 +36,10 @@ PARENT_ENV = "CLORCH_PARENT_PID"
 KERNEL_OPTIONS = ("--IPKernelApp.quiet=False", "--IPKernelApp.capture_fd_output=False",
                   "--HistoryManager.enabled=False",
                   "--IPKernelApp.outstream_class=clorch_repl.session.worker.RankOutStream",
-                  "--IPythonKernel._execute_sleep=0")
+                  "--IPythonKernel._execute_sleep=0",
+                  # ipykernel's own parent poller would os._exit before ours removes the session's
+                  # directory; ours does everything it did.
+                  "--IPKernelApp.parent_handle=0")
 STACK_FILE_ENV = "CLORCH_STACK_FILE"
 SESSION_DIR_ENV = "CLORCH_SESSION_DIR"
 
