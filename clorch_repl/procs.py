@@ -1,5 +1,6 @@
 """Process plumbing shared by worker kernels and batch jobs: free ports, stopping process trees,
-and the watchdog that ends a rank when the process that started it is gone.
+reading the end of a process's log, and the watchdog that ends a rank when the process that
+started it is gone.
 
 Processes are only ever signalled by the pid or process group we started, never by name.
 """
@@ -11,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import psutil
 
@@ -37,6 +38,24 @@ def describe_exit(returncode: int | None) -> str:
         hint = " (out of memory? the OOM killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
         return f"killed by signal {name}{hint}"
     return f"exit code {returncode}"
+
+
+def tail_bytes(fh: Any, lines: int | None, block: int = 65536) -> bytes:
+    """The last ``lines`` lines of a binary file (all of it with None), read from the end: a log
+    full of NCCL debug output can be gigabytes."""
+    if lines is None:
+        return fh.read()
+    if lines <= 0:
+        return b""
+    fh.seek(0, os.SEEK_END)
+    pos = fh.tell()
+    data = b""
+    while pos > 0 and data.count(b"\n") <= lines:
+        step = min(block, pos)
+        pos -= step
+        fh.seek(pos)
+        data = fh.read(step) + data
+    return b"".join(data.splitlines(keepends=True)[-lines:])
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

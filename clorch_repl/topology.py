@@ -8,6 +8,7 @@ any process starts. Both call :func:`resolve_topology`.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -38,6 +39,16 @@ class Topology:
     def device_label(self, rank: int) -> str:
         dev = self.devices[rank]
         return "cpu" if dev is None else f"cuda:{dev}"
+
+    def visible_devices(self, rank: int) -> str:
+        """CUDA_VISIBLE_DEVICES for one rank: its device, translated through the caller's own
+        CUDA_VISIBLE_DEVICES (device 0 of a notebook that sees "2,3" is physical GPU 2); "" for
+        a CPU rank, so that it never touches a GPU."""
+        index = self.devices[rank]
+        if index is None:
+            return ""
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        return visible[index] if index < len(visible) else str(index)
 
 
 def parse_int_list(value: str | Iterable[int] | None, what: str) -> list[int] | None:

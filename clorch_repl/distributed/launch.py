@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ClorchError, ConfigError, RankFailure
-from ..procs import LOOPBACK, describe_exit, free_port, terminate_tree
+from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rendezvous import loopback_socket_env
 from ..topology import Topology, parse_int_list, resolve_topology
 from ._errors import JobStopped, JobTimeout
@@ -149,7 +149,7 @@ class Job:
             raise ConfigError(f"tail must be a non-negative whole number of lines or None; got {tail!r}")
         try:
             with open(path, "rb") as fh:
-                data = _tail_bytes(fh, tail)
+                data = tail_bytes(fh, tail)
         except FileNotFoundError:
             return ""
         return data.decode(errors="replace")
@@ -352,23 +352,6 @@ def _ranks_phrase(ranks: Sequence[int]) -> str:
     return f"ranks {','.join(map(str, ranks))} were"
 
 
-def _tail_bytes(fh: Any, lines: int | None, block: int = 65536) -> bytes:
-    if lines is None:
-        return fh.read()
-    if lines == 0:
-        return b""
-    fh.seek(0, os.SEEK_END)
-    pos = fh.tell()
-    data = b""
-    while pos > 0 and data.count(b"\n") <= lines:
-        step = min(block, pos)
-        pos -= step
-        fh.seek(pos)
-        data = fh.read(step) + data
-    parts = data.splitlines(keepends=True)
-    return b"".join(parts[-lines:])
-
-
 # ---------------------------------------------------------------------------------------------
 # Registry
 
@@ -467,17 +450,6 @@ def _rank_pythonpath() -> str:
     return os.pathsep.join(seen)
 
 
-def _physical_device(index: int | None) -> str:
-    if index is None:
-        return ""  # a CPU rank never touches a GPU
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        entries = [v.strip() for v in visible.split(",") if v.strip()]
-        if index < len(entries):
-            return entries[index]
-    return str(index)
-
-
 def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | None = None,
            main: str | Callable[..., Any] | None = None, args: Any = None, timeout_ms: float | None = None,
            backend: str | None = None, *, env: Mapping[str, str] | None = None, check: bool = False,
@@ -542,7 +514,7 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
 
     def env_for(r: int) -> dict[str, str]:
         e = dict(base)
-        e.update({"RANK": str(r), "LOCAL_RANK": str(r), "CUDA_VISIBLE_DEVICES": _physical_device(topology.devices[r])})
+        e.update({"RANK": str(r), "LOCAL_RANK": str(r), "CUDA_VISIBLE_DEVICES": topology.visible_devices(r)})
         return e
 
     job = Job(job_id, spec, topology, directory, timeout_s, grace, owns)

@@ -123,7 +123,6 @@ class WorkerGroup:
     def rank_env(self, rank: int) -> dict[str, str]:
         """The environment of one rank: the launcher contract of API.md, plus our plumbing."""
         topo = self.topology
-        device = topo.devices[rank]
         env = dict(os.environ)
         env.update({
             "RANK": str(rank),
@@ -132,8 +131,7 @@ class WorkerGroup:
             "LOCAL_WORLD_SIZE": str(topo.nproc),
             "MASTER_ADDR": procs.LOOPBACK,
             "MASTER_PORT": str(self.master_port),
-            # A CPU rank sees no GPU at all, so nothing in it can grab GPU 0 by accident.
-            "CUDA_VISIBLE_DEVICES": "" if device is None else str(device),
+            "CUDA_VISIBLE_DEVICES": topo.visible_devices(rank),
             "CLORCH_DIST_BACKEND": topo.backend,
             "CLORCH_DIST_TIMEOUT_MS": str(int(topo.timeout_s * 1000)),
             PARENT_ENV: str(os.getpid()),
@@ -206,10 +204,7 @@ class WorkerGroup:
     def log_tail(self, rank: int, lines: int | None = 200) -> str:
         """The last ``lines`` lines of what the rank wrote (all of it with ``None``)."""
         with open(self.ranks[rank].log_path, "rb") as fh:
-            data = fh.read().decode(errors="replace")
-        if lines is None:
-            return data
-        return "".join(data.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+            return procs.tail_bytes(fh, lines).decode(errors="replace")
 
     def death_report(self, rank: int, lines: int = 15) -> str:
         """What a dead rank's log says about its end: the faulthandler report of a crash (its

@@ -26,8 +26,10 @@ from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutp
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output"})
 #: How long ranks get to return after an interrupt before they are reported stuck.
 INTERRUPT_GRACE_S = 5.0
-#: After a rank dies mid-cell, how long the others may finish on their own before being interrupted.
-DEATH_GRACE_S = 2.0
+#: After a rank dies or raises mid-cell, how long the others may finish on their own before they
+#: are interrupted: in SPMD code they are most likely waiting for it in a collective, which would
+#: otherwise hold them until the process group's timeout (torchelastic stops the rest likewise).
+FAILURE_GRACE_S = 2.0
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
 
@@ -59,7 +61,7 @@ class _Wait:
     sink: OutputSink
     deadline: float | None = None          # the cell's own time limit
     give_up_at: float | None = None        # end of the grace period after an interrupt
-    death_at: float | None = None          # when the first rank died
+    failed_at: float | None = None         # when the first rank died or raised
     interrupted_ranks: set[int] = field(default_factory=set)
 
 
@@ -109,8 +111,8 @@ class Relay:
             now = time.monotonic()
             if now > deadline:
                 late = sorted(set(self.clients) - set(ready))
-                raise ClorchError(f"ranks {late} did not answer within {timeout_s:.0f} s of starting; "
-                                  "see %clorch logs RANK")
+                tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)
+                raise ClorchError(f"ranks {late} did not answer within {timeout_s:.0f} s of starting\n{tails}")
             for rank in self.clients:
                 if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
                     # Repeated until iopub hears it too: the first may be published before our
@@ -157,13 +159,18 @@ class Relay:
         while wait.pending:
             try:
                 now = time.monotonic()
-                limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at) if t is not None]
+                failure_deadline = None if wait.failed_at is None else wait.failed_at + FAILURE_GRACE_S
+                limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at, failure_deadline)
+                                            if t is not None]
                 self._pump(wait, max(0.0, min(limits) - now))
                 sink.flush()
                 now = time.monotonic()
                 if now >= next_liveness:
                     self._check_deaths(wait, now)
                     next_liveness = now + LIVENESS_PERIOD_S
+                if (wait.failed_at is not None and wait.pending and wait.give_up_at is None
+                        and now - wait.failed_at >= FAILURE_GRACE_S):
+                    self._interrupt(wait, interrupt_grace_s)
                 if wait.deadline is not None and now >= wait.deadline and not outcome.timed_out:
                     outcome.timed_out = True
                     self._interrupt(wait, interrupt_grace_s)
@@ -205,11 +212,8 @@ class Relay:
             result.log_tail = self.group.death_report(rank)
             wait.pending.discard(rank)
             self.running[rank] = None
-            if wait.death_at is None:
-                wait.death_at = now
-        if wait.death_at is not None and wait.pending and now - wait.death_at >= DEATH_GRACE_S:
-            # The survivors are most likely blocked in a collective with the dead rank.
-            self._interrupt(wait, INTERRUPT_GRACE_S)
+            if wait.failed_at is None:
+                wait.failed_at = now
 
     def _pump(self, wait: _Wait | None, timeout_s: float) -> None:
         """Receive whatever arrives within ``timeout_s`` on any rank's channels and route it."""
@@ -247,6 +251,8 @@ class Relay:
             result.error = RankError(rank, content.get("ename", ""), content.get("evalue", ""),
                                      tuple(content.get("traceback", ())))
             result.status = Status.INTERRUPTED if result.error.ename == "KeyboardInterrupt" else Status.ERROR
+            if result.status is Status.ERROR and wait.failed_at is None:
+                wait.failed_at = time.monotonic()
 
     def close(self) -> None:
         for client in self.clients.values():

@@ -24,6 +24,8 @@ from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
 
 Progress = Callable[[str], None]
+#: Time allowed, beyond the process-group timeout, for ranks to import torch and join.
+JOIN_MARGIN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,9 @@ class Session:
             self.relay = Relay(self.group)
             self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
             progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
-            outcome = self.relay.execute(CellRequest(BOOT_CODE, tuple(range(n))), silent=True)
+            # Bounded: the process group's own timeout, plus time to import torch.
+            join = CellRequest(BOOT_CODE, tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
+            outcome = self.relay.execute(join, silent=True)
             if not outcome.ok:
                 raise StartupError("the ranks could not form their process group", outcome)
         except BaseException:

@@ -1,0 +1,51 @@
+"""Validation and placement of ranks: pure functions, no processes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from clorch_repl.errors import ConfigError
+from clorch_repl.topology import resolve_topology
+
+
+def test_gpu_defaults_and_placement() -> None:
+    topo = resolve_topology(gpu_count=4)
+    assert (topo.nproc, topo.backend, topo.devices) == (4, "nccl", (0, 1, 2, 3))
+    topo = resolve_topology(devices="2,0", gpu_count=4)
+    assert (topo.nproc, topo.devices) == (2, (2, 0))
+    assert resolve_topology(gpu_count=0).devices == (None, None)  # 2 CPU ranks with gloo
+
+
+def test_rank_devices_are_translated_through_the_callers_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    topo = resolve_topology(devices="0,1", gpu_count=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a scheduler gave this notebook GPUs 2 and 3
+    assert [topo.visible_devices(r) for r in (0, 1)] == ["2", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [topo.visible_devices(r) for r in (0, 1)] == ["0", "1"]
+    assert resolve_topology(gpu_count=0).visible_devices(0) == ""  # CPU ranks see no GPU
+
+
+def test_session_ranks_get_the_translated_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clorch_repl.session.launcher import WorkerGroup
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    group = WorkerGroup(resolve_topology(devices="1", gpu_count=2))
+    try:
+        assert group.rank_env(0)["CUDA_VISIBLE_DEVICES"] == "7"
+    finally:
+        group.stop()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"devices": "0,2", "gpu_count": 2}, "devices names GPU 2, which does not exist (0..1)"),
+    ({"devices": "1,1", "gpu_count": 2}, "devices repeats 1"),
+    ({"devices": "-1", "gpu_count": 2}, "GPU numbers start at 0"),
+    ({"nproc": 3, "gpu_count": 2}, "nproc 3 needs 3 GPUs but 2 are visible"),
+    ({"nproc": 2, "devices": "0", "gpu_count": 2}, "nproc 2 and devices 0 disagree"),
+    ({"devices": "", "gpu_count": 2}, "devices is empty"),
+])
+def test_bad_layouts_are_refused_in_one_line(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_topology(**kwargs)
