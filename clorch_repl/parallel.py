@@ -233,11 +233,11 @@ def _agree_on_overflow(scaler: Any, optimizer: torch.optim.Optimizer, group: Any
     if states is None or id(optimizer) not in states or "found_inf_per_device" not in states[id(optimizer)]:
         raise ClorchError(f"torch {torch.__version__}'s GradScaler keeps its overflow flags where "
                           "clorch_repl does not expect them; report this with your torch version")
-    found = states[id(optimizer)]["found_inf_per_device"]
-    if not found:
-        return False
-    flags = list(found.values())
-    local = torch.stack([f.to(flags[0].device, torch.float32).reshape(()) for f in flags]).amax()
+    flags = list(states[id(optimizer)]["found_inf_per_device"].values())
+    if flags:
+        local = torch.stack([f.to(flags[0].device, torch.float32).reshape(()) for f in flags]).amax()
+    else:  # no gradients on this rank: it still takes part, or the others would wait for it
+        local = torch.zeros((), dtype=torch.float32)
     if _multi_rank(group):
         backend = tdist.get_backend(group)
         carrier = local
@@ -247,7 +247,7 @@ def _agree_on_overflow(scaler: Any, optimizer: torch.optim.Optimizer, group: Any
             carrier = local.cpu()
         carrier = carrier.clone()
         tdist.all_reduce(carrier, op=tdist.ReduceOp.MAX, group=group)
-        local = carrier.to(flags[0].device)
+        local = carrier.to(local.device)
     for flag in flags:
         flag.copy_(local.to(flag.device, flag.dtype).reshape(flag.shape))
     return bool(local.item() > 0)

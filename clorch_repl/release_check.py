@@ -330,6 +330,29 @@ def run_checks(mode: str = "cpu", nproc: int | None = None, timeout_s: float = 1
 
         results.append(_timed("worker failure", worker_failure))
 
+        def interactive_session() -> str:
+            from .session.protocol import CellRequest
+            from .session.session import Session
+            from .topology import resolve_topology
+
+            devices = launch_kw.get("devices")
+            session = Session(resolve_topology(nproc, devices, launch_kw["backend"]))
+            seconds = session.start()
+            try:
+                pids.extend(session.pids())
+                code = ("import torch, torch.distributed as dist\n"
+                        "t = torch.ones(1, device=device) * (rank + 1)\ndist.all_reduce(t)\n"
+                        "assert t.item() == world_size * (world_size + 1) / 2, t")
+                outcome = session.relay.execute(CellRequest(code, tuple(range(nproc))))
+                failed = [f"rank {o.rank}: {o.error.evalue if o.error else o.status.value}" for o in outcome.failed]
+                assert outcome.ok, "the all_reduce cell failed: " + "; ".join(failed)
+            finally:
+                left = session.stop()
+            assert not left, f"ranks still running after stop: {left}"
+            return f"{nproc} worker kernel(s) formed a {launch_kw['backend']} group in {seconds:.1f}s, ran an all_reduce cell, stopped"
+
+        results.append(_timed("interactive session", interactive_session))
+
         def cleanup() -> str:
             from .procs import wait_gone
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import warnings
 
 import torch.distributed as dist
 
@@ -29,9 +30,12 @@ def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr
         # detach: the store owns the descriptor from here on, and closes it.
         return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False,
                              master_listen_fd=sock.detach(), use_libuv=True)
-    except (TypeError, RuntimeError):
+    except (TypeError, RuntimeError) as exc:
         # torch without master_listen_fd: its own server (on every interface) is what remains.
         sock.close()
+        warnings.warn(f"clorch_repl: this torch cannot serve the rendezvous store on a socket bound to "
+                      f"{addr} ({exc}); torch's own store listens on every interface of this host",
+                      RuntimeWarning, stacklevel=2)
         return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False)
 
 

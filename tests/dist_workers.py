@@ -154,6 +154,11 @@ def _check_run(r: int, n: int, out: dict[str, Any]) -> None:
                 dist.recv(torch.zeros(4, device=DEV), src=0)
         except CollectiveMismatch as exc:
             out["check/p2p"] = str(exc)
+        try:  # only rank 1's output is the wrong size: a check local to rank 1 alone would leave
+            # rank 0 waiting in the exchange; the cross-rank check comes first and fails both
+            dist.all_gather_into(torch.zeros(4 if r == 0 else 3, device=DEV), torch.ones(2, device=DEV))
+        except CollectiveMismatch as exc:
+            out["check/one-sided"] = (str(exc), list(exc.ranks))
         t = torch.ones(3, device=DEV)
         dist.all_reduce(t, op="sum")  # a matching call passes the check
         out["check/ok"] = t

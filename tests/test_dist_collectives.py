@@ -127,6 +127,8 @@ def test_check_mode_names_the_rank_that_differs(results: list[dict[str, Any]]) -
         assert split_ranks == [0, 1]
         assert "send float32[3]" in results[r]["check/p2p"] and "recv float32[4]" in results[r]["check/p2p"]
         assert_same(results[r]["check/ok"], torch.full((3,), 2.0), "matching call under check mode")
+        one_sided, differing = results[r]["check/one-sided"]  # raised on both ranks, none left waiting
+        assert "all_gather_into" in one_sided and differing == [1], one_sided
 
 
 def test_no_group_is_a_clear_error() -> None:

@@ -147,7 +147,7 @@ _not_importable_here.__module__ = "__main__"
 @pytest.mark.parametrize("kwargs, message", [
     ({"backend": "mpi"}, "backend must be one of nccl, gloo"),
     ({"nproc_per_node": None, "devices": [0, 0]}, "devices repeats 0"),
-    ({"nproc_per_node": None, "devices": [-1]}, "does not exist"),
+    ({"nproc_per_node": None, "devices": [-1]}, "GPU numbers start at 0"),
     ({"nproc_per_node": None, "devices": [64]}, "(does not exist|no usable GPU)"),
     ({"nproc_per_node": 3, "devices": [0, 1]}, "nproc 3 and devices 0,1 disagree"),
     ({"nproc_per_node": 0}, "nproc must be at least 1"),

@@ -82,4 +82,8 @@ def test_unloading_the_extension_stops_the_ranks(ip: Any, magics: Any) -> None:
     pids = magics.session.pids()
     ip.run_line_magic("unload_ext", "clorch_repl")
     assert wait_gone(pids, 10) == []
+    result, out = say(ip, "%clorch status")
+    assert not result.success and "Line magic function `%clorch` not found" in out  # gone with the extension
     ip.run_line_magic("load_ext", "clorch_repl")
+    result, out = say(ip, "%clorch status")
+    assert "no ranks are running" in out  # loaded again, clean

@@ -21,7 +21,9 @@ and leaves them as they were.
 Ranks: with an initialised process group both functions are collectives (every rank calls them).
 Ranks agree on success before returning, so a failure on one rank raises on every rank (naming
 it) instead of leaving the others waiting at a barrier. Without a process group they work in a
-single process.
+single process. "No pickled code" is about the file: the ranks exchange their RNG and sampler
+states and their verdicts with ``all_gather_object``, which pickles between the group's own
+processes, over the loopback group that the launcher started.
 """
 
 from __future__ import annotations

@@ -334,13 +334,13 @@ def all_gather_into(output: torch.Tensor, input: torch.Tensor, *, async_op: bool
     """Gather every rank's ``input`` into ``output`` (world_size x input: concatenated along dim 0
     or stacked), rank order."""
     _, world, _ = _group_info(group, input)
+    if _CHECK:  # first: a rank whose local check fails must not leave the others in this exchange
+        _check_call(group, "all_gather_into", input, extra=f"out={_shape(output)}")
     if output.numel() != world * input.numel():
         raise _mismatch("all_gather_into", f"output has {output.numel()} elements but needs world_size "
                         f"({world}) x input ({input.numel()}) = {world * input.numel()}")
     if output.dtype != input.dtype:
         raise _mismatch("all_gather_into", f"output dtype {output.dtype} differs from input dtype {input.dtype}")
-    if _CHECK:
-        _check_call(group, "all_gather_into", input, extra=f"out={_shape(output)}")
     if output.dim() != input.dim() and output.is_contiguous():
         # The stacked form (world, *input.shape): same memory as the concatenated one, which is
         # the only form every backend accepts (gloo refuses the stacked one).
@@ -357,13 +357,13 @@ def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, op: Any = "su
     """Reduce ``input`` (world_size x output) across ranks; rank r keeps the r-th chunk in ``output``."""
     kind, world, _ = _group_info(group, input)
     name, route = _route(op, kind)
+    if _CHECK:  # first, as in all_gather_into
+        _check_call(group, "reduce_scatter_into", input, op=name, extra=f"out={_shape(output)}")
     if input.numel() != world * output.numel():
         raise _mismatch("reduce_scatter_into", f"input has {input.numel()} elements but needs world_size "
                         f"({world}) x output ({output.numel()}) = {world * output.numel()}")
     if output.dtype != input.dtype:
         raise _mismatch("reduce_scatter_into", f"output dtype {output.dtype} differs from input dtype {input.dtype}")
-    if _CHECK:
-        _check_call(group, "reduce_scatter_into", input, op=name, extra=f"out={_shape(output)}")
     if route == "native" and name == "avg" and not (input.is_floating_point() or input.is_complex()):
         route = "avg"
     if route == "bitwise":
@@ -403,6 +403,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     """Rank r sends its i-th slice of ``input`` (rows along dim 0) to rank i and receives rank i's
     r-th slice into ``output``; split sizes count rows (None: equal slices)."""
     _, world, _ = _group_info(group, input)
+    if _CHECK:  # first, as in all_gather_into
+        _check_call(group, "all_to_all_single", input, splits=(input_split_sizes, output_split_sizes, output))
     for label, splits, tensor in (("input", input_split_sizes, input), ("output", output_split_sizes, output)):
         if splits is not None:
             if len(splits) != world:
@@ -417,8 +419,6 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
                             f"over {world} ranks; pass {label}_split_sizes")
     if output.dtype != input.dtype:
         raise _mismatch("all_to_all_single", f"output dtype {output.dtype} differs from input dtype {input.dtype}")
-    if _CHECK:
-        _check_call(group, "all_to_all_single", input, splits=(input_split_sizes, output_split_sizes, output))
     try:
         work = tdist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
                                        async_op=async_op)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import ClorchError, ConfigError, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rendezvous import loopback_socket_env
-from ..topology import Topology, parse_int_list, resolve_topology
+from ..topology import Topology, resolve_topology
 from ._errors import JobStopped, JobTimeout
 from ._protocol import RankResult, read_result, write_json_atomic
 from ._target import target_spec
@@ -396,24 +396,6 @@ def _cleanup() -> None:
 # launch
 
 
-def _precheck_devices(nproc: Any, devices: Any) -> None:
-    """Mistakes that are wrong on any machine, refused before asking how many GPUs this one has
-    (so a repeated device is reported as such, not as "no GPU here")."""
-    device_list = parse_int_list(devices, "devices")
-    if not device_list:
-        return
-    seen: set[int] = set()
-    for item in device_list:
-        if item in seen:
-            raise ConfigError(f"devices repeats {item}: each GPU may appear once")
-        if item < 0:
-            raise ConfigError(f"devices names GPU {item}, which does not exist (GPU indices start at 0)")
-        seen.add(item)
-    if isinstance(nproc, int) and not isinstance(nproc, bool) and nproc != len(device_list):
-        raise ConfigError(f"nproc {nproc} and devices {','.join(map(str, device_list))} disagree: "
-                          "give one device per rank, or leave one of them out")
-
-
 def _timeout_s(timeout_ms: Any) -> float | None:
     if timeout_ms is None:
         return None
@@ -467,7 +449,6 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     """
     if main is None:
         raise ConfigError("main is required: 'module:function' or an importable function")
-    _precheck_devices(nproc_per_node, devices)
     topology = resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
     timeout_s = _timeout_s(timeout_ms)
     spec = target_spec(main)
@@ -520,5 +501,10 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     job = Job(job_id, spec, topology, directory, timeout_s, grace, owns)
     with _REGISTRY_LOCK:
         _JOBS[job_id] = job
-    job._start(env_for, spec_path)
+    try:
+        job._start(env_for, spec_path)
+    except BaseException:
+        with _REGISTRY_LOCK:  # never started: not a job to list or wait for
+            _JOBS.pop(job_id, None)
+        raise
     return job

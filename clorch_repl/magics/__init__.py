@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 from .core import ClorchMagics
@@ -16,9 +17,17 @@ def load(ipython: Any) -> None:
 
 
 def unload(ipython: Any) -> None:
+    """Stop the ranks and take ``%clorch`` and ``%%distributed`` away again, so that a later load
+    starts clean and no stale object can start ranks that nothing would stop."""
     magics = _registered.pop(id(ipython), None)
-    if magics is not None:
-        magics.shutdown()
+    if magics is None:
+        return
+    magics.shutdown()
+    atexit.unregister(magics.shutdown)
+    registry = ipython.magics_manager.magics
+    for kind, names in magics.magics.items():
+        for name in names:
+            registry[kind].pop(name, None)
 
 
 def magics_for(ipython: Any) -> ClorchMagics | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from ..session.session import RankStatus
+from ..session.session import RankReport
 
 
 def _bytes(n: int | None) -> str:
@@ -25,7 +25,7 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def status_rows(rows: Sequence[RankStatus]) -> tuple[list[str], list[list[str]]]:
+def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
     header = ["rank", "state", "pid", "device", "backend", "memory", "gpu memory", "uptime"]
     body = []
     for row in rows:

@@ -29,7 +29,7 @@ JOIN_MARGIN_S = 120.0
 
 
 @dataclass(frozen=True)
-class RankStatus:
+class RankReport:
     """One row of ``%clorch status``."""
 
     rank: int
@@ -146,7 +146,7 @@ class Session:
         return {r: group.dump_stack(r) for r in busy if group.ranks[r].alive}
 
     # ------------------------------------------------------------------------------- views
-    def status(self) -> list[RankStatus]:
+    def status(self) -> list[RankReport]:
         group, relay = self._require()
         busy = set(relay.busy())
         gpu_mem = _gpu_memory_by_pid() if self.topology.uses_gpu else {}
@@ -161,7 +161,7 @@ class Session:
                 state = RankState.STARTING
             else:
                 state = RankState.BUSY if proc.rank in busy else RankState.IDLE
-            rows.append(RankStatus(
+            rows.append(RankReport(
                 rank=proc.rank, state=state, pid=pid, device=self.topology.device_label(proc.rank),
                 backend=self.topology.backend, memory_bytes=_rss(pid) if alive else None,
                 gpu_memory_bytes=gpu_mem.get(pid) if pid is not None else None,
