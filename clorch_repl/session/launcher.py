@@ -21,7 +21,6 @@ from jupyter_client.kernelspec import KernelSpecManager
 from .. import procs
 from ..rendezvous import loopback_socket_env
 from ..topology import Topology
-from .wire import RankSession
 from .worker import PARENT_ENV, SESSION_DIR_ENV, STACK_FILE_ENV
 
 KERNEL_NAME = "clorch-rank"
@@ -154,8 +153,7 @@ class WorkerGroup:
             stack_path = os.path.join(self.dir, f"rank{rank}.stack")
             os.close(_private_file(stack_path))
             manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
-                                    transport="ipc", ip=os.path.join(self.dir, f"rank{rank}"),
-                                    session=RankSession())  # signed with a fresh random key
+                                    transport="ipc", ip=os.path.join(self.dir, f"rank{rank}"))
             manager.connection_file = os.path.join(self.dir, f"rank{rank}.json")
             log_fd = _private_file(log_path)
             try:

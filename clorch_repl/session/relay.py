@@ -10,6 +10,7 @@ which a rank that has not returned is reported as stuck together with its Python
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any, Callable, Protocol
@@ -21,6 +22,7 @@ from ..errors import ClorchError
 from ..procs import describe_exit
 from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
+from .wire import MessageDecoder, SignatureError
 
 #: Message types forwarded to the display as they arrive.
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output"})
@@ -78,6 +80,8 @@ class Relay:
         self._ready: dict[int, set[str]] = {}
         #: output of an abandoned cell that arrived between cells, shown with the next one
         self._late: list[RankOutput] = []
+        self._decoders: dict[int, MessageDecoder] = {}
+        self._rejected = 0
 
     # ----------------------------------------------------------------- connection and readiness
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
@@ -86,6 +90,7 @@ class Relay:
             client = proc.manager.client()
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
             self.clients[proc.rank] = client
+            self._decoders[proc.rank] = MessageDecoder(client.session)
             self.running[proc.rank] = None
             self._ready[proc.rank] = set()
             for kind in ("iopub", "shell"):
@@ -219,15 +224,22 @@ class Relay:
         """Receive whatever arrives within ``timeout_s`` on any rank's channels and route it."""
         for sock, _ in self.poller.poll(int(timeout_s * 1000)):
             rank, kind = self._owner[sock]
-            channel = getattr(self.clients[rank], f"{kind}_channel")
             while True:
                 try:
-                    msg = channel.get_msg(timeout=0)
-                except Empty:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
                     break
-                if kind == "iopub":
-                    self._route(rank, msg, wait)
-                # Shell replies carry nothing iopub does not: the idle status ends a request.
+                if kind != "iopub":
+                    continue  # shell replies carry nothing iopub does not: its idle status ends a request
+                try:
+                    msg = self._decoders[rank].decode(frames)
+                except SignatureError as exc:
+                    self._rejected += 1
+                    if self._rejected == 1:
+                        warnings.warn(f"clorch_repl: dropped a message from rank {rank}: {exc}", RuntimeWarning,
+                                      stacklevel=2)
+                    continue
+                self._route(rank, msg, wait)
 
     def _route(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
         msg_type = msg["header"]["msg_type"]

@@ -1,45 +1,63 @@
-"""The Jupyter message session used on the notebook's side of each rank's channels.
+"""Reading the ranks' iopub messages on the notebook's side: verified, decoded, and nothing more.
 
-Identical to jupyter_client's :class:`~jupyter_client.session.Session` (same HMAC signing and
-verification with a fresh random key per rank, same replay protection) except that received
-messages skip the conversion of ISO date strings into ``datetime`` objects. The relay never looks
-at dates, and that conversion (dateutil's parser, on every header) was the largest cost of
-relaying a cell after the ranks' own work.
+jupyter_client's ``Session.deserialize`` (through a channel's ``get_msg``) does the same checks,
+but also parses every header date with dateutil, polls the socket again for each message, and
+reaches every setting through traitlets: together most of the notebook kernel's CPU per relayed
+cell. The relay reads raw frames instead and hands them here. What is kept is what makes a
+message trustworthy: its HMAC signature is verified with the rank's own key, and a signature
+seen before is refused (replay), as jupyter_client does.
 """
 
 from __future__ import annotations
 
+import json
+from collections import deque
 from hmac import compare_digest
 from typing import Any
 
-from jupyter_client.session import Session
+from jupyter_client.session import DELIM, Session
 
 
-class RankSession(Session):
-    """A signing session whose ``deserialize`` leaves header dates as strings."""
+class SignatureError(ValueError):
+    """A message from a rank was unsigned, wrongly signed or replayed."""
 
-    def deserialize(self, msg_list: list[Any], content: bool = True, copy: bool = True) -> dict[str, Any]:
-        if not copy:
-            msg_list = [bytes(m.bytes) for m in msg_list[:5]] + list(msg_list[5:])
-        if len(msg_list) < 5:
-            raise TypeError("malformed message, must have at least 5 elements")
-        if self.auth is not None:
-            signature = msg_list[0]
+
+class MessageDecoder:
+    """Verifies and decodes the multipart messages of one rank, with that rank's session key."""
+
+    def __init__(self, session: Session) -> None:
+        self._auth = session.auth  # an HMAC object keyed with the rank's key (None: signing off)
+        self._seen: set[bytes] = set()
+        self._order: deque[bytes] = deque()
+        self._limit = int(session.digest_history_size)
+
+    def decode(self, frames: list[bytes]) -> dict[str, Any]:
+        """``[topic..., DELIM, signature, header, parent, metadata, content, buffers...]`` to a message."""
+        try:
+            start = frames.index(DELIM) + 1
+        except ValueError:
+            raise SignatureError("malformed message: no delimiter") from None
+        parts = frames[start:]
+        if len(parts) < 5:
+            raise SignatureError("malformed message: fewer than 5 parts")
+        signature, header, parent, metadata, content = parts[:5]
+        if self._auth is not None:
             if not signature:
-                raise ValueError("Unsigned Message")
-            if signature in self.digest_history:
-                raise ValueError(f"Duplicate Signature: {signature!r}")
-            if content:
-                self._add_digest(signature)
-            if not compare_digest(signature, self.sign(msg_list[1:5])):
-                raise ValueError(f"Invalid Signature: {signature!r}")
-        header = self.unpack(msg_list[1])
-        return {
-            "header": header,
-            "msg_id": header["msg_id"],
-            "msg_type": header["msg_type"],
-            "parent_header": self.unpack(msg_list[2]),
-            "metadata": self.unpack(msg_list[3]),
-            "content": self.unpack(msg_list[4]) if content else msg_list[4],
-            "buffers": [memoryview(b) for b in msg_list[5:]],
-        }
+                raise SignatureError("unsigned message")
+            if signature in self._seen:
+                raise SignatureError("replayed message")
+            mac = self._auth.copy()
+            for part in (header, parent, metadata, content):
+                mac.update(part)
+            if not compare_digest(signature, mac.hexdigest().encode()):
+                raise SignatureError("invalid signature")
+            self._remember(signature)
+        head = json.loads(header)
+        return {"header": head, "msg_type": head["msg_type"], "parent_header": json.loads(parent),
+                "metadata": json.loads(metadata), "content": json.loads(content), "buffers": parts[5:]}
+
+    def _remember(self, signature: bytes) -> None:
+        self._seen.add(signature)
+        self._order.append(signature)
+        if len(self._order) > self._limit:
+            self._seen.discard(self._order.popleft())
