@@ -22,7 +22,7 @@ from .. import cuda
 from ..errors import ConfigError
 from ..rendezvous import loopback_store
 from ..procs import LOOPBACK, free_port
-from ..topology import BACKENDS
+from ..topology import BACKENDS, parse_timeout
 from . import collectives
 
 ENV_BACKEND = "CLORCH_DIST_BACKEND"
@@ -69,13 +69,8 @@ def _resolve_backend(backend: str | None) -> str:
 def _resolve_timeout(timeout: float | datetime.timedelta | None) -> datetime.timedelta | None:
     if isinstance(timeout, datetime.timedelta):
         return timeout
-    if timeout is not None:
-        try:
-            seconds = float(timeout)
-        except (TypeError, ValueError):
-            raise ConfigError(f"timeout must be seconds (a number) or a timedelta; got {timeout!r}") from None
-        if not seconds > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    seconds = parse_timeout(timeout, "timeout")  # seconds; a timedelta was handled above
+    if seconds is not None:
         return datetime.timedelta(seconds=seconds)
     ms = _env_int(ENV_TIMEOUT_MS, None)
     if ms is None:
