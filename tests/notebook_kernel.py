@@ -62,6 +62,7 @@ class NotebookKernel:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        self._held: list[dict[str, Any]] = []  # read by wait_for_output, not yet by collect
 
     @property
     def pid(self) -> int:
@@ -69,6 +70,16 @@ class NotebookKernel:
 
     def send(self, code: str) -> str:
         return self.kc.execute(code, allow_stdin=False)
+
+    def wait_for_output(self, msg_id: str, text: str, count: int = 1, timeout: float = 60.0) -> None:
+        """Block until the cell has printed ``text`` ``count`` times (its messages stay for collect)."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while seen < count:
+            msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            self._held.append(msg)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen += msg["content"]["text"].count(text)
 
     def collect(self, msg_id: str, timeout: float = 120.0) -> Reply:
         deadline = time.monotonic() + timeout
@@ -78,7 +89,7 @@ class NotebookKernel:
             if remaining <= 0:
                 raise TimeoutError(f"no idle status within {timeout} s; got so far:\n{reply.text}")
             try:
-                msg = self.kc.get_iopub_msg(timeout=remaining)
+                msg = self._held.pop(0) if self._held else self.kc.get_iopub_msg(timeout=remaining)
             except Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:

@@ -39,7 +39,7 @@ def rank_pids(nb: NotebookKernel) -> list[int]:
 
 def test_kernel_interrupt_interrupts_every_rank(nb: NotebookKernel) -> None:
     msg_id = nb.send("%%distributed\nprint('spinning', flush=True)\nwhile True:\n    pass")
-    time.sleep(3)
+    nb.wait_for_output(msg_id, "spinning", count=2)  # both ranks are in the loop
     nb.km.interrupt_kernel()  # what Kernel > Interrupt does
     reply = nb.collect(msg_id, timeout=60)
     assert reply.status == "error"
@@ -54,10 +54,12 @@ def test_kernel_interrupt_interrupts_every_rank(nb: NotebookKernel) -> None:
 def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookKernel) -> None:
     # rank 1 ignores SIGINT and sleeps; rank 0 waits for it in a barrier, blocked in C++.
     code = ("%%distributed\nimport signal, time, torch.distributed as dist\n"
+            "print('in', flush=True)\n"
             "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(600)\n"
             "dist.barrier()")
     msg_id = nb.send(code)
-    time.sleep(3)
+    nb.wait_for_output(msg_id, "in\n", count=2)
+    time.sleep(0.5)  # rank 0 reaches the barrier, rank 1 its sleep
     nb.km.interrupt_kernel()
     reply = nb.collect(msg_id, timeout=60)
     assert reply.status == "error"
@@ -65,7 +67,8 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert "rank 0 did not return" in reply.text
     assert "barrier" in reply.text  # rank 0's stack shows where it waits
     assert "kernel's own frames" in reply.text and "kernelbase.py" not in reply.text  # the cell's frames only
-    assert "sleep" in reply.text or "time.sleep" in reply.text or "line 5" in reply.text
+    assert "line 5 in <module>" in reply.text  # rank 1 is at its sleep, line 5 of the cell
+    assert "line 6 in <module>" in reply.text  # rank 0 is at its barrier, line 6
     assert "%clorch restart" in reply.text
     busy = nb.run("%%distributed\nprint('queued?')")
     assert busy.status == "error" and "still running an earlier cell" in busy.text
