@@ -18,7 +18,11 @@ def test_training_notebook_trains_checkpoints_and_resumes() -> None:
     if os.path.exists(stale):
         os.unlink(stale)
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "distributed_training.ipynb"), as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+    finally:
+        if os.path.exists(stale):
+            os.unlink(stale)  # the notebook's checkpoint: leave nothing behind in /tmp
     joined = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert "error" not in [o.output_type for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     for r in (0, 1):
