@@ -32,7 +32,7 @@ ranks_option = _compose(argument(
 
 topology_options = _compose(
     argument("--nproc", metavar="N", default=None,
-             help="number of ranks (default: one per visible GPU; 2 CPU ranks with no GPU)"),
+             help="number of ranks (default: $CLORCH_NPROC if set, else one per visible GPU; 2 CPU ranks with no GPU)"),
     argument("--devices", metavar="LIST", default=None,
              help="comma-separated GPU indices, one per rank, e.g. 0,1"),
     argument("--backend", metavar="NAME", default=None,

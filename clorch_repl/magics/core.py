@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 from typing import Any, Callable, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..errors import ClorchError
+from ..errors import ClorchError, ConfigError
 from ..session.display import DistributedCellError, NotebookDisplay
 from ..session.session import Session, StartupError
 from ..topology import parse_timeout, resolve_topology
@@ -23,6 +24,7 @@ from . import views
 from .arguments import (argument, magic_arguments, parse, parse_ranks, ranks_option, tail_option,
                         timeout_option, topology_options)
 
+NPROC_ENV = "CLORCH_NPROC"  # the default number of ranks of %clorch start, when set
 COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs")
 
 
@@ -106,7 +108,14 @@ class ClorchMagics(Magics):
             topo = self.session.topology
             raise ClorchError(f"{topo.nproc} {topo.backend} rank(s) are already running: "
                               "%clorch stop or %clorch restart first")
-        topology = resolve_topology(args.nproc, args.devices, args.backend, args.timeout)
+        nproc = args.nproc
+        if nproc is None and args.devices is None and os.environ.get(NPROC_ENV, "").strip():
+            # `clorch-notebook run --nproc N` sets the default without editing the notebook
+            nproc = os.environ[NPROC_ENV].strip()
+            if not nproc.isdigit() or int(nproc) < 1:
+                raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
+                                  ">= 1 (it is %clorch start's default --nproc); fix or unset it")
+        topology = resolve_topology(nproc, args.devices, args.backend, args.timeout)
         session = Session(topology)
         session.start(_Progress())
         self.session = session
