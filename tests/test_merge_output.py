@@ -1,0 +1,176 @@
+"""Merging of identical rank output, tested on the display alone: RankOutput items are fed to
+NotebookDisplay with no ranks at all (the protocol keeps the display testable without them).
+The notebook side is IPython's real shell in this process, its output captured."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from clorch_repl.session.display import MERGE_HOLD_S, DistributedCellError, NotebookDisplay, group_label
+from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, RankOutput, Status
+
+
+@pytest.fixture(autouse=True)
+def _shell(ip: Any) -> None:
+    """publish_display_data needs the shell instance the ip fixture creates."""
+
+
+def out(rank: int, text: str, name: str = "stdout") -> RankOutput:
+    return RankOutput(rank, "stream", {"name": name, "text": text})
+
+
+def value(rank: int, text: str) -> RankOutput:
+    return RankOutput(rank, "execute_result", {"data": {"text/plain": text}, "metadata": {}})
+
+
+def feed(items: list[RankOutput], ranks: tuple[int, ...] = (0, 1), merge: bool = True) -> Any:
+    with capture_output() as cap:
+        sink = NotebookDisplay(ranks=ranks, merge=merge)
+        for item in items:
+            sink.output(item)
+            sink.flush()
+        sink.flush(final=True)
+    return cap
+
+
+def per_rank(text: str, rank: int) -> list[str]:
+    """The lines a rank printed, read back from labels: its own and merged ones naming it."""
+    lines = []
+    for m in re.finditer(r"^\[ranks? ([0-9,\-]+)\] (.*)$", text, re.M):
+        ranks: set[int] = set()
+        for part in m.group(1).split(","):
+            lo, _, hi = part.partition("-")
+            ranks.update(range(int(lo), int(hi or lo) + 1))
+        if rank in ranks:
+            lines.append(m.group(2))
+    return lines
+
+
+def test_labels() -> None:
+    assert group_label([3]) == "[rank 3] "
+    assert group_label(range(8)) == "[ranks 0-7] "
+    assert group_label([0, 2, 3, 4, 7]) == "[ranks 0,2-4,7] "
+
+
+def test_identical_lines_are_shown_once() -> None:
+    cap = feed([out(0, "epoch 1\n"), out(1, "epoch 1\n"), out(1, "epoch 2\n"), out(0, "epoch 2\n")])
+    assert cap.stdout == "[ranks 0-1] epoch 1\n[ranks 0-1] epoch 2\n"
+
+
+def test_eight_ranks_one_line() -> None:
+    cap = feed([out(r, "hello\n") for r in range(8)], ranks=tuple(range(8)))
+    assert cap.stdout == "[ranks 0-7] hello\n"
+
+
+def test_different_lines_stay_per_rank() -> None:
+    cap = feed([out(0, "loss 0.5\n"), out(1, "loss 0.7\n")])
+    assert cap.stdout == "[rank 0] loss 0.5\n[rank 1] loss 0.7\n"
+
+
+def test_partly_identical_output_is_correct_and_in_order_per_rank() -> None:
+    items = [out(0, "start\nstep 0: 1.0\n"), out(1, "start\nstep 0: 2.0\n"),
+             out(1, "done\n"), out(0, "done\n")]
+    cap = feed(items)
+    assert per_rank(cap.stdout, 0) == ["start", "step 0: 1.0", "done"]
+    assert per_rank(cap.stdout, 1) == ["start", "step 0: 2.0", "done"]
+    assert cap.stdout.count("[ranks 0-1] ") == 2  # start and done, once each
+
+
+def test_a_line_only_one_rank_printed_does_not_end_merging() -> None:
+    # if rank == 0: print("saving"), then the same lines everywhere
+    items = [out(0, "saving\n"), out(0, "epoch 1\n"), out(1, "epoch 1\n"), out(0, "epoch 2\n"), out(1, "epoch 2\n")]
+    cap = feed(items)
+    assert cap.stdout == "[rank 0] saving\n[ranks 0-1] epoch 1\n[ranks 0-1] epoch 2\n"
+
+
+def test_interleaved_arrival_in_odd_chunks() -> None:
+    items = [out(0, "a\nb"), out(1, "a\n"), out(0, "\nc\n"), out(1, "b\nc\n")]
+    cap = feed(items)
+    assert cap.stdout == "[ranks 0-1] a\n[ranks 0-1] b\n[ranks 0-1] c\n"
+
+
+def test_stderr_and_stdout_merge_separately() -> None:
+    cap = feed([out(0, "warn\n", "stderr"), out(1, "warn\n", "stderr"), out(0, "x\n"), out(1, "x\n")])
+    assert cap.stderr == "[ranks 0-1] warn\n" and cap.stdout == "[ranks 0-1] x\n"
+
+
+def test_no_merge_keeps_every_copy() -> None:
+    cap = feed([out(0, "same\n"), out(1, "same\n")], merge=False)
+    assert cap.stdout == "[rank 0] same\n[rank 1] same\n"
+
+
+def test_identical_final_value_is_shown_once_and_different_values_per_rank() -> None:
+    cap = feed([value(0, "42"), value(1, "42")])
+    assert [o.data["text/plain"] for o in cap.outputs] == ["[ranks 0-1] 42"]
+    cap = feed([value(0, "7"), value(1, "107")])
+    assert [o.data["text/plain"] for o in cap.outputs] == ["[rank 0] 7", "[rank 1] 107"]
+
+
+def test_a_line_waits_for_the_other_ranks_only_briefly() -> None:
+    with capture_output() as cap:
+        sink = NotebookDisplay(ranks=(0, 1))
+        sink.output(out(0, "only rank 0 so far\n"))
+        sink.flush()
+        assert cap.stdout == ""  # held: rank 1's copy may be on its way
+        time.sleep(MERGE_HOLD_S + 0.05)
+        sink.flush()
+        assert cap.stdout == "[rank 0] only rank 0 so far\n"  # shown without waiting for the cell's end
+        sink.output(out(1, "late\n"))
+        sink.flush(final=True)
+    assert cap.stdout.endswith("[rank 1] late\n")
+
+
+def test_output_of_a_rank_outside_the_cell_is_shown_unmerged() -> None:
+    cap = feed([out(3, "late output of an abandoned cell\n"), out(0, "x\n"), out(1, "x\n")])
+    assert cap.stdout == "[rank 3] late output of an abandoned cell\n[ranks 0-1] x\n"
+
+
+def test_a_line_written_in_pieces_merges_when_whole() -> None:
+    cap = feed([out(0, "ab"), out(1, "abc"), out(0, "c\n"), out(1, "\n")])
+    assert cap.stdout == "[ranks 0-1] abc\n"
+
+
+def test_rich_output_keeps_its_place_in_each_ranks_order() -> None:
+    html = {"data": {"text/html": "<b>t</b>", "text/plain": "t"}, "metadata": {}}
+    items = [out(0, "before\n"), RankOutput(0, "display_data", html), out(1, "before\n"),
+             RankOutput(1, "display_data", html), out(0, "after 0\n"), out(1, "after 1\n")]
+    cap = feed(items)
+    assert cap.stdout.startswith("[ranks 0-1] before\n[ranks 0-1]\n")  # label line above the merged HTML
+    assert [o.data["text/plain"] for o in cap.outputs] == ["[ranks 0-1] t"]
+    assert per_rank(cap.stdout, 0)[-1] == "after 0" and per_rank(cap.stdout, 1)[-1] == "after 1"
+
+
+def test_progress_lines_stay_per_rank() -> None:
+    items = [out(0, "\r 50%", "stderr"), out(1, "\r 50%", "stderr"), out(0, "\r100%\n", "stderr"),
+             out(1, "\r100%\n", "stderr")]
+    cap = feed(items)
+    texts = {o.data["text/plain"] for o in cap.outputs}
+    assert {"[rank 0] 100%", "[rank 1] 100%"} <= texts
+    assert "[ranks" not in "".join(texts)
+
+
+def _error(rank: int, ename: str, tb: list[str], status: Status = Status.ERROR) -> RankOutcome:
+    return RankOutcome(rank, status, RankError(rank, ename, "", tuple(tb)))
+
+
+def test_identical_tracebacks_are_shown_once() -> None:
+    tb = ["KeyboardInterrupt", "Cell In[12], line 3", "    while True:"]
+    outcome = CellOutcome(ranks={r: _error(r, "KeyboardInterrupt", tb, Status.INTERRUPTED) for r in range(4)},
+                          interrupted=True)
+    lines = DistributedCellError(outcome)._render_traceback_()
+    assert sum("---- ranks 0-3 ----" in l for l in lines) == 1 and lines.count("Cell In[12], line 3") == 1
+    assert str(DistributedCellError(outcome)) == "ranks 0-3 interrupted"
+    separate = DistributedCellError(outcome, merge=False)._render_traceback_()
+    assert separate.count("Cell In[12], line 3") == 4
+
+
+def test_different_tracebacks_stay_per_rank() -> None:
+    outcome = CellOutcome(ranks={0: _error(0, "ValueError", ["ValueError: a"]),
+                                 1: _error(1, "ValueError", ["ValueError: b"])})
+    text = "\n".join(DistributedCellError(outcome)._render_traceback_())
+    assert "---- rank 0 ----" in text and "---- rank 1 ----" in text and "ranks 0-1" not in text
