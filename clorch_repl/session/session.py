@@ -120,7 +120,9 @@ class Session:
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
-            sink: OutputSink | None) -> CellOutcome:
+            sink: OutputSink | None, *, silent: bool = False) -> CellOutcome:
+        """Run ``code`` on the chosen ranks; ``silent`` runs it as clorch's own request (not in
+        the ranks' history or cell count: value transfers, cell numbering)."""
         group, relay = self._require()
         chosen = tuple(range(self.topology.nproc)) if ranks is None else tuple(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
@@ -132,7 +134,7 @@ class Session:
         if busy:
             raise ClorchError(f"rank(s) {busy} are still running an earlier cell: wait, run "
                               "%clorch interrupt, or %clorch restart")
-        return relay.execute(CellRequest(code, chosen, timeout_s), sink)
+        return relay.execute(CellRequest(code, chosen, timeout_s), sink, silent=silent)
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> dict[int, str]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``."""
