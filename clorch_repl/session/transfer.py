@@ -1,0 +1,171 @@
+"""Values between the notebook and its ranks, and the ranks' cell numbers, on the notebook's side.
+
+Everything here runs as silent requests through the session (:meth:`Session.run` with
+``silent=True``): the relay's plumbing is unchanged, the requests get the same checks as a cell
+(no dead or busy rank) and can be interrupted like one. What a value may be, how it is written and
+read, and the rank-side halves live in :mod:`.values`; see there why values travel through the
+session's private directory with their digest on the signed channel.
+
+* ``pull``: each chosen rank writes its value to a private file and announces the file and its
+  SHA-256 in a display message of a private MIME type; :class:`_Collector` takes those messages
+  out of the stream (they are never shown) and the notebook reads each file with
+  ``torch.load(weights_only=True)``.
+* ``push``: the notebook writes the value once; every chosen rank checks the digest and reads it.
+* ``gather``: ``pull`` of the value the cell just shown on each rank (its ``Out`` entry).
+* Cell numbers: before a ``%%distributed`` cell the ranks' next cell number is set to the
+  notebook's (one silent request, only when they differ), so that a rank's traceback says
+  ``Cell In[12]`` where the notebook shows ``[12]``. Setting the number on the rank, rather than
+  rewriting ``In[n]`` in the traceback text afterwards, keeps every place that shows it right
+  (tracebacks, the rank's ``In``/``Out``, ``%clorch why`` stacks) without parsing text.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import logging
+import os
+import secrets
+import weakref
+from typing import Any
+
+from ..errors import ClorchError, ConfigError
+from . import values
+from .display import DistributedCellError, NotebookDisplay
+from .protocol import CellOutcome, RankOutput, Status
+from .relay import Relay
+from .session import Session
+
+logger = logging.getLogger(__name__)
+
+#: Time allowed for one transfer request (writing, reading and hashing a value of the default
+#: limit takes a few seconds; an interrupt stops it earlier).
+TRANSFER_TIMEOUT_S = 600.0
+_MODULE = "__import__('clorch_repl.session.values', fromlist=['_'])"
+#: per relay (a restart makes a new one): the number each rank will give its next cell
+_next_count: weakref.WeakKeyDictionary[Relay, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+def check_name(name: str, what: str = "NAME") -> str:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ConfigError(f"{what} must be a Python variable name; got {name!r}")
+    return name
+
+
+class _Collector:
+    """Takes the ranks' value announcements out of the output; passes everything else on."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.found: dict[int, dict[str, Any]] = {}
+        self.display = NotebookDisplay(ranks=ranks)
+
+    def output(self, item: RankOutput) -> None:
+        data = item.content.get("data") or {}
+        if item.kind == "display_data" and values.MIME in data:
+            self.found[item.rank] = json.loads(data[values.MIME])
+            return
+        self.display.output(item)
+
+    def flush(self, final: bool = False) -> None:
+        self.display.flush(final)
+
+
+def _chosen(session: Session, ranks: list[int] | None) -> tuple[int, ...]:
+    return tuple(range(session.topology.nproc)) if ranks is None else tuple(ranks)
+
+
+def _private_dir(session: Session) -> str:
+    if session.group is None:
+        raise ConfigError("no ranks are running: run %clorch start first")
+    return session.group.dir
+
+
+def _fail(what: str, outcome: CellOutcome) -> ClorchError:
+    return ClorchError(f"{what} failed: {DistributedCellError(outcome).summary()}")
+
+
+def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int,
+         what: str | None = None) -> dict[int, Any]:
+    """``{rank: value}`` of ``name`` on each chosen rank (``None``: the last cell's value)."""
+    what = what or f"%clorch pull {name}"
+    chosen = _chosen(session, ranks)
+    directory = _private_dir(session)
+    token = secrets.token_hex(8)
+    paths = {r: os.path.join(directory, f"value-{token}-rank{r}.pt") for r in chosen}
+    # Every rank is told its own path: one request per rank would serialise them, so the code
+    # picks its path from the RANK it runs on.
+    code = (f"{_MODULE}.export_value({name!r}, {os.path.join(directory, f'value-{token}-rank')!r} "
+            f"+ __import__('os').environ['RANK'] + '.pt', {int(limit)})")
+    collector = _Collector(chosen)
+    try:
+        outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, collector, silent=True)
+        if not outcome.ok:
+            raise _fail(what, outcome)
+        result: dict[int, Any] = {}
+        for rank in chosen:
+            note = collector.found.get(rank)
+            if note is None or note.get("path") != paths[rank]:
+                raise ClorchError(f"{what} failed: rank {rank} did not report its value; "
+                                  f"%clorch logs {rank} shows what it printed")
+            result[rank] = values.load(paths[rank], note["sha256"], f"{what} (rank {rank})")
+        return result
+    finally:
+        for path in paths.values():
+            values._remove(path)
+
+
+def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int) -> tuple[int, ...]:
+    """Give every chosen rank ``value`` as ``name``; returns the ranks."""
+    chosen = _chosen(session, ranks)
+    path = os.path.join(_private_dir(session), f"value-{secrets.token_hex(8)}-push.pt")
+    try:
+        try:
+            _, digest = values.save(value, path, limit, name)
+        except values.TransferError as exc:
+            raise ClorchError(f"%clorch push {name}: {exc}") from None
+        code = f"{_MODULE}.import_value({name!r}, {path!r}, {digest!r})"
+        outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, NotebookDisplay(ranks=chosen),
+                              silent=True)
+        if not outcome.ok:
+            raise _fail(f"%clorch push {name}", outcome)
+        return chosen
+    finally:
+        values._remove(path)
+
+
+# ------------------------------------------------------------------------------ cell numbers
+def number_cells(session: Session, ranks: list[int] | None, count: int) -> None:
+    """Make the chosen ranks give their next cell the number ``count`` (the notebook's)."""
+    relay = session.relay
+    if relay is None:
+        return
+    known = _next_count.setdefault(relay, {})
+    stale = [r for r in _chosen(session, ranks) if known.get(r) != count]
+    if not stale:
+        return  # the usual case when %%distributed cells follow each other
+    outcome = session.run(f"{_MODULE}.set_execution_count({int(count)})", stale, 30.0, None, silent=True)
+    for rank in stale:
+        if outcome.ranks[rank].status is Status.OK:
+            known[rank] = count
+        else:  # shown by the cell itself, which meets the same dead or busy rank
+            logger.info("could not number cell %s on rank %s: %s", count, rank, outcome.ranks[rank])
+
+
+def cell_ran(session: Session, outcome: CellOutcome, count: int) -> None:
+    """After a cell: ranks that ran it (even with an error) number their next cell ``count + 1``."""
+    relay = session.relay
+    if relay is None:
+        return
+    known = _next_count.setdefault(relay, {})
+    for rank, result in outcome.ranks.items():
+        if known.get(rank) == count and result.status in (Status.OK, Status.ERROR, Status.INTERRUPTED):
+            known[rank] = count + 1
+        else:
+            known.pop(rank, None)  # unknown (died, stuck): number it again before the next cell
+
+
+def notebook_cell_number(shell: Any) -> int:
+    """The number the notebook shows for the cell running now (``[12]``)."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return int(count if count is not None else shell.execution_count)
