@@ -41,6 +41,15 @@ topology_options = _compose(
              help="process-group timeout for rendezvous and collectives (default 600)"),
 )
 
+hang_notice_option = _compose(argument(
+    "--hang-notice", metavar="SECONDS", default=None, dest="hang_notice",
+    help="with no output and no finished collective for this long, say which rank and collective "
+         "hold the cell, once, without stopping it (default 30; 0 turns it off)"))
+
+max_mb_option = _compose(argument(
+    "--max-mb", metavar="MB", default=None, dest="max_mb",
+    help="largest value one rank may send or receive, in MB (default 256)"))
+
 tail_option = _compose(argument("--tail", metavar="N", type=int, default=200,
                                 help="how many lines to show (default 200; 0 for all)"))
 
@@ -60,6 +69,38 @@ def parse(func: Func, line: str) -> Any:
         raise UsageError(f"{exc} (see --help)") from None
 
 
+def parse_hang_notice(value: str | None) -> float | None:
+    """``--hang-notice``: seconds, 0 (off) or more; None when not given."""
+    import math
+
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"--hang-notice must be a number of seconds (0 turns it off); got {value!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"--hang-notice must be 0 (off) or a positive number of seconds; got {value!r}")
+    return seconds
+
+
+def parse_max_mb(value: str | None) -> int:
+    """``--max-mb``: the size limit of one value in bytes (default 256 MB)."""
+    import math
+
+    from ..session.values import DEFAULT_LIMIT_BYTES
+
+    if value is None:
+        return DEFAULT_LIMIT_BYTES
+    try:
+        mb = float(value)
+    except ValueError:
+        raise ConfigError(f"--max-mb must be a number of megabytes; got {value!r}") from None
+    if not math.isfinite(mb) or mb <= 0:
+        raise ConfigError(f"--max-mb must be a positive number of megabytes; got {value!r}")
+    return int(mb * 1_000_000)
+
+
 def parse_ranks(value: str | None) -> list[int] | None:
     from ..topology import parse_int_list
 
@@ -67,4 +108,4 @@ def parse_ranks(value: str | None) -> list[int] | None:
 
 
 __all__ = ["magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
-           "tail_option", "parse", "parse_ranks", "ConfigError"]
+           "tail_option", "hang_notice_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "ConfigError"]

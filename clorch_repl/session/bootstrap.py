@@ -33,7 +33,10 @@ def join_group() -> None:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
+        from ..diagnosis import record
         from ..rendezvous import loopback_store
+
+        record.enable()  # read only when a group is created: now, before init_process_group
 
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
                                   "timeout": timeout,
@@ -47,7 +50,19 @@ def join_group() -> None:
             dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
     ns = _user_ns()
     ns.update(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    _answer_probes()
     _quiet_kernel_logger()
+
+
+def _answer_probes() -> None:
+    """Let the notebook ask this rank where it is while a cell blocks it (``%clorch why``)."""
+    from IPython import get_ipython
+
+    from .rank_kernel import install
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is not None:
+        install(kernel)
 
 
 def _quiet_kernel_logger() -> None:

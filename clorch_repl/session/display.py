@@ -155,6 +155,14 @@ class NotebookDisplay:
         self._drain(now, final)
         self._flush_streams()
 
+    def notice(self, text: str) -> None:
+        """A message from clorch itself into the running cell (the hang notice), on its own line."""
+        self._drain(time.monotonic(), final=False)
+        self._end_lines()
+        sys.stderr.write(text.rstrip("\n") + "\n")
+        self._dirty.add("stderr")
+        self._flush_streams()
+
     def _flush_streams(self) -> None:
         for name in self._dirty:
             try:
@@ -397,6 +405,10 @@ class DistributedCellError(Exception):
         lines: list[str] = []
         if self.outcome.timed_out:
             lines.append(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted.")
+        if self.outcome.diagnosis:  # why the ranks were stuck: the verdict, then each rank's evidence
+            verdict, *evidence = self.outcome.diagnosis.splitlines()
+            lines.append(f"{_BOLD}Why:{_RESET} {verdict}")
+            lines.extend(evidence)
         for ranks, result in _failure_groups(self.outcome.failed, self.merge):
             who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
             lines.append(f"{_BOLD}---- {who} ----{_RESET}")

@@ -28,6 +28,9 @@ class CellRequest:
     code: str
     ranks: tuple[int, ...]
     timeout_s: float | None = None
+    #: seconds without output and without a finished collective before the cell says why it is
+    #: stuck (once, without stopping it); 0 turns the notice off
+    hang_notice_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class CellOutcome:
     ranks: dict[int, RankOutcome] = field(default_factory=dict)
     interrupted: bool = False
     timed_out: bool = False
+    #: why ranks were stuck, when they were: the verdict sentence, then each rank's evidence
+    diagnosis: str | None = None
 
     @property
     def failed(self) -> list[RankOutcome]:

@@ -1,0 +1,329 @@
+"""Line up what every rank answered and name the first collective the ranks disagree on.
+
+Entries are keyed by process group and collective sequence number (torch numbers the collectives
+of each group 1, 2, 3... on every rank alike). Per group, the first sequence number at which a
+collective is pending on some rank and absent on another (a rank never called it), or at which the
+ranks called different ops, shapes or dtypes, is the cause; the ranks' stacks say where the others
+are. The comparison of two entries is torch's own (``flight_recorder``'s ``Op.match``); torch's
+``build_db`` is not used for the rest because it works on complete dump files of every rank,
+prints as it goes, and has no notion of a rank that is alive but outside any collective, which is
+exactly what a notebook user needs to hear about.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+           "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+
+
+@dataclass
+class RankState:
+    """One rank as the analysis sees it: its answer, or why there is none."""
+
+    rank: int
+    answer: dict[str, Any] | None = None
+    dead: str | None = None         # "exit code 3", "killed by signal SIGKILL"
+    fallback_stack: str | None = None  # faulthandler's stack when the rank did not answer
+
+    @property
+    def answered(self) -> bool:
+        return self.answer is not None and "error" not in self.answer
+
+
+@dataclass
+class Entry:
+    """One recorded collective of one rank."""
+
+    rank: int
+    pg: str
+    seq: int
+    op: str
+    raw: dict[str, Any]
+    completed: bool
+
+    @property
+    def tensors(self) -> str:
+        return describe_tensors(self.raw)
+
+
+@dataclass
+class Verdict:
+    """The analysis: one sentence, whether it is a hang (a collective pending), and the details."""
+
+    sentence: str
+    hang: bool
+    op: str | None = None
+    seq: int | None = None
+    group: str | None = None
+    waiting: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    mismatch: bool = False
+    #: how long the collective has been pending on the rank that entered it last (by its own
+    #: clock, so hosts need not agree on the time); None when nothing is pending
+    pending_s: float | None = None
+
+
+# ------------------------------------------------------------------------------ entries
+def entries_of(state: RankState) -> list[Entry]:
+    """The rank's collectives (point-to-point ops are keyed differently and left out here)."""
+    if not state.answered or not state.answer.get("fr"):
+        return []
+    fr = state.answer["fr"]
+    status = fr.get("pg_status", {})
+    out = []
+    for raw in fr.get("entries", []):
+        if raw.get("is_p2p"):
+            continue
+        pg = str((raw.get("process_group") or [raw.get("pg_id")])[0])
+        seq = int(raw.get("collective_seq_id", 0))
+        done_upto = status.get(str(raw.get("pg_id")), {}).get("last_completed_collective", -1)
+        completed = raw.get("state") == "completed" or bool(raw.get("retired")) or seq <= done_upto
+        out.append(Entry(state.rank, pg, seq, op_name(raw), raw, completed))
+    return out
+
+
+def op_name(raw: dict[str, Any]) -> str:
+    """``gloo:all_reduce`` -> ``all_reduce``."""
+    name = str(raw.get("profiling_name", "?"))
+    return name.split(":", 1)[-1].split(" ", 1)[0]
+
+
+def describe_tensors(raw: dict[str, Any]) -> str:
+    sizes = raw.get("input_sizes") or []
+    dtypes = raw.get("input_dtypes") or []
+    parts = []
+    for i, shape in enumerate(sizes):
+        dtype = _DTYPES.get(dtypes[i] if i < len(dtypes) else "", (dtypes[i] if i < len(dtypes) else "?"))
+        parts.append(f"{dtype}[{', '.join(str(d) for d in shape)}]")
+    return ", ".join(parts)
+
+
+def group_label(pg: str, states: list[RankState]) -> str:
+    for state in states:
+        info = (state.answer or {}).get("groups", {}).get(pg) if state.answered else None
+        if info:
+            if info.get("default"):
+                return "default group"
+            return f"group {pg} of ranks {_ranks(info.get('ranks', []))}"
+    return "default group" if pg == "0" else f"group {pg}"
+
+
+def _members(pg: str, states: list[RankState]) -> list[int]:
+    for state in states:
+        info = (state.answer or {}).get("groups", {}).get(pg) if state.answered else None
+        if info and info.get("ranks"):
+            return [r for r in info["ranks"] if any(s.rank == r for s in states)]
+    return [s.rank for s in states]
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _ranks_word(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + _ranks(ranks)
+
+
+# ------------------------------------------------------------------------------ where
+def where(state: RankState) -> str:
+    """Where a rank is, as the notebook names lines: ``Cell In[5], line 3 in <module>``."""
+    if state.dead is not None:
+        return f"died ({state.dead})"
+    if not state.answered:
+        why = (state.answer or {}).get("error")
+        head = "did not answer" + (f" ({why})" if why else " (native code is holding its Python lock)")
+        line = _fallback_line(state.fallback_stack)
+        return head + (f"; it is at {line}" if line else "")
+    ans = state.answer
+    stack = ans.get("stack") or []
+    if not ans.get("in_cell"):
+        return "is not running a cell"
+    user = [f for f in stack if not f.get("library")]
+    text = "is at " + (frame_label(user[-1]) if user else frame_label(stack[-1]) if stack else "an unknown line")
+    if stack and stack[-1].get("library") and user:
+        inner = stack[-1]
+        text += f", inside {inner['function']}() ({_short(inner['file'])}:{inner['line']})"
+    if ans.get("cuda_busy"):
+        text += ", with its CUDA stream still busy"
+    return text
+
+
+def frame_label(frame: dict[str, Any]) -> str:
+    func = frame.get("function", "?")
+    func = func if func.startswith("<") else f"{func}()"
+    if frame.get("cell"):
+        return f"{frame['cell']}, line {frame['line']} in {func}"
+    return f"{_short(frame['file'])}:{frame['line']} in {func}"
+
+
+def _short(path: str) -> str:
+    """A path as short as still recognisable: from the package root, else relative to the cwd."""
+    marker = os.sep + "site-packages" + os.sep
+    if marker in path:
+        return path.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+def _fallback_line(stack: str | None) -> str | None:
+    """The innermost line of a faulthandler stack (most recent call first)."""
+    for line in (stack or "").splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            return line
+    return None
+
+
+# ------------------------------------------------------------------------------ analysis
+def analyse(states: list[RankState]) -> Verdict:
+    """The verdict for ranks ``states`` (every rank that runs, or ran, the cell)."""
+    by_pg: dict[str, dict[int, dict[int, Entry]]] = {}
+    for state in states:
+        for entry in entries_of(state):
+            by_pg.setdefault(entry.pg, {}).setdefault(state.rank, {})[entry.seq] = entry
+    problems = []
+    for pg, per_rank in by_pg.items():
+        found = _first_disagreement(pg, per_rank, states)
+        if found is not None:
+            problems.append(found)
+    if problems:
+        # The oldest pending collective is the cause; the others usually wait behind it.
+        problems.sort(key=lambda p: (not p.hang, p.seq or 0))
+        return problems[0]
+    return _no_collective(states)
+
+
+def _first_disagreement(pg: str, per_rank: dict[int, dict[int, Entry]],
+                        states: list[RankState]) -> Verdict | None:
+    members = _members(pg, states)
+    recorded = [r for r in members if r in per_rank]
+    if not recorded:
+        return None
+    # The ring buffer may have dropped old entries: compare only what every recording rank holds.
+    lo = max(min(per_rank[r]) for r in recorded)
+    hi = max(max(per_rank[r]) for r in recorded)
+    earlier_mismatch: Verdict | None = None
+    for seq in range(lo, hi + 1):
+        present = {r: per_rank[r][seq] for r in recorded if seq in per_rank[r]}
+        pending = sorted(r for r, e in present.items() if not e.completed)
+        mismatch = _mismatch(pg, present, members)
+        absent = [r for r in members if r not in present]
+        if pending:
+            verdict = _verdict(pg, seq, present, pending, absent, mismatch, states)
+            if earlier_mismatch is not None:
+                verdict.sentence += f"; earlier, {earlier_mismatch.sentence}"
+                verdict.mismatch = True
+            return verdict
+        if mismatch is not None and earlier_mismatch is None:
+            # It completed anyway (gloo's broadcast does with unequal sizes): worth saying, but a
+            # collective still pending later is what holds the cell.
+            earlier_mismatch = _verdict(pg, seq, present, pending, absent, mismatch, states)
+    return earlier_mismatch
+
+
+def _mismatch(pg: str, present: dict[int, Entry], members: list[int]) -> str | None:
+    """Torch's own comparison of two ranks' entries for one collective; a sentence if they differ."""
+    if len(present) < 2:
+        return None
+    try:
+        from torch.distributed.flight_recorder.components.types import MatchState, Op
+    except ImportError:  # a torch without the analyser: compare op and tensors ourselves
+        Op = None  # noqa: N806
+    ranks = sorted(present)
+    ref = present[ranks[0]]
+    memberships = {pg: set(members)}
+    for r in ranks[1:]:
+        other = present[r]
+        if Op is not None:
+            try:
+                a = Op(_for_torch(ref.raw), memberships, pg)
+                b = Op(_for_torch(other.raw), memberships, pg)
+                info = a.match(b)
+                differs = info.state not in (MatchState.FULLY_MATCHED, MatchState.UNDECIDED,
+                                             MatchState.COLLECTIVE_STATE_MISMATCH)
+            except (AssertionError, KeyError, ValueError, IndexError, TypeError) as exc:
+                logger.debug("torch's Op could not compare %s and %s: %s", ref.raw, other.raw, exc)
+                differs = (ref.op, ref.tensors) != (other.op, other.tensors)
+        else:
+            differs = (ref.op, ref.tensors) != (other.op, other.tensors)
+        if differs:
+            if ref.op != other.op:
+                return (f"rank {ref.rank} called {ref.op}({ref.tensors}), "
+                        f"rank {r} called {other.op}({other.tensors})")
+            if ref.op == "broadcast":
+                return f"rank {ref.rank} has {ref.tensors or 'no tensor'}, rank {r} has {other.tensors or 'no tensor'}"
+            return f"rank {ref.rank} passed {ref.tensors or 'no tensor'}, rank {r} passed {other.tensors or 'no tensor'}"
+    return None
+
+
+def _for_torch(raw: dict[str, Any]) -> dict[str, Any]:
+    """Op wants the dump's field names; the state is our own business (gloo never says started)."""
+    event = dict(raw)
+    event["state"] = "scheduled"
+    event["process_group"] = tuple(raw.get("process_group") or (str(raw.get("pg_id")), ""))
+    event.setdefault("frames", [])
+    return event
+
+
+def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], absent: list[int],
+             mismatch: str | None, states: list[RankState]) -> Verdict:
+    by_rank = {s.rank: s for s in states}
+    ref = present[pending[0]] if pending else present[min(present)]
+    group = group_label(pg, states)
+    op = ref.op if mismatch is None or "called" not in mismatch else "collective"
+    head = f"{op} #{seq} ({ref.tensors + ', ' if ref.tensors and op != 'collective' else ''}{group})"
+    clauses = []
+    if mismatch is not None:
+        clauses.append(mismatch)
+    if pending:
+        verb = "waits" if len(pending) == 1 else "wait"
+        clauses.append(f"{_ranks_word(pending)} {verb} in it")
+    for r in absent:
+        state = by_rank.get(r)
+        if state is None:
+            continue
+        if state.dead is not None:
+            clauses.append(f"rank {r} died ({state.dead})")
+            continue
+        if not state.answered:
+            clauses.append(f"rank {r} {where(state)}")
+            continue
+        elsewhere = _pending_elsewhere(state, pg)
+        if elsewhere is not None:
+            clauses.append(f"rank {r} never called it and waits in {elsewhere}")
+        else:
+            clauses.append(f"rank {r} never called it and {where(state)}")
+    ages = [(by_rank[r].answer["now_ns"] - int(present[r].raw.get("time_created_ns") or 0)) / 1e9
+            for r in pending if by_rank.get(r) is not None and by_rank[r].answered
+            and "now_ns" in by_rank[r].answer]
+    return Verdict(sentence=f"{head}: " + "; ".join(clauses), hang=bool(pending), op=op, seq=seq,
+                   group=group, waiting=pending, missing=[r for r in absent if r in by_rank],
+                   mismatch=mismatch is not None, pending_s=min(ages) if ages else None)
+
+
+def _pending_elsewhere(state: RankState, pg: str) -> str | None:
+    for entry in entries_of(state):
+        if not entry.completed and entry.pg != pg:
+            return f"{entry.op} #{entry.seq} ({group_label(entry.pg, [state])})"
+    return None
+
+
+def _no_collective(states: list[RankState]) -> Verdict:
+    parts = []
+    for state in states:
+        text = where(state)
+        if state.answered and state.answer.get("in_cell") and state.answer.get("cuda_busy"):
+            text = "is in native code outside any collective, " + text.removeprefix("is ")
+        parts.append(f"rank {state.rank} {text}")
+    return Verdict(sentence="no collective is pending: " + "; ".join(parts), hang=False)

@@ -1,0 +1,203 @@
+"""What a rank answers when asked "where are you", and how the notebook asks every rank at once.
+
+The answer is built on the rank's kernel control thread (see
+:class:`clorch_repl.session.rank_kernel.RankKernel`), so it comes while the main thread is blocked
+in a collective or in native code that released the GIL. It holds the flight-recorder entries, the
+main thread's Python stack cut to the cell's frames, the process groups, and whether a CUDA stream
+is still busy. It travels over the rank's own control channel, signed like every message, so it
+works wherever the rank runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+import uuid
+from typing import Any
+
+import zmq
+
+from . import record
+
+logger = logging.getLogger(__name__)
+
+PROBE_REQUEST = "clorch_probe_request"
+PROBE_REPLY = "clorch_probe_reply"
+#: How long the notebook waits for every rank's answer. A rank's control thread answers within
+#: milliseconds unless native code holds the GIL; then the faulthandler stack stands in for it.
+PROBE_TIMEOUT_S = 3.0
+#: Entries of the flight recorder sent back (the most recent); enough to line up the ranks.
+ENTRIES_SENT = 200
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple({os.path.realpath(p) for p in (
+    sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
+    sysconfig.get_paths().get("platlib"), _PACKAGE_DIR) if p})
+
+
+# ------------------------------------------------------------------------------- rank side
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """This rank's state, as plain JSON data (called on the control thread, never the main one)."""
+    fr, fr_missing = record.read()
+    if fr is not None:
+        fr["entries"] = fr["entries"][-ENTRIES_SENT:]
+    main = threading.main_thread()
+    frames = sys._current_frames()
+    main_frame = frames.get(main.ident) if main.ident is not None else None
+    stack, in_cell = (cell_frames(main_frame) if main_frame is not None else ([], False))
+    reply: dict[str, Any] = {
+        "pid": os.getpid(), "host": os.uname().nodename, "now_ns": time.time_ns(),
+        "fr": fr, "fr_missing": fr_missing, "groups": record.group_members(),
+        "stack": stack, "in_cell": in_cell, "cuda_busy": cuda_busy(),
+    }
+    if request.get("all_threads"):
+        names = {t.ident: t.name for t in threading.enumerate()}
+        reply["threads"] = [{"name": names.get(ident, str(ident)), "stack": _frames(frame)}
+                            for ident, frame in frames.items() if ident != main.ident]
+    return reply
+
+
+def _frames(frame: Any) -> list[dict[str, Any]]:
+    """A frame chain as dicts, outermost first, each labelled as the notebook labels it."""
+    label_of = _cell_labeller()
+    out = []
+    for summary in traceback.extract_stack(frame):
+        cell = label_of(summary.filename)
+        out.append({"file": summary.filename, "line": summary.lineno, "function": summary.name,
+                    "code": (summary.line or "").strip(), "cell": cell,
+                    "library": cell is None and is_library(summary.filename)})
+    return out
+
+
+def cell_frames(frame: Any) -> tuple[list[dict[str, Any]], bool]:
+    """The main thread's stack from the cell's code inwards, and whether a cell is running at all.
+
+    Cut where IPython's ``run_code`` calls the cell, as the stuck-rank report does: what lies
+    outside is the same kernel machinery on every rank.
+    """
+    frames = _frames(frame)
+    for i in range(len(frames) - 1, -1, -1):
+        f = frames[i]
+        if f["function"] == "run_code" and f["file"].endswith(os.path.join("IPython", "core", "interactiveshell.py")):
+            return frames[i + 1:], True
+    # No cell on the stack: a kernel between cells, or a plain program (a launch() rank), which
+    # is always "running its cell".
+    return frames, not _in_kernel()
+
+
+def _in_kernel() -> bool:
+    if "ipykernel" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    return get_ipython() is not None
+
+
+def _cell_labeller() -> Any:
+    """``Cell In[5]`` for a cell's compiled file name, as IPython's tracebacks name it."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        fmt = shell.compile.format_code_name if shell is not None else None
+    except (ImportError, AttributeError):
+        fmt = None
+
+    def label(filename: str) -> str | None:
+        if fmt is None:
+            return None
+        try:
+            named = fmt(filename)
+        except (KeyError, TypeError, AttributeError):
+            return None
+        return f"{named[0]} {named[1]}" if named else None
+    return label
+
+
+def is_library(filename: str) -> bool:
+    """Frames of Python itself, installed packages and clorch_repl: not the user's code."""
+    if filename.startswith("<"):
+        return filename.startswith("<frozen")
+    path = os.path.realpath(filename)
+    return any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+
+
+def cuda_busy() -> bool | None:
+    """Whether this rank's current CUDA stream still has work queued; None when CUDA was never
+    initialised here (asking must not create a context)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return not torch.cuda.current_stream().query()
+    except RuntimeError as exc:
+        logger.debug("could not query the CUDA stream: %s", exc)
+        return None
+
+
+# --------------------------------------------------------------------------- notebook side
+class Prober:
+    """Asks ranks over their control channels; one DEALER socket per rank, opened once."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[int, tuple[Any, Any, Any]] = {}  # rank -> (socket, session, decoder)
+        self._poller = zmq.Poller()
+
+    def add(self, rank: int, client: Any, decoder: Any) -> None:
+        """``client`` is the rank's jupyter_client client; ``decoder`` verifies its signatures."""
+        socket = client.connect_control(identity=f"clorch-probe-{uuid.uuid4().hex}".encode())
+        self._poller.register(socket, zmq.POLLIN)
+        self._ranks[rank] = (socket, client.session, decoder)
+
+    def ask(self, ranks: list[int], *, all_threads: bool = False,
+            timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, dict[str, Any] | None]:
+        """Every rank's answer; None for a rank that did not answer within ``timeout_s``."""
+        waiting: dict[str, int] = {}
+        for rank in ranks:
+            if rank not in self._ranks:
+                continue
+            socket, session, _ = self._ranks[rank]
+            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads})
+            session.send(socket, msg)
+            waiting[msg["header"]["msg_id"]] = rank
+        answers: dict[int, dict[str, Any] | None] = {r: None for r in ranks}
+        by_socket = {entry[0]: rank for rank, entry in self._ranks.items()}
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for socket, _ in self._poller.poll(int(left * 1000) + 1):
+                rank = by_socket[socket]
+                while True:
+                    try:
+                        frames = socket.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        msg = self._ranks[rank][2].decode(frames)
+                    except ValueError as exc:  # SignatureError: not from the rank; never trusted
+                        logger.warning("dropped a control message from rank %d: %s", rank, exc)
+                        continue
+                    msg_id = msg["parent_header"].get("msg_id")
+                    if msg["msg_type"] == PROBE_REPLY and waiting.get(msg_id) == rank:
+                        del waiting[msg_id]
+                        answers[rank] = msg["content"]
+                    # else: the reply to an earlier probe that timed out; stale
+        return answers
+
+    def close(self) -> None:
+        for socket, _, _ in self._ranks.values():
+            try:
+                self._poller.unregister(socket)
+            except KeyError:
+                pass
+            socket.close(linger=0)
+        self._ranks.clear()

@@ -1,0 +1,119 @@
+"""torch's flight recorder: turned on before a process group is created, read in-process.
+
+torch records every collective (op, sequence number per process group, shapes, dtypes, state) in
+a ring buffer when ``TORCH_FR_BUFFER_SIZE`` (older torch: ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set
+when the process group is created; since torch 2.6 gloo groups are recorded too. Reading it costs
+a fraction of a millisecond and takes no lock the blocked collective holds, so a rank's control
+thread can read it while the main thread waits in that collective.
+
+The JSON dump is preferred: the pickled one would be unpickled, and it symbolises every entry's
+stack (seconds per dump); we take stacks from ``sys._current_frames`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Entries kept per process (a ring buffer): enough for the last cells of a training loop.
+BUFFER_ENTRIES = 2000
+BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+#: Set to 0 by a user (or the benchmark) to run without recording.
+OFF_ENV = "CLORCH_FLIGHT_RECORDER"
+
+
+def enable(environ: Any = None) -> bool:
+    """Turn recording on in ``environ`` (default ``os.environ``) unless the user chose a size or
+    turned it off; must run before the process group is created. Returns whether it is on."""
+    env = os.environ if environ is None else environ
+    if env.get(OFF_ENV, "1") == "0":
+        return False
+    if not any(name in env for name in BUFFER_ENVS):
+        env[_buffer_env()] = str(BUFFER_ENTRIES)
+    return any(env.get(name, "0") not in ("", "0") for name in BUFFER_ENVS)
+
+
+def _buffer_env() -> str:
+    """The variable this torch reads (the old one warns as deprecated where the new one exists);
+    looked up without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(x) for x in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return BUFFER_ENVS[0]
+    return BUFFER_ENVS[0] if (major, minor) >= (2, 7) else BUFFER_ENVS[1]
+
+
+def read() -> tuple[dict[str, Any] | None, str | None]:
+    """This process's flight-recorder dump as plain JSON data, or ``(None, why not)``.
+
+    The dump holds ``entries`` (one dict per collective) and ``pg_status`` (per process group id:
+    the last enqueued, started and completed collective sequence numbers).
+    """
+    import sys
+
+    if "torch" not in sys.modules:
+        return None, "torch is not imported"
+    if not any(os.environ.get(name, "0") not in ("", "0") for name in BUFFER_ENVS):
+        return None, "the flight recorder is off (TORCH_FR_BUFFER_SIZE is unset or 0)"
+    try:
+        from torch._C import _distributed_c10d as c10d
+    except ImportError:
+        return None, "this torch build has no distributed support"
+    dumpers = [getattr(c10d, name, None) for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json")]
+    for dump in dumpers:
+        if dump is None:
+            continue
+        try:
+            data = json.loads(dump())
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("flight recorder dump %s failed: %s", dump.__name__, exc)
+            continue
+        data.setdefault("entries", [])
+        return normalise(data), None
+    return None, "this torch build has no flight recorder (no _dump_fr_trace_json); showing stacks only"
+
+
+def normalise(data: dict[str, Any]) -> dict[str, Any]:
+    """The JSON dump writes the pg_status numbers as strings; make them ints once, here."""
+    status = {}
+    for pg_id, values in (data.get("pg_status") or {}).items():
+        status[str(pg_id)] = {k: _int(v) for k, v in values.items()}
+    return {"entries": list(data.get("entries") or []), "pg_status": status,
+            "version": data.get("version")}
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def group_members() -> dict[str, dict[str, Any]]:
+    """Every process group this rank knows: flight-recorder name -> description and global ranks.
+
+    Read from torch's group registry (plain dicts), without calling into any backend.
+    """
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return {}
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world
+        groups = {}
+        for pg, name in list(world.pg_names.items()):
+            ranks = world.pg_group_ranks.get(pg, {})
+            groups[str(name)] = {"ranks": sorted(int(g) for g in ranks),
+                                 "default": pg is world.default_pg}
+        return groups
+    except (AttributeError, RuntimeError) as exc:  # private API: absent in some torch versions
+        logger.debug("could not read the process groups: %s", exc)
+        return {}

@@ -1,0 +1,72 @@
+"""The verdict and its evidence as text: what the live notice, the failure reports and
+``%clorch why`` print."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .analyse import RankState, Verdict, describe_tensors, entries_of, frame_label
+
+logger = logging.getLogger(__name__)
+
+#: Collectives listed per rank as evidence.
+RECENT = 5
+#: Stack frames listed per rank (innermost); a cell's stack is rarely deeper.
+FRAMES = 12
+
+
+def notice(verdict: Verdict) -> str:
+    """The one line printed into a running cell."""
+    return f"clorch: no progress on any rank; {verdict.sentence}"
+
+
+def evidence(states: list[RankState], *, all_threads: bool = False, recent: int = RECENT) -> list[str]:
+    """Per rank: its last collectives (op, sequence number, tensors, state) and its stack."""
+    lines: list[str] = []
+    for state in states:
+        lines.append(f"---- rank {state.rank} ----")
+        if state.dead is not None:
+            lines.append(f"  died ({state.dead})")
+            continue
+        if not state.answered:
+            err = (state.answer or {}).get("error")
+            lines.append(f"  did not answer{f': {err}' if err else ''}")
+            if state.fallback_stack:
+                lines.append("  its stack (faulthandler):")
+                lines.extend("    " + line for line in state.fallback_stack.rstrip().splitlines())
+            continue
+        ans: dict[str, Any] = state.answer or {}
+        if ans.get("fr") is None:
+            lines.append(f"  collectives: unknown ({ans.get('fr_missing')})")
+        else:
+            entries = entries_of(state)[-recent:]
+            lines.append("  last collectives:" if entries else "  no collective recorded")
+            for e in entries:
+                state_word = "completed" if e.completed else (e.raw.get("state") or "scheduled")
+                lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
+                             f"group {e.pg}: {state_word}")
+        if ans.get("in_cell"):
+            lines.extend(_stack_lines("  stack (most recent call last):", ans.get("stack") or []))
+        else:
+            lines.append("  idle: not running a cell")
+        if ans.get("cuda_busy") is not None:
+            lines.append(f"  CUDA stream busy: {'yes' if ans['cuda_busy'] else 'no'}")
+        if all_threads:
+            for thread in ans.get("threads") or []:
+                lines.extend(_stack_lines(f"  thread {thread.get('name')}:", thread.get("stack") or []))
+    return lines
+
+
+def _stack_lines(head: str, stack: list[dict[str, Any]]) -> list[str]:
+    out = [head]
+    for frame in stack[-FRAMES:]:
+        out.append(f"    {frame_label(frame)}")
+        if frame.get("code"):
+            out.append(f"      {frame['code']}")
+    return out
+
+
+def report(verdict: Verdict, states: list[RankState], *, all_threads: bool = False) -> str:
+    """Verdict, then evidence: the text of ``%clorch why`` and of a failed cell's diagnosis."""
+    return "\n".join([verdict.sentence, *evidence(states, all_threads=all_threads)])

@@ -1,0 +1,72 @@
+"""Real gloo ranks (plain processes, no kernels) that hang on purpose; each answers the probe from
+a second thread while its main thread is blocked, exactly as a rank's control thread does, and
+hands the answer back as JSON. The analysis tests run on these recorded answers."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+
+#: Seconds the probe thread waits before reading: every rank is where the scenario leaves it.
+SETTLE_S = 1.5
+
+
+def load_batch() -> None:
+    time.sleep(4)
+
+
+def scenario(name: str, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1024)
+    dist.all_reduce(t)                       # #2: every rank (the group's barrier is #1)
+    if name == "skip":                        # rank 1 skips all_reduce #3 and loads a batch
+        if rank == 1:
+            load_batch()
+        else:
+            dist.all_reduce(t)
+    elif name == "mismatch":                  # broadcast #3 with a different size on rank 1
+        dist.broadcast(torch.ones(4 if rank == 0 else 8), 0)
+        if rank == 0:                         # #4: all_reduce on rank 0, broadcast on rank 1
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(4), 0)
+    elif name == "compute":                   # nothing pending: every rank computes
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            sum(range(1000))
+
+
+def main() -> None:
+    name, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    from clorch_repl.diagnosis import probe, record
+
+    record.enable()
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=datetime.timedelta(seconds=4))
+    dist.barrier()
+
+    def answer() -> None:
+        time.sleep(SETTLE_S)
+        with open(out + ".tmp", "w") as fh:
+            json.dump(probe.answer({}), fh)
+        os.replace(out + ".tmp", out)
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        scenario(name, rank)
+    except RuntimeError:
+        pass  # the group's timeout ends the ranks that waited; the answer is already written
+    time.sleep(max(0.0, SETTLE_S + 0.5))
+    os._exit(0)  # gloo's teardown of a timed-out group can block; nothing is left to flush
+
+
+if __name__ == "__main__":
+    main()
