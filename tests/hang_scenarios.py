@@ -70,3 +70,21 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------ launch() job targets
+def job_skips_barrier(ctx: dict) -> None:
+    """A launch() main: rank 1 skips the barrier and sits in its data loading."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(16))
+    if ctx["rank"] == 1:
+        load_batch_forever()
+    else:
+        dist.barrier()
+
+
+def load_batch_forever() -> None:
+    while True:
+        time.sleep(0.2)

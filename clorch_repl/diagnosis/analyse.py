@@ -147,7 +147,11 @@ def where(state: RankState) -> str:
     if not ans.get("in_cell"):
         return "is not running a cell"
     user = [f for f in stack if not f.get("library")]
-    text = "is at " + (frame_label(user[-1]) if user else frame_label(stack[-1]) if stack else "an unknown line")
+    if not user:
+        # Only library frames under run_code: IPython showing the cell's traceback, for example.
+        inner = f" ({frame_label(stack[-1])})" if stack else ""
+        return f"is in library code outside its cell's lines{inner}"
+    text = "is at " + frame_label(user[-1])
     if stack and stack[-1].get("library") and user:
         inner = stack[-1]
         text += f", inside {inner['function']}() ({_short(inner['file'])}:{inner['line']})"
@@ -320,6 +324,21 @@ def _pending_elsewhere(state: RankState, pg: str) -> str | None:
 
 
 def _no_collective(states: list[RankState]) -> Verdict:
+    dead = [s for s in states if s.dead is not None]
+    if dead:
+        # A dead peer ends gloo's collectives at once (they fail on the survivors), so nothing is
+        # pending any more: name the death, and the last collective the survivors entered.
+        parts = [f"rank {s.rank} died ({s.dead})" for s in dead]
+        last: dict[tuple[str, int, str, str], list[int]] = {}
+        for state in states:
+            entries = entries_of(state)
+            if entries:
+                e = max(entries, key=lambda x: (int(x.raw.get("time_created_ns") or 0), x.seq))
+                last.setdefault((e.pg, e.seq, e.op, e.tensors), []).append(state.rank)
+        for (pg, seq, op, tensors), ranks in last.items():
+            what = f"{op} #{seq} ({tensors + ', ' if tensors else ''}{group_label(pg, states)})"
+            parts.append(f"the last collective of {_ranks_word(ranks)} was {what}")
+        return Verdict(sentence="; ".join(parts), hang=False)
     parts = []
     for state in states:
         text = where(state)

@@ -46,6 +46,10 @@ def run(spec_path: str) -> int:
             shutil.rmtree(spec["dir"], ignore_errors=True)
         end_own_group()
 
+    from ..diagnosis import jobs as hang, record
+
+    record.enable()  # before the process group exists: torch reads it then
+    hang.serve(spec["dir"], int(os.environ["RANK"]))  # before any thread starts: it sets the signal mask
     watch_parent(int(spec["parent_pid"]), orphaned)
     faulthandler.enable()  # a native crash still leaves a Python traceback in the log
     rank = int(os.environ["RANK"])

@@ -272,10 +272,27 @@ class Job:
                         self._message = (f"timed out after {self.timeout_s:g} s (timeout_ms="
                                          f"{int(self.timeout_s * 1000)}); {_ranks_phrase(live)} still running "
                                          "and stopped; raise timeout_ms if the work needs longer")
-                    if self._reason is not None:
+                    if self._reason == "timed_out":  # say why it hung, then stop it
+                        threading.Thread(target=self._explain_then_stop, args=(live,), daemon=True).start()
+                    elif self._reason is not None:
                         threading.Thread(target=self._stop_ranks, args=(self.grace_s,), daemon=True).start()
             if deadline is not None and self._reason is not None:
                 deadline = None
+
+    def _explain_then_stop(self, live: list[int]) -> None:
+        """Ask the ranks still running where they are (issue 9's verdict) before stopping them."""
+        from ..diagnosis.jobs import explain
+
+        try:
+            with self._lock:
+                pids = {r: self._procs[r].pid for r in live if self._procs[r] is not None}
+                exits = {r: describe_exit(c) for r, c in enumerate(self._exit_codes) if c is not None}
+            text = explain(self.dir, pids, exits)
+            if text:
+                with self._lock:
+                    self._message = f"{self._message}\nwhy: {text}"
+        finally:
+            self._stop_ranks(self.grace_s)
 
     def _stop_ranks(self, grace_s: float, wait: bool = False) -> None:
         with self._lock:

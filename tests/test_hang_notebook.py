@@ -1,0 +1,139 @@
+"""Hang diagnosis in a real notebook kernel (jupyter_client, as JupyterLab drives it) with real
+2- and 3-rank gloo sessions: the live notice, the failure reports and ``%clorch why`` must name
+the op, its sequence number, the ranks and the line where each rank is.
+
+Sequence numbers: the session's own barrier when the group forms is collective #1, so the first
+collective of the first cell is #2 (torch numbers them the same way in its own tools).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import pytest
+
+from notebook_kernel import NotebookKernel
+
+NOTICE = "clorch: no progress on any rank; "
+
+
+def start(nproc: int, pg_timeout: int, notice: float) -> NotebookKernel:
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run(f"%clorch start --nproc {nproc} --timeout {pg_timeout} --hang-notice {notice:g}")
+        assert reply.status == "ok", reply.text
+    except BaseException:
+        kernel.shutdown()
+        raise
+    return kernel
+
+
+@pytest.fixture()
+def nb2() -> Iterator[NotebookKernel]:
+    kernel = start(2, pg_timeout=60, notice=3)
+    try:
+        yield kernel
+    finally:
+        kernel.shutdown()
+
+
+def notice_of(text: str) -> list[str]:
+    return [line[len(NOTICE):] for line in text.splitlines() if line.startswith(NOTICE)]
+
+
+def test_a_rank_that_skips_an_all_reduce_is_named_live_with_its_line() -> None:
+    nb = start(3, pg_timeout=12, notice=3)
+    try:
+        code = ("%%distributed\nimport time, torch, torch.distributed as dist\n"
+                "def load_batch():\n"
+                "    time.sleep(14)\n"
+                "t = torch.ones(1024)\n"
+                "if rank == 1:\n    load_batch()\nelse:\n    dist.all_reduce(t)\n")
+        reply = nb.run(code, timeout=90)
+        notices = notice_of(reply.text)
+        assert len(notices) == 1, reply.text  # once, not every few seconds
+        assert re.fullmatch(r"all_reduce #2 \(float32\[1024\], default group\): ranks 0, 2 wait in it; "
+                            r"rank 1 never called it and is at Cell In\[\d+\], line 3 in load_batch\(\)",
+                            notices[0]), notices[0]
+        # The ranks that waited raised the group's timeout error; the cell ended by itself.
+        assert reply.status == "error"
+    finally:
+        nb.shutdown()
+
+
+def test_a_sleeping_rank_and_a_barrier_then_why_after_the_interrupt(nb2: NotebookKernel) -> None:
+    msg_id = nb2.send("%%distributed\nimport time, torch.distributed as dist\nprint('in', flush=True)\n"
+                      "if rank == 1:\n    time.sleep(60)\nelse:\n    dist.barrier()\n")
+    nb2.wait_for_output(msg_id, NOTICE, timeout=40)
+    nb2.km.interrupt_kernel()  # Kernel > Interrupt: rank 1 leaves its sleep, rank 0 stays in C++
+    reply = nb2.collect(msg_id, timeout=60)
+    live = notice_of(reply.text)
+    assert len(live) == 1
+    assert re.fullmatch(r"barrier #2 \(default group\): rank 0 waits in it; rank 1 never called it "
+                        r"and is at Cell In\[\d+\], line 4 in <module>", live[0]), live[0]
+    # The report of the rank that did not survive the interrupt carries the same verdict.
+    assert "Why: " + live[0] in reply.text.replace("\x1b[1m", "").replace("\x1b[0m", "")
+    assert "rank 0 did not return" in reply.text
+
+    why = nb2.run("%clorch why")
+    assert why.status == "ok"
+    lines = why.text.splitlines()
+    assert lines[0] == ("barrier #2 (default group): rank 0 waits in it; rank 1 never called it and is "
+                        "not running a cell")
+    assert "    barrier #2 (no tensor) group 0: scheduled" in lines
+    assert "    barrier #1 (no tensor) group 0: completed" in lines
+    assert "      dist.barrier()" in lines  # rank 0's stack, with the cell's line
+    assert "  idle: not running a cell" in lines  # rank 1
+
+    one = nb2.run("%clorch why --rank 1").text
+    assert "---- rank 1 ----" in one and "---- rank 0 ----" not in one
+    threads = nb2.run("%clorch why --rank 0 --all-threads").text
+    assert re.search(r"^  thread .+:$", threads, re.M), threads
+    bad = nb2.run("%clorch why --rank 5")
+    assert bad.status == "error" and "rank" in bad.text
+
+
+def test_a_rank_that_dies_while_the_other_waits(nb2: NotebookKernel) -> None:
+    reply = nb2.run("%%distributed\nimport os, torch, torch.distributed as dist\n"
+                    "if rank == 1:\n    os._exit(3)\ndist.all_reduce(torch.ones(8))\n", timeout=90)
+    assert reply.status == "error"
+    text = reply.text.replace("\x1b[1m", "").replace("\x1b[0m", "")
+    # gloo fails the survivor's all_reduce as soon as the peer's socket closes, so by the time the
+    # death is seen nothing is pending; the verdict names the death and what rank 0 was in.
+    assert ("Why: rank 1 died (exit code 3); the last collective of rank 0 was all_reduce #2 "
+            "(float32[8], default group)" in text), text
+
+
+def test_an_op_mismatch_is_named_live(nb2: NotebookKernel) -> None:
+    msg_id = nb2.send("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(4)\n"
+                      "if rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.broadcast(t, 0)\n")
+    nb2.wait_for_output(msg_id, NOTICE, timeout=40)
+    nb2.km.interrupt_kernel()
+    reply = nb2.collect(msg_id, timeout=60)
+    assert notice_of(reply.text) == ["collective #2 (default group): rank 0 called all_reduce(float32[4]), "
+                                     "rank 1 called broadcast(float32[4]); ranks 0, 1 wait in it"]
+
+
+def test_computing_and_busy_collectives_get_no_notice() -> None:
+    nb = start(2, pg_timeout=60, notice=2)
+    try:
+        # 6 s without output: first many small collectives, each finishing, then pure Python work.
+        reply = nb.run("%%distributed\nimport time, torch, torch.distributed as dist\n"
+                       "end = time.monotonic() + 3\nn = 0\n"
+                       "while True:\n"
+                       "    t = torch.tensor([float(time.monotonic() >= end)])\n"
+                       "    dist.all_reduce(t)\n    n += 1\n"
+                       "    if t.item() > 0:\n        break\n"
+                       "end = time.monotonic() + 3\n"
+                       "while time.monotonic() < end:\n    sum(range(1000))\n"
+                       "print('done', n > 10)\n", timeout=90)
+        assert reply.status == "ok", reply.text
+        assert "done True" in reply.text
+        assert NOTICE not in reply.text
+        why = nb.run("%clorch why").text
+        assert why.startswith("no collective is pending: rank 0 is not running a cell; "
+                              "rank 1 is not running a cell"), why
+    finally:
+        nb.shutdown()
