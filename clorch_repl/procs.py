@@ -40,22 +40,59 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-def tail_bytes(fh: Any, lines: int | None, block: int = 65536) -> bytes:
-    """The last ``lines`` lines of a binary file (all of it with None), read from the end: a log
-    full of NCCL debug output can be gigabytes."""
+#: How far back from the end of a log :func:`tail_bytes` reads at most. A log's last line can be
+#: endless (a progress bar rewritten with ``\r`` and never ended, or 64 MB without a newline);
+#: reading further back would make ``%clorch logs`` and the report of a dead rank wait on it.
+TAIL_MAX_BYTES = 4 * 1024 * 1024
+
+
+def tail_bytes(fh: Any, lines: int | None, block: int = 65536, max_bytes: int = TAIL_MAX_BYTES) -> bytes:
+    """The last ``lines`` lines of a binary file (all of it with None), as a terminal would show them.
+
+    Read from the end in blocks, counting newlines in each new block only (linear in what is
+    read), and never more than ``max_bytes`` back: when that is not enough for ``lines`` lines,
+    what was read is returned after one line saying so. A line rewritten with carriage returns
+    (a progress bar) counts once and shows its last state, as it did on a terminal; ``\r\n``
+    is an ordinary line end.
+    """
     if lines is None:
-        return fh.read()
+        return collapse_carriage_returns(fh.read())
     if lines <= 0:
         return b""
     fh.seek(0, os.SEEK_END)
-    pos = fh.tell()
-    data = b""
-    while pos > 0 and data.count(b"\n") <= lines:
-        step = min(block, pos)
+    end = pos = fh.tell()
+    blocks: list[bytes] = []
+    newlines = 0
+    while pos > 0 and newlines <= lines and end - pos < max_bytes:
+        step = min(block, pos, max_bytes - (end - pos))
         pos -= step
         fh.seek(pos)
-        data = fh.read(step) + data
-    return b"".join(data.splitlines(keepends=True)[-lines:])
+        chunk = fh.read(step)
+        newlines += chunk.count(b"\n")
+        blocks.append(chunk)
+    data = b"".join(reversed(blocks))
+    ends = data.endswith(b"\n")
+    parts = (data[:-1] if ends else data).split(b"\n")  # not splitlines: a lone \r ends no line
+    kept = b"\n".join(parts[-lines:]) + (b"\n" if ends else b"")
+    note = b""
+    if pos > 0 and newlines < lines:
+        note = (f"[clorch_repl: only the last {max_bytes // (1024 * 1024)} MiB of this log were read; "
+                f"its start is in the file itself]\n").encode()
+    return note + collapse_carriage_returns(kept)
+
+
+def collapse_carriage_returns(data: bytes) -> bytes:
+    """Each line as its last ``\r`` rewrite left it (``\r\n`` ends a line like ``\n``)."""
+    if b"\r" not in data:
+        return data
+    out = []
+    for line in data.split(b"\n"):
+        if line.endswith(b"\r"):
+            line = line.rstrip(b"\r")
+        if b"\r" in line:
+            line = next((seg for seg in reversed(line.split(b"\r")) if seg), b"")
+        out.append(line)
+    return b"\n".join(out)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -107,6 +144,19 @@ def terminate_tree(pid: int, grace_s: float = 5.0, *, pgid: int | None = None,
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5.0)
+
+
+def kill_tree(pid: int, tree: list[psutil.Process]) -> None:
+    """SIGKILL the process group ``pid`` leads (a process started in a session of its own) and
+    every process of ``tree`` (collected earlier, e.g. by :func:`process_tree`) still running.
+    psutil refuses to signal a pid that was reused by another process since it was collected."""
+    if pid != os.getpgrp():
+        signal_group(pid, signal.SIGKILL)
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:

@@ -2,11 +2,18 @@
 
 This module owns process lifecycle only (the jupyter_client ``KernelManager`` of each rank, its
 environment, log file and pid). It never reads a message: channels belong to :mod:`.relay`.
+
+Each rank's kernelspec starts :mod:`.supervisor`, which starts the kernel as its child: the
+process jupyter_client knows (``RankProcess.pid``) is the supervisor, whose exit status mirrors
+the kernel's; ``RankProcess.kernel_pid`` is the rank's Python process itself (stack dumps,
+``%clorch status``, GPU memory). The supervisor is what ends everything a rank started, daemons
+included, when the rank is stopped or the notebook dies.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -21,10 +28,16 @@ from jupyter_client.kernelspec import KernelSpecManager
 from .. import procs
 from ..rendezvous import loopback_socket_env
 from ..topology import Topology
-from .worker import PARENT_ENV, SESSION_DIR_ENV, STACK_FILE_ENV
+from . import supervisor
+from .worker import STACK_FILE_ENV
+
+logger = logging.getLogger(__name__)
 
 KERNEL_NAME = "clorch-rank"
 STOP_GRACE_S = 5.0
+#: How long ranks get to leave after a shutdown request before they are sent SIGTERM (part of
+#: the one shared grace period of a stop, not added to it).
+SHUTDOWN_WAIT_S = 1.5
 
 
 @dataclass
@@ -36,13 +49,28 @@ class RankProcess:
     manager: KernelManager
     log_path: str
     stack_path: str
+    pid_path: str = ""
     started_at: float = field(default_factory=time.time)
     returncode: int | None = None
+    _kernel_pid: int | None = None
 
     @property
     def pid(self) -> int | None:
+        """The supervisor's pid: the process jupyter_client started and signals."""
         process = getattr(self.manager.provisioner, "process", None)
         return getattr(process, "pid", None)
+
+    @property
+    def kernel_pid(self) -> int | None:
+        """The rank's own Python process (the supervisor writes it into ``pid_path`` after the
+        fork, long before the kernel answers); None until it is known."""
+        if self._kernel_pid is None and self.pid_path:
+            try:
+                with open(self.pid_path) as fh:
+                    self._kernel_pid = int(fh.read().strip())
+            except (OSError, ValueError):
+                return None
+        return self._kernel_pid
 
     def poll(self) -> int | None:
         """The exit status once the process has ended (negative: killed by that signal)."""
@@ -109,8 +137,11 @@ class WorkerGroup:
     def _write_kernelspec(self) -> KernelSpecManager:
         spec_dir = os.path.join(self.dir, "kernels", KERNEL_NAME)
         os.makedirs(spec_dir, exist_ok=True)
+        # -I -S: the supervisor needs the standard library only, and starts in a few ms.
         spec = {
-            "argv": [sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
+            "argv": [sys.executable, "-I", "-S", supervisor.__file__, "--grace", str(STOP_GRACE_S),
+                     "--pid-file", "{connection_file}.pid", "--session-dir", self.dir, "--",
+                     sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
             "display_name": "clorch_repl rank",
             "language": "python",
             "interrupt_mode": "signal",
@@ -133,9 +164,7 @@ class WorkerGroup:
             "CUDA_VISIBLE_DEVICES": topo.visible_devices(rank),
             "CLORCH_DIST_BACKEND": topo.backend,
             "CLORCH_DIST_TIMEOUT_MS": str(int(topo.timeout_s * 1000)),
-            PARENT_ENV: str(os.getpid()),
             STACK_FILE_ENV: os.path.join(self.dir, f"rank{rank}.stack"),
-            SESSION_DIR_ENV: self.dir,
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             "PYTHONUNBUFFERED": "1",
         })
@@ -163,7 +192,8 @@ class WorkerGroup:
                                      cwd=os.getcwd())
             finally:
                 os.close(log_fd)
-            self.ranks.append(RankProcess(rank, self.topology.devices[rank], manager, log_path, stack_path))
+            self.ranks.append(RankProcess(rank, self.topology.devices[rank], manager, log_path, stack_path,
+                                          pid_path=os.path.realpath(manager.connection_file) + ".pid"))
 
     def dead(self) -> list[RankProcess]:
         return [r for r in self.ranks if not r.alive]
@@ -174,13 +204,13 @@ class WorkerGroup:
             if proc.alive:
                 try:
                     proc.manager.interrupt_kernel()
-                except Exception:
-                    pass
+                except Exception as exc:  # a rank dying right now: its death is reported elsewhere
+                    logger.debug("interrupting rank %d failed: %s", proc.rank, exc)
 
     def dump_stack(self, rank: int, wait_s: float = 0.5) -> str:
         """Where a rank's threads are right now, from its faulthandler (works while it is stuck in C)."""
         proc = self.ranks[rank]
-        pid = proc.pid
+        pid = proc.kernel_pid or proc.pid
         if pid is None or not proc.alive:
             return ""
         start = os.path.getsize(proc.stack_path)
@@ -215,33 +245,48 @@ class WorkerGroup:
         return "\n".join(trim_kernel_frames(report)[:lines])
 
     def stop(self, grace_s: float = STOP_GRACE_S, *, keep_dir: bool = False) -> list[int]:
-        """End every rank and its children, then remove the group's directory.
+        """End every rank and everything it started, then remove the group's directory.
 
-        Ranks get a shutdown request, then SIGTERM, then SIGKILL, each to the whole process group
-        (a rank's DataLoader workers go too). Returns the pids that were still running at the end,
-        which should be none. ``keep_dir`` keeps the logs (a restart appends to them).
+        All ranks are stopped at once, sharing one grace period (a stop costs one grace period,
+        not one per rank): a shutdown request to every kernel, up to :data:`SHUTDOWN_WAIT_S` for
+        them to leave, then SIGTERM to every supervisor that is still running (each passes it to
+        its kernel and every descendant, daemons included, and SIGKILLs them after its own
+        ``--grace``), and at ``grace_s`` SIGKILL to whatever is left of the supervisors, their
+        process groups and the process trees seen below them. Returns the pids that were still
+        running at the end, which should be none. ``keep_dir`` keeps the logs (a restart appends).
         """
-        pids = [p.pid for p in self.ranks if p.pid is not None]
+        start = time.monotonic()
+        sups = [p.pid for p in self.ranks if p.pid is not None]
+        kernels = [p.kernel_pid for p in self.ranks if p.kernel_pid is not None]
         for proc in self.ranks:
             if proc.alive:
                 try:
                     proc.manager.request_shutdown()
-                except Exception:
+                except Exception as exc:  # its channel is gone: SIGTERM follows anyway
+                    logger.debug("shutdown request to rank %d failed: %s", proc.rank, exc)
+        procs.wait_gone(kernels, timeout_s=min(grace_s, SHUTDOWN_WAIT_S))
+        trees = {pid: procs.process_tree(pid) for pid in sups}  # before anything re-parents
+        for pid in sups:
+            if procs.pid_running(pid):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
                     pass
-        procs.wait_gone(pids, timeout_s=min(grace_s, 2.0))
+        # The supervisors have their own grace (the same STOP_GRACE_S); give them a little more
+        # to finish their SIGKILLs before ours.
+        procs.wait_gone(sups, timeout_s=max(0.0, grace_s + 0.5 - (time.monotonic() - start)))
+        for pid, tree in trees.items():
+            procs.kill_tree(pid, tree)
         for proc in self.ranks:
-            if proc.pid is not None:
-                procs.terminate_tree(proc.pid, grace_s=grace_s, pgid=proc.pid,
-                                     is_gone=lambda p=proc: not p.alive)
-                proc.poll()
+            proc.poll()
             try:
                 proc.manager.cleanup_resources()
-            except Exception:
-                pass
-        left = procs.wait_gone(pids, timeout_s=grace_s)
+            except Exception as exc:  # leftover sockets or files of a dead kernel
+                logger.debug("cleaning up rank %d failed: %s", proc.rank, exc)
+        left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
         if not keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
-        return left
+        return sorted(set(left))
 
     def _select(self, ranks: list[int] | None) -> list[RankProcess]:
         return self.ranks if ranks is None else [self.ranks[r] for r in ranks]

@@ -1,15 +1,18 @@
 """Entry point of one rank's kernel process: ``python -m clorch_repl.session.worker -f CONN``.
 
-A rank is a plain ipykernel with three additions made before the kernel starts:
+The kernel is started by the rank's :mod:`.supervisor`, which ends it and everything it started
+when the notebook is gone or the rank is stopped. A rank is a plain ipykernel with these additions:
 
-* it ends itself and its process group as soon as the notebook process that started it is gone,
-  even when that process was SIGKILLed (no orphans holding GPUs), and removes the session's
-  private directory, which nobody else is left to remove;
 * ``SIGUSR1`` dumps the Python stack of every thread into the rank's stack file, from a C-level
   signal handler, so the notebook can show where a rank that ignores Ctrl-C is stuck (a hung
   collective blocks in C++ and never sees KeyboardInterrupt);
 * ``quiet=False`` echoes everything the rank prints to its real stdout/stderr, which the session
-  points at the rank's log file, so ``%clorch logs`` holds Python and native output alike.
+  points at the rank's log file, so ``%clorch logs`` holds Python and native output alike; a
+  cell's traceback (KeyboardInterrupt too) is written there as well, and ipykernel's start-up
+  banner ("To connect another client...") is not, since it is no output of the rank's;
+* ``\r`` progress updates are coalesced before they are published (see ``RankOutStream``);
+* a watchdog thread ends the kernel when its supervisor is gone (the supervisor itself needs no
+  GIL to end the kernel; this thread only covers a supervisor killed outright).
 
 The process group itself is initialised later by :mod:`clorch_repl.session.bootstrap`, through
 the kernel, so that its failures arrive as ordinary tracebacks.
@@ -19,80 +22,178 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import shutil
 import signal
 import sys
+import time
 
 from ..procs import end_own_group, watch_parent
 
-PARENT_ENV = "CLORCH_PARENT_PID"
 #: quiet=False: Python-level output is echoed to the process's stdout/stderr, i.e. the rank's log.
 #: capture_fd_output=False: native output (NCCL, C++ warnings) goes straight to the log, once.
 #: HistoryManager.enabled=False: no SQLite history database per rank; writing it cost a rank
 #: about 3 ms per cell here, more than the rest of a cell's round trip. In/Out still work.
-#: outstream_class: see RankOutStream. _execute_sleep=0: ipykernel sleeps 0.5 ms after every
-#: cell so that a client reading the shell reply first is less likely to miss late output; the
-#: relay waits for the idle status on iopub instead, which is ordered after all output.
+#: outstream_class: see RankOutStream; kernel_class: see RankKernel. _execute_sleep=0: ipykernel
+#: sleeps 0.5 ms after every cell so that a client reading the shell reply first is less likely
+#: to miss late output; the relay drains iopub for a moment after the reply instead.
 KERNEL_OPTIONS = ("--IPKernelApp.quiet=False", "--IPKernelApp.capture_fd_output=False",
                   "--HistoryManager.enabled=False",
                   "--IPKernelApp.outstream_class=clorch_repl.session.worker.RankOutStream",
+                  "--IPKernelApp.kernel_class=clorch_repl.session.worker.RankKernel",
                   "--IPythonKernel._execute_sleep=0",
-                  # ipykernel's own parent poller would os._exit before ours removes the session's
-                  # directory; ours does everything it did.
+                  # ipykernel's own parent poller would watch the supervisor; ours does.
                   "--IPKernelApp.parent_handle=0")
 STACK_FILE_ENV = "CLORCH_STACK_FILE"
-SESSION_DIR_ENV = "CLORCH_SESSION_DIR"
+#: A user's flush of a line that only rewrote the current line (``\r``) within this long of the
+#: last send is left to the stream's own timed flush (ipykernel's flush_interval, 0.2 s).
+COALESCE_S = 0.1
+#: True while a cell's code runs; outside it (the kernel's own flush at a cell's end) every
+#: flush is done, so nothing of a cell is published after the cell's idle status.
+_in_cell = False
 
 
 def _out_stream_class() -> type:
     from ipykernel.iostream import OutStream
 
     class RankOutStream(OutStream):
-        """ipykernel's stream, minus the flush of a stream nothing was written to.
+        """ipykernel's stream, minus work that a flood of output would multiply.
 
-        ipykernel flushes stdout and stderr around every cell, and each flush from the main thread
-        waits for two hops through the IOPub thread: over a millisecond per cell here, spent even
-        when the cell printed nothing. Skipping a clean stream's flush changes nothing else:
-        whatever was written before a flush is still sent by it.
+        * A flush of a stream nothing was written to is skipped: ipykernel flushes stdout and
+          stderr around every cell, and each flush from the main thread waits for two hops
+          through the IOPub thread, over a millisecond per cell here.
+        * ``\r`` progress updates are coalesced: a write whose last ``\r`` starts a rewrite of
+          the current line replaces what the buffer still holds of that line (the notebook shows
+          only a progress line's last state anyway), and while a cell runs, a user's flush of
+          nothing but such rewrites within :data:`COALESCE_S` of the last send is left to the
+          timed flush that every write schedules. A tqdm with ``mininterval=0`` then publishes
+          about ten messages a second instead of one per update: 300,000 flushed updates used
+          to be 300,000 iopub messages, past ZeroMQ's high-water mark, and the relay lost
+          messages. The rank's log still gets every write (the echo happens first).
         """
 
         _clean = False
+        _rewrite_only = False
+        _last_send = 0.0
 
         def write(self, string: str) -> int | None:
             self._clean = False
-            return super().write(string)
+            if not isinstance(string, str) or self.pub_thread is None or not self._is_master_process():
+                return super().write(string)  # its errors, and forked children, as ipykernel does them
+            p = string.rfind("\r")
+            if p < 0 or p + 1 == len(string) or "\n" in string[p:]:
+                self._rewrite_only = False
+                nl = string.rfind("\n")
+                with self._buffer_lock:
+                    key = frozenset(self.parent_header.items())
+                    result = super().write(string)
+                    if nl >= 0:
+                        buf = self._buffers[key]
+                        self._line_starts[key] = (buf, buf.tell() - (len(string) - nl - 1))
+                return result
+            if self.echo is not None:
+                try:
+                    self.echo.write(string)
+                except OSError as exc:
+                    print(f"Write failed: {exc}", file=sys.__stderr__)
+            with self._buffer_lock:
+                key = frozenset(self.parent_header.items())
+                buf = self._buffers[key]
+                nl = string.rfind("\n", 0, p)
+                if nl >= 0:
+                    buf.write(string[:nl + 1])  # lines it completes are kept
+                    self._rewrite_only = False
+                    start = buf.tell()
+                else:
+                    owner, start = self._line_starts.get(key, (None, 0))
+                    if owner is not buf:
+                        start = 0
+                buf.seek(start)
+                buf.truncate()
+                buf.write(string[p:])
+                self._line_starts[key] = (buf, start)
+            self._schedule_flush()
+            return len(string)
+
+        @property
+        def _line_starts(self) -> dict:
+            starts = self.__dict__.get("_clorch_line_starts")
+            if starts is None:
+                starts = self.__dict__["_clorch_line_starts"] = {}
+            return starts
+
+        def _flush(self) -> None:
+            super()._flush()
+            self._last_send = time.monotonic()
+            self._rewrite_only = True
 
         def flush(self) -> None:
             if self._clean:
                 return
+            if self._rewrite_only and _in_cell and time.monotonic() - self._last_send < COALESCE_S:
+                return  # a timed flush is scheduled (every write schedules one)
             self._clean = True
             super().flush()
 
     return RankOutStream
 
 
+def _kernel_class() -> type:
+    from ipykernel.ipkernel import IPythonKernel
+
+    class RankKernel(IPythonKernel):
+        """ipykernel's kernel, marking when a cell runs (for RankOutStream) and writing a failed
+        cell's traceback into the rank's log, where ipykernel writes only the iopub message."""
+
+        async def do_execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            global _in_cell
+            _in_cell = True
+            try:
+                reply = await super().do_execute(*args, **kwargs)
+            finally:
+                _in_cell = False
+            if isinstance(reply, dict) and reply.get("status") == "error":
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    text = "\n".join(reply.get("traceback") or [f"{reply.get('ename')}: {reply.get('evalue')}"])
+                    sys.__stderr__.write(text + "\n")
+                    sys.__stderr__.flush()
+                except (OSError, ValueError) as exc:  # the log is gone: nothing to write it to
+                    self.log.debug("could not write the traceback to the rank's log: %s", exc)
+            return reply
+
+    return RankKernel
+
+
+def _app_class() -> type:
+    from ipykernel.kernelapp import IPKernelApp
+
+    class RankKernelApp(IPKernelApp):
+        """No start-up banner in the rank's log: "To connect another client..." and the note on
+        Ctrl-C are ipykernel talking to a terminal user, and the log is the rank's output."""
+
+        def log_connection_info(self) -> None:
+            self.log.debug("connection file: %s", self.connection_file)
+            self._ports = dict(shell=self.shell_port, iopub=self.iopub_port, stdin=self.stdin_port,
+                               hb=self.hb_port, control=self.control_port)
+
+    return RankKernelApp
+
+
+_BUILDERS = {"RankOutStream": _out_stream_class, "RankKernel": _kernel_class, "RankKernelApp": _app_class}
+
+
 def __getattr__(name: str) -> type:
     # Built on first use: importing ipykernel here at module level would slow every import of
     # clorch_repl.session in the notebook's own process.
-    if name == "RankOutStream":
-        cls = _out_stream_class()
+    if name in _BUILDERS:
+        cls = _BUILDERS[name]()
         globals()[name] = cls
         return cls
     raise AttributeError(name)
 
 
-def _orphaned() -> None:
-    """The notebook is gone (killed, perhaps): nobody will stop us or clean up after us. Remove the
-    session's private directory (every rank tries; whoever is first wins) and end the group."""
-    session_dir = os.environ.get(SESSION_DIR_ENV)
-    if session_dir:
-        shutil.rmtree(session_dir, ignore_errors=True)
-    end_own_group()
-
-
 def main(argv: list[str] | None = None) -> None:
-    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
-    watch_parent(parent, _orphaned)
+    watch_parent(os.getppid(), end_own_group)  # the supervisor; see the module's docstring
     # A segfault or abort prints the Python stacks into the rank's log (fd 2), whose tail the
     # notebook shows when a rank dies mid-cell.
     faulthandler.enable(file=sys.__stderr__, all_threads=False)  # the crashing thread: short
@@ -101,10 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
 
-    from ipykernel.kernelapp import IPKernelApp
-
     args = list(sys.argv[1:] if argv is None else argv)
-    IPKernelApp.launch_instance(argv=[*args, *KERNEL_OPTIONS])
+    __getattr__("RankKernelApp").launch_instance(argv=[*args, *KERNEL_OPTIONS])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,227 @@
+"""A rank's supervisor: a tiny process between the notebook and one rank's kernel.
+
+    python -I -S .../supervisor.py --grace S [--pid-file PATH] [--session-dir DIR] -- CMD...
+
+Why it exists: the rank's kernel runs user code, which may hold the GIL for minutes
+(``sum(range(10**11))``), so no Python thread inside the kernel can be trusted to notice that
+the notebook died; and user code may start daemons that leave the kernel's process group and
+session (``setsid sh -c '...' &``), which no signal to that group reaches. The supervisor runs no
+user code, so it is always free to act, and it is a child subreaper (``PR_SET_CHILD_SUBREAPER``):
+every process the kernel starts that is orphaned, daemons included, is re-parented to it instead
+of to init. Everything a rank started is therefore always a descendant of its supervisor, and
+the supervisor ends all of it:
+
+* when the notebook (its parent) is gone, even after SIGKILL: it SIGKILLs the kernel and every
+  descendant at once (nobody is left to wait for a graceful end), removes the session's private
+  directory (``--session-dir``) and exits; it polls ``getppid`` every 0.1 s;
+* on SIGTERM (``%clorch stop``): SIGTERM to the kernel and every descendant, ``--grace`` seconds
+  for them to go, then SIGKILL to what is left;
+* when the kernel exits on its own (a shutdown request, ``os._exit``, a crash): what it left
+  behind gets SIGTERM and :data:`LEFTOVER_GRACE_S`, then SIGKILL.
+
+It then exits with the kernel's own status (re-raising the kernel's fatal signal on itself), so
+that the notebook, which only sees this process through jupyter_client, reports "killed by signal
+SIGKILL" or "exit code 3" exactly as if it had watched the kernel itself.
+
+Signals it passes on: SIGINT (Kernel > Interrupt) reaches the kernel directly, because
+jupyter_client signals the whole process group and the kernel stays in the supervisor's group; the
+supervisor itself blocks SIGINT. SIGUSR1 (the stack dump of a stuck rank) and SIGUSR2 sent to the
+supervisor's pid are forwarded to the kernel, so the rank's pid as jupyter_client knows it keeps
+working for them.
+
+It is started with ``python -I -S`` and imports only the standard library, so it costs a few
+milliseconds at start and about nothing afterwards. It is built to grow into the per-host nanny
+of multi-host sessions (it already owns the rank's whole process tree and its exit status); it
+does not talk to anything over a network today.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+#: How often the parent (the notebook) is checked while nothing else happens.
+POLL_S = 0.1
+#: When the kernel ended on its own: how long what it left behind gets after SIGTERM.
+LEFTOVER_GRACE_S = 1.0
+_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children_map() -> dict[int, list[int]]:
+    """ppid -> pids of every process on the host (from /proc; no psutil in here)."""
+    tree: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; split after its end.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and fields[0] != b"Z":
+            tree.setdefault(int(fields[1]), []).append(int(name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live (non-zombie) process below ``pid``."""
+    tree = _children_map()
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in tree.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Supervisor:
+    def __init__(self, cmd: list[str], grace_s: float, pid_file: str | None, session_dir: str | None) -> None:
+        self.cmd = cmd
+        self.grace_s = grace_s
+        self.pid_file = pid_file
+        self.session_dir = session_dir
+        self.parent = os.getppid()
+        self.kernel_pid = 0
+        self.kernel_status: int | None = None  # raw wait status
+
+    def start(self) -> None:
+        pid = os.fork()
+        if pid == 0:  # the kernel: default signal mask and handlers, same process group
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, set())
+                os.execvp(self.cmd[0], self.cmd)
+            finally:
+                os._exit(127)
+        self.kernel_pid = pid
+        if self.pid_file:
+            tmp = f"{self.pid_file}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(str(pid))
+            os.replace(tmp, self.pid_file)
+
+    def _reap(self) -> None:
+        """Collect every exited child (the kernel, and orphans re-parented to us)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.kernel_pid:
+                self.kernel_status = status
+
+    def run(self) -> int:
+        """Wait for the kernel to end, a stop, or the notebook's death; end everything; exit code."""
+        reason = "kernel"
+        while self.kernel_status is None:
+            info = signal.sigtimedwait(_HANDLED, POLL_S)
+            if info is not None:
+                if info.si_signo in (signal.SIGUSR1, signal.SIGUSR2):
+                    _signal_all([self.kernel_pid], info.si_signo)
+                elif info.si_signo in (signal.SIGTERM, signal.SIGHUP):
+                    reason = "stop"
+                    break
+            self._reap()
+            if os.getppid() != self.parent:
+                reason = "orphaned"
+                break
+        if reason == "orphaned":
+            self._end_all(0.0)
+            if self.session_dir:
+                shutil.rmtree(self.session_dir, ignore_errors=True)
+        else:
+            self._end_all(self.grace_s if reason == "stop" else LEFTOVER_GRACE_S)
+        return self._exit()
+
+    def _end_all(self, grace_s: float) -> None:
+        """SIGTERM (or, with no grace, SIGKILL) the kernel and every descendant, wait up to
+        ``grace_s`` for them to go, SIGKILL what is left; repeat until nothing is left, since a
+        process may fork while it is being ended."""
+        me = os.getpid()
+        first = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
+        _signal_all(descendants(me), first)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._reap()
+            if not descendants(me):
+                break
+            signal.sigtimedwait([signal.SIGCHLD], 0.05)
+        for _ in range(100):
+            left = descendants(me)
+            self._reap()
+            if not left:
+                break
+            _signal_all(left, signal.SIGKILL)
+            signal.sigtimedwait([signal.SIGCHLD], 0.02)
+        self._reap()
+
+    def _exit(self) -> int:
+        status = self.kernel_status
+        if status is None:
+            return 1
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            os.kill(os.getpid(), sig)
+            time.sleep(1)  # the signal ends us; only an uncatchable-by-default one returns here
+            return 128 + sig
+        return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+def main(argv: list[str]) -> int:
+    grace_s, pid_file, session_dir = 5.0, None, None
+    try:
+        split = argv.index("--")
+    except ValueError:
+        sys.stderr.write("clorch supervisor: usage: supervisor.py [--grace S] [--pid-file P] "
+                         "[--session-dir D] -- CMD...\n")
+        return 2
+    opts, cmd = argv[:split], argv[split + 1:]
+    for key, value in zip(opts[::2], opts[1::2]):
+        if key == "--grace":
+            grace_s = float(value)
+        elif key == "--pid-file":
+            pid_file = value
+        elif key == "--session-dir":
+            session_dir = value
+    if not cmd:
+        sys.stderr.write("clorch supervisor: no command to run\n")
+        return 2
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    if not _subreaper():
+        sys.stderr.write("clorch supervisor: PR_SET_CHILD_SUBREAPER unavailable; daemons a rank "
+                         "starts may outlive it\n")
+    sup = Supervisor(cmd, grace_s, pid_file, session_dir)
+    sup.start()
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
