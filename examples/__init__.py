@@ -1,1 +1,1 @@
-"""Runnable examples; ``examples.distributed_training`` is importable by launched ranks."""
+"""Runnable examples from the repository; their code lives in :mod:`clorch_repl.examples`."""

@@ -6,7 +6,7 @@ import pytest
 
 from clorch_repl.distributed.checkpoint import read_checkpoint_metadata
 from clorch_repl.errors import ConfigError
-from examples.distributed_training import TrainingResult, run_local
+from clorch_repl.examples.distributed_training import TrainingResult, run_local
 
 
 def test_run_local_trains_and_checkpoints(tmp_path) -> None:
@@ -47,3 +47,22 @@ def test_bad_options_are_refused_before_launching() -> None:
         run_local([0], accumulation=0)
     with pytest.raises(ConfigError, match="unknown training option"):
         run_local([0], bogus=1)
+
+
+def test_the_script_runs_from_anywhere(tmp_path) -> None:
+    """``python examples/distributed_training.py`` from another folder, with the repository off
+    PYTHONPATH: the script and the launched ranks import the example from the installed package."""
+    import os
+    import subprocess
+    import sys
+
+    from test_notebooks_training import ROOT, env_without_repository
+
+    checkpoint = tmp_path / "script.pt"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "distributed_training.py"),
+                           "--devices", "0,1", "--epochs", "1", "--sample-count", "256",
+                           "--checkpoint-path", str(checkpoint)],
+                          cwd=tmp_path, env=env_without_repository(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 1: epoch 1/1" in done.stdout and f"checkpoint at {checkpoint}" in done.stdout
+    assert checkpoint.exists()

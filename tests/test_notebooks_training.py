@@ -1,25 +1,46 @@
-"""nbclient executes notebooks/distributed_training.ipynb in a real notebook kernel."""
+"""nbclient executes notebooks/distributed_training.ipynb in a real notebook kernel started where a
+user's would be: in notebooks/ (as JupyterLab starts it), in the repository's root, and on a copy
+elsewhere. The repository is taken off PYTHONPATH, so the notebook finds what it imports through
+the installed package alone."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 from notebook_kernel import cell_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(ROOT, "notebooks", "distributed_training.ipynb")
 
 
-def test_training_notebook_trains_checkpoints_and_resumes() -> None:
+def env_without_repository() -> dict[str, str]:
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.pop("CLORCH_NPROC", None)
+    return env
+
+
+@pytest.mark.parametrize("where", ["notebooks", "root", "copy"])
+def test_training_notebook_trains_checkpoints_and_resumes(where: str, tmp_path) -> None:
     stale = os.path.join(tempfile.gettempdir(), "clorch-notebook-ddp.pt")
     if os.path.exists(stale):
         os.unlink(stale)
-    nb = nbformat.read(os.path.join(ROOT, "notebooks", "distributed_training.ipynb"), as_version=4)
+    path, cwd = NOTEBOOK, os.path.dirname(NOTEBOOK)
+    if where == "root":
+        cwd = ROOT
+    elif where == "copy":
+        path = shutil.copy(NOTEBOOK, tmp_path / "training.ipynb")
+        cwd = str(tmp_path)
+    nb = nbformat.read(path, as_version=4)
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+        NotebookClient(nb, timeout=300, kernel_name="python3").execute(cwd=cwd, env=env_without_repository())
     finally:
         if os.path.exists(stale):
             os.unlink(stale)  # the notebook's checkpoint: leave nothing behind in /tmp
