@@ -21,11 +21,11 @@ from ..session.display import DistributedCellError, NotebookDisplay
 from ..session.session import Session, StartupError
 from ..topology import parse_timeout, resolve_topology
 from . import views
-from .arguments import (argument, magic_arguments, parse, parse_ranks, ranks_option, tail_option,
-                        timeout_option, topology_options)
+from .arguments import (argument, magic_arguments, max_mb_option, parse, parse_max_mb, parse_ranks, ranks_option,
+                        tail_option, timeout_option, topology_options)
 
 NPROC_ENV = "CLORCH_NPROC"  # the default number of ranks of %clorch start, when set
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs")
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "pull", "push")
 
 
 @contextlib.contextmanager
@@ -204,11 +204,48 @@ class ClorchMagics(Magics):
                          st.message or "-"])
         display(views.table_bundle(header, body), raw=True)
 
+    @magic_arguments(name="clorch pull")
+    @argument("name", help="the variable to fetch from each rank")
+    @ranks_option
+    @max_mb_option
+    def _pull(self, line: str) -> None:
+        """Put {rank: NAME on that rank} into the notebook as NAME (tensors on the CPU)."""
+        args = parse(self._pull, line)
+        if args is None:
+            return
+        from ..session import transfer
+
+        name = transfer.check_name(args.name)
+        got = transfer.pull(self._session(), name, parse_ranks(args.ranks), parse_max_mb(args.max_mb))
+        self.shell.user_ns[name] = got
+
+    @magic_arguments(name="clorch push")
+    @argument("name", help="the notebook variable to send to each rank")
+    @ranks_option
+    @max_mb_option
+    def _push(self, line: str) -> None:
+        """Send the notebook's NAME to every rank (or --ranks), into each rank's namespace."""
+        args = parse(self._push, line)
+        if args is None:
+            return
+        from ..session import transfer
+
+        name = transfer.check_name(args.name)
+        if name not in self.shell.user_ns:
+            raise ClorchError(f"name {name!r} is not defined in the notebook")
+        transfer.push(self._session(), name, self.shell.user_ns[name], parse_ranks(args.ranks),
+                      parse_max_mb(args.max_mb))
+
     # -------------------------------------------------------------------------- %%distributed
     @cell_magic
     @magic_arguments(name="%distributed")
     @ranks_option
     @timeout_option
+    @argument("--no-merge", action="store_true", dest="no_merge",
+              help="show every rank's copy of identical output (merged into one [ranks 0-1] line by default)")
+    @argument("--gather", metavar="NAME", default=None,
+              help="put {rank: the cell's last expression on that rank} into the notebook as NAME")
+    @max_mb_option
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank (or --ranks), streaming each rank's output labelled.
 
@@ -221,6 +258,18 @@ class ClorchMagics(Magics):
         with user_errors():
             timeout = parse_timeout(args.timeout, "--timeout")
             ranks = parse_ranks(args.ranks)
-            outcome = self._session().run(cell, ranks, timeout, NotebookDisplay())
+            from ..session import transfer
+
+            gather = None if args.gather is None else transfer.check_name(args.gather, "--gather")
+            limit = parse_max_mb(args.max_mb)
+            session = self._session()
+            count = transfer.notebook_cell_number(self.shell)
+            transfer.number_cells(session, ranks, count)
+            chosen = tuple(range(session.topology.nproc)) if ranks is None else tuple(ranks)
+            outcome = session.run(cell, ranks, timeout, NotebookDisplay(chosen, merge=not args.no_merge))
+            transfer.cell_ran(session, outcome, count)
+            if outcome.ok and gather is not None:
+                self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,
+                                                           what=f"--gather {gather}")
         if not outcome.ok:
-            raise DistributedCellError(outcome, timeout)
+            raise DistributedCellError(outcome, timeout, merge=not args.no_merge)
