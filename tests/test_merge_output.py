@@ -174,3 +174,65 @@ def test_different_tracebacks_stay_per_rank() -> None:
                                  1: _error(1, "ValueError", ["ValueError: b"])})
     text = "\n".join(DistributedCellError(outcome)._render_traceback_())
     assert "---- rank 0 ----" in text and "---- rank 1 ----" in text and "ranks 0-1" not in text
+
+
+# ------------------------------------------------------- through a real notebook kernel and ranks
+@pytest.fixture(scope="module")
+def nb() -> Any:
+    from notebook_kernel import NotebookKernel
+
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run("%clorch start --nproc 2")
+        assert reply.status == "ok", reply.text
+        yield kernel
+        assert kernel.run("%clorch stop").status == "ok"
+    finally:
+        kernel.shutdown()
+
+
+def stdout_of(reply: Any) -> str:
+    return "".join(m["content"]["text"] for m in reply.outputs
+                   if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+
+
+def test_kernel_same_line_on_both_ranks_is_one_merged_line(nb: Any) -> None:
+    reply = nb.run("%%distributed\nprint('hello from every rank')\nprint('I am rank', rank)")
+    assert reply.status == "ok", reply.text
+    text = stdout_of(reply)
+    assert text.count("hello from every rank") == 1 and "[ranks 0-1] hello from every rank\n" in text
+    assert "[rank 0] I am rank 0\n" in text and "[rank 1] I am rank 1\n" in text
+
+
+def test_kernel_no_merge_keeps_each_ranks_copy(nb: Any) -> None:
+    reply = nb.run("%%distributed --no-merge\nprint('copy')")
+    assert reply.status == "ok", reply.text
+    assert "[rank 0] copy\n" in stdout_of(reply) and "[rank 1] copy\n" in stdout_of(reply)
+
+
+def test_kernel_identical_value_shown_once(nb: Any) -> None:
+    reply = nb.run("%%distributed\n6 * 7")
+    shown = [m["content"]["data"]["text/plain"] for m in reply.outputs if m["msg_type"] == "display_data"]
+    assert shown == ["[ranks 0-1] 42"]
+
+
+def test_kernel_interrupt_shows_one_keyboardinterrupt_numbered_like_the_notebook(nb: Any) -> None:
+    for _ in range(3):  # local cells: the notebook's count runs ahead of the ranks' own
+        assert nb.run("x = 1").status == "ok"
+    msg_id = nb.send("%%distributed\nimport time\nprint('spinning', flush=True)\nwhile True: time.sleep(0.01)")
+    nb.wait_for_output(msg_id, "spinning")  # merged: one line for both ranks
+    time.sleep(0.3)  # both ranks are in the loop (the merged line needed both)
+    nb.km.interrupt_kernel()  # what Kernel > Interrupt does
+    reply = nb.collect(msg_id, timeout=60)
+    assert reply.status == "error"
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", reply.text)
+    assert plain.count("---- ranks 0-1 ----") == 1 and "---- rank 0 ----" not in plain
+    assert plain.count("Traceback (most recent call last)") == 1
+    cells = nb.run("print('CELL', [i for i, c in enumerate(In) if 'spinning' in c][0])")
+    count = int(re.search(r"CELL (\d+)", cells.text).group(1))
+    assert f"Cell In[{count}], line 3" in plain, plain
+    after = nb.run("%%distributed\nraise ValueError(f'bad {rank}')")
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", after.text)
+    assert f"Cell In[{count + 2}], line 1" in plain  # numbered again after the local cell between
+    assert "---- rank 0 ----" in plain and "---- rank 1 ----" in plain  # different errors: per rank

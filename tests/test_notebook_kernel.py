@@ -39,14 +39,15 @@ def rank_pids(nb: NotebookKernel) -> list[int]:
 
 def test_kernel_interrupt_interrupts_every_rank(nb: NotebookKernel) -> None:
     msg_id = nb.send("%%distributed\nprint('spinning', flush=True)\nwhile True:\n    pass")
-    nb.wait_for_output(msg_id, "spinning", count=2)  # both ranks are in the loop
+    nb.wait_for_output(msg_id, "[ranks 0-1] spinning")  # merged: both ranks are in the loop
     nb.km.interrupt_kernel()  # what Kernel > Interrupt does
     reply = nb.collect(msg_id, timeout=60)
     assert reply.status == "error"
-    for r in (0, 1):
-        assert f"[rank {r}] spinning" in reply.text
-        assert f"---- rank {r} ----" in reply.text
-    assert reply.text.count("KeyboardInterrupt") >= 2
+    assert reply.text.count("] spinning") == 1  # identical output of both ranks is shown once
+    # identical KeyboardInterrupt tracebacks are shown once; if the ranks stopped on different
+    # lines of the loop, each rank's own
+    assert "---- ranks 0-1 ----" in reply.text or all(f"---- rank {r} ----" in reply.text for r in (0, 1))
+    assert "KeyboardInterrupt" in reply.text
     after = nb.run("%%distributed\nprint('back', rank)")
     assert after.status == "ok" and "[rank 1] back 1" in after.text
 
@@ -58,7 +59,7 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
             "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(600)\n"
             "dist.barrier()")
     msg_id = nb.send(code)
-    nb.wait_for_output(msg_id, "in\n", count=2)
+    nb.wait_for_output(msg_id, "[ranks 0-1] in\n")  # merged: both ranks printed it
     time.sleep(0.5)  # rank 0 reaches the barrier, rank 1 its sleep
     nb.km.interrupt_kernel()
     reply = nb.collect(msg_id, timeout=60)
@@ -81,7 +82,7 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert restarted.status == "ok", restarted.text
     ok = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
                 "dist.all_reduce(t)\nprint('sum', t.item())")
-    assert ok.status == "ok" and "[rank 0] sum 2.0" in ok.text
+    assert ok.status == "ok" and "[ranks 0-1] sum 2.0" in ok.text
 
 
 def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel) -> None:

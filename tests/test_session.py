@@ -22,7 +22,13 @@ def run(ip: Any, code: str, line: str = "") -> tuple[Any, Any]:
 
 
 def lines_of(text: str, rank: int) -> list[str]:
-    return [m.group(1) for m in re.finditer(rf"^\[rank {rank}\] (.*)$", text, re.M)]
+    """The lines a rank printed: labelled with it alone, or merged with others (``[ranks 0-1]``)."""
+    lines = []
+    for m in re.finditer(r"^\[ranks? ([0-9,\-]+)\] (.*)$", text, re.M):
+        spans = [part.partition("-") for part in m.group(1).split(",")]
+        if any(int(lo) <= rank <= int(hi or lo) for lo, _, hi in spans):
+            lines.append(m.group(2))
+    return lines
 
 
 def test_namespace_starts_with_rank_variables_and_persists(ip: Any) -> None:
@@ -52,7 +58,7 @@ def test_output_is_labelled_and_in_order_per_rank(ip: Any) -> None:
     for r in (0, 1):
         assert lines_of(cap.stdout, r) == [f"out {i}" for i in range(40)]
         assert lines_of(cap.stderr, r) == [f"err {i}" for i in range(0, 40, 10)]
-    unlabelled = [l for l in cap.stdout.splitlines() if l and not l.startswith("[rank ")]
+    unlabelled = [l for l in cap.stdout.splitlines() if l and not re.match(r"\[ranks? ", l)]
     assert unlabelled == []
 
 
