@@ -21,11 +21,11 @@ from ..session.display import DistributedCellError, NotebookDisplay
 from ..session.session import Session, StartupError
 from ..topology import parse_timeout, resolve_topology
 from . import views
-from .arguments import (argument, magic_arguments, max_mb_option, parse, parse_max_mb, parse_ranks, ranks_option,
-                        tail_option, timeout_option, topology_options)
+from .arguments import (argument, hang_notice_option, magic_arguments, max_mb_option, parse, parse_hang_notice,
+                        parse_max_mb, parse_ranks, ranks_option, tail_option, timeout_option, topology_options)
 
 NPROC_ENV = "CLORCH_NPROC"  # the default number of ranks of %clorch start, when set
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "pull", "push")
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push")
 
 
 @contextlib.contextmanager
@@ -94,11 +94,13 @@ class ClorchMagics(Magics):
         for command in COMMANDS:
             parser = getattr(self, f"_{command}").parser  # built by magic_arguments from the docstring
             lines.append(f"  {command:<10} {(parser.description or '').strip().rstrip('.')}")
-        lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] runs a cell on every rank."]
+        lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] [--hang-notice SECONDS] runs a cell "
+                  "on every rank."]
         return "\n".join(lines)
 
     @magic_arguments(name="clorch start")
     @topology_options
+    @hang_notice_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
         args = parse(self._start, line)
@@ -116,7 +118,10 @@ class ClorchMagics(Magics):
                 raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
                                   ">= 1 (it is %clorch start's default --nproc); fix or unset it")
         topology = resolve_topology(nproc, args.devices, args.backend, args.timeout)
+        hang_notice = parse_hang_notice(args.hang_notice)
         session = Session(topology)
+        if hang_notice is not None:
+            session.hang_notice_s = hang_notice
         session.start(_Progress())
         self.session = session
 
@@ -204,6 +209,24 @@ class ClorchMagics(Magics):
                          st.message or "-"])
         display(views.table_bundle(header, body), raw=True)
 
+    @magic_arguments(name="clorch why")
+    @argument("--rank", metavar="R", default=None,
+              help="show this rank's evidence only (the verdict still weighs every rank)")
+    @argument("--all-threads", action="store_true", dest="all_threads",
+              help="every thread's stack, not only the main thread's")
+    def _why(self, line: str) -> None:
+        """Why ranks are stuck: the first collective they disagree on, each rank's collectives and stack."""
+        args = parse(self._why, line)
+        if args is None:
+            return
+        ranks = None
+        if args.rank is not None:
+            try:
+                ranks = [int(args.rank)]
+            except ValueError:
+                raise ClorchError(f"--rank must be a rank number; got {args.rank!r}") from None
+        print(self._session().why(ranks, all_threads=args.all_threads))
+
     @magic_arguments(name="clorch pull")
     @argument("name", help="the variable to fetch from each rank")
     @ranks_option
@@ -241,6 +264,7 @@ class ClorchMagics(Magics):
     @magic_arguments(name="%distributed")
     @ranks_option
     @timeout_option
+    @hang_notice_option
     @argument("--no-merge", action="store_true", dest="no_merge",
               help="show every rank's copy of identical output (merged into one [ranks 0-1] line by default)")
     @argument("--gather", metavar="NAME", default=None,
@@ -258,6 +282,7 @@ class ClorchMagics(Magics):
         with user_errors():
             timeout = parse_timeout(args.timeout, "--timeout")
             ranks = parse_ranks(args.ranks)
+            hang_notice = parse_hang_notice(args.hang_notice)
             from ..session import transfer
 
             gather = None if args.gather is None else transfer.check_name(args.gather, "--gather")
@@ -266,7 +291,8 @@ class ClorchMagics(Magics):
             count = transfer.notebook_cell_number(self.shell)
             transfer.number_cells(session, ranks, count)
             chosen = tuple(range(session.topology.nproc)) if ranks is None else tuple(ranks)
-            outcome = session.run(cell, ranks, timeout, NotebookDisplay(chosen, merge=not args.no_merge))
+            outcome = session.run(cell, ranks, timeout, NotebookDisplay(chosen, merge=not args.no_merge),
+                                  hang_notice_s=hang_notice)
             transfer.cell_ran(session, outcome, count)
             if outcome.ok and gather is not None:
                 self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,

@@ -18,6 +18,9 @@ from typing import Any, Callable, Protocol
 import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
 
+from ..diagnosis import render
+from ..diagnosis.analyse import RankState, Verdict, analyse
+from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
 from ..procs import describe_exit
 from .launcher import WorkerGroup
@@ -34,6 +37,10 @@ INTERRUPT_GRACE_S = 5.0
 FAILURE_GRACE_S = 2.0
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
+#: While a collective is pending but younger than the hang notice, how often to look again.
+HANG_RECHECK_S = 1.0
+#: How long an interrupt waits for the ranks to say where they were before it is sent.
+INTERRUPT_PROBE_S = 1.0
 
 
 class OutputSink(Protocol):
@@ -65,6 +72,9 @@ class _Wait:
     give_up_at: float | None = None        # end of the grace period after an interrupt
     failed_at: float | None = None         # when the first rank died or raised
     interrupted_ranks: set[int] = field(default_factory=set)
+    last_progress: float = field(default_factory=time.monotonic)  # last output of any rank
+    next_hang_check: float | None = None   # None: the hang notice is off, or was given
+    diagnosis: str | None = None           # taken before the first interrupt, for the report
 
 
 class Relay:
@@ -82,6 +92,7 @@ class Relay:
         self._late: list[RankOutput] = []
         self._decoders: dict[int, MessageDecoder] = {}
         self._rejected = 0
+        self.prober = Prober()
 
     # ----------------------------------------------------------------- connection and readiness
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
@@ -91,6 +102,7 @@ class Relay:
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
             self.clients[proc.rank] = client
             self._decoders[proc.rank] = MessageDecoder(client.session)
+            self.prober.add(proc.rank, client, self._decoders[proc.rank])
             self.running[proc.rank] = None
             self._ready[proc.rank] = set()
             for kind in ("iopub", "shell"):
@@ -161,18 +173,22 @@ class Relay:
             wait.msg_ids[rank] = msg_id
             self.running[rank] = msg_id
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
+        if request.hang_notice_s > 0:
+            wait.next_hang_check = time.monotonic() + request.hang_notice_s
         while wait.pending:
             try:
                 now = time.monotonic()
                 failure_deadline = None if wait.failed_at is None else wait.failed_at + FAILURE_GRACE_S
-                limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at, failure_deadline)
-                                            if t is not None]
+                limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at, failure_deadline,
+                                                        wait.next_hang_check) if t is not None]
                 self._pump(wait, max(0.0, min(limits) - now))
                 sink.flush()
                 now = time.monotonic()
                 if now >= next_liveness:
                     self._check_deaths(wait, now)
                     next_liveness = now + LIVENESS_PERIOD_S
+                if wait.next_hang_check is not None and now >= wait.next_hang_check and wait.pending:
+                    self._check_hang(wait, request.hang_notice_s)
                 if (wait.failed_at is not None and wait.pending and wait.give_up_at is None
                         and now - wait.failed_at >= FAILURE_GRACE_S):
                     self._interrupt(wait, interrupt_grace_s)
@@ -190,6 +206,12 @@ class Relay:
         return outcome
 
     def _interrupt(self, wait: _Wait, grace_s: float) -> None:
+        if wait.diagnosis is None and wait.pending:
+            # Before the interrupt moves anything: where each rank was while it was stuck. Briefly:
+            # the interrupt waits for it.
+            wait.diagnosis = self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
+        if wait.outcome.timed_out and wait.outcome.diagnosis is None:
+            wait.outcome.diagnosis = wait.diagnosis
         targets = sorted(wait.pending - wait.interrupted_ranks)
         if targets:
             self.group.interrupt(targets)
@@ -199,6 +221,8 @@ class Relay:
 
     def _give_up(self, wait: _Wait) -> None:
         """Stop waiting for ranks that did not return; say where each one is stuck."""
+        if wait.pending and wait.outcome.diagnosis is None:
+            wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text()
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
             result.status = Status.STUCK
@@ -219,6 +243,9 @@ class Relay:
             self.running[rank] = None
             if wait.failed_at is None:
                 wait.failed_at = now
+                if wait.pending and wait.outcome.diagnosis is None:
+                    # The others most likely wait for it: say so while they still do.
+                    wait.outcome.diagnosis = wait.diagnosis = self._diagnosis_text()
 
     def _pump(self, wait: _Wait | None, timeout_s: float) -> None:
         """Receive whatever arrives within ``timeout_s`` on any rank's channels and route it."""
@@ -258,6 +285,7 @@ class Relay:
         if msg_type in OUTPUT_TYPES:
             # Late output of an abandoned earlier cell is shown too, rather than lost.
             wait.sink.output(RankOutput(rank, msg_type, content))
+            wait.last_progress = time.monotonic()
         elif msg_type == "error" and wait.msg_ids.get(rank) == parent_id:
             result = wait.outcome.ranks[rank]
             result.error = RankError(rank, content.get("ename", ""), content.get("evalue", ""),
@@ -266,7 +294,54 @@ class Relay:
             if result.status is Status.ERROR and wait.failed_at is None:
                 wait.failed_at = time.monotonic()
 
+    # ----------------------------------------------------------------------------- diagnosis
+    def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,
+                 fallback: bool = True, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[Verdict, list[RankState]]:
+        """Ask the ranks where they are (over control, while they run) and line the answers up.
+
+        A rank that does not answer within ``timeout_s`` (native code holding its GIL) is shown
+        with its faulthandler stack when ``fallback`` is set."""
+        ranks = [p.rank for p in self.group.ranks] if ranks is None else ranks
+        alive = [r for r in ranks if self.group.ranks[r].alive]
+        answers = self.prober.ask(alive, all_threads=all_threads, timeout_s=timeout_s)
+        states = []
+        for rank in ranks:
+            proc = self.group.ranks[rank]
+            if not proc.alive:
+                states.append(RankState(rank, dead=describe_exit(proc.returncode)))
+                continue
+            state = RankState(rank, answer=answers.get(rank))
+            if not state.answered and fallback:
+                state.fallback_stack = self.group.dump_stack(rank)
+            states.append(state)
+        return analyse(states), states
+
+    def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+        verdict, states = self.diagnose(timeout_s=timeout_s)
+        return render.report(verdict, states)
+
+    def _check_hang(self, wait: _Wait, notice_s: float) -> None:
+        """No output for ``notice_s``: say why, once, if a collective has been pending as long."""
+        now = time.monotonic()
+        if now - wait.last_progress < notice_s:
+            wait.next_hang_check = wait.last_progress + notice_s
+            return
+        verdict, states = self.diagnose(fallback=False)
+        if verdict.stuck and (verdict.pending_s or 0.0) >= notice_s:
+            if not all(s.answered or s.dead for s in states):
+                verdict, _ = self.diagnose()  # once, for the notice: stacks of ranks that did not answer
+            text = render.notice(verdict)
+            notify = getattr(wait.sink, "notice", None)
+            if notify is not None:
+                notify(text)
+            else:
+                warnings.warn(text, RuntimeWarning, stacklevel=2)
+            wait.next_hang_check = None
+            return
+        wait.next_hang_check = time.monotonic() + max(HANG_RECHECK_S, notice_s / 4)
+
     def close(self) -> None:
+        self.prober.close()
         for client in self.clients.values():
             for kind in ("iopub", "shell"):
                 try:

@@ -15,6 +15,7 @@ from typing import Callable
 
 import psutil
 
+from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError
 from ..procs import describe_exit
 from ..topology import Topology, check_unique_in_range
@@ -60,6 +61,8 @@ class Session:
         self.relay: Relay | None = None
         self._workdir: str | None = None
         self.started_at: float | None = None
+        #: the session's --hang-notice (seconds; 0 = off), used by cells that give none
+        self.hang_notice_s: float = DEFAULT_HANG_NOTICE_S
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -120,7 +123,7 @@ class Session:
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
-            sink: OutputSink | None, *, silent: bool = False) -> CellOutcome:
+            sink: OutputSink | None, *, silent: bool = False, hang_notice_s: float | None = None) -> CellOutcome:
         """Run ``code`` on the chosen ranks; ``silent`` runs it as clorch's own request (not in
         the ranks' history or cell count: value transfers, cell numbering)."""
         group, relay = self._require()
@@ -134,7 +137,20 @@ class Session:
         if busy:
             raise ClorchError(f"rank(s) {busy} are still running an earlier cell: wait, run "
                               "%clorch interrupt, or %clorch restart")
-        return relay.execute(CellRequest(code, chosen, timeout_s), sink, silent=silent)
+        notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
+        return relay.execute(CellRequest(code, chosen, timeout_s, hang_notice_s=notice), sink, silent=silent)
+
+    def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
+        """Where every rank is and the first collective they disagree on (``%clorch why``):
+        the verdict, then ``ranks``' evidence (every rank's by default)."""
+        from ..diagnosis import render
+
+        _, relay = self._require()
+        if ranks is not None:
+            check_unique_in_range(ranks, self.topology.nproc, "--rank", "rank")
+        verdict, states = relay.diagnose(all_threads=all_threads)  # every rank: the cause may be any
+        shown = [s for s in states if ranks is None or s.rank in ranks]
+        return render.report(verdict, shown, all_threads=all_threads)
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> dict[int, str]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``."""
