@@ -46,10 +46,11 @@ _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 #: pieces at the same time do not chop each other's lines; then it is shown as it is.
 PARTIAL_LINE_HOLD_S = 0.5
 #: How long a rank's line waits for the other ranks' copy of it before it is shown on its own.
-#: Ranks of one SPMD program print the same line within a few milliseconds of each other (the
-#: merge tests see well under 50 ms on a loaded 2-core machine); a person notices live output
-#: lagging at about half a second. The relay flushes the display at least every 0.2 s, so the
-#: longest a line is held is 0.25 + 0.2 s, still under that.
+#: Ranks of one SPMD program print the same line within milliseconds of each other
+#: (``python benchmarks/transfer.py`` on the 2-core CPU box: the last copy arrived 2.6-15 ms after
+#: the first at the median, 12-60 ms at worst, depending on the load); a person notices live
+#: output lagging at about half a second. The relay flushes the display at least every 0.2 s, so
+#: the longest a line is held is 0.25 + 0.2 s, still under that.
 MERGE_HOLD_S = 0.25
 
 
