@@ -43,7 +43,7 @@ def describe_exit(returncode: int | None) -> str:
 #: How far back from the end of a log :func:`tail_bytes` reads at most. A log's last line can be
 #: endless (a progress bar rewritten with ``\r`` and never ended, or 64 MB without a newline);
 #: reading further back would make ``%clorch logs`` and the report of a dead rank wait on it.
-TAIL_MAX_BYTES = 4 * 1024 * 1024
+TAIL_MAX_BYTES = 1024 * 1024
 
 
 def tail_bytes(fh: Any, lines: int | None, block: int = 65536, max_bytes: int = TAIL_MAX_BYTES) -> bytes:

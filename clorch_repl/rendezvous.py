@@ -1,8 +1,28 @@
-"""The rendezvous store, bound to loopback.
+"""The rendezvous store of a process group: private to this user where the ranks share a host.
 
-torch's TCPStore server listens on every interface (``::``) whatever MASTER_ADDR says, which would
-expose rank 0 of a notebook session to the network. Rank 0 here binds the listening socket itself,
-on MASTER_ADDR (127.0.0.1 as our launchers set it), and hands it to the store.
+**Local ranks (a notebook session, ``launch()``):** the store is a torch ``FileStore`` in the
+session's or job's private directory (0700, made by ``mkdtemp``), named by ``CLORCH_STORE_FILE``.
+Only this user (and root) can open it: another local user can neither list, read nor write the
+group's keys, so cannot steer a later ``dist.new_group`` either (a TCPStore on loopback was open
+to every user of the host, and an overwritten key broke the owner's next ``new_group``). A fresh
+file is used for every start, so a restart never reads a previous group's keys. FileStore works
+for gloo and NCCL alike, for the default group and for every later ``new_group`` (which keeps
+its keys under a prefix in the same store).
+
+**What this does not protect.** The backends' own data sockets are not authenticated: gloo's
+pairs and NCCL's bootstrap and socket transport listen on TCP, kept on loopback here
+(``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME=lo``, :func:`loopback_socket_env`), so the network
+cannot reach them, but another local user who finds their ports can connect to them and disturb
+(or feed data into) a collective. Their addresses are only published through the store, which
+such a user can no longer read. The ranks' kernel channels are IPC sockets in the private
+directory and every message is HMAC-signed (see :mod:`clorch_repl.session.launcher`).
+
+**Remote ranks (several hosts):** a FileStore needs a shared filesystem, so ranks on other hosts
+rendezvous through :func:`loopback_store`'s TCPStore at MASTER_ADDR:MASTER_PORT, which has no
+authentication: anyone who can reach that port (every local user of the master host, and the
+network between the hosts) can read and write the group's keys. Keep such ports on a private
+network. torch's TCPStore server also listens on every interface whatever MASTER_ADDR says; rank 0
+here binds the listening socket itself, on MASTER_ADDR, and hands it to the store.
 """
 
 from __future__ import annotations
@@ -14,10 +34,21 @@ import warnings
 
 import torch.distributed as dist
 
+#: Path of the group's FileStore, in a private directory (set by our local launchers).
+STORE_FILE_ENV = "CLORCH_STORE_FILE"
+
 
 def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,
                    port: int | None = None) -> dist.Store:
-    """The store of the default group (at MASTER_ADDR/MASTER_PORT unless given); rank 0 serves it."""
+    """The store of the default group: the private FileStore named by ``CLORCH_STORE_FILE`` when
+    our launcher set one (and ``port``, if given, is the launcher's MASTER_PORT), else a TCPStore
+    at MASTER_ADDR/MASTER_PORT (unless given) that rank 0 serves on that address only."""
+    store_file = os.environ.get(STORE_FILE_ENV)
+    env_port = os.environ.get("MASTER_PORT")
+    if store_file and (port is None or (env_port is not None and str(port) == env_port)):
+        store = dist.FileStore(store_file, world_size)
+        store.set_timeout(timeout)
+        return store
     addr = addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = port if port is not None else int(os.environ["MASTER_PORT"])
     if rank != 0:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ClorchError, ConfigError, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
-from ..rendezvous import loopback_socket_env
+from ..rendezvous import STORE_FILE_ENV, loopback_socket_env
 from ..topology import Topology, resolve_topology
 from ._errors import JobStopped, JobTimeout
 from ._protocol import RankResult, read_result, write_json_atomic
@@ -508,6 +508,9 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
         base.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: ranks must not oversubscribe cores
     for key, value in loopback_socket_env().items():
         base.setdefault(key, value)
+    # The rendezvous: a FileStore in the job's private directory, which only this user can open
+    # (clorch_repl.rendezvous says what is and is not protected).
+    base[STORE_FILE_ENV] = os.path.join(directory, "rendezvous.store")
     base.update(extra_env)
 
     def env_for(r: int) -> dict[str, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -26,7 +27,7 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
-from ..rendezvous import loopback_socket_env
+from ..rendezvous import STORE_FILE_ENV, loopback_socket_env
 from ..topology import Topology
 from . import supervisor
 from .worker import STACK_FILE_ENV
@@ -111,6 +112,16 @@ def trim_kernel_frames(lines: list[str]) -> list[str]:
     return lines
 
 
+#: A death report shows at most this much of one log line (a progress bar never ended, a dump).
+REPORT_LINE_CHARS = 2000
+
+
+def _clip(line: str, rank: int) -> str:
+    if len(line) <= REPORT_LINE_CHARS:
+        return line
+    return f"... ({len(line) - REPORT_LINE_CHARS} characters more; %clorch logs {rank}) {line[-REPORT_LINE_CHARS:]}"
+
+
 def _private_file(path: str) -> int:
     """Open ``path`` for appending, readable by this user only (0600), whatever the umask."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -131,6 +142,8 @@ class WorkerGroup:
         self.dir = workdir or tempfile.mkdtemp(prefix="clorch-")
         os.chmod(self.dir, 0o700)
         self.master_port = procs.free_port()
+        #: the group's rendezvous (see clorch_repl.rendezvous): private, and new for every start
+        self.store_file = os.path.join(self.dir, f"rendezvous-{secrets.token_hex(8)}.store")
         self.ranks: list[RankProcess] = []
         self._spec_manager = self._write_kernelspec()
 
@@ -165,6 +178,7 @@ class WorkerGroup:
             "CLORCH_DIST_BACKEND": topo.backend,
             "CLORCH_DIST_TIMEOUT_MS": str(int(topo.timeout_s * 1000)),
             STACK_FILE_ENV: os.path.join(self.dir, f"rank{rank}.stack"),
+            STORE_FILE_ENV: self.store_file,
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             "PYTHONUNBUFFERED": "1",
         })
@@ -240,9 +254,9 @@ class WorkerGroup:
         tail = self.log_tail(rank, 400).splitlines()
         starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
         if not starts:
-            return "\n".join(tail[-lines:])
+            return "\n".join(_clip(line, rank) for line in tail[-lines:])
         report = [line for line in tail[starts[-1]:] if not line.startswith("Extension modules")]
-        return "\n".join(trim_kernel_frames(report)[:lines])
+        return "\n".join(_clip(line, rank) for line in trim_kernel_frames(report)[:lines])
 
     def stop(self, grace_s: float = STOP_GRACE_S, *, keep_dir: bool = False) -> list[int]:
         """End every rank and everything it started, then remove the group's directory.
@@ -284,6 +298,10 @@ class WorkerGroup:
             except Exception as exc:  # leftover sockets or files of a dead kernel
                 logger.debug("cleaning up rank %d failed: %s", proc.rank, exc)
         left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
+        try:
+            os.unlink(self.store_file)  # a restart keeps the directory; never its old keys
+        except FileNotFoundError:
+            pass
         if not keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
         return sorted(set(left))

@@ -37,6 +37,15 @@ INTERRUPT_GRACE_S = 5.0
 FAILURE_GRACE_S = 2.0
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
+#: A rank's part of a cell ends on its idle status (iopub), or at the latest this long after its
+#: execute_reply (shell): iopub drops messages past ZeroMQ's high-water mark, the idle status
+#: included, while the shell reply is never dropped. Output still in flight when the reply comes
+#: is ordered before the idle status, so waiting for idle a moment longer keeps it; an idle that
+#: never comes no longer wedges the cell.
+REPLY_DRAIN_S = 0.5
+#: At most this many messages are read from one socket per pass, so that a rank flooding its
+#: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
+PUMP_BATCH = 256
 #: While a collective is pending but younger than the hang notice, how often to look again.
 HANG_RECHECK_S = 1.0
 #: How long an interrupt waits for the ranks to say where they were before it is sent.
@@ -75,6 +84,8 @@ class _Wait:
     last_progress: float = field(default_factory=time.monotonic)  # last output of any rank
     next_hang_check: float | None = None   # None: the hang notice is off, or was given
     diagnosis: str | None = None           # taken before the first interrupt, for the report
+    replied_at: dict[int, float] = field(default_factory=dict)  # execute_reply arrival, per rank
+    idle: set[int] = field(default_factory=set)  # ranks whose idle status arrived
 
 
 class Relay:
@@ -92,6 +103,11 @@ class Relay:
         self._late: list[RankOutput] = []
         self._decoders: dict[int, MessageDecoder] = {}
         self._rejected = 0
+        #: per rank, msg_ids of cells whose wait ended before their idle status (timed out,
+        #: stuck, drained after the reply): their later output is dropped, not shown elsewhere
+        self._abandoned: dict[int, set[str]] = {}
+        #: per rank, [messages, bytes] of such output dropped since the last notice
+        self._dropped: dict[int, list[int]] = {}
         self.prober = Prober()
 
     # ----------------------------------------------------------------- connection and readiness
@@ -181,9 +197,11 @@ class Relay:
                 failure_deadline = None if wait.failed_at is None else wait.failed_at + FAILURE_GRACE_S
                 limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at, failure_deadline,
                                                         wait.next_hang_check) if t is not None]
+                limits += [t + REPLY_DRAIN_S for r, t in wait.replied_at.items() if r in wait.pending]
                 self._pump(wait, max(0.0, min(limits) - now))
                 sink.flush()
                 now = time.monotonic()
+                self._end_replied(wait, now)
                 if now >= next_liveness:
                     self._check_deaths(wait, now)
                     next_liveness = now + LIVENESS_PERIOD_S
@@ -202,6 +220,7 @@ class Relay:
                     self._give_up(wait)  # a second interrupt: stop waiting now
                 outcome.interrupted = True
                 self._interrupt(wait, interrupt_grace_s)
+        self._finish(wait)
         sink.flush(final=True)
         return outcome
 
@@ -248,16 +267,19 @@ class Relay:
                     wait.outcome.diagnosis = wait.diagnosis = self._diagnosis_text()
 
     def _pump(self, wait: _Wait | None, timeout_s: float) -> None:
-        """Receive whatever arrives within ``timeout_s`` on any rank's channels and route it."""
+        """Receive what arrives within ``timeout_s`` on any rank's channels and route it.
+
+        Returns after one pass over the ready sockets, at most :data:`PUMP_BATCH` messages from
+        each, so that the caller checks its deadlines and deaths between passes under a flood.
+        Shell frames are decoded too: their execute_reply ends a rank's cell (see
+        :data:`REPLY_DRAIN_S`)."""
         for sock, _ in self.poller.poll(int(timeout_s * 1000)):
             rank, kind = self._owner[sock]
-            while True:
+            for _ in range(PUMP_BATCH):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                if kind != "iopub":
-                    continue  # shell replies carry nothing iopub does not: its idle status ends a request
                 try:
                     msg = self._decoders[rank].decode(frames)
                 except SignatureError as exc:
@@ -266,33 +288,94 @@ class Relay:
                         warnings.warn(f"clorch_repl: dropped a message from rank {rank}: {exc}", RuntimeWarning,
                                       stacklevel=2)
                     continue
-                self._route(rank, msg, wait)
+                if kind == "shell":
+                    self._on_reply(rank, msg, wait)
+                else:
+                    self._route(rank, msg, wait)
+
+    def _on_reply(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
+        """A shell reply: an execute_reply says the rank finished the request (see REPLY_DRAIN_S);
+        its error, if any, stands in for an iopub error message that may have been dropped."""
+        if msg["msg_type"] != "execute_reply":
+            return
+        parent_id = msg["parent_header"].get("msg_id")
+        if wait is not None and wait.msg_ids.get(rank) == parent_id and rank in wait.pending:
+            wait.replied_at.setdefault(rank, time.monotonic())
+            content = msg["content"]
+            result = wait.outcome.ranks[rank]
+            if content.get("status") == "error" and result.error is None:
+                self._record_error(wait, rank, content)
+        elif parent_id is not None and parent_id == self.running.get(rank):
+            self.running[rank] = None  # an abandoned cell's request is done: the rank is free
+
+    def _end_replied(self, wait: _Wait, now: float) -> None:
+        """End the part of every rank whose reply came :data:`REPLY_DRAIN_S` ago and whose idle
+        status has not: what it still sends for this cell is dropped (see :meth:`_finish`)."""
+        for rank, at in wait.replied_at.items():
+            if rank in wait.pending and now - at >= REPLY_DRAIN_S:
+                wait.pending.discard(rank)
+                if self.running.get(rank) == wait.msg_ids.get(rank):
+                    self.running[rank] = None
+
+    def _finish(self, wait: _Wait) -> None:
+        """The cell's wait is over: requests whose idle status did not come are abandoned (their
+        later output is dropped and counted, see :meth:`_drop`); say once what was dropped."""
+        for rank, msg_id in wait.msg_ids.items():
+            if rank not in wait.idle:
+                self._abandoned.setdefault(rank, set()).add(msg_id)
+        for rank in sorted(self._dropped):
+            count, size = self._dropped.pop(rank)
+            wait.sink.output(RankOutput(rank, "stream", {"name": "stderr", "text": (
+                f"(clorch_repl: dropped {count} late output message(s), {size / 1024:.0f} KiB, of an "
+                f"earlier cell that timed out or was abandoned; the rank's log has them: "
+                f"%clorch logs {rank})\n")}))
+
+    def _drop(self, rank: int, content: dict[str, Any]) -> None:
+        """Output of an abandoned cell, arriving after its wait ended, is dropped and counted.
+
+        Why not show it, labelled late, in whichever cell runs next: it belongs to a cell the
+        user has already been told was cut short, mixing it into another cell's output makes
+        that cell's output wrong, and under a flood there can be megabytes of it. Nothing is
+        lost: the rank's log holds all of it, and the next cell ends with one line saying how
+        much was dropped and where to read it."""
+        counts = self._dropped.setdefault(rank, [0, 0])
+        counts[0] += 1
+        counts[1] += len(str(content.get("text", ""))) + len(str(content.get("data", "")))
+
+    def _record_error(self, wait: _Wait, rank: int, content: dict[str, Any]) -> None:
+        result = wait.outcome.ranks[rank]
+        result.error = RankError(rank, content.get("ename", ""), content.get("evalue", ""),
+                                 tuple(content.get("traceback", ())))
+        result.status = Status.INTERRUPTED if result.error.ename == "KeyboardInterrupt" else Status.ERROR
+        if result.status is Status.ERROR and wait.failed_at is None:
+            wait.failed_at = time.monotonic()
 
     def _route(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
         msg_type = msg["header"]["msg_type"]
         parent_id = msg["parent_header"].get("msg_id")
         content = msg["content"]
         if msg_type == "status":
-            if content.get("execution_state") == "idle" and parent_id == self.running.get(rank):
-                self.running[rank] = None
+            if content.get("execution_state") == "idle":
+                if parent_id == self.running.get(rank):
+                    self.running[rank] = None
                 if wait is not None and wait.msg_ids.get(rank) == parent_id:
                     wait.pending.discard(rank)
+                    wait.idle.add(rank)
+                self._abandoned.get(rank, set()).discard(parent_id)  # nothing more comes of it
+            return
+        if msg_type in OUTPUT_TYPES and parent_id in self._abandoned.get(rank, ()):
+            self._drop(rank, content)
             return
         if wait is None:
             if msg_type in OUTPUT_TYPES:
                 self._late.append(RankOutput(rank, msg_type, content))
             return
         if msg_type in OUTPUT_TYPES:
-            # Late output of an abandoned earlier cell is shown too, rather than lost.
+            # Output of an earlier cell that ended normally (a thread it started) is shown too.
             wait.sink.output(RankOutput(rank, msg_type, content))
             wait.last_progress = time.monotonic()
         elif msg_type == "error" and wait.msg_ids.get(rank) == parent_id:
-            result = wait.outcome.ranks[rank]
-            result.error = RankError(rank, content.get("ename", ""), content.get("evalue", ""),
-                                     tuple(content.get("traceback", ())))
-            result.status = Status.INTERRUPTED if result.error.ename == "KeyboardInterrupt" else Status.ERROR
-            if result.status is Status.ERROR and wait.failed_at is None:
-                wait.failed_at = time.monotonic()
+            self._record_error(wait, rank, content)
 
     # ----------------------------------------------------------------------------- diagnosis
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,

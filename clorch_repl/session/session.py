@@ -171,7 +171,7 @@ class Session:
         now = time.time()
         rows = []
         for proc in group.ranks:
-            pid = proc.pid
+            pid = proc.kernel_pid or proc.pid  # the rank's Python process, not its supervisor
             alive = proc.alive
             if not alive:
                 state = RankState.DEAD
@@ -193,7 +193,10 @@ class Session:
         return group.log_tail(rank, tail)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.group.ranks if p.pid is not None] if self.group else []
+        """The ranks' own Python processes (their kernels, below each rank's supervisor)."""
+        if self.group is None:
+            return []
+        return [pid for p in self.group.ranks if (pid := p.kernel_pid or p.pid) is not None]
 
     def _require(self) -> tuple[WorkerGroup, Relay]:
         if self.group is None or self.relay is None:

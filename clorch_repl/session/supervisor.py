@@ -187,8 +187,15 @@ class Supervisor:
             return 1
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            try:  # the kernel's crash may have dumped core; the supervisor's copy of it must not
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+            except (ImportError, ValueError, OSError):
+                pass
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be caught or blocked
+                signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
             os.kill(os.getpid(), sig)
             time.sleep(1)  # the signal ends us; only an uncatchable-by-default one returns here
             return 128 + sig

@@ -1,0 +1,180 @@
+"""Soak: many ``%%distributed`` cells with random output, rank deaths and restarts; reports leaks.
+
+    python benchmarks/soak.py [--cells 10000] [--minutes 30] [--nproc 2] [--seed 0]
+
+Not part of CI. Drives a real notebook kernel (tests/notebook_kernel.py, as JupyterLab does) and
+runs cells of random output size (nothing, a few lines, thousands of lines, ``\\r`` progress
+bars), now and then kills a rank mid-cell (``os._exit`` or SIGKILL) and restarts the group, or
+restarts a healthy one, or lets a cell hit ``--timeout``. Every cell must end (a cell that does not
+end within 120 s is counted as a wedge, and the session is restarted) and must show what it
+printed. Every 500 cells, and at the end, it samples what a leak would grow: the notebook
+kernel's RSS and open fds, the processes of the session (below the notebook kernel) and of any
+clorch rank or supervisor that is not (orphans), and the ``clorch-*`` directories in the temp
+dir. Exit status 1 on a wedge, a wrong cell, or anything left behind after the final stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from notebook_kernel import NotebookKernel  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
+
+SIZES = (0, 1, 10, 100, 1000, 10000)
+INFO = ("from clorch_repl.magics import magics_for\n_s = magics_for(get_ipython()).session\n"
+        "print('SOAK', _s.group.dir, *_s.pids(), *[p.pid for p in _s.group.ranks])")
+
+
+class Seen:
+    """Every rank process and session directory this soak's sessions ever had (other people's
+    sessions on the same machine are not counted)."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self.dirs: set[str] = set()
+
+    def record(self, nb: NotebookKernel) -> None:
+        line = next(l for l in nb.run(INFO).text.splitlines() if l.startswith("SOAK"))
+        _, directory, *pids = line.split()
+        self.dirs.add(directory)
+        self.pids.update(int(p) for p in pids)
+
+    def alive(self) -> set[int]:
+        return {p for p in self.pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+
+    def left_dirs(self, current: str | None) -> set[str]:
+        return {d for d in self.dirs if d != current and os.path.exists(d)}
+
+
+def sample(nb: NotebookKernel, seen: Seen) -> dict[str, float]:
+    proc = psutil.Process(nb.pid)
+    tree = {p.pid for p in proc.children(recursive=True)}
+    return {"rss_mb": proc.memory_info().rss / 2**20, "fds": proc.num_fds(), "procs": len(tree),
+            "orphans": len(seen.alive() - tree), "dirs": len([d for d in seen.dirs if os.path.exists(d)])}
+
+
+def output_cell(i: int, rng: random.Random) -> tuple[str, list[str]]:
+    lines = rng.choices(SIZES, weights=(20, 30, 20, 15, 10, 5))[0]
+    kind = rng.random()
+    if kind < 0.15:
+        code = (f"import sys\nfor k in range({lines * 10}):\n    sys.stderr.write('\\r%6d ' % k); "
+                f"sys.stderr.flush()\nsys.stderr.write('\\n')\nprint('END {i}', rank)")
+    elif kind < 0.25:
+        code = f"import os\nos.write(1, b'native ' * {lines * 20} + b'\\n')\nprint('END {i}', rank)"
+    else:
+        code = f"for k in range({lines}):\n    print('line', k, 'x' * (k % 97))\nprint('END {i}', rank)"
+    return code, [f"END {i} 0", f"END {i} 1"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", type=int, default=10000)
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.cells < 1 or args.minutes <= 0 or args.nproc < 1:
+        ap.error("--cells, --minutes and --nproc must be positive")
+    rng = random.Random(args.seed)
+    seen = Seen()
+    nb = NotebookKernel()
+    counts = {"output": 0, "death": 0, "restart": 0, "timeout": 0, "wedge": 0, "wrong": 0}
+    times: list[float] = []
+    samples: list[tuple[int, dict[str, float]]] = []
+    end_at = time.monotonic() + args.minutes * 60
+    t_start = time.monotonic()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run(f"%clorch start --nproc {args.nproc}").status == "ok"
+        seen.record(nb)
+        cells = 0
+        while cells < args.cells and time.monotonic() < end_at:
+            cells += 1
+            roll = rng.random()
+            t0 = time.monotonic()
+            try:
+                if roll < 0.03:
+                    victim = rng.randrange(args.nproc)
+                    how = rng.choice(["os._exit(3)", "os.kill(os.getpid(), signal.SIGKILL)"])
+                    reply = nb.run(f"%%distributed\nimport os, signal, time\nprint('pre', rank, flush=True)\n"
+                                   f"if rank == {victim}:\n    {how}\ntime.sleep(0.2)", timeout=120)
+                    ok = reply.status == "error" and f"rank {victim} died" in reply.text
+                    counts["death"] += 1
+                    restarted = nb.run("%clorch restart", timeout=180)
+                    ok = ok and restarted.status == "ok"
+                    seen.record(nb)
+                elif roll < 0.04:
+                    reply = nb.run("%clorch restart", timeout=180)
+                    ok = reply.status == "ok"
+                    counts["restart"] += 1
+                    seen.record(nb)
+                elif roll < 0.05:
+                    reply = nb.run("%%distributed --timeout 1\nimport time\nprint('sleeping', flush=True)\n"
+                                   "time.sleep(30)", timeout=120)
+                    ok = reply.status == "error" and "after 1 s" in reply.text
+                    counts["timeout"] += 1
+                else:
+                    code, expected = output_cell(cells, rng)
+                    reply = nb.run("%%distributed\n" + code, timeout=120)
+                    ok = reply.status == "ok" and all(e in reply.text or e.replace(" 0", "") in reply.text
+                                                      for e in expected[:args.nproc])
+                    counts["output"] += 1
+                    times.append(time.monotonic() - t0)
+                if not ok:
+                    counts["wrong"] += 1
+                    print(f"cell {cells}: unexpected result:\n{reply.text[-1500:]}", flush=True)
+            except TimeoutError:
+                counts["wedge"] += 1
+                print(f"cell {cells}: WEDGED (no end within 120 s); restarting", flush=True)
+                nb.km.interrupt_kernel()
+                time.sleep(2)
+                nb.run("%clorch restart", timeout=300)
+                seen.record(nb)
+            if cells % 500 == 0 or cells == 50:
+                samples.append((cells, sample(nb, seen)))
+                s = samples[-1][1]
+                print(f"{cells:6d} cells {time.monotonic() - t_start:7.0f} s  rss {s['rss_mb']:.1f} MB  "
+                      f"fds {s['fds']:.0f}  procs {s['procs']:.0f}  orphans {s['orphans']:.0f}  "
+                      f"dirs {s['dirs']:.0f}  {counts}", flush=True)
+        samples.append((cells, sample(nb, seen)))
+        nb.run("%clorch stop", timeout=60)
+        after_stop = sample(nb, seen)
+    finally:
+        nb.shutdown()
+    time.sleep(1)
+    left_procs = seen.alive()
+    left_dirs = seen.left_dirs(None)
+    elapsed = time.monotonic() - t_start
+    first = next(s for n, s in samples if n >= 50) if samples else {}
+    last = samples[-1][1]
+    print()
+    print(f"soak: {cells} cells in {elapsed / 60:.1f} min, {args.nproc} ranks, seed {args.seed}")
+    print(f"  kinds: {counts}")
+    if times:
+        q = statistics.quantiles(times, n=100, method="inclusive")
+        print(f"  output cells: p50 {statistics.median(times) * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms, "
+              f"max {max(times) * 1000:.0f} ms")
+    print(f"  notebook kernel RSS: {first.get('rss_mb', 0):.1f} MB after 50 cells -> {last['rss_mb']:.1f} MB "
+          f"after {samples[-1][0]}")
+    print(f"  notebook kernel fds: {first.get('fds', 0):.0f} -> {last['fds']:.0f}")
+    print(f"  processes below the notebook: {first.get('procs', 0):.0f} -> {last['procs']:.0f}; "
+          f"after stop {after_stop['procs']:.0f}; orphaned ranks at any sample: "
+          f"{max(s['orphans'] for _, s in samples):.0f}")
+    print(f"  after the notebook's shutdown: {len(left_procs)} of the {len(seen.pids)} rank processes "
+          f"(kernels and supervisors) ever started left, {len(left_dirs)} of {len(seen.dirs)} session "
+          f"directories left {sorted(left_dirs)[:5]}")
+    bad = counts["wedge"] or counts["wrong"] or left_procs or left_dirs
+    print("  result:", "FAIL" if bad else "ok (no wedge, no wrong cell, nothing left behind)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
