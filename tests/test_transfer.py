@@ -89,7 +89,7 @@ def nb() -> Iterator[NotebookKernel]:
     kernel = NotebookKernel()
     try:
         assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2")
+        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
         assert reply.status == "ok", reply.text
         yield kernel
         assert kernel.run("%clorch stop").status == "ok"

@@ -1,0 +1,51 @@
+"""On a CUDA machine: %clorch pull/push and --gather with NCCL ranks holding CUDA tensors, through a
+real notebook kernel. Tensors reach the notebook on the CPU, and the notebook never creates a CUDA
+context. Skipped where there is no GPU (CI); run on the device machine with
+``python -m pytest tests/gpu -q -s``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from clorch_repl import cuda
+
+from notebook_kernel import NotebookKernel
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="needs CUDA GPUs")
+
+
+@pytest.fixture(scope="module")
+def nb() -> Iterator[NotebookKernel]:
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run(f"%clorch start --nproc {min(cuda.device_count(), 2)} --backend nccl")
+        assert reply.status == "ok", reply.text
+        yield kernel
+        kernel.run("%clorch stop")
+    finally:
+        kernel.shutdown()
+
+
+def ok(nb: NotebookKernel, code: str) -> str:
+    reply = nb.run(code)
+    assert reply.status == "ok", reply.text
+    return reply.text
+
+
+def test_cuda_tensors_come_back_on_the_cpu_and_pushed_ones_can_go_to_the_gpu(nb: NotebookKernel) -> None:
+    ok(nb, "%%distributed\nimport torch\nw = {'grad': torch.arange(4.0, device=device) * (rank + 1),"
+           " 'where': str(device)}")
+    ok(nb, "%clorch pull w")
+    text = ok(nb, "import torch\nprint('PULLED', w[0]['grad'].device, w[0]['grad'].tolist(), w[0]['where'])\n"
+                  "print('NOTEBOOK CUDA', torch.cuda.is_initialized())")
+    assert "PULLED cpu [0.0, 1.0, 2.0, 3.0] cuda:0" in text
+    assert "NOTEBOOK CUDA False" in text  # the notebook itself never touched the GPU
+    ok(nb, "scale = torch.tensor([2.0])")
+    ok(nb, "%clorch push scale")
+    text = ok(nb, "%%distributed\nprint('ARRIVED', scale.device, (scale.to(device) * 3).item())")
+    assert "ARRIVED cpu 6.0" in text
+    ok(nb, "%%distributed --gather g\ntorch.ones(2, device=device) * rank")
+    assert "GATHERED cpu [0.0, 0.0]" in ok(nb, "print('GATHERED', g[0].device, g[0].tolist())")
