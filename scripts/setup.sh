@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (once) the virtual environment .venv with clorch_repl and its test tools.
+# Set up (once) the virtual environment .venv with clorch_repl and its test tools (pytest, nbclient;
+# jupyterlab and selenium for the browser test, which drives Debian's chromium).
 # torch is installed first, pinned, so that pip never resolves the bare `torch>=2.4` requirement
 # to whatever build the index offers: TORCH_SPEC overrides the pin (e.g. a CUDA build's version).
 set -euo pipefail
@@ -15,5 +16,5 @@ if ! python -c "import torch" >/dev/null 2>&1; then
   echo "setup: installing $TORCH_SPEC"
   python -m pip install -q "$TORCH_SPEC"
 fi
-python -m pip install -q -e '.[test]'
+python -m pip install -q -e '.[test,browser]'
 python -c "import clorch_repl, torch, jupyter_client, ipykernel; print(f'setup: clorch_repl {clorch_repl.__version__}, torch {torch.__version__}, python', __import__('sys').version.split()[0])"

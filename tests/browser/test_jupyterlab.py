@@ -1,0 +1,196 @@
+"""The notebooks as users see them: JupyterLab 4 in headless Chromium runs notebooks/quickstart.ipynb
+and notebooks/distributed_training.ipynb with Run > Run All Cells, and the tests read the page.
+
+Everything is real: a private ``jupyter lab`` server (its kernels start in the notebooks' folder, a
+copy of notebooks/ without the repository on PYTHONPATH, as a user's would), real rank kernels and
+gloo groups, Debian's Chromium. Screenshots of each run go to tests/artifacts/browser/ (not
+committed) for a person to look at. At the end the server is shut down and nothing it started may
+still run. Deselect with ``-m "not browser"``; without chromium/chromedriver the tests skip, except
+in CI (``CI`` set), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from typing import Any, Iterator
+
+import nbformat
+import pytest
+
+from lab_driver import LabPage, LabServer, clean_dir, copy_notebook, missing_tools, wait_for
+
+pytestmark = pytest.mark.browser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARTIFACTS = os.path.join(ROOT, "tests", "artifacts", "browser")
+RUN_ALL_TIMEOUT_S = 420.0  # a run took 22-26 s on a quiet machine; other tests share its 2 cores
+
+
+def _env_without_repository() -> dict[str, str]:
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.pop("CLORCH_NPROC", None)  # the notebooks' own `%clorch start` default: 2 CPU ranks here
+    return env
+
+
+def _interrupt_notebook(folder: str) -> str:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in (
+        "%load_ext clorch_repl",
+        "%clorch start --nproc 2",
+        "%%distributed\nimport time\nprint(f'spinning on rank {rank}', flush=True)\nwhile True:\n    time.sleep(0.05)",
+        "%%distributed\nprint(f'rank {rank} is still here')",
+        "%clorch stop",
+    )]
+    path = os.path.join(folder, "interrupt.ipynb")
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: Any) -> Iterator[tuple[LabServer, LabPage]]:
+    missing = missing_tools()
+    if missing:
+        reason = f"the browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver; " \
+                 "pip install -e '.[browser]')"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser test: {reason}")
+        pytest.skip(reason)
+    clean_dir(ARTIFACTS)
+    home = str(tmp_path_factory.mktemp("lab-home"))
+    notebooks = os.path.join(str(tmp_path_factory.mktemp("lab-root")), "notebooks")
+    os.makedirs(notebooks)
+    for name in ("quickstart.ipynb", "distributed_training.ipynb"):
+        copy_notebook(os.path.join(ROOT, "notebooks", name), notebooks)
+    _interrupt_notebook(notebooks)
+    server = LabServer(home, notebooks, os.path.join(ARTIFACTS, "jupyter-lab.log"), _env_without_repository())
+    page: LabPage | None = None
+    try:
+        server.start()
+        page = LabPage(server, ARTIFACTS, profile=os.path.join(home, "chromium-profile"))
+        yield server, page
+    finally:
+        if page is not None:
+            page.close()
+        leftovers = server.stop()
+        shutil.rmtree(os.path.join(home, "chromium-profile"), ignore_errors=True)
+    assert not leftovers, f"still running after JupyterLab shut down (ended by the test): {leftovers}"
+
+
+def _run_notebook(page: LabPage, name: str) -> dict[str, Any]:
+    """Open a notebook, Run All, and read every cell's source, prompt, output text and tables."""
+    page.open_notebook(name)
+    try:
+        took = page.run_all(RUN_ALL_TIMEOUT_S)
+    finally:
+        page.screenshot(name.replace(".ipynb", ""))
+    cells = [{"source": page.cell_source(i), "prompt": page.prompt(i), "text": page.output_text(i),
+              "tables": page.output_tables(i)} for i in range(page.cell_count())]
+    print(f"{name}: Run All took {took:.1f} s in JupyterLab")
+    return {"took": took, "cells": cells}
+
+
+def _cell(run: dict[str, Any], starts_with: str, contains: str = "") -> dict[str, Any]:
+    for cell in run["cells"]:
+        if cell["source"].strip().startswith(starts_with) and contains in cell["source"]:
+            return cell
+    raise AssertionError(f"no cell starting with {starts_with!r} (containing {contains!r}) on the page")
+
+
+@pytest.fixture(scope="module")
+def quickstart(lab: tuple[LabServer, LabPage]) -> dict[str, Any]:
+    return _run_notebook(lab[1], "quickstart.ipynb")
+
+
+def test_quickstart_shows_live_rank_labelled_output(quickstart: dict[str, Any]) -> None:
+    start = _cell(quickstart, "%clorch start")
+    assert "2 rank(s) ready, gloo process group formed" in start["text"]
+    collective = _cell(quickstart, "%%distributed", "dist.all_reduce(x)")
+    assert "[rank 0] rank 0 of 2: [3.0, 3.0, 3.0]" in collective["text"]
+    assert "[rank 1] rank 1 of 2: [3.0, 3.0, 3.0]" in collective["text"]
+    failing = _cell(quickstart, "%%distributed", "only rank")
+    assert "only rank 1 fails" in failing["text"] and "[rank 0] rank 0 is fine" in failing["text"]
+    fresh = _cell(quickstart, "%%distributed", '"x" in globals()')
+    assert "0 False" in fresh["text"] and "1 False" in fresh["text"]  # the restart gave fresh namespaces
+    assert "stopped 2 rank(s)" in _cell(quickstart, "%clorch stop")["text"]
+    # every code cell ran (a number in its prompt), in the order of the notebook
+    counts = [int(m.group(1)) for c in quickstart["cells"] if (m := re.search(r"\[(\d+)\]", c["prompt"]))]
+    assert len(counts) == sum(1 for c in quickstart["cells"] if c["prompt"]) and counts == sorted(counts)
+
+
+def test_quickstart_shows_the_status_table(quickstart: dict[str, Any]) -> None:
+    status = _cell(quickstart, "%clorch status")
+    assert len(status["tables"]) == 1, status["text"]
+    header, *rows = status["tables"][0]
+    assert header[:3] == ["rank", "state", "pid"]
+    assert [r[0] for r in rows] == ["0", "1"] and all(r[1] == "idle" for r in rows)
+    assert all(r[2].isdigit() for r in rows) and all(r[4] == "gloo" for r in rows)
+
+
+def _merge_has_landed() -> bool:
+    from clorch_repl.magics.core import ClorchMagics
+
+    parser = getattr(getattr(ClorchMagics, "distributed", None), "parser", None)
+    return parser is not None and "--no-merge" in parser.format_help()
+
+
+def test_quickstart_merges_identical_output(quickstart: dict[str, Any]) -> None:
+    page_text = "\n".join(c["text"] for c in quickstart["cells"])
+    if "[ranks" not in page_text and "[all ranks]" not in page_text and not _merge_has_landed():
+        pytest.skip("merging identical output (issue 10) has not landed: %%distributed has no --no-merge")
+    same = _cell(quickstart, "%%distributed", "print(x.sum().item())")
+    assert re.search(r"\[(ranks 0-1|all ranks)\] 9\.0", same["text"]), same["text"]
+    assert "[rank 0] 9.0" not in same["text"]  # shown once, not once per rank
+
+
+def test_quickstart_widget_progress_bar_per_rank(quickstart: dict[str, Any]) -> None:
+    """The place for the widget check: once the ranks' comm messages are forwarded (issue 10), a
+    ``tqdm.auto`` bar in a ``%%distributed`` cell renders as one ``.widget-progress`` per rank."""
+    pytest.skip("widgets from ranks are not forwarded yet (issue 10, comm forwarding): no bar to check")
+
+
+def test_training_notebook_runs_in_jupyterlab(lab: tuple[LabServer, LabPage]) -> None:
+    run = _run_notebook(lab[1], "distributed_training.ipynb")
+    page_text = "\n".join(c["text"] for c in run["cells"])
+    assert "ModuleNotFoundError" not in page_text and "Traceback" not in page_text, page_text[-3000:]
+    for r in (0, 1):
+        assert f"rank {r}: 512 samples per epoch on cpu, bfloat16" in page_text
+        assert f"rank {r}: epoch 3, 24 steps" in page_text
+    resumed = re.findall(r"rank (\d): resumed at epoch 2, step 16, weights ([0-9a-f]{16})", page_text)
+    saved = re.findall(r"rank (\d): weights ([0-9a-f]{16})", page_text)
+    assert sorted(resumed) == sorted(saved) and len(saved) == 2
+    assert "stopped 2 rank(s)" in page_text
+
+
+def test_toolbar_interrupt_stops_the_running_cell_and_keeps_the_ranks(lab: tuple[LabServer, LabPage]) -> None:
+    page = lab[1]
+    page.open_notebook("interrupt.ipynb")
+    spin, after, stop = page.find_cell("%%distributed\nimport time"), page.find_cell("%%distributed\nprint"), \
+        page.find_cell("%clorch stop")
+    page.menu("Run", "Run All Cells")
+    wait_for(lambda: "spinning on rank 0" in page.output_text(spin) and "spinning on rank 1" in page.output_text(spin),
+             RUN_ALL_TIMEOUT_S, "both ranks to print in the spinning cell")
+    assert page.prompt(spin) == "[*]:"
+    page.screenshot("interrupt-running")
+    clicked = time.monotonic()
+    page.toolbar_button("interrupt").click()
+    page.wait_idle(120)
+    took = time.monotonic() - clicked
+    page.screenshot("interrupt-done")
+    text = page.output_text(spin)
+    assert "KeyboardInterrupt" in text, text
+    assert page.output_text(after) == ""  # Run All stopped at the interrupted cell
+    print(f"toolbar interrupt: idle again {took:.1f} s after the click")
+    page.run_cell(after)
+    wait_for(lambda: "rank 1 is still here" in page.output_text(after), 120, "the ranks to answer after the interrupt")
+    page.wait_idle(120)
+    assert "rank 0 is still here" in page.output_text(after)
+    page.run_cell(stop)
+    wait_for(lambda: "stopped 2 rank(s)" in page.output_text(stop), 120, "%clorch stop")
+    page.wait_idle(60)
+    page.screenshot("interrupt-after")
