@@ -25,6 +25,7 @@ import json
 import keyword
 import logging
 import os
+import pickle
 import secrets
 import weakref
 from typing import Any
@@ -107,11 +108,14 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
             if note is None or note.get("path") != paths[rank]:
                 raise ClorchError(f"{what} failed: rank {rank} did not report its value; "
                                   f"%clorch logs {rank} shows what it printed")
-            result[rank] = values.load(paths[rank], note["sha256"], f"{what} (rank {rank})")
+            try:
+                result[rank] = values.load(paths[rank], note["sha256"], f"rank {rank}'s value")
+            except (values.TransferError, pickle.UnpicklingError) as exc:  # never expected from our ranks
+                raise ClorchError(f"{what} failed: {exc}") from None
         return result
     finally:
         for path in paths.values():
-            values._remove(path)
+            values.remove_file(path)
 
 
 def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int) -> tuple[int, ...]:
@@ -130,7 +134,7 @@ def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit
             raise _fail(f"%clorch push {name}", outcome)
         return chosen
     finally:
-        values._remove(path)
+        values.remove_file(path)
 
 
 # ------------------------------------------------------------------------------ cell numbers

@@ -132,7 +132,7 @@ def save(value: Any, path: str, limit: int, where: str) -> tuple[int, str]:
         check_size(nbytes, limit, where)
         return nbytes, _sha256(path)
     except BaseException:
-        _remove(path)
+        remove_file(path)
         raise
 
 
@@ -153,7 +153,8 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _remove(path: str) -> None:
+def remove_file(path: str) -> None:
+    """Remove a value's file; a file already gone is fine (a failed save removes its own)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
