@@ -66,6 +66,14 @@ class Verdict:
     waiting: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
     mismatch: bool = False
+    @property
+    def stuck(self) -> bool:
+        """A pending collective some rank is missing from, or called differently: a hang for sure.
+
+        Ranks that all wait in the same, matching collective may just be moving a lot of data:
+        the live notice stays quiet for them (a false alarm is worse than a late one)."""
+        return self.hang and bool(self.missing or self.mismatch)
+
     #: how long the collective has been pending on the rank that entered it last (by its own
     #: clock, so hosts need not agree on the time); None when nothing is pending
     pending_s: float | None = None
