@@ -94,8 +94,8 @@ class ClorchMagics(Magics):
         for command in COMMANDS:
             parser = getattr(self, f"_{command}").parser  # built by magic_arguments from the docstring
             lines.append(f"  {command:<10} {(parser.description or '').strip().rstrip('.')}")
-        lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] [--hang-notice SECONDS] runs a cell "
-                  "on every rank."]
+        lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] [--hang-notice SECONDS] [--no-merge] "
+                  "[--gather NAME] [--max-mb MB] runs a cell on every rank."]
         return "\n".join(lines)
 
     @magic_arguments(name="clorch start")
