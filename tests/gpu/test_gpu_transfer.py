@@ -49,3 +49,13 @@ def test_cuda_tensors_come_back_on_the_cpu_and_pushed_ones_can_go_to_the_gpu(nb:
     assert "ARRIVED cpu 6.0" in text
     ok(nb, "%%distributed --gather g\ntorch.ones(2, device=device) * rank")
     assert "GATHERED cpu [0.0, 0.0]" in ok(nb, "print('GATHERED', g[0].device, g[0].tolist())")
+
+
+def test_identical_output_of_nccl_ranks_is_merged(nb: NotebookKernel) -> None:
+    n = min(cuda.device_count(), 2)
+    text = ok(nb, "%%distributed\nimport torch.distributed as dist\nt = torch.ones(1, device=device)\n"
+                  "dist.all_reduce(t)\nprint('sum', t.item())\nprint('on', device, 'rank', rank)")
+    label = "[rank 0]" if n == 1 else f"[ranks 0-{n - 1}]"
+    assert text.count("sum ") == 1 and f"{label} sum {float(n)}" in text
+    for r in range(n):
+        assert f"[rank {r}] on cuda:0 rank {r}" in text  # different lines stay per rank
