@@ -48,8 +48,9 @@ PARTIAL_LINE_HOLD_S = 0.5
 #: How long a rank's line waits for the other ranks' copy of it before it is shown on its own.
 #: Ranks of one SPMD program print the same line within milliseconds of each other
 #: (``python benchmarks/transfer.py`` on the 2-core CPU box: the last copy arrived 2.6-15 ms after
-#: the first at the median, 12-60 ms at worst, depending on the load); a person notices live
-#: output lagging at about half a second. The relay flushes the display at least every 0.2 s, so
+#: the first at the median, 12-60 ms at worst, depending on the load; on two H200s 13 ms at the
+#: 99th percentile, one outlier of 0.75 s); a person notices live output lagging at about half a
+#: second. A copy later than the hold is shown with its own rank's label: unmerged, never wrong. The relay flushes the display at least every 0.2 s, so
 #: the longest a line is held is 0.25 + 0.2 s, still under that.
 MERGE_HOLD_S = 0.25
 
