@@ -1,8 +1,9 @@
 """Entry point of one launched rank: ``python -m clorch_repl.distributed._rank_entry JOB_SPEC``.
 
 Joins the process group, calls ``main`` with the rank's dict, and reports the outcome to the
-parent through a result file. A rank ends itself (and everything it started) as soon as the
-parent is gone, so a killed notebook never leaves ranks behind.
+parent through a result file. The rank's supervisor (:mod:`clorch_repl.session.supervisor`) ends it
+and everything it started as soon as the launching process is gone, so a killed notebook never
+leaves ranks behind.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def run(spec_path: str) -> int:
 
     record.enable()  # before the process group exists: torch reads it then
     hang.serve(spec["dir"], int(os.environ["RANK"]))  # before any thread starts: it sets the signal mask
-    watch_parent(int(spec["parent_pid"]), orphaned)
+    # Our parent is the rank's supervisor, which ends us (needing no GIL) when the launching
+    # process is gone; this thread covers a supervisor that was itself killed outright.
+    watch_parent(os.getppid(), orphaned)
     faulthandler.enable()  # a native crash still leaves a Python traceback in the log
     rank = int(os.environ["RANK"])
     failed_at: float | None = None

@@ -170,7 +170,21 @@ class Job:
         return self.status()
 
     def pids(self) -> list[int | None]:
-        return [p.pid if p else None for p in self._procs]
+        """Each rank's own Python process (below its supervisor, whose pid ``_procs`` holds)."""
+        return [self._rank_pid(r) for r in range(self.topology.nproc)]
+
+    def _pid_path(self, r: int) -> str:
+        return os.path.join(self.dir, f"rank-{r}.pid")
+
+    def _rank_pid(self, r: int) -> int | None:
+        proc = self._procs[r]
+        if proc is None:
+            return None
+        try:
+            with open(self._pid_path(r)) as fh:
+                return int(fh.read().strip())
+        except (OSError, ValueError):
+            return proc.pid  # not written yet (or the directory is gone): the supervisor stands in
 
     def __enter__(self) -> "Job":
         return self
@@ -204,13 +218,22 @@ class Job:
             state = "failed"
             error = error or (f"exited ({describe_exit(code)}) without reporting a result" if code == 0
                               else describe_exit(code))
-        return RankStatus(rank=r, pid=proc.pid if proc else None, device=self.topology.device_label(r),
+        return RankStatus(rank=r, pid=self._rank_pid(r), device=self.topology.device_label(r),
                           state=state, exit_code=code, exit=describe_exit(code), error=error)
 
     def _start(self, env_for: Callable[[int], dict[str, str]], spec_path: str) -> None:
-        cmd = [sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path]
+        # Each rank runs below its own supervisor (clorch_repl.session.supervisor): it ends the
+        # rank and everything the rank started, setsid daemons included, when the job is stopped
+        # or this process dies, even while the rank holds the GIL; it exits with the rank's status.
+        from ..session import supervisor
+
+        sup = [sys.executable, "-I", "-S", supervisor.__file__, "--grace", str(self.grace_s)]
+        if self._owns_dir:
+            sup += ["--session-dir", self.dir]  # nobody is left to read it when we are gone
+        rank_cmd = ["--", sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path]
         try:
             for r in range(self.topology.nproc):
+                cmd = [*sup, "--pid-file", self._pid_path(r), *rank_cmd]
                 fd = os.open(self.log_path(r), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
                 try:
                     self._procs[r] = subprocess.Popen(cmd, env=env_for(r), stdin=subprocess.DEVNULL, stdout=fd,
