@@ -137,3 +137,14 @@ def test_computing_and_busy_collectives_get_no_notice() -> None:
                               "rank 1 is not running a cell"), why
     finally:
         nb.shutdown()
+
+
+def test_hang_notice_zero_is_off_and_a_timeout_report_carries_the_verdict(nb2: NotebookKernel) -> None:
+    reply = nb2.run("%%distributed --hang-notice 0 --timeout 6\nimport time, torch.distributed as dist\n"
+                    "if rank == 1:\n    time.sleep(30)\nelse:\n    dist.barrier()\n", timeout=90)
+    assert reply.status == "error"
+    assert NOTICE not in reply.text  # the session's 3 s notice is off for this cell
+    text = reply.text.replace("\x1b[1m", "").replace("\x1b[0m", "")
+    assert "Timed out after 6 s" in text
+    assert re.search(r"^Why: barrier #2 \(default group\): rank 0 waits in it; rank 1 never called it and is at "
+                     r"Cell In\[\d+\], line 3 in <module>$", text, re.M), text
