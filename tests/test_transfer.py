@@ -179,3 +179,21 @@ def test_unsendable_values_fail_clearly_naming_rank_and_type(nb: NotebookKernel)
     assert "NAME must be a Python variable name" in text
     assert "alive" in ok(nb, "print('alive')")
     no_value_files_left(nb)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%clorch pull", "the following arguments are required: name"),
+    ("%clorch pull x --max-mb 0", "--max-mb must be a positive number of megabytes"),
+    ("%clorch push x --max-mb lots", "--max-mb must be a number of megabytes; got 'lots'"),
+    ("%clorch pull x --ranks a", "--ranks must be comma-separated integers"),
+    ("%clorch push for", "NAME must be a Python variable name; got 'for'"),
+    ("%%distributed --gather 2x\n1", "--gather must be a Python variable name; got '2x'"),
+])
+def test_bad_transfer_input_is_one_clear_line_before_any_rank_is_asked(ip: Any, line: str, message: str) -> None:
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        result = ip.run_cell(line)
+    assert not result.success
+    assert message in cap.stdout + cap.stderr
+    assert "Traceback" not in cap.stdout + cap.stderr

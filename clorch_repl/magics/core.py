@@ -239,8 +239,8 @@ class ClorchMagics(Magics):
         from ..session import transfer
 
         name = transfer.check_name(args.name)
-        got = transfer.pull(self._session(), name, parse_ranks(args.ranks), parse_max_mb(args.max_mb))
-        self.shell.user_ns[name] = got
+        ranks, limit = parse_ranks(args.ranks), parse_max_mb(args.max_mb)  # input first, then the ranks
+        self.shell.user_ns[name] = transfer.pull(self._session(), name, ranks, limit)
 
     @magic_arguments(name="clorch push")
     @argument("name", help="the notebook variable to send to each rank")
@@ -254,10 +254,10 @@ class ClorchMagics(Magics):
         from ..session import transfer
 
         name = transfer.check_name(args.name)
+        ranks, limit = parse_ranks(args.ranks), parse_max_mb(args.max_mb)
         if name not in self.shell.user_ns:
             raise ClorchError(f"name {name!r} is not defined in the notebook")
-        transfer.push(self._session(), name, self.shell.user_ns[name], parse_ranks(args.ranks),
-                      parse_max_mb(args.max_mb))
+        transfer.push(self._session(), name, self.shell.user_ns[name], ranks, limit)
 
     # -------------------------------------------------------------------------- %%distributed
     @cell_magic
