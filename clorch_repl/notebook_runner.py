@@ -137,6 +137,7 @@ class NotebookRun:
     def __init__(self, path: str, *, nproc: int | None = None, timeout_s: float | None = 600.0,
                  output: str | None = None, cwd: str | None = None, kernel_name: str | None = None,
                  out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.given = path  # as the user wrote it, for messages
         self.path = os.path.abspath(path)
         self.nproc = nproc
         self.timeout_s = timeout_s
@@ -177,7 +178,7 @@ class NotebookRun:
             where = f"could not write the executed copy to {self.output}: {exc}"
             outcome = Outcome(outcome.status or EXIT_FAILED, outcome.message, outcome.failed_cell)
         verdict = "OK" if outcome.status == 0 else "FAILED"
-        say(self.out, f"\n{verdict}: {os.path.relpath(self.path)} in {time.monotonic() - started:.1f} s; {where}\n")
+        say(self.out, f"\n{verdict}: {self.given} in {time.monotonic() - started:.1f} s; {where}\n")
         if outcome.status:
             say(self.err, outcome.message + "\n")
         return outcome.status
@@ -211,6 +212,9 @@ class NotebookRun:
             if self.signals:
                 return self._interrupted(client)
             return self._failed(client, "the notebook's kernel died")
+        except Exception as exc:  # e.g. NoSuchKernel, a kernel that never answered: say so, clean up
+            logger.debug("run failed", exc_info=True)
+            return self._failed(client, f"{type(exc).__name__}: {exc}")
         finally:
             self._stopping = True
             await self._shutdown(km, client)
@@ -256,15 +260,15 @@ class NotebookRun:
 
     def _failed(self, client: StreamingClient, why: str) -> Outcome:
         index = client.current_index
-        where = describe_cell(self.nb, index) if index is not None else "before the first cell"
-        return Outcome(EXIT_FAILED, f"clorch-notebook: {os.path.relpath(self.path)} failed at {where}\n  {why}",
+        where = f"at {describe_cell(self.nb, index)}" if index is not None else "before the first cell"
+        return Outcome(EXIT_FAILED, f"clorch-notebook: {self.given} failed {where}\n  {why}",
                        index)
 
     def _interrupted(self, client: StreamingClient) -> Outcome:
         signum = self.signals[0] if self.signals else signal.SIGINT
         index = client.current_index
         where = f" at {describe_cell(self.nb, index)}" if index is not None else ""
-        return Outcome(128 + signum, f"clorch-notebook: {os.path.relpath(self.path)} interrupted by "
+        return Outcome(128 + signum, f"clorch-notebook: {self.given} interrupted by "
                                      f"{signal.Signals(signum).name}{where}; the kernel and its ranks were stopped",
                        index)
 
@@ -356,6 +360,9 @@ class NotebookRun:
 
     async def _end_leftovers(self) -> None:
         alive = [p for p in self._seen.values() if _running(p)]
+        loop = asyncio.get_running_loop()
+        if alive:  # ranks of a killed kernel notice within a second that their parent is gone
+            _, alive = await loop.run_in_executor(None, lambda: psutil.wait_procs(alive, timeout=3.0))
         if not alive:
             return
         names = ", ".join(str(p.pid) for p in alive)
@@ -365,7 +372,6 @@ class NotebookRun:
                 proc.terminate()
             except psutil.Error:
                 continue
-        loop = asyncio.get_running_loop()
         _, still = await loop.run_in_executor(None, lambda: psutil.wait_procs(alive, timeout=5.0))
         for proc in still:
             try:

@@ -212,3 +212,27 @@ def test_the_old_script_is_a_thin_wrapper(folder: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "hello from 42" in done.stdout and os.path.exists(os.path.join(folder, "t.ipynb"))
 
+
+
+@pytest.mark.parametrize("value", ["two", "0", "-1"])
+def test_a_bad_clorch_nproc_is_named_by_start(ip, magics, monkeypatch, value: str) -> None:
+    """The default that --nproc sets through the environment is validated where it is read, and
+    the message names the variable (the user never typed --nproc)."""
+    from IPython.utils.capture import capture_output
+
+    magics.shutdown()
+    monkeypatch.setenv("CLORCH_NPROC", value)
+    with capture_output() as cap:
+        result = ip.run_cell("%clorch start")
+    assert not result.success
+    assert f"CLORCH_NPROC={value!r} in the environment must be a whole number of ranks >= 1" in cap.stdout + cap.stderr
+    assert magics.session is None or not magics.session.running
+
+
+def test_a_kernel_that_cannot_start_fails_before_the_first_cell(folder: str) -> None:
+    path = notebook(os.path.join(folder, "k.ipynb"), "print('never reached')")
+    done = subprocess.run([SCRIPT, "run", path, "--kernel", "no-such-kernel"], capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+    assert done.returncode == 1
+    assert "failed before the first cell" in done.stderr and "No such kernel named no-such-kernel" in done.stderr
+    assert "never reached" not in done.stdout
