@@ -35,8 +35,8 @@ import psutil
 
 logger = logging.getLogger(__name__)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's packages chromium, chromium-driver
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 T = TypeVar("T")
 
 
