@@ -236,3 +236,17 @@ def test_kernel_interrupt_shows_one_keyboardinterrupt_numbered_like_the_notebook
     plain = re.sub(r"\x1b\[[0-9;]*m", "", after.text)
     assert f"Cell In[{count + 2}], line 1" in plain  # numbered again after the local cell between
     assert "---- rank 0 ----" in plain and "---- rank 1 ----" in plain  # different errors: per rank
+
+
+def test_kernel_a_slow_ranks_copy_does_not_hold_the_fast_ranks_line(nb: Any) -> None:
+    """Rank 1 prints the same line 4 s after rank 0: rank 0's copy is shown long before that,
+    labelled as its own, and rank 1's when it comes (correct, only not merged)."""
+    t0 = time.monotonic()
+    msg_id = nb.send("%%distributed\nimport time\nif rank == 1:\n    time.sleep(4)\n"
+                     "print('checkpoint saved', flush=True)\nif rank == 0:\n    time.sleep(4)")
+    nb.wait_for_output(msg_id, "[rank 0] checkpoint saved", timeout=30)
+    shown_after = time.monotonic() - t0
+    reply = nb.collect(msg_id, timeout=60)
+    assert reply.status == "ok", reply.text
+    assert shown_after < 3.0, f"rank 0's line took {shown_after:.1f} s to show"  # rank 1 prints at 4 s
+    assert "[rank 1] checkpoint saved" in stdout_of(reply) and "[ranks" not in stdout_of(reply)
