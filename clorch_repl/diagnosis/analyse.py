@@ -212,8 +212,16 @@ def analyse(states: list[RankState]) -> Verdict:
     if problems:
         # The oldest pending collective is the cause; the others usually wait behind it.
         problems.sort(key=lambda p: (not p.hang, p.seq or 0))
-        return problems[0]
-    return _no_collective(states)
+        verdict = problems[0]
+    else:
+        verdict = _no_collective(states)
+    unrecorded = [s for s in states if s.answered and s.answer.get("fr") is None]
+    if unrecorded:
+        # Said with every verdict it weakens: the rest stands on the ranks' stacks alone.
+        why = unrecorded[0].answer.get("fr_missing") or "no flight recorder"
+        verdict.sentence += (f" (no collective record from {_ranks_word([s.rank for s in unrecorded])}: "
+                             f"{why}; judged from stacks)")
+    return verdict
 
 
 def _first_disagreement(pg: str, per_rank: dict[int, dict[int, Entry]],
