@@ -1,17 +1,18 @@
 """Cost of torch's flight recorder (on in every rank, for hang diagnosis), recording on vs off.
 
-    python benchmarks/recording.py [--rounds 7] [--cells 40] [--sizes-mb 1,4,16]
+    python benchmarks/recording.py [--rounds 7] [--cells 40] [--sizes-mb 1,4,16] [--round-s 0.5]
 
 1. gloo all_reduce of 1 MB and up between 2 plain rank processes: one pair records, one pair does
    not (CLORCH_FLIGHT_RECORDER=0), driven in alternating rounds so both see the same machine.
 2. The empty ``%%distributed`` cell's round trip, as a Jupyter client sees it: two notebook
    kernels, each with a 2-rank session, one recording and one not, again in alternating rounds.
 
-Prints, per case, the median time on and off and the ratio on/off: the median over rounds of each
-round's ratio, with the lowest and highest round. Targets (issue 9): collectives within 1.01, the
-empty cell within 1.03. Run it on a quiet machine (see ``uptime``). On a busy machine the 2-rank ratios swing by more than 1% from round to
-round, so the benchmark also measures what recording adds to one call where nothing else costs
-(a 1-rank group, 4 bytes) and states it as a share of each 2-rank all_reduce.
+Prints, per case, the median time on and off and the ratio on/off (the median over rounds of
+each round's ratio, with the lowest and highest round), and the ratio of the best rounds.
+Targets (issue 9): collectives within 1.01, the empty cell within 1.03. Run it on a quiet machine
+(see ``uptime``): on a busy one the 2-rank ratios swing by more than 1% from round to round, so it
+also measures what recording adds to one call where nothing else costs (a 1-rank group, 4 bytes)
+and states that as a share of each 2-rank all_reduce.
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def cells(n_cells: int, rounds: int) -> None:
                     samples.append(reply.idle_at - t0)
                 if i:  # round 0 warms up
                     times[rec].append(statistics.median(samples))
-        print(f"empty %%distributed cell (2 ranks, median of {n_cells} per round): {summary(times[True], times[False])}")
+        print(f"empty %%distributed cell (2 ranks, median of {n_cells} per round): "
+              f"{summary(times[True], times[False])}")
     finally:
         if saved is None:
             os.environ.pop("CLORCH_FLIGHT_RECORDER", None)

@@ -62,7 +62,8 @@ def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: A
     assert verdict.hang and verdict.mismatch and verdict.seq == 4
     assert verdict.sentence == ("collective #4 (default group): rank 0 called all_reduce(float32[4]), "
                                 "rank 1 called broadcast(float32[4]); ranks 0, 1 wait in it; earlier, "
-                                "broadcast #3 (float32[4], default group): rank 0 has float32[4], rank 1 has float32[8]")
+                                "broadcast #3 (float32[4], default group): rank 0 has float32[4], "
+                                "rank 1 has float32[8]")
 
 
 def test_computing_ranks_are_not_a_hang(tmp_path: Any) -> None:
@@ -84,4 +85,5 @@ def test_a_dead_rank_is_named() -> None:
         "groups": {"0": {"ranks": [0, 1], "default": True}}, "stack": [], "in_cell": True, "now_ns": 10**10}),
         RankState(1, dead="exit code 3")]
     verdict = analyse(states)
-    assert verdict.sentence == "all_reduce #2 (float32[4], default group): rank 0 waits in it; rank 1 died (exit code 3)"
+    assert verdict.sentence == ("all_reduce #2 (float32[4], default group): rank 0 waits in it; "
+                                "rank 1 died (exit code 3)")

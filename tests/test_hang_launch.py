@@ -11,8 +11,8 @@ from clorch_repl import distributed as dist
 
 
 def test_a_job_timing_out_in_a_hang_names_the_rank_and_line() -> None:
-    job = dist.launch(nproc_per_node=2, main="hang_scenarios:job_skips_barrier", timeout_ms=8_000,
-                      pg_timeout_s=60)
+    job = dist.launch(nproc_per_node=2, backend="gloo", main="hang_scenarios:job_skips_barrier",
+                      timeout_ms=8_000, pg_timeout_s=60)
     with pytest.raises(dist.JobTimeout) as info:
         job.wait(60)
     message = str(info.value)

@@ -15,7 +15,7 @@ def unrecorded(ip: Any, magics: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CLORCH_FLIGHT_RECORDER", "0")  # the ranks inherit the notebook's environment
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    ip.run_line_magic("clorch", "start --nproc 2")
+    ip.run_line_magic("clorch", "start --nproc 2 --backend gloo")
     try:
         yield magics
     finally:

@@ -22,7 +22,9 @@ def start(nproc: int, pg_timeout: int, notice: float) -> NotebookKernel:
     kernel = NotebookKernel()
     try:
         assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run(f"%clorch start --nproc {nproc} --timeout {pg_timeout} --hang-notice {notice:g}")
+        # gloo named: on a GPU machine the default would be NCCL, whose collectives return at once
+        reply = kernel.run(f"%clorch start --nproc {nproc} --backend gloo --timeout {pg_timeout} "
+                           f"--hang-notice {notice:g}")
         assert reply.status == "ok", reply.text
     except BaseException:
         kernel.shutdown()
