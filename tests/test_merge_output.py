@@ -88,6 +88,12 @@ def test_a_line_only_one_rank_printed_does_not_end_merging() -> None:
     assert cap.stdout == "[rank 0] saving\n[ranks 0-1] epoch 1\n[ranks 0-1] epoch 2\n"
 
 
+def test_a_line_one_rank_printed_first_merges_the_next_one_arriving_later() -> None:
+    # rank 0's "epoch 1" arrives after rank 1's: the extra line must not spoil the merge
+    cap = feed([out(0, "saving\n"), out(1, "epoch 1\n"), out(0, "epoch 1\n")])
+    assert cap.stdout == "[rank 0] saving\n[ranks 0-1] epoch 1\n"
+
+
 def test_interleaved_arrival_in_odd_chunks() -> None:
     items = [out(0, "a\nb"), out(1, "a\n"), out(0, "\nc\n"), out(1, "b\nc\n")]
     cap = feed(items)

@@ -226,10 +226,19 @@ class NotebookDisplay:
                     self._emit(self.ranks, unit)
                     continue
                 # A head that every other rank has further down its queue waits for them to get
-                # there; the others (lines only some ranks printed) are shown now.
+                # there, and the others' heads, lines only some ranks printed before it, are shown
+                # now. With no such sign (the copies may still be on their way), heads wait out
+                # the hold like a lone line.
                 waiting = {r for r in self.ranks
                            if all(self._keys.get(o, _NONE)[heads[r].key] > 0 for o in self.ranks if o != r)}
-                ready = [r for r in self.ranks if r not in waiting] or list(self.ranks)
+                if len(waiting) == len(self.ranks):
+                    ready = list(self.ranks)  # crossed (a b / b a): no order merges them
+                elif waiting:
+                    ready = [r for r in self.ranks if r not in waiting]
+                else:
+                    ready = [r for r in self.ranks if final or now - heads[r].since >= MERGE_HOLD_S]
+                    if not ready:
+                        return
             else:
                 ready = [r for r, u in heads.items() if final or now - u.since >= MERGE_HOLD_S]
                 if not ready:
