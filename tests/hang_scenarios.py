@@ -36,6 +36,12 @@ def scenario(name: str, rank: int) -> None:
             dist.all_reduce(torch.ones(4))
         else:
             dist.broadcast(torch.ones(4), 0)
+    elif name == "subgroup":                  # group of ranks 0, 1: rank 1 is late; rank 2 is no member
+        sub = dist.new_group([0, 1])
+        if rank == 0:
+            dist.all_reduce(torch.ones(2), group=sub)
+        elif rank == 1:
+            load_batch()
     elif name == "compute":                   # nothing pending: every rank computes
         end = time.monotonic() + 3
         while time.monotonic() < end:
@@ -59,12 +65,13 @@ def main() -> None:
             json.dump(probe.answer({}), fh)
         os.replace(out + ".tmp", out)
 
-    threading.Thread(target=answer, daemon=True).start()
+    answering = threading.Thread(target=answer, daemon=True)
+    answering.start()
     try:
         scenario(name, rank)
     except RuntimeError:
-        pass  # the group's timeout ends the ranks that waited; the answer is already written
-    time.sleep(max(0.0, SETTLE_S + 0.5))
+        pass  # the group's timeout ends the ranks that waited
+    answering.join(60)
     os._exit(0)  # gloo's teardown of a timed-out group can block; nothing is left to flush
 
 

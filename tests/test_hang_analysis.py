@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -64,6 +65,14 @@ def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: A
                                 "rank 1 called broadcast(float32[4]); ranks 0, 1 wait in it; earlier, "
                                 "broadcast #3 (float32[4], default group): rank 0 has float32[4], "
                                 "rank 1 has float32[8]")
+
+
+def test_a_subgroup_is_named_with_its_members_and_outsiders_are_not_blamed(tmp_path: Any) -> None:
+    verdict = analyse(record("subgroup", 3, tmp_path))
+    assert verdict.hang and verdict.missing == [1]  # rank 2 is not in the group: not "missing"
+    assert re.fullmatch(r"all_reduce #1 \(float32\[2\], group 1 of ranks 0, 1\): rank 0 waits in it; "
+                        r"rank 1 never called it and is at \S*hang_scenarios\.py:\d+ in load_batch\(\)",
+                        verdict.sentence), verdict.sentence
 
 
 def test_computing_ranks_are_not_a_hang(tmp_path: Any) -> None:
