@@ -9,6 +9,7 @@ collective of the first cell is #2 (torch numbers them the same way in its own t
 from __future__ import annotations
 
 import re
+import time
 from typing import Iterator
 
 import pytest
@@ -150,3 +151,20 @@ def test_hang_notice_zero_is_off_and_a_timeout_report_carries_the_verdict(nb2: N
     assert "Timed out after 6 s" in text
     assert re.search(r"^Why: barrier #2 \(default group\): rank 0 waits in it; rank 1 never called it and is at "
                      r"Cell In\[\d+\], line 3 in <module>$", text, re.M), text
+
+
+def test_clorch_interrupt_on_stuck_ranks_says_why(nb2: NotebookKernel) -> None:
+    # rank 1 ignores SIGINT in its sleep; rank 0 waits for it in a barrier. Both outlive interrupts.
+    msg_id = nb2.send("%%distributed --hang-notice 0\nimport signal, time, torch.distributed as dist\n"
+                      "print('in', flush=True)\n"
+                      "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(60)\n"
+                      "dist.barrier()\n")
+    nb2.wait_for_output(msg_id, "in\n")
+    time.sleep(1.0)  # rank 0 reaches the barrier, rank 1 its sleep
+    nb2.km.interrupt_kernel()
+    nb2.collect(msg_id, timeout=60)
+    again = nb2.run("%clorch interrupt")
+    assert again.status == "error" and "are stuck" in again.text
+    assert re.search(r"^clorch: why: barrier #2 \(default group\): rank 0 waits in it; rank 1 never called it and "
+                     r"is at Cell In\[\d+\], line 5 in <module> \(%clorch why shows each rank's collectives\)$",
+                     again.text, re.M), again.text

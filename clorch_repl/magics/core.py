@@ -164,6 +164,8 @@ class ClorchMagics(Magics):
             return
         for rank, stack in stuck.items():
             print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
+        verdict = self._session().why().splitlines()[0]  # the first collective the ranks disagree on
+        print(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)")
         raise ClorchError(f"rank(s) {sorted(stuck)} are stuck: run %clorch restart for a fresh group")
 
     @magic_arguments(name="clorch restart")
