@@ -150,8 +150,9 @@ def cells(n_cells: int, rounds: int) -> None:
             kernels[rec] = kernel
             for code in ("%load_ext clorch_repl", "%clorch start --nproc 2"):
                 assert kernel.run(code).status == "ok", code
-            check = kernel.run("%%distributed\nimport os\nprint('FR', os.environ.get('TORCH_FR_BUFFER_SIZE'))")
-            assert ("FR None" in check.text) != rec, check.text
+            check = kernel.run("%%distributed\nfrom clorch_repl.diagnosis import record\n"
+                               "print('FR', record.read()[0] is not None)")
+            assert f"FR {rec}" in check.text, check.text
         times: dict[bool, list[float]] = {True: [], False: []}
         for i in range(rounds + 1):
             order = (True, False) if i % 2 == 0 else (False, True)

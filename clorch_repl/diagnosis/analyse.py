@@ -77,6 +77,8 @@ class Verdict:
     #: how long the collective has been pending on the rank that entered it last (by its own
     #: clock, so hosts need not agree on the time); None when nothing is pending
     pending_s: float | None = None
+    #: when the first rank entered it (ns since the epoch, that rank's clock): orders the groups
+    entered_ns: int | None = None
 
 
 # ------------------------------------------------------------------------------ entries
@@ -211,7 +213,7 @@ def analyse(states: list[RankState]) -> Verdict:
             problems.append(found)
     if problems:
         # The oldest pending collective is the cause; the others usually wait behind it.
-        problems.sort(key=lambda p: (not p.hang, p.seq or 0))
+        problems.sort(key=lambda p: (not p.hang, p.entered_ns or 0))
         verdict = problems[0]
     else:
         verdict = _no_collective(states)
@@ -330,7 +332,8 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
             and "now_ns" in by_rank[r].answer]
     return Verdict(sentence=f"{head}: " + "; ".join(clauses), hang=bool(pending), op=op, seq=seq,
                    group=group, waiting=pending, missing=[r for r in absent if r in by_rank],
-                   mismatch=mismatch is not None, pending_s=min(ages) if ages else None)
+                   mismatch=mismatch is not None, pending_s=min(ages) if ages else None,
+                   entered_ns=min((int(present[r].raw.get("time_created_ns") or 0) for r in pending), default=None))
 
 
 def _pending_elsewhere(state: RankState, pg: str) -> str | None:

@@ -1,8 +1,10 @@
 """torch's flight recorder: turned on before a process group is created, read in-process.
 
 torch records every collective (op, sequence number per process group, shapes, dtypes, state) in
-a ring buffer when ``TORCH_FR_BUFFER_SIZE`` (older torch: ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set
-when the process group is created; since torch 2.6 gloo groups are recorded too. Reading it costs
+a ring buffer sized by ``TORCH_FR_BUFFER_SIZE`` (older torch: ``TORCH_NCCL_TRACE_BUFFER_SIZE``),
+read when the process group is created; gloo groups are recorded too. Recent torch (2.13 here)
+records 2,000 entries by default; older versions record nothing unless the variable is set, so
+:func:`enable` sets it where the user has not. Reading it costs
 a fraction of a millisecond and takes no lock the blocked collective holds, so a rank's control
 thread can read it while the main thread waits in that collective.
 
@@ -27,14 +29,27 @@ OFF_ENV = "CLORCH_FLIGHT_RECORDER"
 
 
 def enable(environ: Any = None) -> bool:
-    """Turn recording on in ``environ`` (default ``os.environ``) unless the user chose a size or
-    turned it off; must run before the process group is created. Returns whether it is on."""
+    """Turn recording on in ``environ`` (default ``os.environ``) unless the user chose a size, or
+    off where ``CLORCH_FLIGHT_RECORDER=0``; must run before the process group is created.
+    Returns whether it is on."""
     env = os.environ if environ is None else environ
     if env.get(OFF_ENV, "1") == "0":
+        for name in BUFFER_ENVS:
+            env.pop(name, None)
+        env[_buffer_env()] = "0"  # recent torch records by default: off must be said
         return False
     if not any(name in env for name in BUFFER_ENVS):
         env[_buffer_env()] = str(BUFFER_ENTRIES)
-    return any(env.get(name, "0") not in ("", "0") for name in BUFFER_ENVS)
+    return not _switched_off(env)
+
+
+def _switched_off(env: Any = None) -> bool:
+    """Whether the buffer size was set to 0 (unset means torch's default, on in recent torch)."""
+    env = os.environ if env is None else env
+    for name in BUFFER_ENVS:
+        if name in env:
+            return env[name].strip() in ("", "0")
+    return False
 
 
 def _buffer_env() -> str:
@@ -59,8 +74,8 @@ def read() -> tuple[dict[str, Any] | None, str | None]:
 
     if "torch" not in sys.modules:
         return None, "torch is not imported"
-    if not any(os.environ.get(name, "0") not in ("", "0") for name in BUFFER_ENVS):
-        return None, "the flight recorder is off (TORCH_FR_BUFFER_SIZE is unset or 0)"
+    if _switched_off():
+        return None, "the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"
     try:
         from torch._C import _distributed_c10d as c10d
     except ImportError:
