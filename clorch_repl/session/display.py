@@ -410,6 +410,8 @@ class DistributedCellError(Exception):
             parts.insert(0, f"the cell timed out after {self.timeout_s:g} s")
         elif self.outcome.interrupted and not parts:
             parts.append("interrupted")
+        if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this
+            parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
         return "; ".join(parts) or "the cell failed"
 
     def _render_traceback_(self) -> list[str]:
