@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 import time
 from typing import Any, Iterator
 
@@ -155,7 +156,14 @@ def test_quickstart_widget_progress_bar_per_rank(quickstart: dict[str, Any]) -> 
 
 
 def test_training_notebook_runs_in_jupyterlab(lab: tuple[LabServer, LabPage]) -> None:
-    run = _run_notebook(lab[1], "distributed_training.ipynb")
+    checkpoint = os.path.join(tempfile.gettempdir(), "clorch-notebook-ddp.pt")  # the notebook's own
+    if os.path.exists(checkpoint):
+        os.unlink(checkpoint)
+    try:
+        run = _run_notebook(lab[1], "distributed_training.ipynb")
+    finally:
+        if os.path.exists(checkpoint):
+            os.unlink(checkpoint)  # leave nothing behind in /tmp
     page_text = "\n".join(c["text"] for c in run["cells"])
     assert "ModuleNotFoundError" not in page_text and "Traceback" not in page_text, page_text[-3000:]
     for r in (0, 1):
