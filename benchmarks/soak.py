@@ -54,11 +54,21 @@ class Seen:
         return {d for d in self.dirs if d != current and os.path.exists(d)}
 
 
+#: IPython 9 keeps every cell's stdout/stderr text in ``history_manager.outputs`` (for %history
+#: -o), in any notebook, so the notebook kernel's RSS grows with the output shown; this measures
+#: that share so that what is left can be put down to clorch_repl.
+RETAINED = ("_h = get_ipython().history_manager\n"
+            "print('RETAINED', sum(len(x) for outs in _h.outputs.values() for o in outs "
+            "for x in o.bundle.get('stream', ())))")
+
+
 def sample(nb: NotebookKernel, seen: Seen) -> dict[str, float]:
+    line = next(l for l in nb.run(RETAINED).text.splitlines() if l.startswith("RETAINED"))
     proc = psutil.Process(nb.pid)
     tree = {p.pid for p in proc.children(recursive=True)}
     return {"rss_mb": proc.memory_info().rss / 2**20, "fds": proc.num_fds(), "procs": len(tree),
-            "orphans": len(seen.alive() - tree), "dirs": len([d for d in seen.dirs if os.path.exists(d)])}
+            "orphans": len(seen.alive() - tree), "dirs": len([d for d in seen.dirs if os.path.exists(d)]),
+            "ipython_mb": int(line.split()[1]) / 2**20}
 
 
 def output_cell(i: int, rng: random.Random) -> tuple[str, list[str]]:
@@ -141,7 +151,8 @@ def main() -> int:
             if cells % 500 == 0 or cells == 50:
                 samples.append((cells, sample(nb, seen)))
                 s = samples[-1][1]
-                print(f"{cells:6d} cells {time.monotonic() - t_start:7.0f} s  rss {s['rss_mb']:.1f} MB  "
+                print(f"{cells:6d} cells {time.monotonic() - t_start:7.0f} s  rss {s['rss_mb']:.1f} MB "
+                      f"(IPython keeps {s['ipython_mb']:.1f} MB of output text)  "
                       f"fds {s['fds']:.0f}  procs {s['procs']:.0f}  orphans {s['orphans']:.0f}  "
                       f"dirs {s['dirs']:.0f}  {counts}", flush=True)
         samples.append((cells, sample(nb, seen)))
@@ -163,7 +174,8 @@ def main() -> int:
         print(f"  output cells: p50 {statistics.median(times) * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms, "
               f"max {max(times) * 1000:.0f} ms")
     print(f"  notebook kernel RSS: {first.get('rss_mb', 0):.1f} MB after 50 cells -> {last['rss_mb']:.1f} MB "
-          f"after {samples[-1][0]}")
+          f"after {samples[-1][0]}; of which IPython's own record of cell output (history_manager.outputs): "
+          f"{first.get('ipython_mb', 0):.1f} -> {last['ipython_mb']:.1f} MB")
     print(f"  notebook kernel fds: {first.get('fds', 0):.0f} -> {last['fds']:.0f}")
     print(f"  processes below the notebook: {first.get('procs', 0):.0f} -> {last['procs']:.0f}; "
           f"after stop {after_stop['procs']:.0f}; orphaned ranks at any sample: "

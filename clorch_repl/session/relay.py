@@ -37,12 +37,17 @@ INTERRUPT_GRACE_S = 5.0
 FAILURE_GRACE_S = 2.0
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
-#: A rank's part of a cell ends on its idle status (iopub), or at the latest this long after its
-#: execute_reply (shell): iopub drops messages past ZeroMQ's high-water mark, the idle status
-#: included, while the shell reply is never dropped. Output still in flight when the reply comes
-#: is ordered before the idle status, so waiting for idle a moment longer keeps it; an idle that
-#: never comes no longer wedges the cell.
+#: A rank's part of a cell ends on its idle status (iopub), or, once its execute_reply (shell)
+#: has come, when nothing more of the cell arrived from it for this long: iopub drops messages
+#: past ZeroMQ's high-water mark, the idle status included, while the shell reply is never
+#: dropped. Output still in flight when the reply comes is ordered before the idle status, so it
+#: is read while it keeps coming (a finished cell's backlog is finite); an idle that never comes
+#: no longer wedges the cell. A cell cut short (time limit, interrupt) is not drained further:
+#: it ends this long after the reply, whatever is still queued (see ``_drop``).
 REPLY_DRAIN_S = 0.5
+#: The drain after a reply never lasts longer than this, even while output keeps coming (a
+#: thread the cell started, printing under the cell's header, after a lost idle status).
+REPLY_DRAIN_MAX_S = 10.0
 #: At most this many messages are read from one socket per pass, so that a rank flooding its
 #: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
 PUMP_BATCH = 256
@@ -86,6 +91,7 @@ class _Wait:
     diagnosis: str | None = None           # taken before the first interrupt, for the report
     replied_at: dict[int, float] = field(default_factory=dict)  # execute_reply arrival, per rank
     idle: set[int] = field(default_factory=set)  # ranks whose idle status arrived
+    heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
 
 
 class Relay:
@@ -197,7 +203,7 @@ class Relay:
                 failure_deadline = None if wait.failed_at is None else wait.failed_at + FAILURE_GRACE_S
                 limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at, failure_deadline,
                                                         wait.next_hang_check) if t is not None]
-                limits += [t + REPLY_DRAIN_S for r, t in wait.replied_at.items() if r in wait.pending]
+                limits += [self._drain_end(wait, r) for r in wait.replied_at if r in wait.pending]
                 self._pump(wait, max(0.0, min(limits) - now))
                 sink.flush()
                 now = time.monotonic()
@@ -308,11 +314,18 @@ class Relay:
         elif parent_id is not None and parent_id == self.running.get(rank):
             self.running[rank] = None  # an abandoned cell's request is done: the rank is free
 
+    def _drain_end(self, wait: _Wait, rank: int) -> float:
+        """When a rank whose reply came but whose idle status did not stops being waited for."""
+        at = wait.replied_at[rank]
+        if wait.give_up_at is not None:  # cut short: its backlog is not shown
+            return at + REPLY_DRAIN_S
+        return min(max(at, wait.heard.get(rank, at)) + REPLY_DRAIN_S, at + REPLY_DRAIN_MAX_S)
+
     def _end_replied(self, wait: _Wait, now: float) -> None:
-        """End the part of every rank whose reply came :data:`REPLY_DRAIN_S` ago and whose idle
-        status has not: what it still sends for this cell is dropped (see :meth:`_finish`)."""
-        for rank, at in wait.replied_at.items():
-            if rank in wait.pending and now - at >= REPLY_DRAIN_S:
+        """End the part of every rank whose reply came and whose drain is over (see
+        :data:`REPLY_DRAIN_S`): what it still sends for this cell is dropped (see :meth:`_finish`)."""
+        for rank in list(wait.replied_at):
+            if rank in wait.pending and now >= self._drain_end(wait, rank):
                 wait.pending.discard(rank)
                 if self.running.get(rank) == wait.msg_ids.get(rank):
                     self.running[rank] = None
@@ -370,6 +383,8 @@ class Relay:
             if msg_type in OUTPUT_TYPES:
                 self._late.append(RankOutput(rank, msg_type, content))
             return
+        if wait.msg_ids.get(rank) == parent_id:
+            wait.heard[rank] = time.monotonic()
         if msg_type in OUTPUT_TYPES:
             # Output of an earlier cell that ended normally (a thread it started) is shown too.
             wait.sink.output(RankOutput(rank, msg_type, content))
