@@ -236,3 +236,27 @@ def test_a_kernel_that_cannot_start_fails_before_the_first_cell(folder: str) -> 
     assert done.returncode == 1
     assert "failed before the first cell" in done.stderr and "No such kernel named no-such-kernel" in done.stderr
     assert "never reached" not in done.stdout
+
+
+def test_a_kernel_that_ignores_the_interrupt_is_stopped_within_bounds(folder: str) -> None:
+    """The notebook's own kernel ignores SIGINT and sleeps: one SIGTERM still ends the run (the
+    interrupt's grace, then the kernel's shutdown), and no rank outlives it."""
+    from clorch_repl.notebook_runner import INTERRUPT_GRACE_S, KILL_WAIT_S, SHUTDOWN_WAIT_S
+
+    path = notebook(os.path.join(folder, "stuck.ipynb"),
+                    "%load_ext clorch_repl",
+                    "%clorch start --nproc 2",
+                    PIDS,
+                    "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ignoring', flush=True)\n"
+                    "time.sleep(600)")
+    run = Run(path, cwd=folder)
+    pids = pids_in(run.wait_line("PIDS")[1])
+    run.wait_line("ignoring")
+    started = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+    rc, _stdout, stderr = run.finish(timeout=INTERRUPT_GRACE_S + SHUTDOWN_WAIT_S + KILL_WAIT_S + 60)
+    assert rc == 128 + signal.SIGTERM
+    assert f"did not end within {INTERRUPT_GRACE_S:g} s of the interrupt" in stderr
+    assert "interrupted by SIGTERM at cell 4" in stderr
+    assert wait_gone(pids, 1) == []
+    print(f"stuck kernel: run ended {time.monotonic() - started:.1f} s after SIGTERM")
