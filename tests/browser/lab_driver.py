@@ -269,6 +269,7 @@ class LabPage:
         deadline = time.monotonic() + timeout
         since: float | None = None
         while time.monotonic() < deadline:
+            self.server.remember_processes()  # ranks come and go during a run: note each one
             if not self.busy():
                 since = since or time.monotonic()
                 if time.monotonic() - since >= settle:
