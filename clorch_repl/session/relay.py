@@ -231,6 +231,7 @@ class Relay:
         return outcome
 
     def _interrupt(self, wait: _Wait, grace_s: float) -> None:
+        wait.next_hang_check = None  # being interrupted: the report will say why instead
         if wait.diagnosis is None and wait.pending:
             # Before the interrupt moves anything: where each rank was while it was stuck. Briefly:
             # the interrupt waits for it.
@@ -247,7 +248,7 @@ class Relay:
     def _give_up(self, wait: _Wait) -> None:
         """Stop waiting for ranks that did not return; say where each one is stuck."""
         if wait.pending and wait.outcome.diagnosis is None:
-            wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text()
+            wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
             result.status = Status.STUCK
@@ -429,12 +430,12 @@ class Relay:
             if not all(s.answered or s.dead for s in states):
                 verdict, _ = self.diagnose()  # once, for the notice: stacks of ranks that did not answer
             text = render.notice(verdict)
+            wait.next_hang_check = None  # first: an interrupt landing while it prints must not repeat it
             notify = getattr(wait.sink, "notice", None)
             if notify is not None:
                 notify(text)
             else:
                 warnings.warn(text, RuntimeWarning, stacklevel=2)
-            wait.next_hang_check = None
             return
         wait.next_hang_check = time.monotonic() + max(HANG_RECHECK_S, notice_s / 4)
 
