@@ -168,3 +168,16 @@ def test_clorch_interrupt_on_stuck_ranks_says_why(nb2: NotebookKernel) -> None:
     assert re.search(r"^clorch: why: barrier #2 \(default group\): rank 0 waits in it; rank 1 never called it and "
                      r"is at Cell In\[\d+\], line 5 in <module> \(%clorch why shows each rank's collectives\)$",
                      again.text, re.M), again.text
+
+
+def test_a_rank_holding_the_gil_is_named_from_its_faulthandler_stack(nb2: NotebookKernel) -> None:
+    # rank 1 sits in a C call that keeps the GIL (ctypes.PyDLL does not release it), so its control
+    # thread cannot answer; its stack comes from faulthandler (a C-level signal handler) instead.
+    reply = nb2.run("%%distributed\nimport ctypes, torch.distributed as dist\n"
+                    "if rank == 1:\n    ctypes.PyDLL(None).sleep(14)\n"
+                    "dist.barrier()\nprint('through')\n", timeout=120)
+    assert reply.status == "ok", reply.text  # the notice does not stop the cell
+    assert "through" in reply.text
+    [notice] = notice_of(reply.text)
+    assert re.fullmatch(r'barrier #2 \(default group\): rank 0 waits in it; rank 1 did not answer \(native code is '
+                        r'holding its Python lock\); it is at File ".+", line 3 in <module>', notice), notice
