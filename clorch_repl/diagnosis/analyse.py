@@ -284,7 +284,8 @@ def _mismatch(pg: str, present: dict[int, Entry], members: list[int]) -> str | N
                 return (f"rank {ref.rank} called {ref.op}({ref.tensors}), "
                         f"rank {r} called {other.op}({other.tensors})")
             if ref.op == "broadcast":
-                return f"rank {ref.rank} has {ref.tensors or 'no tensor'}, rank {r} has {other.tensors or 'no tensor'}"
+                return (f"rank {ref.rank} has {ref.tensors or 'no tensor'}, "
+                        f"rank {r} has {other.tensors or 'no tensor'}")
             return (f"rank {ref.rank} passed {ref.tensors or 'no tensor'}, "
                     f"rank {r} passed {other.tensors or 'no tensor'}")
     return None
