@@ -30,7 +30,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 from IPython.display import DisplayHandle, clear_output, display, publish_display_data
 
@@ -99,7 +99,7 @@ class _Unit:
     units that are never merged (progress rewrites, display updates, a line's continuation).
     """
 
-    kind: str            # "line" | "progress" | "rich" | "update" | "clear"
+    kind: str            # "line" | "progress" | "rich" | "update" | "clear" | "comm"
     payload: Any
     key: Hashable | None
     since: float
@@ -156,6 +156,13 @@ class NotebookDisplay:
                 self._release_partial(key)
         self._drain(now, final)
         self._flush_streams()
+
+    def comm(self, rank: int, deliver: Callable[[], None]) -> None:
+        """A rank's comm message (a widget's), ``deliver`` publishing it: queued in the rank's
+        order with its output, so that a widget's comm_open precedes its view and its comm_close
+        follows it, never merged, and never holding a partial line back (see session.comms)."""
+        self._queues.setdefault(rank, collections.deque()).append(_Unit("comm", deliver, None, time.monotonic()))
+        self._drain(time.monotonic(), final=False)
 
     def notice(self, text: str) -> None:
         """A message from clorch itself into the running cell (the hang notice), on its own line."""
@@ -262,6 +269,8 @@ class NotebookDisplay:
             for progress in self._progress.values():
                 progress.handle = None  # its display is gone; the next rewrite shows a new one
             clear_output(wait=bool(unit.payload.get("wait", False)))
+        elif unit.kind == "comm":
+            unit.payload()  # publishes a widget's comm message (see comm())
 
     # ------------------------------------------------------------------------------- streams
     def _stream(self, rank: int, name: str, text: str) -> None:

@@ -9,6 +9,7 @@ which a rank that has not returned is reported as stuck together with its Python
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from ..diagnosis.analyse import RankState, Verdict, analyse
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
 from ..procs import describe_exit
+from .comms import COMM_TYPES
 from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .wire import MessageDecoder, SignatureError
@@ -115,6 +117,10 @@ class Relay:
         #: per rank, [messages, bytes] of such output dropped since the last notice
         self._dropped: dict[int, list[int]] = {}
         self.prober = Prober()
+        #: where the ranks' comm messages go (the session's CommBridge.from_rank); None drops them
+        self.comm_sink: Callable[[int, dict[str, Any]], None] | None = None
+        #: per rank, the msg_id of a request that is no cell (a front end's comm message) being settled
+        self._settling: dict[int, str] = {}
 
     # ----------------------------------------------------------------- connection and readiness
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
@@ -376,6 +382,11 @@ class Relay:
                     wait.pending.discard(rank)
                     wait.idle.add(rank)
                 self._abandoned.get(rank, set()).discard(parent_id)  # nothing more comes of it
+                if self._settling.get(rank) == parent_id:
+                    del self._settling[rank]
+            return
+        if msg_type in COMM_TYPES:  # widgets: never dropped, whichever request they belong to
+            self._comm(rank, msg, wait)
             return
         if msg_type in OUTPUT_TYPES and parent_id in self._abandoned.get(rank, ()):
             self._drop(rank, content)
@@ -392,6 +403,36 @@ class Relay:
             wait.last_progress = time.monotonic()
         elif msg_type == "error" and wait.msg_ids.get(rank) == parent_id:
             self._record_error(wait, rank, content)
+
+    def _comm(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
+        """A rank's comm message (a widget's): to the comm sink, through the cell's display when
+        one runs, so that it keeps its place among the rank's output (see clorch_repl.session.comms)."""
+        if self.comm_sink is None:
+            return
+        deliver = functools.partial(self.comm_sink, rank, msg)
+        queue = getattr(wait.sink, "comm", None) if wait is not None else None
+        if wait is not None:
+            wait.last_progress = time.monotonic()  # a widget bar moving is progress: no hang notice
+            if wait.msg_ids.get(rank) == msg["parent_header"].get("msg_id"):
+                wait.heard[rank] = wait.last_progress
+        if queue is not None:
+            queue(rank, deliver)
+        else:
+            deliver()
+
+    def settle(self, rank: int, msg_id: str, timeout_s: float) -> bool:
+        """Between cells: route what the ranks send until ``rank``'s idle status for ``msg_id`` (a
+        request that is no cell, e.g. a front end's comm message), at most ``timeout_s``; False if
+        it did not come (the rest is routed at the next read)."""
+        self._settling[rank] = msg_id
+        deadline = time.monotonic() + timeout_s
+        while self._settling.get(rank) == msg_id:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._settling.pop(rank, None)
+                return False
+            self._pump(None, left)
+        return True
 
     # ----------------------------------------------------------------------------- diagnosis
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,

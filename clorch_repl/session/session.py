@@ -20,6 +20,7 @@ from ..errors import ClorchError, ConfigError
 from ..procs import describe_exit
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import BOOT_CODE, LEAVE_CODE
+from .comms import CommBridge
 from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
@@ -59,6 +60,7 @@ class Session:
         self.topology = topology
         self.group: WorkerGroup | None = None
         self.relay: Relay | None = None
+        self.comms: CommBridge | None = None
         self._workdir: str | None = None
         self.started_at: float | None = None
         #: the session's --hang-notice (seconds; 0 = off), used by cells that give none
@@ -81,6 +83,8 @@ class Session:
         try:
             self.group.launch()
             self.relay = Relay(self.group)
+            self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
+            self.relay.comm_sink = self.comms.from_rank
             self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
             progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
             # Bounded: the process group's own timeout, plus time to import torch.
@@ -100,6 +104,9 @@ class Session:
         """End every rank (no process left behind); returns pids that survived, which should be none."""
         group, relay = self.group, self.relay
         self.group = self.relay = None
+        if self.comms is not None:  # the ranks' widgets leave the notebook kernel's comm manager
+            self.comms.close()
+            self.comms = None
         if group is None:
             return []
         if relay is not None:

@@ -1,0 +1,189 @@
+"""Comms between the notebook's front end and the ranks: what makes widgets created on a rank
+(ipywidgets, ``tqdm.auto`` / ``tqdm.notebook`` bars) render in the notebook and stay interactive.
+
+A front end (JupyterLab) talks to one kernel, the notebook's; a widget made on a rank is a comm
+of that rank's kernel. The bridge stands in for every rank comm inside the notebook kernel:
+
+* rank -> front end: the relay hands each comm_open / comm_msg / comm_close a rank published to
+  :meth:`CommBridge.from_rank`, which republishes it on the notebook kernel's iopub, unchanged
+  (data, metadata, binary buffers), with the notebook's current request as parent (the running
+  ``%%distributed`` cell). A comm_open also registers a proxy comm under the rank's comm id in
+  the notebook kernel's comm manager. While a cell runs, the display publishes them in the
+  rank's own order with its output (a widget's comm_open before its view, its comm_close
+  after); the view itself is a display_data, shown under the rank's label like any rich output.
+* front end -> rank: the notebook kernel's comm manager hands the front end's comm_msg /
+  comm_close for a rank comm to its proxy, which sends it on to the owning rank's shell, signed
+  with that rank's key. The notebook kernel handles these only between its own cells (its shell
+  is busy while a cell runs, so the front end's messages wait, as for any kernel). After sending,
+  the bridge reads what the ranks send until the rank's idle status for that message (at most
+  :data:`SETTLE_S`), so the rank's answer (ipywidgets' echo of a new value, a bar the callback
+  updates) reaches the front end at once.
+
+Comm ids are not mapped: ipywidgets (8.x) and ipykernel name comms with ``uuid4().hex`` (122
+random bits), so two ranks' ids do not collide in practice, and mapping them would mean rewriting
+every ``IPY_MODEL_<id>`` reference inside widget state (a tqdm bar is a box referring to three
+child widgets). A rank comm whose id is already taken (by the notebook's own comm, or another
+rank's) is refused with a warning instead of being mixed up.
+
+Between cells nothing reads the ranks' sockets on its own: what a rank publishes then (a thread
+that trains on and updates a bar after its cell ended) is forwarded at the next read: the next
+cell, the next ``%clorch`` command that asks the ranks (status, interrupt), or the next widget
+message from the front end. A background pump thread would race the relay for the same ZeroMQ
+sockets, which are not thread-safe.
+
+When the ranks go (``%clorch stop``/``restart``, the notebook kernel's exit) the proxies are
+unregistered without telling the front end: views already shown keep their last state (a
+finished bar stays as it ended) and stop being interactive.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .relay import Relay
+
+logger = logging.getLogger(__name__)
+
+#: Comm message types forwarded in both directions.
+COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
+#: After a front end's message is sent to a rank, how long its answer is waited for (the notebook
+#: kernel is busy meanwhile); whatever comes later is forwarded at the next read.
+SETTLE_S = 2.0
+
+
+def _notebook_kernel() -> Any | None:
+    """The ipykernel this runs in, or None (a terminal IPython: no front end takes comms)."""
+    try:
+        from ipykernel.kernelbase import Kernel
+    except ImportError:
+        return None
+    return Kernel.instance() if Kernel.initialized() else None
+
+
+@functools.cache
+def _proxy_class() -> type:
+    from ipykernel.comm.comm import BaseComm
+
+    class RankComm(BaseComm):
+        """The notebook kernel's stand-in for one rank's comm (never primary: the rank opened it)."""
+
+        rank: int = -1
+
+    return RankComm
+
+
+class CommBridge:
+    """Forwards one session's comm traffic between the notebook's front end and its ranks."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.kernel = _notebook_kernel()
+        #: comm id -> the proxy registered for it in the notebook kernel's comm manager
+        self.proxies: dict[str, Any] = {}
+        self._refused: set[tuple[int, str]] = set()
+
+    @property
+    def active(self) -> bool:
+        """Whether there is a front end to forward to (a notebook kernel, not a terminal)."""
+        return self.kernel is not None
+
+    # ------------------------------------------------------------------- rank -> front end
+    def from_rank(self, rank: int, msg: dict[str, Any]) -> None:
+        """Republish a rank's comm message on the notebook kernel's iopub (see the module doc)."""
+        if self.kernel is None:
+            return
+        msg_type = msg["msg_type"]
+        content = msg.get("content") or {}
+        comm_id = content.get("comm_id")
+        if not isinstance(comm_id, str) or not comm_id:
+            logger.warning("rank %d sent a %s without a comm id; dropped", rank, msg_type)
+            return
+        if (rank, comm_id) in self._refused:
+            return
+        metadata = msg.get("metadata") or {}
+        buffers = list(msg.get("buffers") or ()) or None
+        if msg_type == "comm_open":
+            proxy = self._open(rank, comm_id, content)
+            if proxy is None:
+                return
+            proxy.publish_msg("comm_open", data=content.get("data") or {}, metadata=metadata, buffers=buffers,
+                              target_name=proxy.target_name, target_module=content.get("target_module"))
+            return
+        proxy = self.proxies.get(comm_id)
+        if proxy is None or proxy.rank != rank:
+            logger.debug("rank %d: %s for comm %s that the front end never saw opened; dropped",
+                         rank, msg_type, comm_id)
+            return
+        if msg_type == "comm_msg":
+            proxy.publish_msg("comm_msg", data=content.get("data") or {}, metadata=metadata, buffers=buffers)
+        elif msg_type == "comm_close":
+            proxy.publish_msg("comm_close", data=content.get("data") or {}, metadata=metadata, buffers=buffers)
+            self._forget(comm_id)
+
+    def _open(self, rank: int, comm_id: str, content: dict[str, Any]) -> Any | None:
+        import comm
+
+        manager = comm.get_comm_manager()
+        taken = manager.comms.get(comm_id)
+        if taken is not None:
+            owner = getattr(taken, "rank", None)
+            if owner == rank:  # the rank reopened its own comm: the new open replaces it
+                self._forget(comm_id)
+            else:
+                who = "the notebook's own comm" if owner is None else f"a comm of rank {owner}"
+                self._refused.add((rank, comm_id))
+                warnings.warn(f"clorch_repl: rank {rank} opened comm {comm_id}, whose id is already {who}; "
+                              "its widget is not shown (give the widgets distinct model ids)",
+                              RuntimeWarning, stacklevel=2)
+                return None
+        proxy = _proxy_class()(comm_id=comm_id, primary=False, target_name=content.get("target_name") or "comm",
+                               target_module=content.get("target_module"))
+        proxy.kernel = self.kernel
+        proxy.rank = rank
+        proxy.on_msg(lambda msg, _id=comm_id: self.to_rank(_id, "comm_msg", msg))
+        proxy.on_close(lambda msg, _id=comm_id: self.to_rank(_id, "comm_close", msg))
+        manager.register_comm(proxy)
+        self.proxies[comm_id] = proxy
+        return proxy
+
+    def _forget(self, comm_id: str) -> None:
+        import comm
+
+        proxy = self.proxies.pop(comm_id, None)
+        if proxy is None:
+            return
+        proxy._closed = True  # never publish a comm_close of its own (BaseComm does on garbage collection)
+        manager = comm.get_comm_manager()
+        if manager.comms.get(comm_id) is proxy:
+            manager.unregister_comm(proxy)
+
+    # ------------------------------------------------------------------- front end -> rank
+    def to_rank(self, comm_id: str, msg_type: str, msg: dict[str, Any]) -> None:
+        """Send a front end's message for a rank comm to that rank, then forward its answer."""
+        proxy = self.proxies.get(comm_id)
+        if proxy is None:
+            return
+        rank = proxy.rank
+        if msg_type == "comm_close":
+            self._forget(comm_id)  # the comm manager has already let go of it
+        client = self.relay.clients.get(rank)
+        if client is None:
+            return
+        content = dict(msg.get("content") or {})
+        content["comm_id"] = comm_id
+        buffers = [bytes(b) for b in (msg.get("buffers") or ())]
+        sent = client.session.send(client.shell_channel.socket, msg_type, content,
+                                   metadata=msg.get("metadata") or {}, buffers=buffers or None)
+        if self.relay.group.ranks[rank].alive:
+            self.relay.settle(rank, sent["header"]["msg_id"], SETTLE_S)
+
+    # ----------------------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """The ranks are going: their proxies leave the notebook kernel's comm manager."""
+        for comm_id in list(self.proxies):
+            self._forget(comm_id)
+        self._refused.clear()

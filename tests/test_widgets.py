@@ -1,0 +1,180 @@
+"""Widgets made on ranks, seen through a real notebook kernel driven by jupyter_client as
+JupyterLab drives one: the ranks' comm messages reach the client labelled by rank with distinct
+ids, a front end's widget update reaches the rank that owns the widget and no other, tqdm.auto
+bars arrive as widget traffic per rank, and the text fallback (what nbclient or a terminal
+shows) names each rank. The browser test (tests/browser) checks the rendering in JupyterLab."""
+
+from __future__ import annotations
+
+import re
+import time
+from queue import Empty
+from typing import Any, Iterator
+
+import pytest
+
+from notebook_kernel import NotebookKernel
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("tqdm")
+
+COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture(scope="module")
+def nb() -> Iterator[NotebookKernel]:
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
+        assert reply.status == "ok", reply.text
+        yield kernel
+    finally:
+        kernel.shutdown()
+
+
+def iopub_until_idle(nb: NotebookKernel, msg_id: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Every iopub message the kernel published for request ``msg_id`` up to its idle status
+    (comm messages included, which NotebookKernel.collect leaves out)."""
+    deadline = time.monotonic() + timeout
+    got = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no idle status for {msg_id} within {timeout} s; got {[m['msg_type'] for m in got]}")
+        try:
+            msg = nb.kc.get_iopub_msg(timeout=left)
+        except Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status":
+            if msg["content"]["execution_state"] == "idle":
+                return got
+            continue
+        got.append(msg)
+
+
+def run_cell(nb: NotebookKernel, code: str) -> tuple[str, list[dict[str, Any]]]:
+    """Run ``code``; returns the execute_reply's status and every iopub message of the cell."""
+    msg_id = nb.send(code)
+    messages = iopub_until_idle(nb, msg_id)
+    reply = nb.kc.get_shell_msg(timeout=10)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = nb.kc.get_shell_msg(timeout=10)
+    return reply["content"]["status"], messages
+
+
+def text_of(messages: list[dict[str, Any]]) -> str:
+    parts = []
+    for m in messages:
+        if m["msg_type"] == "stream":
+            parts.append(m["content"]["text"])
+        elif m["msg_type"] in ("display_data", "execute_result"):
+            parts.append(m["content"]["data"].get("text/plain", "") + "\n")
+        elif m["msg_type"] == "error":
+            parts.append("\n".join(m["content"]["traceback"]) + "\n")
+    return "".join(parts)
+
+
+def views_by_rank(messages: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """Widget views shown, by the rank their label names: {rank: [model_id, ...]}."""
+    views: dict[int, list[str]] = {}
+    for m in messages:
+        data = m["content"].get("data", {}) if m["msg_type"] == "display_data" else {}
+        if WIDGET_VIEW in data:
+            who = re.match(r"\[rank (\d+)\] ", data.get("text/plain", ""))
+            assert who, f"a widget view without a rank label: {data.get('text/plain')!r}"
+            views.setdefault(int(who.group(1)), []).append(data[WIDGET_VIEW]["model_id"])
+    return views
+
+
+def send_comm(nb: NotebookKernel, msg_type: str, content: dict[str, Any]) -> str:
+    """What a front end's widget manager sends to the notebook kernel."""
+    msg = nb.kc.session.msg(msg_type, content)
+    nb.kc.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def test_slider_per_rank_distinct_ids_and_an_update_reaches_its_rank_only(nb: NotebookKernel) -> None:
+    status, messages = run_cell(nb, "%%distributed\nimport ipywidgets as w\n"
+                                    "s = w.IntSlider(value=10 + rank, description=f'r{rank}')\ndisplay(s)")
+    assert status == "ok", text_of(messages)
+    opens = {m["content"]["comm_id"]: m["content"] for m in messages if m["msg_type"] == "comm_open"}
+    sliders = {cid: c["data"]["state"]["value"] for cid, c in opens.items()
+               if c["data"]["state"].get("_model_name") == "IntSliderModel"}
+    assert sorted(sliders.values()) == [10, 11], opens  # one slider per rank, distinct comm ids
+    views = views_by_rank(messages)
+    assert sorted(views) == [0, 1]
+    for rank in (0, 1):  # each rank's labelled view shows that rank's own slider
+        (model_id,) = views[rank]
+        assert sliders[model_id] == 10 + rank
+    # every comm message, and the view after its comm_open, came with the cell as parent
+    order = [m["msg_type"] for m in messages]
+    assert order.index("comm_open") < order.index("display_data")
+    assert "[rank 0] IntSlider(value=10" in text_of(messages)  # the text fallback names the rank
+
+    # The front end moves rank 1's slider (ipywidgets' protocol 2 "update"), between cells.
+    rank1 = next(cid for cid, v in sliders.items() if v == 11)
+    sent = send_comm(nb, "comm_msg", {"comm_id": rank1, "data": {"method": "update", "state": {"value": 42},
+                                                                  "buffer_paths": []}})
+    answer = iopub_until_idle(nb, sent, timeout=30)
+    echoes = [m for m in answer if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == rank1]
+    assert echoes and echoes[0]["content"]["data"]["method"] == "echo_update", answer
+    assert echoes[0]["content"]["data"]["state"]["value"] == 42
+
+    status, messages = run_cell(nb, "%%distributed\nprint('value', s.value)")
+    text = text_of(messages)
+    assert status == "ok" and "[rank 0] value 10" in text and "[rank 1] value 42" in text, text
+
+
+def test_tqdm_auto_bars_are_widgets_per_rank_and_the_cell_ends(nb: NotebookKernel) -> None:
+    t0 = time.monotonic()
+    status, messages = run_cell(nb, "%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
+                                    "for _ in tqdm(range(20), desc=f'rank{rank}', mininterval=0):\n"
+                                    "    time.sleep(0.05)\nprint('trained')")
+    took = time.monotonic() - t0
+    text = text_of(messages)
+    assert status == "ok", text
+    assert took < 30, f"the cell took {took:.1f} s"
+    views = views_by_rank(messages)
+    assert sorted(views) == [0, 1], text  # one bar per rank, under its rank's label
+    opens = {m["content"]["comm_id"]: m["content"]["data"]["state"] for m in messages
+             if m["msg_type"] == "comm_open"}
+    bars = {cid for cid, st in opens.items() if st.get("_model_name") == "FloatProgressModel"}
+    assert len(bars) == 2
+    # each bar moved to its end through comm_msg updates while the cell ran
+    final = {cid: max(m["content"]["data"]["state"]["value"] for m in messages
+                      if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == cid
+                      and "value" in m["content"]["data"].get("state", {}))
+             for cid in bars}
+    assert sorted(final.values()) == [20, 20], final
+    # every comm of the cell came with the cell's own parent, in order: its open before its messages
+    for cid in opens:
+        kinds = [m["msg_type"] for m in messages if m["content"].get("comm_id") == cid]
+        assert kinds[0] == "comm_open", kinds
+    # the text fallback, for front ends without a widget manager: labelled bars, then the merged line
+    assert re.search(r"\[rank 0\] rank0: +0%", text) and re.search(r"\[rank 1\] rank1: +0%", text), text
+    assert "[ranks 0-1] trained" in text
+
+
+def test_front_end_close_and_restart_release_the_proxies(nb: NotebookKernel) -> None:
+    status, messages = run_cell(nb, "%%distributed\nimport ipywidgets as w\nb = w.Button(description='go')\n"
+                                    "display(b)")
+    assert status == "ok", text_of(messages)
+    buttons = [m["content"]["comm_id"] for m in messages if m["msg_type"] == "comm_open"
+               and m["content"]["data"]["state"].get("_model_name") == "ButtonModel"]
+    assert len(buttons) == 2
+    count = ("import comm\nprint('proxies', sum(c in comm.get_comm_manager().comms for c in %r))")
+    assert "proxies 2" in nb.run(count % buttons).text
+    # a front end closing rank 0's button: the notebook lets go of it and rank 0's widget is closed
+    sent = send_comm(nb, "comm_close", {"comm_id": buttons[0], "data": {}})
+    iopub_until_idle(nb, sent, timeout=30)
+    assert "proxies 1" in nb.run(count % buttons).text
+    reply = nb.run("%%distributed\nimport comm\nprint('open', b.model_id in comm.get_comm_manager().comms)")
+    assert reply.status == "ok"
+    texts = reply.text
+    assert ("[rank 0] open False" in texts and "[rank 1] open True" in texts), texts
+    assert nb.run("%clorch restart").status == "ok"
+    assert "proxies 0" in nb.run(count % buttons).text
