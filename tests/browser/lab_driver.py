@@ -332,6 +332,29 @@ class LabPage:
             Array.from(t.querySelectorAll('tr')).map(r =>
               Array.from(r.querySelectorAll('th,td')).map(d => d.innerText.trim())));""" % self.PANEL, index)
 
+    def widget_outputs(self, index: int) -> list[dict[str, Any]]:
+        """The cell's outputs in order, as JupyterLab shows them: each one's text, and for a rendered
+        widget its progress bars' fill (percent of the track, as drawn) and sliders' readouts.
+        A widget that failed shows its error text ("Error displaying widget") instead."""
+        return self.js("""
+          const c = %s.querySelectorAll('.jp-Cell')[arguments[0]];
+          if (!c) return [];
+          return Array.from(c.querySelectorAll('.jp-OutputArea-child')).map(o => ({
+            text: o.innerText.replace(/\u2007/g, ' '),  // tqdm pads its text with figure spaces
+            widget: !!o.querySelector('.jupyter-widgets'),
+            bars: Array.from(o.querySelectorAll('.widget-hprogress .progress-bar')).map(b => {
+              const track = b.parentElement.getBoundingClientRect().width;
+              return track ? 100 * b.getBoundingClientRect().width / track : -1; }),
+            readouts: Array.from(o.querySelectorAll('.widget-slider .widget-readout')).map(r => r.innerText.trim()),
+          }));""" % self.PANEL, index)
+
+    def slider_handle(self, index: int, nth: int) -> Any:
+        """The ``nth`` slider handle in the cell's output (to focus it and press keys)."""
+        from selenium.webdriver.common.by import By
+
+        cells = self.driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell")
+        return cells[index].find_elements(By.CSS_SELECTOR, ".widget-slider .noUi-handle")[nth]
+
     def prompt(self, index: int) -> str:
         return self.js("""
           const c = %s.querySelectorAll('.jp-Cell')[arguments[0]];

@@ -53,6 +53,41 @@ def _interrupt_notebook(folder: str) -> str:
     return path
 
 
+def _widgets_notebook(folder: str) -> str:
+    """A tqdm.auto bar that runs long enough to be watched moving, and a slider per rank."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in (
+        "%load_ext clorch_repl",
+        "%clorch start --nproc 2",
+        "%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
+        "for step in tqdm(range(40), desc=f'bar of rank {rank}'):\n    time.sleep(0.1)",
+        "%%distributed\nimport ipywidgets as widgets\n"
+        "slider = widgets.IntSlider(value=10 + rank, max=100, description=f'r{rank}')\nslider",
+        "%%distributed\nprint(f'rank {rank} slider {slider.value}')",
+        "%clorch stop",
+    )]
+    path = os.path.join(folder, "widgets.ipynb")
+    nbformat.write(nb, path)
+    return path
+
+
+def _by_rank(outputs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Rendered widgets grouped by the rank label line shown above each ([rank N])."""
+    rank: int | None = None
+    found: dict[int, list[dict[str, Any]]] = {}
+    for out in outputs:
+        if out["widget"]:
+            assert rank is not None, f"a widget with no rank label above it: {outputs}"
+            found.setdefault(rank, []).append(out)
+            continue
+        lines = out["text"].strip().splitlines()
+        m = re.fullmatch(r"\[rank (\d+)\]", lines[-1].strip()) if lines else None
+        if m:
+            rank = int(m.group(1))
+    return found
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: Any) -> Iterator[tuple[LabServer, LabPage]]:
     missing = missing_tools()
@@ -69,6 +104,7 @@ def lab(tmp_path_factory: Any) -> Iterator[tuple[LabServer, LabPage]]:
     for name in ("quickstart.ipynb", "distributed_training.ipynb"):
         copy_notebook(os.path.join(ROOT, "notebooks", name), notebooks)
     _interrupt_notebook(notebooks)
+    _widgets_notebook(notebooks)
     server = LabServer(home, notebooks, os.path.join(ARTIFACTS, "jupyter-lab.log"), _env_without_repository())
     page: LabPage | None = None
     try:
@@ -91,7 +127,7 @@ def _run_notebook(page: LabPage, name: str) -> dict[str, Any]:
     finally:
         page.screenshot(name.replace(".ipynb", ""))
     cells = [{"source": page.cell_source(i), "prompt": page.prompt(i), "text": page.output_text(i),
-              "tables": page.output_tables(i)} for i in range(page.cell_count())]
+              "tables": page.output_tables(i), "widgets": page.widget_outputs(i)} for i in range(page.cell_count())]
     print(f"{name}: Run All took {took:.1f} s in JupyterLab")
     return {"took": took, "cells": cells}
 
@@ -150,9 +186,72 @@ def test_quickstart_merges_identical_output(quickstart: dict[str, Any]) -> None:
 
 
 def test_quickstart_widget_progress_bar_per_rank(quickstart: dict[str, Any]) -> None:
-    """The place for the widget check: once the ranks' comm messages are forwarded (issue 10), a
-    ``tqdm.auto`` bar in a ``%%distributed`` cell renders as one ``.widget-progress`` per rank."""
-    pytest.skip("widgets from ranks are not forwarded yet (issue 10, comm forwarding): no bar to check")
+    """A ``tqdm.auto`` bar in a ``%%distributed`` cell renders as one widget bar per rank, under
+    that rank's label, and ends full (its updates reached the page)."""
+    cell = _cell(quickstart, "%%distributed", "tqdm(")
+    assert "Error displaying widget" not in cell["text"] and "Loading widget" not in cell["text"], cell["text"]
+    shown = _by_rank(cell["widgets"])
+    assert sorted(shown) == [0, 1], cell["widgets"]
+    for rank, widgets in shown.items():
+        (bar,) = widgets
+        assert f"rank {rank}" in bar["text"] and "20/20" in bar["text"], bar
+        assert len(bar["bars"]) == 1 and bar["bars"][0] > 99, bar
+
+
+def test_widget_bars_update_live_and_a_slider_change_reaches_its_rank(lab: tuple[LabServer, LabPage]) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    page = lab[1]
+    page.open_notebook("widgets.ipynb")
+    load, start, bar, slider, read, stop = (page.find_cell(s) for s in (
+        "%load_ext", "%clorch start", "%%distributed\nimport time", "%%distributed\nimport ipywidgets",
+        "%%distributed\nprint", "%clorch stop"))
+    for index in (load, start):
+        page.run_cell(index)
+        page.wait_idle(180)
+    assert "2 rank(s) ready" in page.output_text(start), page.output_text(start)
+    # the bars move while the cell runs (40 steps of 0.1 s): fills strictly between empty and full
+    page.run_cell(bar)
+    seen: dict[int, set[int]] = {0: set(), 1: set()}
+    deadline = time.monotonic() + 120
+    wait_for(page.busy, 30, "the bar cell to start")
+    while page.busy() and time.monotonic() < deadline:
+        for rank, widgets in _by_rank(page.widget_outputs(bar)).items():
+            seen[rank].update(round(v) for w in widgets for v in w["bars"])
+        time.sleep(0.1)
+    page.wait_idle(120)
+    page.screenshot("widgets-bars")
+    print(f"bar fills (%) seen while the cell ran: {({r: sorted(v) for r, v in seen.items()})}")
+    final = _by_rank(page.widget_outputs(bar))
+    for rank in (0, 1):
+        moving = sorted(v for v in seen[rank] if 0 < v < 100)
+        assert len(moving) >= 2, f"rank {rank}'s bar was seen at {sorted(seen[rank])} while the cell ran"
+        (done,) = final[rank]
+        assert done["bars"][0] > 99 and f"bar of rank {rank}" in done["text"] and "40/40" in done["text"], done
+    # a slider per rank; moving rank 1's (5 steps right, by keyboard) reaches rank 1 only
+    page.run_cell(slider)
+    page.wait_idle(120)
+    outputs = page.widget_outputs(slider)
+    shown = _by_rank(outputs)
+    assert [w[0]["readouts"] for _, w in sorted(shown.items())] == [["10"], ["11"]], shown
+    nth = next(i for i, out in enumerate(o for o in outputs if o["widget"]) if out is shown[1][0])
+    handle = page.slider_handle(slider, nth)
+    handle.click()
+    for _ in range(5):
+        handle.send_keys(Keys.ARROW_RIGHT)
+        time.sleep(0.1)
+    wait_for(lambda: _by_rank(page.widget_outputs(slider))[1][0]["readouts"] == ["16"], 30,
+             "rank 1's slider to read 16")
+    page.wait_idle(60)  # the notebook kernel forwards the change to rank 1 and its echo back
+    page.run_cell(read)
+    wait_for(lambda: "rank 1 slider" in page.output_text(read), 120, "the ranks to print their sliders' values")
+    page.wait_idle(60)
+    page.screenshot("widgets-slider")
+    text = page.output_text(read)
+    assert "[rank 0] rank 0 slider 10" in text and "[rank 1] rank 1 slider 16" in text, text
+    page.run_cell(stop)
+    wait_for(lambda: "stopped 2 rank(s)" in page.output_text(stop), 120, "%clorch stop")
+    page.wait_idle(60)
 
 
 def test_training_notebook_runs_in_jupyterlab(lab: tuple[LabServer, LabPage]) -> None:
