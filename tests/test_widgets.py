@@ -169,7 +169,9 @@ def test_front_end_close_and_restart_release_the_proxies(nb: NotebookKernel) -> 
     count = ("import comm\nprint('proxies', sum(c in comm.get_comm_manager().comms for c in %r))")
     assert "proxies 2" in nb.run(count % buttons).text
     # a front end closing rank 0's button: the notebook lets go of it and rank 0's widget is closed
-    sent = send_comm(nb, "comm_close", {"comm_id": buttons[0], "data": {}})
+    (rank0,) = views_by_rank(messages)[0]
+    assert rank0 in buttons
+    sent = send_comm(nb, "comm_close", {"comm_id": rank0, "data": {}})
     iopub_until_idle(nb, sent, timeout=30)
     assert "proxies 1" in nb.run(count % buttons).text
     reply = nb.run("%%distributed\nimport comm\nprint('open', b.model_id in comm.get_comm_manager().comms)")
@@ -178,3 +180,55 @@ def test_front_end_close_and_restart_release_the_proxies(nb: NotebookKernel) -> 
     assert ("[rank 0] open False" in texts and "[rank 1] open True" in texts), texts
     assert nb.run("%clorch restart").status == "ok"
     assert "proxies 0" in nb.run(count % buttons).text
+
+
+def test_a_widget_changed_after_its_cell_reaches_the_front_end_at_the_next_read(nb: NotebookKernel) -> None:
+    """Between cells nothing reads the ranks (see clorch_repl.session.comms): a thread's change to a
+    widget after its cell ended is forwarded by the next request that reads them, here %clorch status."""
+    status, messages = run_cell(nb, "%%distributed\nimport threading, time, ipywidgets as w\n"
+                                    "late = w.IntText(value=rank)\ndisplay(late)\n"
+                                    "threading.Timer(0.5, lambda: setattr(late, 'value', 100 + rank)).start()")
+    assert status == "ok", text_of(messages)
+    ids = {m["content"]["data"]["state"]["value"]: m["content"]["comm_id"] for m in messages
+           if m["msg_type"] == "comm_open" and m["content"]["data"]["state"].get("_model_name") == "IntTextModel"}
+    assert sorted(ids) == [0, 1]
+    time.sleep(1.5)  # the timers have fired on both ranks
+    status, messages = run_cell(nb, "%clorch status")
+    assert status == "ok"
+    updates = {m["content"]["comm_id"]: m["content"]["data"]["state"]["value"] for m in messages
+               if m["msg_type"] == "comm_msg" and "value" in m["content"]["data"].get("state", {})}
+    assert updates == {ids[0]: 100, ids[1]: 101}, updates
+
+
+def test_a_comm_id_two_ranks_share_is_refused_not_mixed_up(nb: NotebookKernel) -> None:
+    status, messages = run_cell(nb, "%%distributed\nimport ipywidgets as w\n"
+                                    "dup = w.IntSlider(value=rank, model_id='clorch-test-same-id')\ndisplay(dup)")
+    assert status == "ok", text_of(messages)
+    opened = [m for m in messages if m["msg_type"] == "comm_open" and m["content"]["comm_id"] == "clorch-test-same-id"]
+    assert len(opened) == 1  # the first rank's; the second rank's open is refused
+    assert "whose id is already a comm of rank" in text_of(messages)
+
+
+def test_without_a_widget_manager_the_text_is_labelled_and_the_saved_notebook_has_the_final_bars(
+        tmp_path: Any) -> None:
+    """nbclient (clorch-notebook, CI) has no widget manager: each rank's bar is its labelled text
+    as first shown, and the executed notebook keeps every widget's final state in its metadata,
+    so a viewer that renders widgets shows the finished bars."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nbk = nbformat.v4.new_notebook()
+    nbk.cells = [nbformat.v4.new_code_cell(s) for s in (
+        "%load_ext clorch_repl", "%clorch start --nproc 2 --backend gloo",
+        "%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
+        "for step in tqdm(range(20), desc=f'rank {rank}'):\n    time.sleep(0.02)\nprint('done')",
+        "%clorch stop")]
+    NotebookClient(nbk, timeout=180, kernel_name="python3").execute(cwd=str(tmp_path))
+    outputs = nbk.cells[2].outputs
+    texts = [o.get("text") or o.data.get("text/plain", "") for o in outputs]
+    for rank in (0, 1):
+        assert any(re.match(rf"\[rank {rank}\] rank {rank}: +0%\|", t) for t in texts), texts
+    assert "[ranks 0-1] done\n" in texts
+    state = nbk.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"]["value"] for m in state.values() if m["model_name"] == "FloatProgressModel"]
+    assert bars == [20, 20], bars
