@@ -93,9 +93,18 @@ class CommBridge:
 
     # ------------------------------------------------------------------- rank -> front end
     def from_rank(self, rank: int, msg: dict[str, Any]) -> None:
-        """Republish a rank's comm message on the notebook kernel's iopub (see the module doc)."""
+        """Republish a rank's comm message on the notebook kernel's iopub (see the module doc).
+
+        A message that cannot be republished is logged and dropped: a widget's trouble must not
+        fail the cell whose output it is part of."""
         if self.kernel is None:
             return
+        try:
+            self._from_rank(rank, msg)
+        except Exception:  # noqa: BLE001 - logged; the cell goes on
+            logger.exception("could not forward rank %d's %s to the front end", rank, msg.get("msg_type"))
+
+    def _from_rank(self, rank: int, msg: dict[str, Any]) -> None:
         msg_type = msg["msg_type"]
         content = msg.get("content") or {}
         comm_id = content.get("comm_id")
