@@ -187,7 +187,9 @@ class CommBridge:
         buffers = [bytes(b) for b in (msg.get("buffers") or ())]
         sent = client.session.send(client.shell_channel.socket, msg_type, content,
                                    metadata=msg.get("metadata") or {}, buffers=buffers or None)
-        if self.relay.group.ranks[rank].alive:
+        # A rank still busy with an earlier request (a cell that was cut short) answers when it
+        # is done: not waited for, or every message of a dragged slider would block the notebook.
+        if self.relay.group.ranks[rank].alive and self.relay.running.get(rank) is None:
             self.relay.settle(rank, sent["header"]["msg_id"], SETTLE_S)
 
     # ----------------------------------------------------------------------------- lifetime

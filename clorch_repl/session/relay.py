@@ -426,13 +426,16 @@ class Relay:
         it did not come (the rest is routed at the next read)."""
         self._settling[rank] = msg_id
         deadline = time.monotonic() + timeout_s
-        while self._settling.get(rank) == msg_id:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._settling.pop(rank, None)
-                return False
-            self._pump(None, left)
-        return True
+        try:
+            while self._settling.get(rank) == msg_id:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pump(None, left)
+            return True
+        finally:
+            if self._settling.get(rank) == msg_id:
+                del self._settling[rank]
 
     # ----------------------------------------------------------------------------- diagnosis
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,
