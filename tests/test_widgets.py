@@ -232,3 +232,19 @@ def test_without_a_widget_manager_the_text_is_labelled_and_the_saved_notebook_ha
     state = nbk.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     bars = [m["state"]["value"] for m in state.values() if m["model_name"] == "FloatProgressModel"]
     assert bars == [20, 20], bars
+
+
+def test_a_bar_that_removes_itself_is_closed_after_its_view(nb: NotebookKernel) -> None:
+    """tqdm(leave=False) closes its widgets when done: each comm_close must reach the front end
+    after the view that shows it (a view of a closed model is "Error displaying widget")."""
+    status, messages = run_cell(nb, "%%distributed\nfrom tqdm.auto import tqdm\n"
+                                    "for _ in tqdm(range(3), leave=False):\n    pass\nprint('gone')")
+    assert status == "ok", text_of(messages)
+    views = views_by_rank(messages)
+    assert sorted(views) == [0, 1]
+    for rank, (model_id,) in views.items():
+        shown = next(i for i, m in enumerate(messages) if m["msg_type"] == "display_data"
+                     and m["content"]["data"].get(WIDGET_VIEW, {}).get("model_id") == model_id)
+        closed = [i for i, m in enumerate(messages) if m["msg_type"] == "comm_close"
+                  and m["content"]["comm_id"] == model_id]
+        assert closed and closed[0] > shown, f"rank {rank}: view at {shown}, close at {closed}"
