@@ -90,6 +90,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--forget-ipython-outputs", action="store_true",
+                    help="clear IPython's record of each cell's output after the cell, so that the "
+                         "notebook kernel's RSS shows clorch_repl's own growth")
     args = ap.parse_args()
     if args.cells < 1 or args.minutes <= 0 or args.nproc < 1:
         ap.error("--cells, --minutes and --nproc must be positive")
@@ -103,6 +106,9 @@ def main() -> int:
     t_start = time.monotonic()
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
+        if args.forget_ipython_outputs:
+            nb.run("get_ipython().events.register('post_run_cell', "
+                   "lambda _r: get_ipython().history_manager.outputs.clear())")
         assert nb.run(f"%clorch start --nproc {args.nproc}").status == "ok"
         seen.record(nb)
         cells = 0
