@@ -25,11 +25,14 @@ every ``IPY_MODEL_<id>`` reference inside widget state (a tqdm bar is a box refe
 child widgets). A rank comm whose id is already taken (by the notebook's own comm, or another
 rank's) is refused with a warning instead of being mixed up.
 
-Between cells nothing reads the ranks' sockets on its own: what a rank publishes then (a thread
-that trains on and updates a bar after its cell ended) is forwarded at the next read: the next
-cell, the next ``%clorch`` command that asks the ranks (status, interrupt), or the next widget
-message from the front end. A background pump thread would race the relay for the same ZeroMQ
-sockets, which are not thread-safe.
+Between cells, the notebook kernel's own event loop reads the ranks every :data:`TICK_S` (a
+timer on the loop that runs the kernel's message handlers, so on the main thread, never while a
+cell or a handler runs: the relay's ZeroMQ sockets, which are not thread-safe, are never used
+from two threads). What a rank's thread does to a widget after its cell ended (a bar it keeps
+updating) thus reaches the front end live. Output such a thread prints still waits for the next
+cell, as before; while :data:`LATE_LIMIT` pieces of it wait, the timer stops reading and ZeroMQ's
+queues hold the rest. Without a running event loop (IPython in a terminal), traffic is forwarded
+at the next read: the next cell, ``%clorch status``, a front end's widget message.
 
 When the ranks go (``%clorch stop``/``restart``, the notebook kernel's exit) the proxies are
 unregistered without telling the front end: views already shown keep their last state (a
@@ -38,6 +41,7 @@ finished bar stays as it ended) and stop being interactive.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import warnings
@@ -53,6 +57,11 @@ COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 #: After a front end's message is sent to a rank, how long its answer is waited for (the notebook
 #: kernel is busy meanwhile); whatever comes later is forwarded at the next read.
 SETTLE_S = 2.0
+#: Between cells, how often the notebook kernel's event loop reads the ranks (see the module doc):
+#: a zero-timeout poll, a few microseconds when nothing came.
+TICK_S = 0.1
+#: Between cells, at most this many pieces of output are read ahead of the next cell.
+LATE_LIMIT = 1000
 
 
 def _notebook_kernel() -> Any | None:
@@ -85,6 +94,15 @@ class CommBridge:
         #: comm id -> the proxy registered for it in the notebook kernel's comm manager
         self.proxies: dict[str, Any] = {}
         self._refused: set[tuple[int, str]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if self.kernel is not None:
+            try:
+                self._loop = asyncio.get_running_loop()  # the kernel's: we are inside its cell
+            except RuntimeError:
+                logger.debug("no running event loop: rank widget traffic between cells waits for the next read")
+            else:
+                self._timer = self._loop.call_later(TICK_S, self._tick)
 
     @property
     def active(self) -> bool:
@@ -193,8 +211,23 @@ class CommBridge:
             self.relay.settle(rank, sent["header"]["msg_id"], SETTLE_S)
 
     # ----------------------------------------------------------------------------- lifetime
+    def _tick(self) -> None:
+        """Between cells, on the kernel's event loop: forward what the ranks sent meanwhile."""
+        if self._loop is None:
+            return
+        try:
+            if self.relay.clients:
+                self.relay.pump_between_cells(LATE_LIMIT)
+        except Exception:  # noqa: BLE001 - logged; the next cell reads (and reports) the ranks again
+            logger.exception("reading the ranks between cells failed")
+        self._timer = self._loop.call_later(TICK_S, self._tick)
+
     def close(self) -> None:
         """The ranks are going: their proxies leave the notebook kernel's comm manager."""
+        self._loop = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for comm_id in list(self.proxies):
             self._forget(comm_id)
         self._refused.clear()

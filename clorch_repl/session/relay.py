@@ -437,6 +437,14 @@ class Relay:
             if self._settling.get(rank) == msg_id:
                 del self._settling[rank]
 
+    def pump_between_cells(self, late_limit: int) -> None:
+        """Between cells: route what has arrived, without waiting, so that widget traffic of a
+        rank's thread reaches the front end live (clorch_repl.session.comms calls this from the
+        notebook kernel's event loop). Output meanwhile waits for the next cell as before; while
+        ``late_limit`` pieces of it wait, nothing is read and ZeroMQ's queues hold the rest."""
+        if len(self._late) < late_limit:
+            self._pump(None, 0)
+
     # ----------------------------------------------------------------------------- diagnosis
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,
                  fallback: bool = True, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[Verdict, list[RankState]]:
@@ -471,8 +479,14 @@ class Relay:
             return
         verdict, states = self.diagnose(fallback=False)
         if verdict.stuck and (verdict.pending_s or 0.0) >= notice_s:
-            if not all(s.answered or s.dead for s in states):
-                verdict, _ = self.diagnose()  # once, for the notice: stacks of ranks that did not answer
+            silent = [s for s in states if not s.answered and s.dead is None]
+            if silent:
+                # A rank whose native code holds its GIL (NCCL's .item() or synchronize() may) cannot
+                # answer; the others' records still show the collective it is not in. Name it from
+                # its faulthandler stack, without asking everyone again.
+                for state in silent:
+                    state.fallback_stack = self.group.dump_stack(state.rank)
+                verdict = analyse(states)
             text = render.notice(verdict)
             wait.next_hang_check = None  # first: an interrupt landing while it prints must not repeat it
             notify = getattr(wait.sink, "notice", None)

@@ -62,6 +62,9 @@ def _widgets_notebook(folder: str) -> str:
         "%clorch start --nproc 2",
         "%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
         "for step in tqdm(range(40), desc=f'bar of rank {rank}'):\n    time.sleep(0.1)",
+        "%%distributed\nimport threading\nbackground = tqdm(total=30, desc=f'background {rank}')\n"
+        "def train_on():\n    for _ in range(30):\n        time.sleep(0.1)\n        background.update(1)\n"
+        "    background.close()\nthreading.Thread(target=train_on).start()",
         "%%distributed\nimport ipywidgets as widgets\n"
         "slider = widgets.IntSlider(value=10 + rank, max=100, description=f'r{rank}')\nslider",
         "%%distributed\nprint(f'rank {rank} slider {slider.value}')",
@@ -203,9 +206,9 @@ def test_widget_bars_update_live_and_a_slider_change_reaches_its_rank(lab: tuple
 
     page = lab[1]
     page.open_notebook("widgets.ipynb")
-    load, start, bar, slider, read, stop = (page.find_cell(s) for s in (
-        "%load_ext", "%clorch start", "%%distributed\nimport time", "%%distributed\nimport ipywidgets",
-        "%%distributed\nprint", "%clorch stop"))
+    load, start, bar, background, slider, read, stop = (page.find_cell(s) for s in (
+        "%load_ext", "%clorch start", "%%distributed\nimport time", "%%distributed\nimport threading",
+        "%%distributed\nimport ipywidgets", "%%distributed\nprint", "%clorch stop"))
     for index in (load, start):
         page.run_cell(index)
         page.wait_idle(180)
@@ -228,6 +231,16 @@ def test_widget_bars_update_live_and_a_slider_change_reaches_its_rank(lab: tuple
         assert len(moving) >= 2, f"rank {rank}'s bar was seen at {sorted(seen[rank])} while the cell ran"
         (done,) = final[rank]
         assert done["bars"][0] > 99 and f"bar of rank {rank}" in done["text"] and "40/40" in done["text"], done
+    # a bar a rank's thread keeps updating after its cell ended moves on while the notebook idles
+    page.run_cell(background)
+    page.wait_idle(60, settle=0.5)
+    after_cell = {r: [v for w in ws for v in w["bars"]] for r, ws in _by_rank(page.widget_outputs(background)).items()}
+    assert sorted(after_cell) == [0, 1] and all(v[0] < 100 for v in after_cell.values()), after_cell
+    wait_for(lambda: all(w[0]["bars"] and w[0]["bars"][0] > 99 and "30/30" in w[0]["text"]
+                         for w in _by_rank(page.widget_outputs(background)).values()), 60,
+             "the background bars to fill with no cell running")
+    assert not page.busy()
+    print(f"background bars when their cell had ended: {after_cell}")
     # a slider per rank; moving rank 1's (5 steps right, by keyboard) reaches rank 1 only
     page.run_cell(slider)
     page.wait_idle(120)
