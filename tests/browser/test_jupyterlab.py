@@ -1,5 +1,7 @@
 """The notebooks as users see them: JupyterLab 4 in headless Chromium runs notebooks/quickstart.ipynb
-and notebooks/distributed_training.ipynb with Run > Run All Cells, and the tests read the page.
+and notebooks/distributed_training.ipynb with Run > Run All Cells, and the tests read the page;
+a generated widgets notebook checks rank widgets cell by cell (tqdm.auto bars seen moving, a bar a
+rank's thread fills after its cell ended, a slider moved by keyboard that reaches its rank only).
 
 Everything is real: a private ``jupyter lab`` server (its kernels start in the notebooks' folder, a
 copy of notebooks/ without the repository on PYTHONPATH, as a user's would), real rank kernels and
