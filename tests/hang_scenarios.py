@@ -1,6 +1,10 @@
 """Real gloo ranks (plain processes, no kernels) that hang on purpose; each answers the probe from
 a second thread while its main thread is blocked, exactly as a rank's control thread does, and
-hands the answer back as JSON. The analysis tests run on these recorded answers."""
+hands the answer back as JSON. The analysis tests run on these recorded answers.
+
+With ``nccl`` as the sixth argument (a CUDA machine, ``CUDA_VISIBLE_DEVICES`` set per rank) the
+same scenarios run on NCCL: its collectives return at once, so a rank then blocks where it needs
+the result (``.item()``), as a training step does."""
 
 from __future__ import annotations
 
@@ -23,13 +27,19 @@ def scenario(name: str, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    t = torch.ones(1024)
+    device = torch.device("cuda", 0) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.ones(1024, device=device)
     dist.all_reduce(t)                       # #2: every rank (the group's barrier is #1)
     if name == "skip":                        # rank 1 skips all_reduce #3 and loads a batch
         if rank == 1:
             load_batch()
         else:
             dist.all_reduce(t)
+            t.sum().item()                    # NCCL: where the rank waits for the result
+    elif name == "sizes":                     # NCCL: all_reduce #3 with different sizes
+        u = torch.ones(4 if rank == 0 else 1 << 20, device=device)
+        dist.all_reduce(u)
+        u.sum().item()
     elif name == "mismatch":                  # broadcast #3 with a different size on rank 1
         dist.broadcast(torch.ones(4 if rank == 0 else 8), 0)
         if rank == 0:                         # #4: all_reduce on rank 0, broadcast on rank 1
@@ -50,13 +60,19 @@ def scenario(name: str, rank: int) -> None:
 
 def main() -> None:
     name, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    backend = sys.argv[6] if len(sys.argv) > 6 else "gloo"
     from clorch_repl.diagnosis import probe, record
 
     record.enable()
+    import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
-                            timeout=datetime.timedelta(seconds=4))
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+        kwargs["device_id"] = torch.device("cuda", 0)
+    dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=datetime.timedelta(seconds=4 if backend == "gloo" else 30), **kwargs)
     dist.barrier()
 
     def answer() -> None:
@@ -64,6 +80,9 @@ def main() -> None:
         with open(out + ".tmp", "w") as fh:
             json.dump(probe.answer({}), fh)
         os.replace(out + ".tmp", out)
+        if backend == "nccl":
+            # A blocked NCCL rank waits until the watchdog aborts it; the answer is all we need.
+            os._exit(0)
 
     answering = threading.Thread(target=answer, daemon=True)
     answering.start()

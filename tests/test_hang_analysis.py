@@ -96,3 +96,86 @@ def test_a_dead_rank_is_named() -> None:
     verdict = analyse(states)
     assert verdict.sentence == ("all_reduce #2 (float32[4], default group): rank 0 waits in it; "
                                 "rank 1 died (exit code 3)")
+
+
+# ------------------------------------------------------------------ NCCL's recorder, on CPU
+# A CPU build of torch has no NCCL and no NCCL recorder: the dumps below stand in for what torch
+# 2.11's ``_dump_nccl_trace_json`` writes (the fields of FlightRecorderDetail.hpp's dump_json).
+def nccl_entry(seq: int, name: str, sizes: list[list[int]], state: str, age_s: float) -> dict[str, Any]:
+    import time
+
+    return {"record_id": seq - 1, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": name, "time_created_ns": time.time_ns() - int(age_s * 1e9),
+            "input_sizes": sizes, "input_dtypes": ["Float"] * len(sizes), "output_sizes": sizes,
+            "output_dtypes": ["Float"] * len(sizes), "state": state, "time_discovered_started_ns": 0,
+            "time_discovered_completed_ns": 0, "retired": False, "timeout_ms": 60000, "is_p2p": False}
+
+
+def nccl_answer(entries: list[dict[str, Any]], enqueued: int, completed: int, stack: list[dict[str, Any]],
+                cuda_busy: bool = False) -> dict[str, Any]:
+    import time
+
+    from clorch_repl.diagnosis.record import normalise
+
+    status = {"0": {"last_enqueued_collective": str(enqueued), "last_started_collective": "-1",
+                    "last_completed_collective": str(completed)}}
+    return {"fr": normalise({"version": "2.10", "entries": entries, "pg_status": status}, "nccl"),
+            "groups": {"0": {"ranks": [0, 1], "default": True}}, "stack": stack, "in_cell": True,
+            "now_ns": time.time_ns(), "cuda_busy": cuda_busy}
+
+
+def frame(file: str, line: int, function: str, cell: str | None = None) -> dict[str, Any]:
+    return {"file": file, "line": line, "function": function, "code": "", "cell": cell, "library": cell is None}
+
+
+def test_nccl_first_barrier_still_connecting_is_pending_not_completed() -> None:
+    # NCCL's first collective of a communicator connects to its peers inside the call, before its
+    # end event is recorded: the dump says "completed" and nothing is enqueued yet. Rank 1 sits
+    # there (inside barrier()); rank 0 never called it and waits on its own GPU work.
+    c10d = os.path.join("site-packages", "torch", "distributed", "distributed_c10d.py")
+    cuda_init = os.path.join("site-packages", "torch", "cuda", "__init__.py")
+    waiting = nccl_answer([nccl_entry(1, "nccl:all_reduce_barrier", [[1]], "completed", 8.0)], enqueued=-1,
+                          completed=-1, stack=[frame("/tmp/ipykernel_1/2.py", 6, "<module>", "Cell In[3]"),
+                                               frame("/x/" + c10d, 5030, "barrier")])
+    busy = nccl_answer([], enqueued=-1, completed=-1, cuda_busy=True,
+                       stack=[frame("/tmp/ipykernel_2/2.py", 4, "<module>", "Cell In[3]"),
+                              frame("/x/" + cuda_init, 1162, "synchronize")])
+    verdict = analyse([RankState(0, answer=busy), RankState(1, answer=waiting)])
+    assert verdict.stuck and verdict.waiting == [1] and verdict.missing == [0]
+    assert verdict.pending_s is not None and verdict.pending_s >= 7.0
+    assert verdict.sentence == ("barrier #1 (default group): rank 1 waits in it; rank 0 never called it and is at "
+                                "Cell In[3], line 4 in <module>, inside synchronize() (torch/cuda/__init__.py:1162), "
+                                "with its CUDA stream still busy")
+    assert "    barrier #1 (no tensor) group 0: scheduled" in render.report(verdict, [RankState(1, answer=waiting)])
+
+
+def test_nccl_entries_launched_and_done_are_not_pending() -> None:
+    # The same "completed" entry once the call returned (enqueued, the watchdog saw it finish):
+    # both ranks through barrier #1, computing outside torch.distributed. No hang.
+    done = [nccl_entry(1, "nccl:all_reduce_barrier", [[1]], "completed", 8.0),
+            nccl_entry(2, "nccl:all_reduce", [[1024]], "completed", 7.0)]
+    stack = [frame("/tmp/ipykernel_1/2.py", 9, "<module>", "Cell In[4]")]
+    states = [RankState(r, answer=nccl_answer(done, enqueued=2, completed=2, stack=stack)) for r in range(2)]
+    verdict = analyse(states)
+    assert not verdict.hang and verdict.sentence.startswith("no collective is pending"), verdict.sentence
+    # Called but not launched is still judged "in the call" only while the rank is inside
+    # torch.distributed: the same record with the rank back in its own code is not a hang.
+    states = [RankState(r, answer=nccl_answer(done, enqueued=1, completed=1, stack=stack)) for r in range(2)]
+    assert not analyse(states).hang
+
+
+def test_both_recorders_are_read_and_kept_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch_c10d = pytest.importorskip("torch._C._distributed_c10d")
+    from clorch_repl.diagnosis import probe, record as fr
+
+    nccl = {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "3", "last_started_collective": "-1",
+                                                   "last_completed_collective": "2"}},
+            "entries": [nccl_entry(3, "nccl:all_reduce", [[1024]], "scheduled", 2.0)]}
+    # No NCCL in a CPU build: its dump is the stand-in above (torch >= 2.5 has the function on CUDA).
+    monkeypatch.setattr(torch_c10d, "_dump_nccl_trace_json", lambda: json.dumps(nccl).encode(), raising=False)
+    data, missing = fr.read()
+    assert missing is None and data is not None
+    assert [e["recorder"] for e in data["entries"]][-1:] == ["nccl"]
+    assert data["pg_status"]["nccl/0"]["last_completed_collective"] == 2
+    answer = probe.answer({})
+    assert answer["fr"]["entries"][-1]["profiling_name"] == "nccl:all_reduce"

@@ -48,6 +48,9 @@ class Entry:
     op: str
     raw: dict[str, Any]
     completed: bool
+    #: which of torch's recorders holds it ("fr", "nccl"): each numbers a group's collectives
+    #: on its own, so a group run on two backends has two sequences
+    recorder: str = ""
 
     @property
     def tensors(self) -> str:
@@ -83,30 +86,85 @@ class Verdict:
 
 # ------------------------------------------------------------------------------ entries
 def entries_of(state: RankState) -> list[Entry]:
-    """The rank's collectives (point-to-point ops are keyed differently and left out here)."""
+    """The rank's collectives (point-to-point ops are keyed differently and left out here).
+
+    A collective is complete once torch saw it end (``state``), retired it, or its group's status
+    says so. NCCL's recorder says ``scheduled`` until the watchdog finds the collective's end
+    event done (``started`` only with ``TORCH_NCCL_ENABLE_TIMING``), so there, as with gloo, "not
+    completed" is what pending means; NCCL's calls return at once, so such an entry is a
+    collective the rank has enqueued and its GPU has not finished. See :func:`_in_the_call` for
+    the one NCCL entry whose ``completed`` is not to be believed.
+    """
     if not state.answered or not state.answer.get("fr"):
         return []
     fr = state.answer["fr"]
     status = fr.get("pg_status", {})
+    raws = fr.get("entries", [])
+    calling = _in_the_call(raws, status, state.answer.get("stack") or [])
     out = []
-    for raw in fr.get("entries", []):
+    for raw in raws:
         if raw.get("is_p2p"):
             continue
         pg = str((raw.get("process_group") or [raw.get("pg_id")])[0])
         seq = int(raw.get("collective_seq_id", 0))
-        done_upto = status.get(str(raw.get("pg_id")), {}).get("last_completed_collective", -1)
+        recorder = raw.get("recorder")
+        done_upto = status.get(_status_key(raw), {}).get("last_completed_collective", -1)
         completed = raw.get("state") == "completed" or bool(raw.get("retired")) or seq <= done_upto
-        out.append(Entry(state.rank, pg, seq, op_name(raw), raw, completed))
+        if raw is calling:
+            raw = dict(raw, state="scheduled")  # recorded, not yet launched: the call has not returned
+            completed = False
+        out.append(Entry(state.rank, pg, seq, op_name(raw), raw, completed, str(recorder or "")))
     return out
 
 
+def _status_key(raw: dict[str, Any]) -> str:
+    recorder = raw.get("recorder")
+    return f"{recorder}/{raw.get('pg_id')}" if recorder else str(raw.get("pg_id"))
+
+
+def _in_the_call(raws: list[dict[str, Any]], status: dict[str, Any],
+                 stack: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """NCCL's entry for a collective whose call has not returned, if the rank is in one.
+
+    NCCL records a collective before launching it, and its end event is recorded only after the
+    launch; an event never recorded reads as done, so the dump calls the entry ``completed``. The
+    launch itself can block: a communicator's first collective connects to its peers (NCCL's
+    lazy connection set-up) and waits inside the call until they call it too. The group's status
+    moves ``last_enqueued_collective`` on only when the call has launched it, so the rank's most
+    recent NCCL entry numbered past it, while its main thread is inside torch.distributed, is a
+    collective the rank waits in (seen on 2 H200s, torch 2.11, NCCL 2.28: a rank alone in the
+    first ``barrier()`` of a session looked finished).
+    """
+    nccl = [raw for raw in raws if raw.get("recorder") == "nccl"
+            or str(raw.get("profiling_name", "")).startswith("nccl:")]
+    if not nccl or not any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:]):
+        return None
+    last = nccl[-1]
+    if last.get("is_p2p"):
+        return None
+    enqueued = status.get(_status_key(last), {}).get("last_enqueued_collective", -1)
+    return last if int(last.get("collective_seq_id", 0)) > enqueued else None
+
+
+def _is_torch_distributed(path: str) -> bool:
+    return f"{os.sep}torch{os.sep}distributed{os.sep}" in path
+
+
+#: torch's profiling names that mean another op: NCCL's barrier is an all_reduce of one element,
+#: recorded (torch >= 2.6) as ``nccl:all_reduce_barrier``; the user called barrier().
+_OP_ALIASES = {"all_reduce_barrier": "barrier"}
+
+
 def op_name(raw: dict[str, Any]) -> str:
-    """``gloo:all_reduce`` -> ``all_reduce``."""
+    """``gloo:all_reduce`` -> ``all_reduce``; ``nccl:all_reduce_barrier`` -> ``barrier``."""
     name = str(raw.get("profiling_name", "?"))
-    return name.split(":", 1)[-1].split(" ", 1)[0]
+    name = name.split(":", 1)[-1].split(" ", 1)[0]
+    return _OP_ALIASES.get(name, name)
 
 
 def describe_tensors(raw: dict[str, Any]) -> str:
+    if op_name(raw) == "barrier":
+        return ""  # NCCL's one-element stand-in tensor is torch's, not the user's
     sizes = raw.get("input_sizes") or []
     dtypes = raw.get("input_dtypes") or []
     parts = []
@@ -202,12 +260,12 @@ def _fallback_line(stack: str | None) -> str | None:
 # ------------------------------------------------------------------------------ analysis
 def analyse(states: list[RankState]) -> Verdict:
     """The verdict for ranks ``states`` (every rank that runs, or ran, the cell)."""
-    by_pg: dict[str, dict[int, dict[int, Entry]]] = {}
+    by_pg: dict[tuple[str, str], dict[int, dict[int, Entry]]] = {}
     for state in states:
         for entry in entries_of(state):
-            by_pg.setdefault(entry.pg, {}).setdefault(state.rank, {})[entry.seq] = entry
+            by_pg.setdefault((entry.pg, entry.recorder), {}).setdefault(state.rank, {})[entry.seq] = entry
     problems = []
-    for pg, per_rank in by_pg.items():
+    for (pg, _recorder), per_rank in by_pg.items():
         found = _first_disagreement(pg, per_rank, states)
         if found is not None:
             problems.append(found)

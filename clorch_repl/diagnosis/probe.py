@@ -45,7 +45,7 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     """This rank's state, as plain JSON data (called on the control thread, never the main one)."""
     fr, fr_missing = record.read()
     if fr is not None:
-        fr["entries"] = fr["entries"][-ENTRIES_SENT:]
+        fr["entries"] = recent(fr["entries"], ENTRIES_SENT)
     main = threading.main_thread()
     frames = sys._current_frames()
     main_frame = frames.get(main.ident) if main.ident is not None else None
@@ -60,6 +60,20 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         reply["threads"] = [{"name": names.get(ident, str(ident)), "stack": _frames(frame)}
                             for ident, frame in frames.items() if ident != main.ident]
     return reply
+
+
+def recent(entries: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """The last ``keep`` entries of each recorder, in their order: a busy NCCL buffer must not
+    push a gloo group's pending collective out of the answer, nor the other way round."""
+    seen: dict[str, int] = {}
+    out = []
+    for entry in reversed(entries):
+        name = str(entry.get("recorder"))
+        if seen.get(name, 0) < keep:
+            seen[name] = seen.get(name, 0) + 1
+            out.append(entry)
+    out.reverse()
+    return out
 
 
 def _frames(frame: Any) -> list[dict[str, Any]]:

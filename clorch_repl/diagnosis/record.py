@@ -2,7 +2,8 @@
 
 torch records every collective (op, sequence number per process group, shapes, dtypes, state) in
 a ring buffer sized by ``TORCH_FR_BUFFER_SIZE`` (older torch: ``TORCH_NCCL_TRACE_BUFFER_SIZE``),
-read when the process group is created; gloo groups are recorded too. Recent torch (2.13 here)
+read when the process group is created; gloo groups are recorded too, in a buffer of their own:
+NCCL's collectives go to NCCL's recorder (see :data:`DUMPERS`). Recent torch (2.13 here)
 records 2,000 entries by default; older versions record nothing unless the variable is set, so
 :func:`enable` sets it where the user has not. Reading it costs
 a fraction of a millisecond and takes no lock the blocked collective holds, so a rank's control
@@ -64,11 +65,20 @@ def _buffer_env() -> str:
     return BUFFER_ENVS[0] if (major, minor) >= (2, 7) else BUFFER_ENVS[1]
 
 
-def read() -> tuple[dict[str, Any] | None, str | None]:
-    """This process's flight-recorder dump as plain JSON data, or ``(None, why not)``.
+#: torch's JSON dumps, one per recorder: the generic one (gloo and other CPU backends) and NCCL's
+#: own (``FlightRecorder<CUDAEvent>``). They are two buffers, not two names for one: on a CUDA build
+#: NCCL's collectives are only in the second, while the first exists and is empty. Both are read
+#: and merged, since one process may run groups of both backends.
+DUMPERS = (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))
 
-    The dump holds ``entries`` (one dict per collective) and ``pg_status`` (per process group id:
-    the last enqueued, started and completed collective sequence numbers).
+
+def read() -> tuple[dict[str, Any] | None, str | None]:
+    """This process's flight-recorder dumps as plain JSON data, or ``(None, why not)``.
+
+    The result holds ``entries`` (one dict per collective, each tagged with the ``recorder`` it
+    came from) and ``pg_status`` (per recorder and process group id, ``"nccl/0"``: the last
+    enqueued, started and completed collective sequence numbers; the recorders number their
+    groups independently, so the ids alone would collide).
     """
     import sys
 
@@ -80,27 +90,36 @@ def read() -> tuple[dict[str, Any] | None, str | None]:
         from torch._C import _distributed_c10d as c10d
     except ImportError:
         return None, "this torch build has no distributed support"
-    dumpers = [getattr(c10d, name, None) for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json")]
-    for dump in dumpers:
+    merged: dict[str, Any] | None = None
+    for recorder, name in DUMPERS:
+        dump = getattr(c10d, name, None)
         if dump is None:
             continue
         try:
             data = json.loads(dump())
         except (RuntimeError, ValueError) as exc:
-            logger.debug("flight recorder dump %s failed: %s", dump.__name__, exc)
+            logger.debug("flight recorder dump %s failed: %s", name, exc)
             continue
-        data.setdefault("entries", [])
-        return normalise(data), None
-    return None, "this torch build has no flight recorder (no _dump_fr_trace_json); showing stacks only"
+        part = normalise(data, recorder)
+        if merged is None:
+            merged = part
+        else:
+            merged["entries"].extend(part["entries"])
+            merged["pg_status"].update(part["pg_status"])
+    if merged is None:
+        return None, ("this torch build has no flight recorder (neither _dump_fr_trace_json nor "
+                      "_dump_nccl_trace_json); showing stacks only")
+    return merged, None
 
 
-def normalise(data: dict[str, Any]) -> dict[str, Any]:
-    """The JSON dump writes the pg_status numbers as strings; make them ints once, here."""
+def normalise(data: dict[str, Any], recorder: str = "fr") -> dict[str, Any]:
+    """One recorder's dump: pg_status numbers as ints (the JSON dump writes them as strings), keyed
+    ``recorder/pg_id``, and every entry tagged with ``recorder``."""
     status = {}
     for pg_id, values in (data.get("pg_status") or {}).items():
-        status[str(pg_id)] = {k: _int(v) for k, v in values.items()}
-    return {"entries": list(data.get("entries") or []), "pg_status": status,
-            "version": data.get("version")}
+        status[f"{recorder}/{pg_id}"] = {k: _int(v) for k, v in values.items()}
+    entries = [dict(e, recorder=recorder) for e in (data.get("entries") or [])]
+    return {"entries": entries, "pg_status": status, "version": data.get("version")}
 
 
 def _int(value: Any) -> int:
