@@ -179,3 +179,39 @@ def test_both_recorders_are_read_and_kept_apart(monkeypatch: pytest.MonkeyPatch)
     assert data["pg_status"]["nccl/0"]["last_completed_collective"] == 2
     answer = probe.answer({})
     assert answer["fr"]["entries"][-1]["profiling_name"] == "nccl:all_reduce"
+
+
+# ------------------------------------------------------------------ answers of real NCCL ranks
+RECORDED = os.path.join(HERE, "gpu", "recorded")
+
+
+def recorded_nccl(name: str) -> list[RankState]:
+    """Answers given by 2 real NCCL ranks (2 H200s, torch 2.11, NCCL 2.28) while blocked, kept by
+    tests/gpu/test_gpu_hang.py (CLORCH_KEEP_ANSWERS): NCCL's records as torch writes them."""
+    states = []
+    for r in range(2):
+        with open(os.path.join(RECORDED, f"nccl-{name}-{r}.json")) as fh:
+            states.append(RankState(r, answer=json.load(fh)))
+    return states
+
+
+def test_recorded_nccl_ranks_one_skips_while_the_other_waits_in_item() -> None:
+    pytest.importorskip("torch")
+    states = recorded_nccl("skip")
+    verdict = analyse(states)
+    assert verdict.stuck and verdict.waiting == [0] and verdict.missing == [1]
+    # The path is as recorded there, shown relative to the working directory when it lies below it.
+    assert re.fullmatch(r"all_reduce #3 \(float32\[1024\], default group\): rank 0 waits in it; rank 1 never "
+                        r"called it and is at \S*tests/hang_scenarios\.py:23 in load_batch\(\)", verdict.sentence)
+    text = render.report(verdict, states)
+    assert "    barrier #1 (no tensor) group 0: completed" in text  # nccl:all_reduce_barrier
+    assert "    all_reduce #3 (float32[1024]) group 0: scheduled" in text
+    assert "  CUDA stream busy: yes" in text  # rank 0, blocked in .item()
+
+
+def test_recorded_nccl_ranks_with_different_sizes() -> None:
+    pytest.importorskip("torch")
+    verdict = analyse(recorded_nccl("sizes"))
+    assert verdict.stuck and verdict.mismatch
+    assert verdict.sentence == ("all_reduce #3 (float32[4], default group): rank 0 passed float32[4], "
+                                "rank 1 passed float32[1048576]; ranks 0, 1 wait in it")
