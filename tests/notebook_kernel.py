@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from queue import Empty
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from jupyter_client import KernelManager
 
@@ -23,6 +23,8 @@ class Reply:
     status: str
     outputs: list[dict[str, Any]] = field(default_factory=list)
     idle_at: float = 0.0  # time.perf_counter() when the kernel reported idle for this request
+    #: the input_request prompts the front end was asked, in order (see NotebookKernel.collect)
+    prompts: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -68,8 +70,8 @@ class NotebookKernel:
     def pid(self) -> int:
         return self.km.provisioner.process.pid
 
-    def send(self, code: str) -> str:
-        return self.kc.execute(code, allow_stdin=False)
+    def send(self, code: str, allow_stdin: bool = False) -> str:
+        return self.kc.execute(code, allow_stdin=allow_stdin)
 
     def wait_for_output(self, msg_id: str, text: str, count: int = 1, timeout: float = 60.0) -> None:
         """Block until the cell has printed ``text`` ``count`` times (its messages stay for collect)."""
@@ -81,15 +83,25 @@ class NotebookKernel:
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 seen += msg["content"]["text"].count(text)
 
-    def collect(self, msg_id: str, timeout: float = 120.0) -> Reply:
+    def collect(self, msg_id: str, timeout: float = 120.0,
+                answers: Sequence[str] | Callable[[str], str | None] | None = None) -> Reply:
+        """Read the cell's output up to its idle status. With ``answers``, its input_requests are
+        answered on the stdin channel as a front end does (JupyterLab's input box): the next
+        string of the list, or what the callable returns for the prompt (None: leave it open);
+        every prompt is recorded in ``Reply.prompts``."""
         deadline = time.monotonic() + timeout
         reply = Reply(status="?")
+        queue = list(answers) if answers is not None and not callable(answers) else None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no idle status within {timeout} s; got so far:\n{reply.text}")
+                raise TimeoutError(f"no idle status within {timeout} s; got so far:\n{reply.text}\n"
+                                   f"prompts: {reply.prompts}")
+            if answers is not None:
+                self._answer(msg_id, reply, queue if queue is not None else answers)
             try:
-                msg = self._held.pop(0) if self._held else self.kc.get_iopub_msg(timeout=remaining)
+                wait = remaining if answers is None else min(remaining, 0.05)
+                msg = self._held.pop(0) if self._held else self.kc.get_iopub_msg(timeout=wait)
             except Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -107,8 +119,29 @@ class NotebookKernel:
         reply.status = shell["content"]["status"]
         return reply
 
-    def run(self, code: str, timeout: float = 120.0) -> Reply:
-        return self.collect(self.send(code), timeout)
+    def _answer(self, msg_id: str, reply: Reply, answers: Any) -> None:
+        while True:
+            try:
+                msg = self.kc.get_stdin_msg(timeout=0)
+            except Empty:
+                return
+            assert msg["msg_type"] == "input_request", msg
+            assert msg["parent_header"].get("msg_id") == msg_id, "an input_request of another request"
+            prompt = msg["content"]["prompt"]
+            reply.prompts.append(prompt)
+            if isinstance(answers, list):
+                if not answers:
+                    raise AssertionError(f"an unexpected prompt {prompt!r}; prompts so far: {reply.prompts}")
+                value: str | None = answers.pop(0)
+            else:
+                value = answers(prompt)
+            if value is not None:
+                self.kc.input(value)
+
+    def run(self, code: str, timeout: float = 120.0,
+            answers: Sequence[str] | Callable[[str], str | None] | None = None) -> Reply:
+        """Run ``code``; with ``answers`` the cell is sent with allow_stdin=True (see collect)."""
+        return self.collect(self.send(code, allow_stdin=answers is not None), timeout, answers)
 
     def shutdown(self) -> None:
         try:

@@ -46,6 +46,11 @@ hang_notice_option = _compose(argument(
     help="with no output and no finished collective for this long, say which rank and collective "
          "hold the cell, once, without stopping it (default 30; 0 turns it off)"))
 
+stdin_ranks_option = _compose(argument(
+    "--stdin-ranks", metavar="LIST", default=None, dest="stdin_ranks",
+    help="comma-separated ranks whose input(), getpass and breakpoint() prompts reach the notebook, "
+         "e.g. 0 (default: every rank; the others' input() raises StdinNotImplementedError)"))
+
 max_mb_option = _compose(argument(
     "--max-mb", metavar="MB", default=None, dest="max_mb",
     help="largest value one rank may send or receive, in MB (default 256)"))
@@ -101,11 +106,11 @@ def parse_max_mb(value: str | None) -> int:
     return int(mb * 1_000_000)
 
 
-def parse_ranks(value: str | None) -> list[int] | None:
+def parse_ranks(value: str | None, what: str = "--ranks") -> list[int] | None:
     from ..topology import parse_int_list
 
-    return parse_int_list(value, "--ranks")
+    return parse_int_list(value, what)
 
 
 __all__ = ["magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
-           "tail_option", "hang_notice_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "ConfigError"]
+           "tail_option", "hang_notice_option", "stdin_ranks_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "ConfigError"]

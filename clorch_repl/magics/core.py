@@ -22,10 +22,11 @@ from ..session.session import Session, StartupError
 from ..topology import parse_timeout, resolve_topology
 from . import views
 from .arguments import (argument, hang_notice_option, magic_arguments, max_mb_option, parse, parse_hang_notice,
-                        parse_max_mb, parse_ranks, ranks_option, tail_option, timeout_option, topology_options)
+                        parse_max_mb, parse_ranks, ranks_option, stdin_ranks_option, tail_option, timeout_option,
+                        topology_options)
 
 NPROC_ENV = "CLORCH_NPROC"  # the default number of ranks of %clorch start, when set
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push")
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug")
 
 
 @contextlib.contextmanager
@@ -95,7 +96,7 @@ class ClorchMagics(Magics):
             parser = getattr(self, f"_{command}").parser  # built by magic_arguments from the docstring
             lines.append(f"  {command:<10} {(parser.description or '').strip().rstrip('.')}")
         lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] [--hang-notice SECONDS] [--no-merge] "
-                  "[--gather NAME] [--max-mb MB] runs a cell on every rank."]
+                  "[--gather NAME] [--max-mb MB] [--stdin-ranks LIST] runs a cell on every rank."]
         return "\n".join(lines)
 
     @magic_arguments(name="clorch start")
@@ -261,6 +262,26 @@ class ClorchMagics(Magics):
             raise ClorchError(f"name {name!r} is not defined in the notebook")
         transfer.push(self._session(), name, self.shell.user_ns[name], ranks, limit)
 
+    @magic_arguments(name="clorch debug")
+    @argument("rank", help="the rank whose last exception to open")
+    @timeout_option
+    def _debug(self, line: str) -> None:
+        """Post-mortem pdb in the frames of a rank's last exception (%debug on that rank)."""
+        args = parse(self._debug, line)
+        if args is None:
+            return
+        try:
+            rank = int(args.rank)
+        except ValueError:
+            raise ClorchError(f"%clorch debug takes a rank number; got {args.rank!r}") from None
+        timeout = parse_timeout(args.timeout, "--timeout")
+        session = self._session()
+        # %debug on the rank: IPython's own post-mortem of sys.last_traceback, its pdb prompts
+        # answered in the notebook through the cell's stdin path (clorch_repl.session.stdin).
+        outcome = session.run("%debug", [rank], timeout, NotebookDisplay((rank,)), stdin_ranks=[rank])
+        if not outcome.ok:
+            raise DistributedCellError(outcome, timeout)
+
     # -------------------------------------------------------------------------- %%distributed
     @cell_magic
     @magic_arguments(name="%distributed")
@@ -272,6 +293,7 @@ class ClorchMagics(Magics):
     @argument("--gather", metavar="NAME", default=None,
               help="put {rank: the cell's last expression on that rank} into the notebook as NAME")
     @max_mb_option
+    @stdin_ranks_option
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank (or --ranks), streaming each rank's output labelled.
 
@@ -284,6 +306,7 @@ class ClorchMagics(Magics):
         with user_errors():
             timeout = parse_timeout(args.timeout, "--timeout")
             ranks = parse_ranks(args.ranks)
+            stdin_ranks = parse_ranks(args.stdin_ranks, "--stdin-ranks")
             hang_notice = parse_hang_notice(args.hang_notice)
             from ..session import transfer
 
@@ -294,7 +317,7 @@ class ClorchMagics(Magics):
             transfer.number_cells(session, ranks, count)
             chosen = tuple(range(session.topology.nproc)) if ranks is None else tuple(ranks)
             outcome = session.run(cell, ranks, timeout, NotebookDisplay(chosen, merge=not args.no_merge),
-                                  hang_notice_s=hang_notice)
+                                  hang_notice_s=hang_notice, stdin_ranks=stdin_ranks)
             transfer.cell_ran(session, outcome, count)
             if outcome.ok and gather is not None:
                 self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,

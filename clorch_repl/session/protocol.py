@@ -31,6 +31,9 @@ class CellRequest:
     #: seconds without output and without a finished collective before the cell says why it is
     #: stuck (once, without stopping it); 0 turns the notice off
     hang_notice_s: float = 0.0
+    #: ranks whose input() / breakpoint() prompts reach the front end (None: every rank); the
+    #: others raise StdinNotImplementedError naming ``--stdin-ranks``
+    stdin_ranks: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ which a rank that has not returned is reported as stuck together with its Python
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,7 +28,10 @@ from ..procs import describe_exit
 from .comms import COMM_TYPES
 from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
+from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from .wire import MessageDecoder, SignatureError
+
+logger = logging.getLogger(__name__)
 
 #: Message types forwarded to the display as they arrive.
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output"})
@@ -94,6 +98,7 @@ class _Wait:
     replied_at: dict[int, float] = field(default_factory=dict)  # execute_reply arrival, per rank
     idle: set[int] = field(default_factory=set)  # ranks whose idle status arrived
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
+    stdin: StdinBroker | None = None       # the ranks' prompts (see clorch_repl.session.stdin)
 
 
 class Relay:
@@ -127,13 +132,13 @@ class Relay:
         """Open channels to every rank and wait until each answers on shell and iopub."""
         for proc in self.group.ranks:
             client = proc.manager.client()
-            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+            client.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=False)
             self.clients[proc.rank] = client
             self._decoders[proc.rank] = MessageDecoder(client.session)
             self.prober.add(proc.rank, client, self._decoders[proc.rank])
             self.running[proc.rank] = None
             self._ready[proc.rank] = set()
-            for kind in ("iopub", "shell"):
+            for kind in ("iopub", "shell", "stdin"):
                 sock = getattr(client, f"{kind}_channel").socket
                 self.poller.register(sock, zmq.POLLIN)
                 self._owner[sock] = (proc.rank, kind)
@@ -195,11 +200,42 @@ class Relay:
         wait = _Wait(msg_ids={}, pending=set(request.ranks), outcome=outcome, sink=sink)
         if request.timeout_s is not None:
             wait.deadline = time.monotonic() + request.timeout_s
+        front, no_front = (None, "clorch_repl's own requests read no input") if silent else FrontEnd.current()
+        wait.stdin = StdinBroker(front, lambda rank, value: self.clients[rank].input(value))
         for rank in request.ranks:
-            msg_id = self.clients[rank].execute(request.code, silent=silent, store_history=not silent,
-                                                allow_stdin=False, stop_on_error=False)
+            msg_id = self._send_execute(rank, request, silent, front is not None, no_front)
             wait.msg_ids[rank] = msg_id
             self.running[rank] = msg_id
+        if front is not None:
+            self.poller.register(front.socket, zmq.POLLIN)
+            self._owner[front.socket] = (-1, "front")
+        try:
+            self._wait(request, wait, interrupt_grace_s)
+        finally:
+            if front is not None:
+                self.poller.unregister(front.socket)
+                del self._owner[front.socket]
+        return outcome
+
+    def _send_execute(self, rank: int, request: CellRequest, silent: bool, front: bool, no_front: str) -> str:
+        """Send the cell to one rank; allow_stdin only where its prompts can reach the front end
+        (see clorch_repl.session.stdin); otherwise the rank's kernel raises with the reason."""
+        client = self.clients[rank]
+        allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
+        content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
+                       allow_stdin=allowed, stop_on_error=False)
+        metadata: dict[str, Any] = {}
+        if not allowed:
+            why = no_front if not front else (
+                f"only rank(s) {', '.join(map(str, request.stdin_ranks or ()))} may read input in this cell "
+                f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
+            metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
+        msg = client.session.msg("execute_request", content, metadata=metadata)
+        client.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
+
+    def _wait(self, request: CellRequest, wait: _Wait, interrupt_grace_s: float) -> None:
+        outcome, sink = wait.outcome, wait.sink
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
         if request.hang_notice_s > 0:
             wait.next_hang_check = time.monotonic() + request.hang_notice_s
@@ -210,8 +246,13 @@ class Relay:
                 limits = [next_liveness] + [t for t in (wait.deadline, wait.give_up_at, failure_deadline,
                                                         wait.next_hang_check) if t is not None]
                 limits += [self._drain_end(wait, r) for r in wait.replied_at if r in wait.pending]
+                prompt_due = wait.stdin.next_step() if wait.stdin is not None else None
+                if prompt_due is not None:
+                    limits.append(prompt_due)
                 self._pump(wait, max(0.0, min(limits) - now))
                 sink.flush()
+                if wait.stdin is not None and wait.stdin.step(wait.pending, lambda: sink.flush(final=True)):
+                    wait.last_progress = time.monotonic()  # the user answered a prompt: progress
                 now = time.monotonic()
                 self._end_replied(wait, now)
                 if now >= next_liveness:
@@ -234,7 +275,6 @@ class Relay:
                 self._interrupt(wait, interrupt_grace_s)
         self._finish(wait)
         sink.flush(final=True)
-        return outcome
 
     def _interrupt(self, wait: _Wait, grace_s: float) -> None:
         wait.next_hang_check = None  # being interrupted: the report will say why instead
@@ -288,6 +328,8 @@ class Relay:
         :data:`REPLY_DRAIN_S`)."""
         for sock, _ in self.poller.poll(int(timeout_s * 1000)):
             rank, kind = self._owner[sock]
+            if kind == "front":  # the front end's answer: read by the cell's stdin broker
+                continue
             for _ in range(PUMP_BATCH):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -303,6 +345,8 @@ class Relay:
                     continue
                 if kind == "shell":
                     self._on_reply(rank, msg, wait)
+                elif kind == "stdin":
+                    self._on_input_request(rank, msg, wait)
                 else:
                     self._route(rank, msg, wait)
 
@@ -320,6 +364,18 @@ class Relay:
                 self._record_error(wait, rank, content)
         elif parent_id is not None and parent_id == self.running.get(rank):
             self.running[rank] = None  # an abandoned cell's request is done: the rank is free
+
+    def _on_input_request(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
+        """A rank asks for a line: the running cell's broker serves it. With no cell running (a
+        thread of an earlier cell), no one can answer: end-of-file, rather than a rank that hangs."""
+        if msg["msg_type"] != "input_request":
+            return
+        if wait is not None and wait.stdin is not None and rank in wait.pending:
+            wait.stdin.request(rank, msg)
+            wait.last_progress = time.monotonic()
+            return
+        logger.warning("rank %d asked for input outside a cell; answered with end-of-file", rank)
+        self.clients[rank].input("\x04")
 
     def _drain_end(self, wait: _Wait, rank: int) -> float:
         """When a rank whose reply came but whose idle status did not stops being waited for."""
@@ -500,7 +556,7 @@ class Relay:
     def close(self) -> None:
         self.prober.close()
         for client in self.clients.values():
-            for kind in ("iopub", "shell"):
+            for kind in ("iopub", "shell", "stdin"):
                 try:
                     self.poller.unregister(getattr(client, f"{kind}_channel").socket)
                 except (KeyError, AttributeError):

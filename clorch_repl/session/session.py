@@ -130,9 +130,11 @@ class Session:
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
-            sink: OutputSink | None, *, silent: bool = False, hang_notice_s: float | None = None) -> CellOutcome:
+            sink: OutputSink | None, *, silent: bool = False, hang_notice_s: float | None = None,
+            stdin_ranks: list[int] | None = None) -> CellOutcome:
         """Run ``code`` on the chosen ranks; ``silent`` runs it as clorch's own request (not in
-        the ranks' history or cell count: value transfers, cell numbering)."""
+        the ranks' history or cell count: value transfers, cell numbering). ``stdin_ranks``: the
+        ranks whose prompts reach the front end (every rank by default)."""
         group, relay = self._require()
         chosen = tuple(range(self.topology.nproc)) if ranks is None else tuple(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
@@ -144,8 +146,12 @@ class Session:
         if busy:
             raise ClorchError(f"rank(s) {busy} are still running an earlier cell: wait, run "
                               "%clorch interrupt, or %clorch restart")
+        if stdin_ranks is not None:
+            check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
-        return relay.execute(CellRequest(code, chosen, timeout_s, hang_notice_s=notice), sink, silent=silent)
+        request = CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
+                              stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks))
+        return relay.execute(request, sink, silent=silent)
 
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):

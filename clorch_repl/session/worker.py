@@ -143,6 +143,12 @@ def _kernel_class() -> type:
         """ipykernel's kernel, marking when a cell runs (for RankOutStream) and writing a failed
         cell's traceback into the rank's log, where ipykernel writes only the iopub message."""
 
+        def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(**kwargs)
+            from . import rank_debug
+
+            rank_debug.install()  # after ipykernel imported debugpy, which replaces the hook
+
         async def do_execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             global _in_cell
             _in_cell = True
@@ -160,6 +166,28 @@ def _kernel_class() -> type:
                 except (OSError, ValueError) as exc:  # the log is gone: nothing to write it to
                     self.log.debug("could not write the traceback to the rank's log: %s", exc)
             return reply
+
+        def raw_input(self, prompt: str = "") -> str:
+            self._check_stdin()
+            return super().raw_input(prompt)
+
+        def getpass(self, prompt: str = "", stream=None, **kwargs):  # type: ignore[no-untyped-def]
+            self._check_stdin()
+            return super().getpass(prompt, stream, **kwargs)
+
+        def _check_stdin(self) -> None:
+            """A cell sent without stdin says why (clorch_repl.session.stdin.NO_STDIN_KEY: the
+            rank is not in --stdin-ranks, or the notebook's front end takes no input), instead of
+            ipykernel's "this frontend does not support input requests"."""
+            if self._allow_stdin:
+                return
+            from IPython.core.error import StdinNotImplementedError
+
+            from .stdin import NO_STDIN_KEY
+
+            why = (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)
+            if why:
+                raise StdinNotImplementedError(why)
 
     return RankKernel
 

@@ -1,0 +1,128 @@
+"""Prompts of ranks answered in the notebook, through a real notebook kernel driven by
+jupyter_client as JupyterLab drives one (the client answers input_request on its stdin channel,
+as JupyterLab's input box does): input() on one rank and on both in turn, --stdin-ranks,
+breakpoint() stepped with pdb commands, %clorch debug after an exception, an interrupt while a
+prompt waits, and the hang notice for a rank held at a pdb prompt."""
+
+from __future__ import annotations
+
+import time
+from queue import Empty
+from typing import Iterator
+
+import pytest
+
+from notebook_kernel import NotebookKernel
+
+
+@pytest.fixture(scope="module")
+def nb() -> Iterator[NotebookKernel]:
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
+        assert reply.status == "ok", reply.text
+        yield kernel
+    finally:
+        kernel.shutdown()
+
+
+def test_input_on_one_rank_reaches_the_front_end_labelled_and_the_answer_that_rank(nb: NotebookKernel) -> None:
+    reply = nb.run("%%distributed\nif rank == 1:\n    name = input('your name? ')\n    print('hello', name)\n"
+                   "else:\n    print('no question here')\n", answers=["Ada"], timeout=60)
+    assert reply.status == "ok", reply.text
+    assert reply.prompts == ["[rank 1] your name? "]
+    assert "[rank 1] hello Ada" in reply.text, reply.text
+    assert "[rank 0] no question here" in reply.text, reply.text
+
+
+def test_both_ranks_asking_at_once_are_served_one_after_another_in_rank_order(nb: NotebookKernel) -> None:
+    code = ("%%distributed\nimport torch.distributed as dist\ndist.barrier()\n"
+            "value = input(f'value for {rank}? ')\nprint('got', value)\n")
+    reply = nb.run(code, answers=lambda prompt: "A" if prompt.startswith("[rank 0]") else "B", timeout=60)
+    assert reply.status == "ok", reply.text
+    assert reply.prompts == ["[rank 0] value for 0? ", "[rank 1] value for 1? "]
+    assert "[rank 0] got A" in reply.text and "[rank 1] got B" in reply.text, reply.text
+
+
+def test_stdin_ranks_lets_only_the_chosen_rank_ask_and_the_other_fails_clearly(nb: NotebookKernel) -> None:
+    code = "%%distributed --stdin-ranks 0\nvalue = input(f'value for {rank}? ')\nprint('got', value)\n"
+    reply = nb.run(code, answers=["zero"], timeout=60)
+    assert reply.status == "error"
+    assert reply.prompts == ["[rank 0] value for 0? "]
+    assert "[rank 0] got zero" in reply.text, reply.text
+    assert "StdinNotImplementedError" in reply.text, reply.text
+    assert "input() on rank 1: only rank(s) 0 may read input in this cell (%%distributed --stdin-ranks)" \
+        in reply.text, reply.text
+
+
+def test_a_front_end_that_takes_no_input_gets_a_clear_error_instead_of_a_blocked_cell(nb: NotebookKernel) -> None:
+    reply = nb.run("%%distributed --ranks 1\ninput('anyone? ')\n", timeout=60)  # allow_stdin=False, as nbclient
+    assert reply.status == "error"
+    assert "input() on rank 1: the notebook's front end sent this cell with allow_stdin=False" in reply.text, \
+        reply.text
+
+
+def test_breakpoint_on_rank_1_steps_prints_and_continues(nb: NotebookKernel) -> None:
+    code = ("%%distributed\nimport torch, torch.distributed as dist\n"
+            "def step(x):\n    if rank == 1:\n        breakpoint()\n    y = x + 1\n    return y\n"
+            "y = step(40 + rank)\nt = torch.tensor([float(y)])\ndist.all_reduce(t)\n"
+            "print('y', y, 'sum', int(t.item()))\n")
+    reply = nb.run(code, answers=["p x", "n", "p y", "c"], timeout=90)
+    assert reply.status == "ok", reply.text
+    assert len(reply.prompts) == 4, reply.prompts  # one per command, each labelled
+    assert set(reply.prompts) <= {"[rank 1] (Pdb) ", "[rank 1] ipdb> "}, reply.prompts  # IPython's pdb in a kernel
+    lines = reply.text.splitlines()
+    assert "[rank 1] 41" in lines, reply.text              # p x
+    assert "[rank 1] 42" in lines, reply.text              # p y, after n ran `y = x + 1`
+    assert not any("Error" in line for line in lines), reply.text
+    assert "[rank 0] y 41 sum 83" in lines, reply.text     # rank 0 waited in the all_reduce meanwhile
+    assert "[rank 1] y 42 sum 83" in lines, reply.text
+
+
+def test_clorch_debug_opens_the_frames_of_a_ranks_last_exception(nb: NotebookKernel) -> None:
+    code = ("%%distributed\ndef divide(total, parts):\n    share = total * 10\n    return share / parts\n"
+            "divide(7, rank - 1)\n")
+    reply = nb.run(code, timeout=60)
+    assert reply.status == "error" and "ZeroDivisionError" in reply.text, reply.text
+    reply = nb.run("%clorch debug 1", answers=["p share, parts", "q"], timeout=60)
+    assert reply.status == "ok", reply.text
+    assert reply.prompts and all(p == "[rank 1] ipdb> " for p in reply.prompts), reply.prompts
+    assert "[rank 1] (70, 0)" in reply.text.splitlines(), reply.text
+
+
+def test_clorch_debug_refuses_a_rank_that_does_not_exist(nb: NotebookKernel) -> None:
+    reply = nb.run("%clorch debug 5", answers=[], timeout=30)
+    assert reply.status == "error"
+    assert "rank 5, which does not exist" in reply.text, reply.text
+
+
+def test_interrupt_while_a_prompt_waits_interrupts_the_ranks_and_ends_the_cell(nb: NotebookKernel) -> None:
+    asked: list[float] = []
+
+    def leave_open(prompt: str) -> None:
+        asked.append(time.monotonic())
+        return None
+
+    # rank 1 sleeps rather than waiting in a collective: gloo's wait in C++ ignores KeyboardInterrupt
+    # (a stuck rank is another test's matter); this one is about the prompt.
+    msg_id = nb.send("%%distributed\nimport time\nif rank == 0:\n    input('never? ')\nelse:\n    time.sleep(60)\n"
+                     "print('not reached')\n", allow_stdin=True)
+    deadline = time.monotonic() + 60
+    while not asked and time.monotonic() < deadline:
+        try:
+            msg = nb.kc.get_stdin_msg(timeout=0.2)
+        except Empty:  # not asked yet
+            continue
+        leave_open(msg["content"]["prompt"])
+    assert asked, "rank 0's prompt never reached the front end"
+    nb.km.interrupt_kernel()  # Kernel > Interrupt
+    started = time.monotonic()
+    reply = nb.collect(msg_id, timeout=60)
+    assert time.monotonic() - started < 15, "the cell did not end soon after the interrupt"
+    assert reply.status == "error"
+    assert "KeyboardInterrupt" in reply.text, reply.text
+    assert "] not reached" not in reply.text, reply.text
+    after = nb.run("%%distributed\nprint('fine', rank)\n", timeout=60)  # the group still works
+    assert after.status == "ok", after.text
+    assert "fine 0" in after.text and "fine 1" in after.text, after.text
