@@ -126,3 +126,29 @@ def test_interrupt_while_a_prompt_waits_interrupts_the_ranks_and_ends_the_cell(n
     after = nb.run("%%distributed\nprint('fine', rank)\n", timeout=60)  # the group still works
     assert after.status == "ok", after.text
     assert "fine 0" in after.text and "fine 1" in after.text, after.text
+
+
+def test_hang_notice_says_a_rank_at_a_pdb_prompt_is_held_in_the_debugger_not_hung(nb: NotebookKernel) -> None:
+    code = ("%%distributed --hang-notice 2\nimport torch.distributed as dist\n"
+            "def step():\n    if rank == 1:\n        breakpoint()\n    dist.barrier()\n    return rank\n"
+            "print('done', step())\n")
+    msg_id = nb.send(code, allow_stdin=True)
+    deadline = time.monotonic() + 60
+    prompt = None
+    while prompt is None and time.monotonic() < deadline:
+        try:
+            prompt = nb.kc.get_stdin_msg(timeout=0.2)["content"]["prompt"]
+        except Empty:
+            continue
+    assert prompt == "[rank 1] ipdb> " or prompt == "[rank 1] (Pdb) ", prompt
+    nb.wait_for_output(msg_id, "clorch: not a hang, waiting for your answer; ", timeout=30)
+    nb.kc.input("c")  # rank 1 goes on into the barrier; the cell ends normally
+    reply = nb.collect(msg_id, timeout=60, answers=[])
+    assert reply.status == "ok", reply.text
+    notices = [line for line in reply.text.splitlines() if line.startswith("clorch: ")]
+    assert len(notices) == 1, reply.text
+    assert "barrier" in notices[0] and "rank 0 waits in it" in notices[0], notices
+    assert "rank 1 never called it and is held in the debugger at Cell In[" in notices[0], notices
+    assert ", line 5 in step()" in notices[0], notices  # the line pdb stopped at
+    assert "no progress on any rank" not in reply.text, reply.text
+    assert "[rank 0] done 0" in reply.text and "[rank 1] done 1" in reply.text, reply.text

@@ -32,6 +32,9 @@ class RankState:
     answer: dict[str, Any] | None = None
     dead: str | None = None         # "exit code 3", "killed by signal SIGKILL"
     fallback_stack: str | None = None  # faulthandler's stack when the rank did not answer
+    #: the prompt the rank waits at for an answer from the notebook (clorch_repl.session.stdin):
+    #: held by the user, in pdb or input(), not hung
+    prompt: str | None = None
 
     @property
     def answered(self) -> bool:
@@ -69,6 +72,9 @@ class Verdict:
     waiting: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
     mismatch: bool = False
+    #: ranks waiting at a prompt for the user's answer (see RankState.prompt)
+    held: list[int] = field(default_factory=list)
+
     @property
     def stuck(self) -> bool:
         """A pending collective some rank is missing from, or called differently: a hang for sure.
@@ -201,10 +207,23 @@ def _ranks_word(ranks: list[int]) -> str:
 
 
 # ------------------------------------------------------------------------------ where
+def held_at_prompt(state: RankState) -> str:
+    """A rank waiting for the user at a prompt: in the debugger (pdb's frames on its stack) or in
+    input(), and where."""
+    stack = ((state.answer or {}).get("stack") or []) if state.answered else []
+    in_pdb = any(os.path.basename(str(f.get("file", ""))) in ("bdb.py", "pdb.py") for f in stack)
+    what = "is held in the debugger" if in_pdb else "is waiting for input"
+    user = [f for f in stack if not f.get("library")]
+    at = f" at {frame_label(user[-1])}" if user else ""
+    return f"{what}{at} (its prompt {state.prompt!r} waits for your answer in the notebook)"
+
+
 def where(state: RankState) -> str:
     """Where a rank is, as the notebook names lines: ``Cell In[5], line 3 in <module>``."""
     if state.dead is not None:
         return f"died ({state.dead})"
+    if state.prompt is not None:
+        return held_at_prompt(state)
     if not state.answered:
         why = (state.answer or {}).get("error")
         head = "did not answer" + (f" ({why})" if why else " (native code is holding its Python lock)")
@@ -391,6 +410,7 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
             and "now_ns" in by_rank[r].answer]
     return Verdict(sentence=f"{head}: " + "; ".join(clauses), hang=bool(pending), op=op, seq=seq,
                    group=group, waiting=pending, missing=[r for r in absent if r in by_rank],
+                   held=[r for r in absent if r in by_rank and by_rank[r].prompt is not None],
                    mismatch=mismatch is not None, pending_s=min(ages) if ages else None,
                    entered_ns=min((int(present[r].raw.get("time_created_ns") or 0) for r in pending), default=None))
 

@@ -18,6 +18,9 @@ FRAMES = 12
 
 def notice(verdict: Verdict) -> str:
     """The one line printed into a running cell."""
+    if verdict.held and set(verdict.missing) <= set(verdict.held):
+        # Only ranks the user holds at a prompt keep the others waiting: no hang.
+        return f"clorch: not a hang, waiting for your answer; {verdict.sentence}"
     return f"clorch: no progress on any rank; {verdict.sentence}"
 
 

@@ -126,6 +126,8 @@ class Relay:
         self.comm_sink: Callable[[int, dict[str, Any]], None] | None = None
         #: per rank, the msg_id of a request that is no cell (a front end's comm message) being settled
         self._settling: dict[int, str] = {}
+        #: the running cell's prompts (clorch_repl.session.stdin); the diagnosis names ranks at one
+        self._stdin: StdinBroker | None = None
 
     # ----------------------------------------------------------------- connection and readiness
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
@@ -209,9 +211,11 @@ class Relay:
         if front is not None:
             self.poller.register(front.socket, zmq.POLLIN)
             self._owner[front.socket] = (-1, "front")
+        self._stdin = wait.stdin
         try:
             self._wait(request, wait, interrupt_grace_s)
         finally:
+            self._stdin = None
             if front is not None:
                 self.poller.unregister(front.socket)
                 del self._owner[front.socket]
@@ -517,7 +521,8 @@ class Relay:
             if not proc.alive:
                 states.append(RankState(rank, dead=describe_exit(proc.returncode)))
                 continue
-            state = RankState(rank, answer=answers.get(rank))
+            state = RankState(rank, answer=answers.get(rank),
+                              prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None)
             if not state.answered and fallback:
                 state.fallback_stack = self.group.dump_stack(rank)
             states.append(state)

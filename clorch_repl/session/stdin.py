@@ -123,6 +123,11 @@ class StdinBroker:
         """Ranks waiting for a line (the open prompt's and those queued)."""
         return set(self._asks)
 
+    @property
+    def prompts(self) -> dict[int, str]:
+        """Per waiting rank, the prompt it waits at (for the hang diagnosis: held, not hung)."""
+        return {rank: ask.prompt for rank, ask in self._asks.items()}
+
     def request(self, rank: int, msg: dict[str, Any]) -> None:
         """A rank's input_request."""
         content = msg.get("content") or {}
