@@ -26,7 +26,8 @@ from .arguments import (argument, hang_notice_option, magic_arguments, max_mb_op
                         topology_options)
 
 NPROC_ENV = "CLORCH_NPROC"  # the default number of ranks of %clorch start, when set
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug")
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug",
+            "debugger")
 
 
 @contextlib.contextmanager
@@ -281,6 +282,26 @@ class ClorchMagics(Magics):
         outcome = session.run("%debug", [rank], timeout, NotebookDisplay((rank,)), stdin_ranks=[rank])
         if not outcome.ok:
             raise DistributedCellError(outcome, timeout)
+
+    @magic_arguments(name="clorch debugger")
+    @argument("rank", nargs="?", default="0", help="the rank to debug (default 0), or off")
+    def _debugger(self, line: str) -> None:
+        """Point JupyterLab's debugger panel at one rank's %%distributed cells (off: the notebook)."""
+        args = parse(self._debugger, line)
+        if args is None:
+            return
+        if args.rank == "off":
+            if self.session is not None:
+                self.session.debug_rank(None)
+            print("clorch: the debugger panel debugs the notebook kernel again")
+            return
+        try:
+            rank = int(args.rank)
+        except ValueError:
+            raise ClorchError(f"%clorch debugger takes a rank number or off; got {args.rank!r}") from None
+        self._session().debug_rank(rank)
+        print(f"clorch: the debugger panel now debugs rank {rank}'s %%distributed cells; "
+              "turn the panel on (or off and on again) for it to attach there")
 
     # -------------------------------------------------------------------------- %%distributed
     @cell_magic

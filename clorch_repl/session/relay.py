@@ -126,6 +126,8 @@ class Relay:
         self.comm_sink: Callable[[int, dict[str, Any]], None] | None = None
         #: per rank, the msg_id of a request that is no cell (a front end's comm message) being settled
         self._settling: dict[int, str] = {}
+        #: where a rank's debug_event goes (%clorch debugger: the DebugForwarder's); None drops them
+        self.debug_sink: Callable[[int, dict[str, Any]], None] | None = None
         #: the running cell's prompts (clorch_repl.session.stdin); the diagnosis names ranks at one
         self._stdin: StdinBroker | None = None
 
@@ -444,6 +446,10 @@ class Relay:
                 self._abandoned.get(rank, set()).discard(parent_id)  # nothing more comes of it
                 if self._settling.get(rank) == parent_id:
                     del self._settling[rank]
+            return
+        if msg_type == "debug_event":  # JupyterLab's debugger on a rank (clorch_repl.session.debugger)
+            if self.debug_sink is not None:
+                self.debug_sink(rank, msg)
             return
         if msg_type in COMM_TYPES:  # widgets: never dropped, whichever request they belong to
             self._comm(rank, msg, wait)

@@ -21,6 +21,7 @@ from ..procs import describe_exit
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import BOOT_CODE, LEAVE_CODE
 from .comms import CommBridge
+from .debugger import DebugForwarder
 from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
@@ -61,6 +62,8 @@ class Session:
         self.group: WorkerGroup | None = None
         self.relay: Relay | None = None
         self.comms: CommBridge | None = None
+        #: JupyterLab's debugger forwarded to a rank (%clorch debugger), if on
+        self.debugger: DebugForwarder | None = None
         self._workdir: str | None = None
         self.started_at: float | None = None
         #: the session's --hang-notice (seconds; 0 = off), used by cells that give none
@@ -104,6 +107,7 @@ class Session:
         """End every rank (no process left behind); returns pids that survived, which should be none."""
         group, relay = self.group, self.relay
         self.group = self.relay = None
+        self.debug_rank(None)
         if self.comms is not None:  # the ranks' widgets leave the notebook kernel's comm manager
             self.comms.close()
             self.comms = None
@@ -152,6 +156,29 @@ class Session:
         request = CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
                               stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks))
         return relay.execute(request, sink, silent=silent)
+
+    def debug_rank(self, rank: int | None) -> None:
+        """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
+        with None, let the notebook kernel answer them itself again (see .debugger)."""
+        if self.debugger is not None:
+            self.debugger.uninstall()
+            self.debugger = None
+            if self.relay is not None:
+                self.relay.debug_sink = None
+        if rank is None:
+            return
+        group, relay = self._require()
+        check_unique_in_range([rank], self.topology.nproc, "%clorch debugger", "rank")
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        if kernel is None or not isinstance(getattr(kernel, "control_handlers", None), dict):
+            raise ClorchError("%clorch debugger needs the notebook to run in a Jupyter kernel (ipykernel), "
+                              "whose front end speaks the debug protocol (JupyterLab)")
+        self.debugger = DebugForwarder(kernel, shell, group.ranks[rank].manager, rank)
+        self.debugger.install()
+        relay.debug_sink = self.debugger.event
 
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):
