@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import ClorchError, ConfigError, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rendezvous import STORE_FILE_ENV, loopback_socket_env
+from ..session import supervisor
 from ..topology import Topology, resolve_topology
 from ._errors import JobStopped, JobTimeout
 from ._protocol import RankResult, read_result, write_json_atomic
@@ -180,11 +181,9 @@ class Job:
         proc = self._procs[r]
         if proc is None:
             return None
-        try:
-            with open(self._pid_path(r)) as fh:
-                return int(fh.read().strip())
-        except (OSError, ValueError):
-            return proc.pid  # not written yet (or the directory is gone): the supervisor stands in
+        pid = supervisor.read_pid(self._pid_path(r))
+        # not written yet (or the directory is gone): the supervisor stands in
+        return proc.pid if pid is None else pid
 
     def __enter__(self) -> "Job":
         return self
@@ -225,15 +224,12 @@ class Job:
         # Each rank runs below its own supervisor (clorch_repl.session.supervisor): it ends the
         # rank and everything the rank started, setsid daemons included, when the job is stopped
         # or this process dies, even while the rank holds the GIL; it exits with the rank's status.
-        from ..session import supervisor
-
-        sup = [sys.executable, "-I", "-S", supervisor.__file__, "--grace", str(self.grace_s)]
-        if self._owns_dir:
-            sup += ["--session-dir", self.dir]  # nobody is left to read it when we are gone
-        rank_cmd = ["--", sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path]
+        rank_cmd = [sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path]
         try:
             for r in range(self.topology.nproc):
-                cmd = [*sup, "--pid-file", self._pid_path(r), *rank_cmd]
+                # --session-dir only for a directory we own: nobody is left to read it when we are gone
+                cmd = supervisor.command(sys.executable, self.grace_s, os.getpid(), rank_cmd,
+                                         pid_file=self._pid_path(r), session_dir=self.dir if self._owns_dir else None)
                 fd = os.open(self.log_path(r), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
                 try:
                     self._procs[r] = subprocess.Popen(cmd, env=env_for(r), stdin=subprocess.DEVNULL, stdout=fd,

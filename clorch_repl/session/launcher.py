@@ -66,11 +66,7 @@ class RankProcess:
         """The rank's own Python process (the supervisor writes it into ``pid_path`` after the
         fork, long before the kernel answers); None until it is known."""
         if self._kernel_pid is None and self.pid_path:
-            try:
-                with open(self.pid_path) as fh:
-                    self._kernel_pid = int(fh.read().strip())
-            except (OSError, ValueError):
-                return None
+            self._kernel_pid = supervisor.read_pid(self.pid_path)
         return self._kernel_pid
 
     def poll(self) -> int | None:
@@ -150,11 +146,11 @@ class WorkerGroup:
     def _write_kernelspec(self) -> KernelSpecManager:
         spec_dir = os.path.join(self.dir, "kernels", KERNEL_NAME)
         os.makedirs(spec_dir, exist_ok=True)
-        # -I -S: the supervisor needs the standard library only, and starts in a few ms.
+        # The supervisor watches this process (the notebook kernel, which starts every rank).
         spec = {
-            "argv": [sys.executable, "-I", "-S", supervisor.__file__, "--grace", str(STOP_GRACE_S),
-                     "--pid-file", "{connection_file}.pid", "--session-dir", self.dir, "--",
-                     sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
+            "argv": supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
+                                       [sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
+                                       pid_file="{connection_file}.pid", session_dir=self.dir),
             "display_name": "clorch_repl rank",
             "language": "python",
             "interrupt_mode": "signal",

@@ -1,6 +1,8 @@
 """A rank's supervisor: a tiny process between the notebook and one rank's kernel.
 
-    python -I -S .../supervisor.py --grace S [--pid-file PATH] [--session-dir DIR] -- CMD...
+    python -I -S .../supervisor.py --grace S --parent PID [--pid-file PATH] [--session-dir DIR] -- CMD...
+
+(built by :func:`command`; :func:`read_pid` reads the kernel's pid from ``--pid-file``)
 
 Why it exists: the rank's kernel runs user code, which may hold the GIL for minutes
 (``sum(range(10**11))``), so no Python thread inside the kernel can be trusted to notice that
@@ -11,13 +13,22 @@ every process the kernel starts that is orphaned, daemons included, is re-parent
 of to init. Everything a rank started is therefore always a descendant of its supervisor, and
 the supervisor ends all of it:
 
-* when the notebook (its parent) is gone, even after SIGKILL: it SIGKILLs the kernel and every
-  descendant at once (nobody is left to wait for a graceful end), removes the session's private
-  directory (``--session-dir``) and exits; it polls ``getppid`` every 0.1 s;
+* when the notebook (its parent, ``--parent``) is gone, even after SIGKILL: it SIGKILLs the
+  kernel and every descendant at once (nobody is left to wait for a graceful end), removes the
+  session's private directory (``--session-dir``) and exits; it polls ``getppid`` every 0.1 s
+  and compares it with ``--parent``, the pid the launcher passed, not with its own first
+  ``getppid``: a notebook that died while the supervisor was starting would otherwise never be
+  noticed (the supervisor would already be an orphan at its first look);
 * on SIGTERM (``%clorch stop``): SIGTERM to the kernel and every descendant, ``--grace`` seconds
   for them to go, then SIGKILL to what is left;
-* when the kernel exits on its own (a shutdown request, ``os._exit``, a crash): what it left
-  behind gets SIGTERM and :data:`LEFTOVER_GRACE_S`, then SIGKILL.
+* when the kernel exits cleanly (status 0: what a shutdown request gives, which is how
+  ``%clorch stop`` ends a rank first): what it left behind gets SIGTERM and the same ``--grace``
+  as a stop, then SIGKILL. The kernel then always exits before the SIGTERM of the stop arrives,
+  so this is the path a stop takes; the launcher's stop waits for all ranks at once, so a stop
+  still costs one grace period, not one per rank;
+* when the kernel dies (a crash, a signal, a non-zero ``os._exit``): what it left behind gets
+  SIGTERM and only :data:`LEFTOVER_GRACE_S`, then SIGKILL: the notebook is told of the death when
+  the supervisor exits, and that report should not wait on children of a rank already gone.
 
 It then exits with the kernel's own status (re-raising the kernel's fatal signal on itself), so
 that the notebook, which only sees this process through jupyter_client, reports "killed by signal
@@ -47,7 +58,7 @@ import time
 PR_SET_CHILD_SUBREAPER = 36
 #: How often the parent (the notebook) is checked while nothing else happens.
 POLL_S = 0.1
-#: When the kernel ended on its own: how long what it left behind gets after SIGTERM.
+#: When the kernel died (not a clean exit): how long what it left behind gets after SIGTERM.
 LEFTOVER_GRACE_S = 1.0
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -90,21 +101,46 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def command(python: str, grace_s: float, parent: int, cmd: list[str], *, pid_file: str | None = None,
+            session_dir: str | None = None) -> list[str]:
+    """The command line that starts ``cmd`` below a supervisor (``python -I -S``: the standard
+    library only, a few ms to start). ``parent`` is the pid of the process that must stay alive
+    (the notebook, or the process that launched a job)."""
+    argv = [python, "-I", "-S", os.path.abspath(__file__), "--grace", str(grace_s), "--parent", str(parent)]
+    if pid_file:
+        argv += ["--pid-file", pid_file]
+    if session_dir:
+        argv += ["--session-dir", session_dir]
+    return [*argv, "--", *cmd]
+
+
+def read_pid(pid_file: str) -> int | None:
+    """The kernel's pid the supervisor wrote into ``pid_file``; None until it is written."""
+    try:
+        with open(pid_file) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
+        except ProcessLookupError:
             pass
+        except PermissionError as exc:  # a descendant that changed user (setuid): not ours to end
+            sys.stderr.write(f"clorch supervisor: cannot send signal {signum} to pid {pid}: {exc}\n")
 
 
 class Supervisor:
-    def __init__(self, cmd: list[str], grace_s: float, pid_file: str | None, session_dir: str | None) -> None:
+    def __init__(self, cmd: list[str], grace_s: float, pid_file: str | None, session_dir: str | None,
+                 parent: int | None = None) -> None:
         self.cmd = cmd
         self.grace_s = grace_s
         self.pid_file = pid_file
         self.session_dir = session_dir
-        self.parent = os.getppid()
+        self.parent = os.getppid() if parent is None else parent
         self.kernel_pid = 0
         self.kernel_status: int | None = None  # raw wait status
 
@@ -114,6 +150,11 @@ class Supervisor:
             try:
                 signal.pthread_sigmask(signal.SIG_SETMASK, set())
                 os.execvp(self.cmd[0], self.cmd)
+            except OSError as exc:  # stderr is the rank's log: say why the rank never started
+                try:
+                    os.write(2, f"clorch supervisor: cannot start {self.cmd[0]!r}: {exc}\n".encode())
+                except OSError:
+                    pass
             finally:
                 os._exit(127)
         self.kernel_pid = pid
@@ -156,7 +197,9 @@ class Supervisor:
             if self.session_dir:
                 shutil.rmtree(self.session_dir, ignore_errors=True)
         else:
-            self._end_all(self.grace_s if reason == "stop" else LEFTOVER_GRACE_S)
+            clean = (reason == "kernel" and self.kernel_status is not None
+                     and os.WIFEXITED(self.kernel_status) and os.WEXITSTATUS(self.kernel_status) == 0)
+            self._end_all(self.grace_s if reason == "stop" or clean else LEFTOVER_GRACE_S)
         return self._exit()
 
     def _end_all(self, grace_s: float) -> None:
@@ -203,11 +246,11 @@ class Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    grace_s, pid_file, session_dir = 5.0, None, None
+    grace_s, pid_file, session_dir, parent = 5.0, None, None, None
     try:
         split = argv.index("--")
     except ValueError:
-        sys.stderr.write("clorch supervisor: usage: supervisor.py [--grace S] [--pid-file P] "
+        sys.stderr.write("clorch supervisor: usage: supervisor.py [--grace S] [--parent PID] [--pid-file P] "
                          "[--session-dir D] -- CMD...\n")
         return 2
     opts, cmd = argv[:split], argv[split + 1:]
@@ -218,6 +261,8 @@ def main(argv: list[str]) -> int:
             pid_file = value
         elif key == "--session-dir":
             session_dir = value
+        elif key == "--parent":
+            parent = int(value)
     if not cmd:
         sys.stderr.write("clorch supervisor: no command to run\n")
         return 2
@@ -225,7 +270,7 @@ def main(argv: list[str]) -> int:
     if not _subreaper():
         sys.stderr.write("clorch supervisor: PR_SET_CHILD_SUBREAPER unavailable; daemons a rank "
                          "starts may outlive it\n")
-    sup = Supervisor(cmd, grace_s, pid_file, session_dir)
+    sup = Supervisor(cmd, grace_s, pid_file, session_dir, parent)
     sup.start()
     return sup.run()
 
