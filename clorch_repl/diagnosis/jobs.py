@@ -5,6 +5,11 @@ signal that thread writes the rank's answer (:func:`.probe.answer`, JSON) into t
 directory (0700, files 0600), even while the main thread is blocked in a collective. The launcher
 asks every live rank this way when a job times out and puts the verdict into the job's message.
 A job's ranks all run on the launching host, so the job's directory is a channel they share.
+
+SIGUSR2's default action ends a process, and a rank spends seconds importing torch before it can
+serve the probe; so :func:`serve` leaves a marker file once its thread waits for the signal, and
+:func:`explain` signals only ranks that left one (a rank still starting is reported as not
+answering, never killed by the question).
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ ANSWER_WAIT_S = 3.0
 
 def answer_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank-{rank}.probe.json")
+
+
+def ready_path(directory: str, rank: int) -> str:
+    """Exists once the rank serves the probe: only then may it be sent :data:`SIGNAL`."""
+    return os.path.join(directory, f"rank-{rank}.probe-ready")
 
 
 def serve(directory: str, rank: int) -> None:
@@ -54,16 +64,21 @@ def serve(directory: str, rank: int) -> None:
                 logger.warning("rank %d could not answer the hang probe: %s", rank, exc)
 
     threading.Thread(target=loop, name="clorch-probe", daemon=True).start()
+    os.close(os.open(ready_path(directory, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
 
 
 def explain(directory: str, pids: dict[int, int | None], exits: dict[int, str | None]) -> str | None:
     """Ask the live ranks (``pids``) where they are; ``exits`` describes ranks already gone.
 
-    Returns the verdict and evidence as text, or None when no rank answered.
+    Only ranks that serve the probe (:func:`ready_path`) are signalled. Returns the verdict and
+    evidence as text, or None when no rank answered.
     """
     asked = {}
     for rank, pid in pids.items():
         if pid is None:
+            continue
+        if not os.path.exists(ready_path(directory, rank)):
+            logger.debug("rank %d does not serve the hang probe yet (still starting): not asked", rank)
             continue
         try:
             os.unlink(answer_path(directory, rank))

@@ -12,9 +12,16 @@ import faulthandler
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
+
+# The hang probe's signal (clorch_repl.diagnosis.jobs.SIGNAL), blocked before anything slow
+# happens in this module: a probe that arrives before the probe thread runs stays pending for it
+# instead of ending the rank. (The launcher only signals ranks that wrote jobs.ready_path; this
+# covers a probe sent some other way, e.g. kill -USR2 by hand.)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
 
 
 def _exit(code: int) -> None:
