@@ -109,7 +109,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
                 raise ClorchError(f"{what} failed: rank {rank} did not report its value; "
                                   f"%clorch logs {rank} shows what it printed")
             try:
-                result[rank] = values.load(paths[rank], note["sha256"], f"rank {rank}'s value")
+                result[rank] = values.load(paths[rank], note["sha256"], f"rank {rank}'s value", limit)
             except (values.TransferError, pickle.UnpicklingError) as exc:  # never expected from our ranks
                 raise ClorchError(f"{what} failed: {exc}") from None
         return result

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import logging
 import os
@@ -136,13 +137,22 @@ def save(value: Any, path: str, limit: int, where: str) -> tuple[int, str]:
         raise
 
 
-def load(path: str, sha256: str, where: str) -> Any:
-    """Read a value written by :func:`save`, after checking it is the file that was announced."""
+def load(path: str, sha256: str, where: str, limit: int | None = None) -> Any:
+    """Read a value written by :func:`save`, after checking it is the file that was announced.
+
+    The file is read once: the bytes that were hashed are the bytes that are loaded, so the file
+    cannot change between the check and the load. With ``limit``, a file over it is refused
+    before it is read (the side that reads it must not trust the writer's own check).
+    """
     import torch
 
-    if _sha256(path) != sha256:
+    with open(path, "rb") as fh:
+        if limit is not None:
+            check_size(os.fstat(fh.fileno()).st_size, limit, where)
+        data = fh.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise TransferError(f"{where}: the file {path} does not match what was sent (changed on disk?)")
-    return torch.load(path, weights_only=True, map_location="cpu")
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 def _sha256(path: str) -> str:
