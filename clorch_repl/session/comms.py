@@ -47,11 +47,17 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
+from ..procs import describe_exit
+
 if TYPE_CHECKING:
     from .relay import Relay
 
 logger = logging.getLogger(__name__)
 
+#: How long a front end's message to a rank may wait to be queued before it is dropped.
+SEND_TIMEOUT_MS = 1000
 #: Comm message types forwarded in both directions.
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 #: After a front end's message is sent to a rank, how long its answer is waited for (the notebook
@@ -200,11 +206,31 @@ class CommBridge:
         client = self.relay.clients.get(rank)
         if client is None:
             return
+        process = self.relay.group.ranks[rank]
+        if not process.alive:
+            # A DEALER socket with no live peer blocks its sender: never try, say why it is dropped.
+            warnings.warn(f"clorch_repl: rank {rank} is not running ({describe_exit(process.poll())}); "
+                          f"its widget's {msg_type} was dropped (%clorch restart starts the ranks again)",
+                          RuntimeWarning, stacklevel=2)
+            return
         content = dict(msg.get("content") or {})
         content["comm_id"] = comm_id
         buffers = [bytes(b) for b in (msg.get("buffers") or ())]
-        sent = client.session.send(client.shell_channel.socket, msg_type, content,
-                                   metadata=msg.get("metadata") or {}, buffers=buffers or None)
+        socket = client.shell_channel.socket
+        previous = socket.getsockopt(zmq.SNDTIMEO)
+        # Bounded: a rank that stopped reading (its queue at the high-water mark) or died just now
+        # must not hang the notebook kernel, which runs this on its main thread.
+        socket.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+        try:
+            sent = client.session.send(socket, msg_type, content,
+                                       metadata=msg.get("metadata") or {}, buffers=buffers or None)
+        except zmq.Again:
+            warnings.warn(f"clorch_repl: rank {rank} did not take its widget's {msg_type} within "
+                          f"{SEND_TIMEOUT_MS} ms (its queue is full or it is gone); the message was dropped",
+                          RuntimeWarning, stacklevel=2)
+            return
+        finally:
+            socket.setsockopt(zmq.SNDTIMEO, previous)
         # A rank still busy with an earlier request (a cell that was cut short) answers when it
         # is done: not waited for, or every message of a dragged slider would block the notebook.
         if self.relay.group.ranks[rank].alive and self.relay.running.get(rank) is None:
