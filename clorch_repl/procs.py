@@ -7,6 +7,7 @@ Processes are only ever signalled by the pid or process group we started, never 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -15,6 +16,8 @@ import time
 from typing import Any, Callable, Iterable
 
 import psutil
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 
@@ -75,10 +78,18 @@ def tail_bytes(fh: Any, lines: int | None, block: int = 65536, max_bytes: int = 
     parts = (data[:-1] if ends else data).split(b"\n")  # not splitlines: a lone \r ends no line
     kept = b"\n".join(parts[-lines:]) + (b"\n" if ends else b"")
     note = b""
-    if pos > 0 and newlines < lines:
-        note = (f"[clorch_repl: only the last {max_bytes // (1024 * 1024)} MiB of this log were read; "
+    if pos > 0 and len(parts) <= lines:  # no newline before the first line kept: it may be cut
+        note = (f"[clorch_repl: only the last {_size(max_bytes)} of this log were read; "
                 f"its start is in the file itself]\n").encode()
     return note + collapse_carriage_returns(kept)
+
+
+def _size(nbytes: int) -> str:
+    """``1048576`` -> ``"1 MiB"``, ``65536`` -> ``"64 KiB"``, ``100`` -> ``"100 bytes"``."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}" if nbytes % scale else f"{nbytes // scale} {unit}"
+    return f"{nbytes} bytes"
 
 
 def collapse_carriage_returns(data: bytes) -> bytes:
@@ -129,34 +140,33 @@ def terminate_tree(pid: int, grace_s: float = 5.0, *, pgid: int | None = None,
     for proc in tree:
         try:
             proc.terminate()
-        except psutil.Error:
-            pass
+        except psutil.NoSuchProcess:
+            pass  # gone already: what we wanted
+        except psutil.Error as exc:
+            logger.debug("could not SIGTERM pid %d: %s", proc.pid, exc)
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     if is_gone is not None and is_gone() and not alive:
         if pgid is not None:
             signal_group(pgid, signal.SIGKILL)  # stragglers of the group that were not our children
         return
-    if pgid is not None:
-        signal_group(pgid, signal.SIGKILL)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    kill_tree(pgid, alive)
     psutil.wait_procs(alive, timeout=5.0)
 
 
-def kill_tree(pid: int, tree: list[psutil.Process]) -> None:
-    """SIGKILL the process group ``pid`` leads (a process started in a session of its own) and
-    every process of ``tree`` (collected earlier, e.g. by :func:`process_tree`) still running.
-    psutil refuses to signal a pid that was reused by another process since it was collected."""
-    if pid != os.getpgrp():
-        signal_group(pid, signal.SIGKILL)
+def kill_tree(pgid: int | None, tree: list[psutil.Process]) -> None:
+    """SIGKILL the process group ``pgid`` (a process started in a session of its own leads one;
+    None: no group; never our own) and every process of ``tree`` (collected earlier, e.g. by
+    :func:`process_tree`) still running. psutil refuses to signal a pid that was reused by
+    another process since it was collected."""
+    if pgid is not None and pgid != os.getpgrp():
+        signal_group(pgid, signal.SIGKILL)
     for proc in tree:
         try:
             proc.kill()
-        except psutil.Error:
-            pass
+        except psutil.NoSuchProcess:
+            pass  # gone already: what we wanted
+        except psutil.Error as exc:  # not ours to signal, or a reused pid psutil refuses: it may live on
+            logger.debug("could not SIGKILL pid %d: %s", proc.pid, exc)
 
 
 def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
@@ -203,11 +213,7 @@ def end_own_group() -> None:
     """End this process and, when it leads its own process group (as every rank we start does),
     everything in that group: a rank's DataLoader workers and other children go with it."""
     try:
-        for child in process_tree(os.getpid())[1:]:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+        kill_tree(None, process_tree(os.getpid())[1:])
         if os.getpgrp() == os.getpid():
             os.killpg(os.getpgrp(), signal.SIGKILL)
     finally:
