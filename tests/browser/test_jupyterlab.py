@@ -174,17 +174,7 @@ def test_quickstart_shows_the_status_table(quickstart: dict[str, Any]) -> None:
     assert all(r[2].isdigit() for r in rows) and all(r[4] == "gloo" for r in rows)
 
 
-def _merge_has_landed() -> bool:
-    from clorch_repl.magics.core import ClorchMagics
-
-    parser = getattr(getattr(ClorchMagics, "distributed", None), "parser", None)
-    return parser is not None and "--no-merge" in parser.format_help()
-
-
 def test_quickstart_merges_identical_output(quickstart: dict[str, Any]) -> None:
-    page_text = "\n".join(c["text"] for c in quickstart["cells"])
-    if "[ranks" not in page_text and "[all ranks]" not in page_text and not _merge_has_landed():
-        pytest.skip("merging identical output (issue 10) has not landed: %%distributed has no --no-merge")
     same = _cell(quickstart, "%%distributed", "print(x.sum().item())")
     assert re.search(r"\[(ranks 0-1|all ranks)\] 9\.0", same["text"]), same["text"]
     assert "[rank 0] 9.0" not in same["text"]  # shown once, not once per rank
