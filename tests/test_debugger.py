@@ -33,6 +33,22 @@ def nb() -> Iterator[NotebookKernel]:
         kernel.shutdown()
 
 
+@pytest.fixture(scope="module")
+def panel(nb: NotebookKernel) -> Iterator[NotebookKernel]:
+    """The debugger panel attached to rank 1, once for the module: ipykernel 7.4 does not answer a
+    second initialize after a disconnect (a plain kernel neither), so tests share one attach."""
+    reply = nb.run("%clorch debugger 1")
+    assert reply.status == "ok", reply.text
+    init = debug(nb, "initialize", {"clientID": "test-client", "clientName": "testClient", "adapterID": "",
+                                    "pathFormat": "path", "linesStartAt1": True, "columnsStartAt1": True,
+                                    "supportsVariableType": True, "supportsVariablePaging": True,
+                                    "supportsRunInTerminalRequest": True, "locale": "en"})
+    assert init["success"], init
+    attach = debug(nb, "attach")
+    assert attach["success"], attach
+    yield nb
+
+
 def debug(nb: NotebookKernel, command: str, arguments: dict[str, Any] | None = None,
           timeout: float = 30.0) -> dict[str, Any]:
     """One debug_request on the control channel, as JupyterLab sends it; its debug_reply's content."""
@@ -62,16 +78,8 @@ def debug_event(nb: NotebookKernel, event: str, timeout: float = 60.0) -> tuple[
     raise TimeoutError(f"no {event} debug_event within {timeout} s; saw {[m['msg_type'] for m in other]}")
 
 
-def test_debug_protocol_stops_rank_1_at_a_breakpoint_in_a_distributed_cell(nb: NotebookKernel) -> None:
-    reply = nb.run("%clorch debugger 1")
-    assert reply.status == "ok", reply.text
-    init = debug(nb, "initialize", {"clientID": "test-client", "clientName": "testClient", "adapterID": "",
-                                    "pathFormat": "path", "linesStartAt1": True, "columnsStartAt1": True,
-                                    "supportsVariableType": True, "supportsVariablePaging": True,
-                                    "supportsRunInTerminalRequest": True, "locale": "en"})
-    assert init["success"], init
-    attach = debug(nb, "attach")
-    assert attach["success"], attach
+def test_debug_protocol_stops_rank_1_at_a_breakpoint_in_a_distributed_cell(panel: NotebookKernel) -> None:
+    nb = panel
     info = debug(nb, "debugInfo")
     assert info["success"] and info["body"]["isStarted"], info
     code = ("%%distributed\ndef shard(n):\n    local = n * 10 + rank\n    return local\n"
@@ -104,15 +112,42 @@ def test_debug_protocol_stops_rank_1_at_a_breakpoint_in_a_distributed_cell(nb: N
     reply = nb.collect(msg_id, timeout=60)
     assert reply.status == "ok", reply.text
     assert "[rank 0] value 40" in reply.text and "[rank 1] value 41" in reply.text, reply.text
-
-    assert debug(nb, "disconnect", {"restart": False, "terminateDebuggee": True})["success"]
-    off = nb.run("%clorch debugger off")
-    assert off.status == "ok", off.text
-    after = debug(nb, "debugInfo")  # the notebook kernel answers again, with its own state
-    assert after["success"] and not after["body"]["isStarted"], after
+    assert debug(nb, "setBreakpoints", {"source": {"path": path}, "breakpoints": []})["success"]
 
 
 def test_clorch_debugger_refuses_a_rank_that_does_not_exist(nb: NotebookKernel) -> None:
     reply = nb.run("%clorch debugger 7")
     assert reply.status == "error"
     assert "rank 7, which does not exist" in reply.text, reply.text
+
+
+def test_hang_notice_says_a_rank_paused_by_the_debugger_panel_is_held_not_hung(panel: NotebookKernel) -> None:
+    nb = panel
+    code = ("%%distributed --hang-notice 2\nimport torch.distributed as dist\n"
+            "def step():\n    dist.barrier()\n    return rank\nprint('done', step())\n")
+    path = debug(nb, "dumpCell", {"code": code})["body"]["sourcePath"]
+    assert debug(nb, "setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 4}]})["success"]
+    assert debug(nb, "configurationDone")["success"]
+    msg_id = nb.send(code)
+    stopped, seen = debug_event(nb, "stopped")
+    nb._held.extend(seen)
+    nb.wait_for_output(msg_id, "clorch: not a hang, waiting for your answer; ", timeout=30)
+    assert debug(nb, "continue", {"threadId": stopped["body"]["threadId"]})["success"]
+    reply = nb.collect(msg_id, timeout=60)
+    assert reply.status == "ok", reply.text
+    notices = [line for line in reply.text.splitlines() if line.startswith("clorch: ")]
+    assert len(notices) == 1, reply.text
+    assert "barrier" in notices[0] and "rank 0 waits in it" in notices[0], notices
+    assert "rank 1 never called it and is held in the debugger at Cell In[" in notices[0], notices
+    assert "(paused in the debugger panel)" in notices[0], notices
+    assert "[rank 0] done 0" in reply.text and "[rank 1] done 1" in reply.text, reply.text
+
+
+def test_debugger_off_gives_the_panel_back_to_the_notebook_kernel(panel: NotebookKernel) -> None:
+    nb = panel  # last in the module: it disconnects the rank's debugger
+    assert debug(nb, "disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    off = nb.run("%clorch debugger off")
+    assert off.status == "ok", off.text
+    after = debug(nb, "debugInfo")  # the notebook kernel answers again, with its own state
+    assert after["success"] and not after["body"]["isStarted"], after
+    assert after["body"]["tmpFilePrefix"].endswith(f"ipykernel_{nb.pid}/"), after

@@ -152,3 +152,14 @@ def test_hang_notice_says_a_rank_at_a_pdb_prompt_is_held_in_the_debugger_not_hun
     assert ", line 5 in step()" in notices[0], notices  # the line pdb stopped at
     assert "no progress on any rank" not in reply.text, reply.text
     assert "[rank 0] done 0" in reply.text and "[rank 1] done 1" in reply.text, reply.text
+
+
+def test_getpass_and_pdb_set_trace_on_a_rank(nb: NotebookKernel) -> None:
+    code = ("%%distributed --ranks 0\nimport getpass, pdb\ndef f():\n    secret = getpass.getpass('token: ')\n"
+            "    pdb.set_trace()\n    return len(secret)\nprint('length', f())\n")
+    reply = nb.run(code, answers=["abcd", "p secret", "c"], timeout=60)
+    assert reply.status == "ok", reply.text
+    assert reply.prompts[0] == "[rank 0] token: ", reply.prompts
+    assert len(reply.prompts) == 3 and set(reply.prompts[1:]) <= {"[rank 0] (Pdb) ", "[rank 0] ipdb> "}, reply.prompts
+    lines = reply.text.splitlines()
+    assert "[rank 0] 'abcd'" in lines and "[rank 0] length 4" in lines, reply.text

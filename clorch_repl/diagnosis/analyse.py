@@ -35,6 +35,8 @@ class RankState:
     #: the prompt the rank waits at for an answer from the notebook (clorch_repl.session.stdin):
     #: held by the user, in pdb or input(), not hung
     prompt: str | None = None
+    #: paused by JupyterLab's debugger panel (a breakpoint or a step; clorch_repl.session.debugger)
+    paused: bool = False
 
     @property
     def answered(self) -> bool:
@@ -212,9 +214,11 @@ def held_at_prompt(state: RankState) -> str:
     input(), and where."""
     stack = ((state.answer or {}).get("stack") or []) if state.answered else []
     in_pdb = any(os.path.basename(str(f.get("file", ""))) in ("bdb.py", "pdb.py") for f in stack)
-    what = "is held in the debugger" if in_pdb else "is waiting for input"
+    what = "is held in the debugger" if in_pdb or state.paused else "is waiting for input"
     user = [f for f in stack if not f.get("library")]
     at = f" at {frame_label(user[-1])}" if user else ""
+    if state.prompt is None:
+        return f"{what}{at} (paused in the debugger panel)"
     return f"{what}{at} (its prompt {state.prompt!r} waits for your answer in the notebook)"
 
 
@@ -222,7 +226,7 @@ def where(state: RankState) -> str:
     """Where a rank is, as the notebook names lines: ``Cell In[5], line 3 in <module>``."""
     if state.dead is not None:
         return f"died ({state.dead})"
-    if state.prompt is not None:
+    if state.prompt is not None or state.paused:
         return held_at_prompt(state)
     if not state.answered:
         why = (state.answer or {}).get("error")
@@ -410,7 +414,7 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
             and "now_ns" in by_rank[r].answer]
     return Verdict(sentence=f"{head}: " + "; ".join(clauses), hang=bool(pending), op=op, seq=seq,
                    group=group, waiting=pending, missing=[r for r in absent if r in by_rank],
-                   held=[r for r in absent if r in by_rank and by_rank[r].prompt is not None],
+                   held=[r for r in absent if r in by_rank and (by_rank[r].prompt is not None or by_rank[r].paused)],
                    mismatch=mismatch is not None, pending_s=min(ages) if ages else None,
                    entered_ns=min((int(present[r].raw.get("time_created_ns") or 0) for r in pending), default=None))
 

@@ -128,6 +128,8 @@ class Relay:
         self._settling: dict[int, str] = {}
         #: where a rank's debug_event goes (%clorch debugger: the DebugForwarder's); None drops them
         self.debug_sink: Callable[[int, dict[str, Any]], None] | None = None
+        #: ranks the debugger panel has paused (stopped, not yet continued): held, not hung
+        self.debug_paused: set[int] = set()
         #: the running cell's prompts (clorch_repl.session.stdin); the diagnosis names ranks at one
         self._stdin: StdinBroker | None = None
 
@@ -402,6 +404,7 @@ class Relay:
     def _finish(self, wait: _Wait) -> None:
         """The cell's wait is over: requests whose idle status did not come are abandoned (their
         later output is dropped and counted, see :meth:`_drop`); say once what was dropped."""
+        self.debug_paused.difference_update(wait.msg_ids)  # a rank whose cell ended is not paused in it
         for rank, msg_id in wait.msg_ids.items():
             if rank not in wait.idle:
                 self._abandoned.setdefault(rank, set()).add(msg_id)
@@ -448,6 +451,13 @@ class Relay:
                     del self._settling[rank]
             return
         if msg_type == "debug_event":  # JupyterLab's debugger on a rank (clorch_repl.session.debugger)
+            event = content.get("event")
+            if event == "stopped":
+                self.debug_paused.add(rank)
+                if wait is not None:
+                    wait.last_progress = time.monotonic()
+            elif event in ("continued", "terminated", "exited"):
+                self.debug_paused.discard(rank)
             if self.debug_sink is not None:
                 self.debug_sink(rank, msg)
             return
@@ -528,7 +538,8 @@ class Relay:
                 states.append(RankState(rank, dead=describe_exit(proc.returncode)))
                 continue
             state = RankState(rank, answer=answers.get(rank),
-                              prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None)
+                              prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
+                              paused=rank in self.debug_paused)
             if not state.answered and fallback:
                 state.fallback_stack = self.group.dump_stack(rank)
             states.append(state)

@@ -160,11 +160,15 @@ class Session:
     def debug_rank(self, rank: int | None) -> None:
         """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
         with None, let the notebook kernel answer them itself again (see .debugger)."""
+        if rank is not None:  # checked before anything changes
+            self._require()
+            check_unique_in_range([rank], self.topology.nproc, "%clorch debugger", "rank")
         if self.debugger is not None:
             self.debugger.uninstall()
             self.debugger = None
             if self.relay is not None:
                 self.relay.debug_sink = None
+                self.relay.debug_paused.clear()
         if rank is None:
             return
         group, relay = self._require()
