@@ -94,6 +94,41 @@ def main() -> None:
     os._exit(0)  # gloo's teardown of a timed-out group can block; nothing is left to flush
 
 
+def record(name: str, world: int, out_dir: str, backend: str = "gloo") -> list:
+    """Run scenario ``name`` on ``world`` real ranks (this file as a script, one process each;
+    with ``nccl`` one GPU each) and return their answers as the probe gave them while the ranks
+    were blocked, one ``RankState`` per rank. The tests' way to get recorded answers."""
+    import subprocess
+
+    from clorch_repl.diagnosis.analyse import RankState
+    from clorch_repl.procs import free_port
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in [os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")] if p)
+    port = str(free_port())
+    outs = [os.path.join(out_dir, f"{backend}-{name}-{r}.json") for r in range(world)]
+    procs = []
+    try:
+        for r in range(world):
+            env = dict(os.environ, PYTHONPATH=path)
+            if backend == "nccl":
+                env["CUDA_VISIBLE_DEVICES"] = str(r)
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), name, str(r), str(world),
+                                           port, outs[r], backend], env=env))
+        for p in procs:
+            assert p.wait(timeout=60 if backend == "gloo" else 90) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    states = []
+    for r, out in enumerate(outs):
+        with open(out) as fh:
+            states.append(RankState(r, answer=json.load(fh)))
+    return states
+
+
 if __name__ == "__main__":
     main()
 

@@ -7,43 +7,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from clorch_repl.diagnosis import render
 from clorch_repl.diagnosis.analyse import RankState, analyse
-from clorch_repl.procs import free_port
+
+import hang_scenarios
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-def record(name: str, world: int, tmp_path: Any) -> list[RankState]:
-    port = str(free_port())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE]))
-    outs = [str(tmp_path / f"{name}-{r}.json") for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "hang_scenarios.py"), name, str(r),
-                               str(world), port, outs[r]], env=env) for r in range(world)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=60) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    states = []
-    for r, path in enumerate(outs):
-        with open(path) as fh:
-            states.append(RankState(r, answer=json.load(fh)))
-    return states
 
 
 def test_a_rank_that_skips_an_all_reduce_is_named_with_its_line(tmp_path: Any) -> None:
-    states = record("skip", 3, tmp_path)
+    states = hang_scenarios.record("skip", 3, str(tmp_path))
     verdict = analyse(states)
     assert verdict.hang and verdict.op == "all_reduce" and verdict.seq == 3
     assert verdict.waiting == [0, 2] and verdict.missing == [1]
@@ -58,7 +35,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_its_line(tmp_path: Any) -
 
 
 def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: Any) -> None:
-    verdict = analyse(record("mismatch", 2, tmp_path))
+    verdict = analyse(hang_scenarios.record("mismatch", 2, str(tmp_path)))
     # gloo completes a broadcast of unequal sizes (#3) and hangs in all_reduce vs broadcast (#4).
     assert verdict.hang and verdict.mismatch and verdict.seq == 4
     assert verdict.sentence == ("collective #4 (default group): rank 0 called all_reduce(float32[4]), "
@@ -68,7 +45,7 @@ def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: A
 
 
 def test_a_subgroup_is_named_with_its_members_and_outsiders_are_not_blamed(tmp_path: Any) -> None:
-    verdict = analyse(record("subgroup", 3, tmp_path))
+    verdict = analyse(hang_scenarios.record("subgroup", 3, str(tmp_path)))
     assert verdict.hang and verdict.missing == [1]  # rank 2 is not in the group: not "missing"
     assert re.fullmatch(r"all_reduce #1 \(float32\[2\], group 1 of ranks 0, 1\): rank 0 waits in it; "
                         r"rank 1 never called it and is at \S*hang_scenarios\.py:\d+ in load_batch\(\)",
@@ -76,7 +53,7 @@ def test_a_subgroup_is_named_with_its_members_and_outsiders_are_not_blamed(tmp_p
 
 
 def test_computing_ranks_are_not_a_hang(tmp_path: Any) -> None:
-    verdict = analyse(record("compute", 2, tmp_path))
+    verdict = analyse(hang_scenarios.record("compute", 2, str(tmp_path)))
     assert not verdict.hang
     assert verdict.sentence.startswith("no collective is pending")
     assert "rank 0 is at " in verdict.sentence and "rank 1 is at " in verdict.sentence

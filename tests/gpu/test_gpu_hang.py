@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -34,8 +32,6 @@ NOTICE = "clorch: no progress on any rank; "
 LONG_KERNEL_CYCLES = 40_000_000_000
 #: A cell's first collective in an NCCL session (see the module docstring).
 FIRST = 1
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOT = os.path.dirname(TESTS)
 
 
 def notices(text: str) -> list[str]:
@@ -133,36 +129,16 @@ def test_rank_blocked_in_cuda_synchronize(nb_gpus) -> None:  # type: ignore[no-u
 def recorded(name: str, tmp_path: Any) -> list[Any]:
     """Run scenario ``name`` of tests/hang_scenarios.py on 2 NCCL ranks (one GPU each); their
     answers, as the probe gave them while the ranks were blocked."""
-    from clorch_repl.diagnosis.analyse import RankState
-    from clorch_repl.procs import free_port
+    import hang_scenarios
 
     if cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    port = str(free_port())
-    outs = [str(tmp_path / f"nccl-{name}-{r}.json") for r in range(2)]
-    procs = []
-    for r in range(2):
-        path = os.pathsep.join(p for p in [ROOT, TESTS, os.environ.get("PYTHONPATH", "")] if p)
-        env = dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES=str(r))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(TESTS, "hang_scenarios.py"), name, str(r), "2",
-                                       port, outs[r], "nccl"], env=env))
-    try:
-        for p in procs:
-            assert p.wait(timeout=90) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    states = []
-    for r, path in enumerate(outs):
-        with open(path) as fh:
-            states.append(RankState(r, answer=json.load(fh)))
+    states = hang_scenarios.record(name, 2, str(tmp_path), "nccl")
     keep = os.environ.get("CLORCH_KEEP_ANSWERS")  # a folder: the answers become CPU test data
     if keep:
-        for r, path in enumerate(outs):
-            with open(path) as src, open(os.path.join(keep, os.path.basename(path)), "w") as dst:
-                dst.write(src.read())
+        for state in states:
+            with open(os.path.join(keep, f"nccl-{name}-{state.rank}.json"), "w") as dst:
+                json.dump(state.answer, dst)
     return states
 
 
