@@ -44,11 +44,12 @@ from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+from .topology import NPROC_ENV
+
 logger = logging.getLogger(__name__)
 
-NPROC_ENV = "CLORCH_NPROC"  # read by %clorch start (clorch_repl.magics.core) as its default --nproc
 INTERRUPT_GRACE_S = 20.0  # how long an interrupted cell may take to end before the kernel is shut down
-SHUTDOWN_WAIT_S = 20.0  # the kernel's atexit stops its ranks (5 s grace each) before it exits
+SHUTDOWN_WAIT_S = 20.0  # the kernel's atexit stops its ranks (all at once, one 5 s grace) before it exits
 KILL_WAIT_S = 10.0
 EXIT_FAILED, EXIT_USAGE = 1, 2
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -329,6 +330,10 @@ class NotebookRun:
             await asyncio.sleep(0.5)
 
     def _remember(self, pid: int) -> None:
+        """Add what runs below ``pid`` now; forget what has ended since (a long notebook starts
+        and ends many processes). What still runs elsewhere (a rank orphaned by the kernel's
+        death) is kept: that is what :meth:`_end_leftovers` is for."""
+        self._seen = {p: proc for p, proc in self._seen.items() if _running(proc)}
         try:
             root = psutil.Process(pid)
             for proc in [root, *root.children(recursive=True)]:

@@ -17,6 +17,9 @@ from .errors import ConfigError
 
 BACKENDS = ("nccl", "gloo")
 CPU_DEFAULT_NPROC = 2
+#: The environment variable that gives ``%clorch start`` its default ``--nproc`` (clorch-notebook
+#: sets it for a whole run: ``--nproc``); read by clorch_repl.magics.core.
+NPROC_ENV = "CLORCH_NPROC"
 
 
 @dataclass(frozen=True)
