@@ -40,26 +40,29 @@ def _env_without_repository() -> dict[str, str]:
     return env
 
 
-def _interrupt_notebook(folder: str) -> str:
+def _write_notebook(folder: str, name: str, cells: tuple[str, ...]) -> str:
+    """A notebook of ``cells`` (code) for the notebook's own python3 kernel, as ``folder/name``."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in (
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in cells]
+    path = os.path.join(folder, name)
+    nbformat.write(nb, path)
+    return path
+
+
+def _interrupt_notebook(folder: str) -> str:
+    return _write_notebook(folder, "interrupt.ipynb", (
         "%load_ext clorch_repl",
         "%clorch start --nproc 2",
         "%%distributed\nimport time\nprint(f'spinning on rank {rank}', flush=True)\nwhile True:\n    time.sleep(0.05)",
         "%%distributed\nprint(f'rank {rank} is still here')",
         "%clorch stop",
-    )]
-    path = os.path.join(folder, "interrupt.ipynb")
-    nbformat.write(nb, path)
-    return path
+    ))
 
 
 def _widgets_notebook(folder: str) -> str:
     """A tqdm.auto bar that runs long enough to be watched moving, and a slider per rank."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in (
+    return _write_notebook(folder, "widgets.ipynb", (
         "%load_ext clorch_repl",
         "%clorch start --nproc 2",
         "%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
@@ -71,10 +74,7 @@ def _widgets_notebook(folder: str) -> str:
         "slider = widgets.IntSlider(value=10 + rank, max=100, description=f'r{rank}')\nslider",
         "%%distributed\nprint(f'rank {rank} slider {slider.value}')",
         "%clorch stop",
-    )]
-    path = os.path.join(folder, "widgets.ipynb")
-    nbformat.write(nb, path)
-    return path
+    ))
 
 
 def _by_rank(outputs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
