@@ -102,6 +102,28 @@ def test_timeout_ends_the_job() -> None:
     assert not any(pid_running(pid) for pid in job.pids())
 
 
+def test_a_timeout_while_ranks_start_does_not_kill_them_with_the_probe(tmp_path) -> None:
+    # What made test_timeout_ends_the_job flaky under load: the probe (SIGUSR2, whose default
+    # action ends a process) reached a rank still importing torch. A process that has not said it
+    # serves the probe is not asked, and lives on; once it has, it is asked.
+    import subprocess
+    import sys
+
+    from clorch_repl.diagnosis import jobs
+
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert jobs.explain(str(tmp_path), {0: starting.pid}, {}) is None
+        assert starting.poll() is None, "the probe killed a rank that was still starting"
+        open(jobs.ready_path(str(tmp_path), 0), "w").close()
+        jobs.explain(str(tmp_path), {0: starting.pid}, {})  # now asked: it does not serve it, so it dies
+        assert starting.wait(timeout=10) == -jobs.SIGNAL
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.wait()
+
+
 def test_logs_hold_python_and_native_output_and_stop_ends_every_rank() -> None:
     job = dist.launch(nproc_per_node=2, main="dist_workers:chatty_then_sleep", timeout_ms=120_000)
     with job:
