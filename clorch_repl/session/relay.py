@@ -1,7 +1,7 @@
 """The channels of a session: sends cells to ranks and turns what comes back into protocol values.
 
-One thread (the caller's) polls every rank's iopub and shell sockets with a single
-``zmq.Poller``, so output streams live from all ranks at once with no relay threads to leak. A
+One thread (the caller's) polls every rank's iopub, shell and stdin sockets (a rank's prompts,
+see :mod:`.stdin`) with a single ``zmq.Poller``, so output streams live from all ranks at once with no relay threads to leak. A
 cell's wait always ends: when every rank is idle, when a rank's process dies (seen within a
 fraction of a second), at the cell's time limit, or after an interrupt plus a grace period, after
 which a rank that has not returned is reported as stuck together with its Python stack.
@@ -69,7 +69,8 @@ class OutputSink(Protocol):
     def output(self, item: RankOutput) -> None: ...
 
     def flush(self, final: bool = False) -> None:
-        """Called after each burst of messages, and with ``final`` once the cell has ended."""
+        """Called after each burst of messages, and with ``final`` once the cell has ended (and
+        before a rank's prompt opens, so that what the rank printed first is shown first)."""
 
 
 class _Discard:
@@ -212,18 +213,24 @@ class Relay:
             msg_id = self._send_execute(rank, request, silent, front is not None, no_front)
             wait.msg_ids[rank] = msg_id
             self.running[rank] = msg_id
-        if front is not None:
-            self.poller.register(front.socket, zmq.POLLIN)
-            self._owner[front.socket] = (-1, "front")
         self._stdin = wait.stdin
         try:
             self._wait(request, wait, interrupt_grace_s)
         finally:
             self._stdin = None
-            if front is not None:
-                self.poller.unregister(front.socket)
-                del self._owner[front.socket]
+            self._watch_front(front, False)
         return outcome
+
+    def _watch_front(self, front: FrontEnd | None, on: bool) -> None:
+        """Poll the front end's stdin socket (for the answer) only while a prompt is open there."""
+        if front is None or (front.socket in self._owner) == on:
+            return
+        if on:
+            self.poller.register(front.socket, zmq.POLLIN)
+            self._owner[front.socket] = (-1, "front")
+        else:
+            self.poller.unregister(front.socket)
+            del self._owner[front.socket]
 
     def _send_execute(self, rank: int, request: CellRequest, silent: bool, front: bool, no_front: str) -> str:
         """Send the cell to one rank; allow_stdin only where its prompts can reach the front end
@@ -259,8 +266,10 @@ class Relay:
                     limits.append(prompt_due)
                 self._pump(wait, max(0.0, min(limits) - now))
                 sink.flush()
-                if wait.stdin is not None and wait.stdin.step(wait.pending, lambda: sink.flush(final=True)):
-                    wait.last_progress = time.monotonic()  # the user answered a prompt: progress
+                if wait.stdin is not None:
+                    if wait.stdin.step(wait.pending, lambda: sink.flush(final=True)):
+                        wait.last_progress = time.monotonic()  # the user answered a prompt: progress
+                    self._watch_front(wait.stdin.front, wait.stdin.open is not None)
                 now = time.monotonic()
                 self._end_replied(wait, now)
                 if now >= next_liveness:

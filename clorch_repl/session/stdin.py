@@ -46,7 +46,7 @@ class FrontEnd:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.socket: zmq.Socket = kernel.stdin_socket
-        self._ident = kernel._get_shell_context_var(kernel._shell_parent_ident)
+        self._ident = kernel._parent_ident["shell"]  # ipykernel 6 and 7 (a compatibility view in 7)
         self._parent = kernel.get_parent("shell")
 
     @staticmethod
