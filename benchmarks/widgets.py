@@ -25,7 +25,7 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from notebook_kernel import NotebookKernel  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
+from notebook_kernel import NotebookKernel, clorch_session  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
 
 LOOP = ("%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
         "for _ in tqdm(range(200), disable={disable}):\n    time.sleep(0.005)")
@@ -83,11 +83,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2 --backend gloo")
-        assert reply.status == "ok", reply.text
+    with clorch_session() as kernel:
         local = slider_id(kernel, "import ipywidgets as w\ns = w.IntSlider(value=1000, max=10**9)\ndisplay(s)", 1000)
         remote = slider_id(kernel, "%%distributed\nimport ipywidgets as w\n"
                                    "s = w.IntSlider(value=2000 + rank, max=10**9)\ndisplay(s)", 2001)
@@ -114,9 +110,6 @@ def main() -> None:
         print(f"  tqdm.auto widget bar: {med_bar:.3f} s ({min(bar):.3f}-{max(bar):.3f})")
         print(f"  bar disabled:         {med_plain:.3f} s ({min(plain):.3f}-{max(plain):.3f})")
         print(f"  ratio (median): {med_bar / med_plain:.2f}x")
-        kernel.run("%clorch stop")
-    finally:
-        kernel.shutdown()
 
 
 if __name__ == "__main__":

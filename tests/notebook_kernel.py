@@ -6,12 +6,13 @@ notebook kernel), SIGKILL of the notebook kernel, and timing a cell as a Jupyter
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from queue import Empty
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from jupyter_client import KernelManager
 
@@ -65,6 +66,8 @@ class NotebookKernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
         self._held: list[dict[str, Any]] = []  # read by wait_for_output, not yet by collect
+        #: the reply of ``%clorch start`` when the kernel came from :func:`clorch_session`
+        self.start_reply: Reply | None = None
 
     @property
     def pid(self) -> int:
@@ -151,3 +154,27 @@ class NotebookKernel:
                 self.km.shutdown_kernel(now=True)
 
 
+
+
+#: What most tests start: two CPU ranks (gloo), also on a machine with GPUs.
+CPU_RANKS = "--nproc 2 --backend gloo"
+
+
+@contextlib.contextmanager
+def clorch_session(start: str = CPU_RANKS, *, stop: bool = True) -> Iterator[NotebookKernel]:
+    """A notebook kernel with ``%load_ext clorch_repl`` run and ranks started (``%clorch start
+    START``, its reply kept as ``start_reply``); afterwards ``%clorch stop`` (asserted to succeed,
+    unless ``stop`` is False: tests that kill the notebook, or only need the kernel's own exit to
+    end the ranks) and the kernel's shutdown, whatever happened."""
+    kernel = NotebookKernel()
+    try:
+        assert kernel.run("%load_ext clorch_repl").status == "ok"
+        reply = kernel.run(f"%clorch start {start}")
+        assert reply.status == "ok", reply.text
+        kernel.start_reply = reply
+        yield kernel
+        if stop:
+            stopped = kernel.run("%clorch stop")
+            assert stopped.status == "ok", stopped.text
+    finally:
+        kernel.shutdown()

@@ -185,17 +185,10 @@ def test_different_tracebacks_stay_per_rank() -> None:
 # ------------------------------------------------------- through a real notebook kernel and ranks
 @pytest.fixture(scope="module")
 def nb() -> Any:
-    from notebook_kernel import NotebookKernel
+    from notebook_kernel import clorch_session
 
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
-        assert reply.status == "ok", reply.text
+    with clorch_session() as kernel:
         yield kernel
-        assert kernel.run("%clorch stop").status == "ok"
-    finally:
-        kernel.shutdown()
 
 
 def stdout_of(reply: Any) -> str:

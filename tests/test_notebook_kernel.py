@@ -12,7 +12,7 @@ import pytest
 
 from clorch_repl.procs import pid_running, wait_gone
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 
 PIDS = ("from clorch_repl.magics import magics_for\n"
         "print('PIDS', *magics_for(get_ipython()).session.pids())")
@@ -20,15 +20,9 @@ PIDS = ("from clorch_repl.magics import magics_for\n"
 
 @pytest.fixture()
 def nb() -> Iterator[NotebookKernel]:
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2")
-        assert reply.status == "ok", reply.text
-        assert "ranks ready 2/2" in reply.text
+    with clorch_session("--nproc 2", stop=False) as kernel:  # tests kill the notebook or stop it themselves
+        assert kernel.start_reply is not None and "ranks ready 2/2" in kernel.start_reply.text
         yield kernel
-    finally:
-        kernel.shutdown()
 
 
 def rank_pids(nb: NotebookKernel) -> list[int]:

@@ -15,7 +15,7 @@ import torch
 
 from clorch_repl.session import values
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 
 
 # ------------------------------------------------------------------------ the format, no ranks
@@ -86,15 +86,8 @@ def test_too_large_is_refused_before_anything_is_written(tmp_path: Any) -> None:
 # ---------------------------------------------------------------- through a notebook kernel
 @pytest.fixture(scope="module")
 def nb() -> Iterator[NotebookKernel]:
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
-        assert reply.status == "ok", reply.text
+    with clorch_session() as kernel:
         yield kernel
-        assert kernel.run("%clorch stop").status == "ok"
-    finally:
-        kernel.shutdown()
 
 
 def ok(nb: NotebookKernel, code: str) -> str:

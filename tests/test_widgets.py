@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("tqdm")
@@ -24,14 +24,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 @pytest.fixture(scope="module")
 def nb() -> Iterator[NotebookKernel]:
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
-        assert reply.status == "ok", reply.text
+    with clorch_session(stop=False) as kernel:
         yield kernel
-    finally:
-        kernel.shutdown()
 
 
 def iopub_until_idle(nb: NotebookKernel, msg_id: str, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -254,3 +248,21 @@ def test_a_bar_that_removes_itself_is_closed_after_its_view(nb: NotebookKernel) 
         closed = [i for i, m in enumerate(messages) if m["msg_type"] == "comm_close"
                   and m["content"]["comm_id"] == model_id]
         assert closed and closed[0] > shown, f"rank {rank}: view at {shown}, close at {closed}"
+
+
+def test_moving_a_dead_ranks_slider_is_dropped_with_a_warning_and_never_hangs(nb: NotebookKernel) -> None:
+    status, messages = run_cell(nb, "%%distributed\nimport ipywidgets as w\n"
+                                    "gone = w.IntSlider(value=20 + rank)\ndisplay(gone)")
+    assert status == "ok", text_of(messages)
+    (rank1,) = views_by_rank(messages)[1]
+    status, messages = run_cell(nb, "%%distributed --ranks 1\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert status == "error" and "rank 1 died" in text_of(messages), text_of(messages)
+    t0 = time.monotonic()
+    sent = send_comm(nb, "comm_msg", {"comm_id": rank1, "data": {"method": "update", "state": {"value": 7},
+                                                                  "buffer_paths": []}})
+    answer = iopub_until_idle(nb, sent, timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert "rank 1 is not running" in text_of(answer) and "was dropped" in text_of(answer), answer
+    assert nb.run("%clorch restart").status == "ok"  # later tests start from live ranks
+    after = nb.run("%%distributed\nprint('alive', rank)").text
+    assert "[rank 0] alive 0" in after and "[rank 1] alive 1" in after, after

@@ -11,22 +11,15 @@ import pytest
 
 from clorch_repl import cuda
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="needs CUDA GPUs")
 
 
 @pytest.fixture(scope="module")
 def nb() -> Iterator[NotebookKernel]:
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run(f"%clorch start --nproc {min(cuda.device_count(), 2)} --backend nccl")
-        assert reply.status == "ok", reply.text
+    with clorch_session(f"--nproc {min(cuda.device_count(), 2)} --backend nccl") as kernel:
         yield kernel
-        kernel.run("%clorch stop")
-    finally:
-        kernel.shutdown()
 
 
 def ok(nb: NotebookKernel, code: str) -> str:
