@@ -102,6 +102,18 @@ def test_timeout_ends_the_job() -> None:
     assert not any(pid_running(pid) for pid in job.pids())
 
 
+def test_a_timeout_before_the_ranks_are_up_stops_them() -> None:
+    # The flake of test_timeout_ends_the_job made certain: at 0.3 s the ranks are still importing
+    # torch; the timeout's probe used to kill them ("failed", "killed by signal SIGUSR2").
+    job = dist.launch(nproc_per_node=2, main="dist_workers:chatty_then_sleep", timeout_ms=300)
+    with pytest.raises(dist.JobTimeout, match=r"timed out after 0.3 s \(timeout_ms=300\)"):
+        job.wait(timeout=60)
+    status = job.status()
+    assert [r.state for r in status.ranks] == ["stopped", "stopped"], status
+    assert not any("SIGUSR2" in r.exit for r in status.ranks), status
+    assert not any(pid_running(pid) for pid in job.pids())
+
+
 def test_a_timeout_while_ranks_start_does_not_kill_them_with_the_probe(tmp_path) -> None:
     # What made test_timeout_ends_the_job flaky under load: the probe (SIGUSR2, whose default
     # action ends a process) reached a rank still importing torch. A process that has not said it
