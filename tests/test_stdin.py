@@ -163,3 +163,58 @@ def test_getpass_and_pdb_set_trace_on_a_rank(nb: NotebookKernel) -> None:
     assert len(reply.prompts) == 3 and set(reply.prompts[1:]) <= {"[rank 0] (Pdb) ", "[rank 0] ipdb> "}, reply.prompts
     lines = reply.text.splitlines()
     assert "[rank 0] 'abcd'" in lines and "[rank 0] length 4" in lines, reply.text
+
+
+def wait_for_prompt(nb: NotebookKernel, timeout: float = 60.0) -> str:
+    """The next input_request's prompt, left unanswered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return nb.kc.get_stdin_msg(timeout=0.2)["content"]["prompt"]
+        except Empty:
+            continue
+    raise TimeoutError("no input_request reached the front end")
+
+
+def test_other_ranks_stream_and_the_time_limit_holds_while_a_prompt_waits(nb: NotebookKernel) -> None:
+    code = ("%%distributed --timeout 6\nimport time\nif rank == 1:\n    input('wait? ')\nelse:\n"
+            "    time.sleep(0.5)\n    for i in range(3):\n        print('tick', i, flush=True)\n        time.sleep(0.2)\n"
+            "    time.sleep(60)\n")
+    started = time.monotonic()
+    msg_id = nb.send(code, allow_stdin=True)
+    assert wait_for_prompt(nb) == "[rank 1] wait? "
+    nb.wait_for_output(msg_id, "tick", count=3, timeout=30)  # rank 0's output, while rank 1's prompt is open
+    reply = nb.collect(msg_id, timeout=60)
+    assert time.monotonic() - started < 20, "the time limit did not end the cell"
+    assert reply.status == "error"
+    assert "[rank 0] tick 2" in reply.text, reply.text
+    assert "Timed out" in reply.text and "after 6 s" in reply.text, reply.text
+
+
+def test_a_rank_that_dies_while_another_waits_at_a_prompt_ends_the_cell(nb: NotebookKernel) -> None:
+    # last in the module: it kills rank 0 and restarts the ranks
+    code = ("%%distributed\nimport os, signal, time, torch.distributed as dist\n"
+            "if rank == 1:\n    input('waiting? ')\nelse:\n    time.sleep(1.0)\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    started = time.monotonic()
+    msg_id = nb.send(code, allow_stdin=True)
+    assert wait_for_prompt(nb) == "[rank 1] waiting? "
+    reply = nb.collect(msg_id, timeout=60)
+    assert time.monotonic() - started < 20, "the death was not noticed while the prompt waited"
+    assert reply.status == "error"
+    assert "rank 0" in reply.text and "SIGKILL" in reply.text, reply.text
+    restarted = nb.run("%clorch restart", timeout=120)
+    assert restarted.status == "ok", restarted.text
+
+
+def test_a_rank_at_a_prompt_that_did_not_answer_the_probe_is_still_named_held() -> None:
+    # The live notice's analysis alone, on the evidence it has when a loaded rank's probe times out:
+    # its faulthandler stack (text as faulthandler writes it).
+    from clorch_repl.diagnosis.analyse import RankState, where
+
+    in_pdb = RankState(1, prompt="ipdb> ", fallback_stack=(
+        "Thread 0x00007f (most recent call first):\n"
+        '  File "/usr/lib/python3.11/bdb.py", line 90 in dispatch_line\n'
+        '  File "/tmp/ipykernel_1/2.py", line 5 in step\n'))
+    assert where(in_pdb) == "is held in the debugger (its prompt 'ipdb> ' waits for your answer in the notebook)"
+    at_input = RankState(1, prompt="name? ", fallback_stack='  File "/tmp/ipykernel_1/2.py", line 2 in <module>\n')
+    assert where(at_input) == "is waiting for input (its prompt 'name? ' waits for your answer in the notebook)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,10 +214,13 @@ def held_at_prompt(state: RankState) -> str:
     """A rank waiting for the user at a prompt: in the debugger (pdb's frames on its stack) or in
     input(), and where."""
     stack = ((state.answer or {}).get("stack") or []) if state.answered else []
-    in_pdb = any(os.path.basename(str(f.get("file", ""))) in ("bdb.py", "pdb.py") for f in stack)
+    files = [str(f.get("file", "")) for f in stack]
+    if not state.answered:  # its faulthandler stack, when it had no time to answer
+        files = re.findall(r'File "([^"]+)"', state.fallback_stack or "")
+    in_pdb = any(os.path.basename(f) in ("bdb.py", "pdb.py") for f in files)
     what = "is held in the debugger" if in_pdb or state.paused else "is waiting for input"
     user = [f for f in stack if not f.get("library")]
-    at = f" at {frame_label(user[-1])}" if user else ""
+    at = f" at {frame_label(user[-1])}" if user else ""  # (a faulthandler stack's innermost line is the wait)
     if state.prompt is None:
         return f"{what}{at} (paused in the debugger panel)"
     return f"{what}{at} (its prompt {state.prompt!r} waits for your answer in the notebook)"

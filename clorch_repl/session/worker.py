@@ -168,26 +168,32 @@ def _kernel_class() -> type:
             return reply
 
         def raw_input(self, prompt: str = "") -> str:
-            self._check_stdin()
+            __tracebackhide__ = True  # noqa: F841 - IPython leaves clorch's frame out of tracebacks
+            why = self._no_stdin()
+            if why:
+                from IPython.core.error import StdinNotImplementedError
+
+                raise StdinNotImplementedError(why)
             return super().raw_input(prompt)
 
         def getpass(self, prompt: str = "", stream=None, **kwargs):  # type: ignore[no-untyped-def]
-            self._check_stdin()
+            __tracebackhide__ = True  # noqa: F841
+            why = self._no_stdin()
+            if why:
+                from IPython.core.error import StdinNotImplementedError
+
+                raise StdinNotImplementedError(why)
             return super().getpass(prompt, stream, **kwargs)
 
-        def _check_stdin(self) -> None:
-            """A cell sent without stdin says why (clorch_repl.session.stdin.NO_STDIN_KEY: the
-            rank is not in --stdin-ranks, or the notebook's front end takes no input), instead of
-            ipykernel's "this frontend does not support input requests"."""
+        def _no_stdin(self) -> str | None:
+            """Why this cell may not read stdin, when the relay said (clorch_repl.session.stdin's
+            NO_STDIN_KEY: the rank is not in --stdin-ranks, or the notebook's front end takes no
+            input): said instead of ipykernel's "this frontend does not support input requests"."""
             if self._allow_stdin:
-                return
-            from IPython.core.error import StdinNotImplementedError
-
+                return None
             from .stdin import NO_STDIN_KEY
 
-            why = (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)
-            if why:
-                raise StdinNotImplementedError(why)
+            return (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)
 
     return RankKernel
 
