@@ -19,13 +19,12 @@ from IPython.display import display
 from ..errors import ClorchError, ConfigError
 from ..session.display import DistributedCellError, NotebookDisplay
 from ..session.session import Session, StartupError
-from ..topology import parse_timeout, resolve_topology
+from ..topology import NPROC_ENV, parse_timeout, resolve_topology
 from . import views
 from .arguments import (argument, hang_notice_option, magic_arguments, max_mb_option, parse, parse_hang_notice,
                         parse_max_mb, parse_ranks, ranks_option, stdin_ranks_option, tail_option, timeout_option,
                         topology_options)
 
-NPROC_ENV = "CLORCH_NPROC"  # the default number of ranks of %clorch start, when set
 COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug",
             "debugger")
 

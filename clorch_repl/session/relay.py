@@ -1,8 +1,8 @@
 """The channels of a session: sends cells to ranks and turns what comes back into protocol values.
 
 One thread (the caller's) polls every rank's iopub, shell and stdin sockets (a rank's prompts,
-see :mod:`.stdin`) with a single ``zmq.Poller``, so output streams live from all ranks at once with no relay threads to leak. A
-cell's wait always ends: when every rank is idle, when a rank's process dies (seen within a
+see :mod:`.stdin`) with a single ``zmq.Poller``, so output streams live from all ranks at once
+with no relay threads to leak. A cell's wait always ends: when every rank is idle, when a rank's process dies (seen within a
 fraction of a second), at the cell's time limit, or after an interrupt plus a grace period, after
 which a rank that has not returned is reported as stuck together with its Python stack.
 """
@@ -44,12 +44,17 @@ FAILURE_GRACE_S = 2.0
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
 #: A rank's part of a cell ends on its idle status (iopub), or, once its execute_reply (shell)
-#: has come, when nothing more of the cell arrived from it for this long: iopub drops messages
-#: past ZeroMQ's high-water mark, the idle status included, while the shell reply is never
-#: dropped. Output still in flight when the reply comes is ordered before the idle status, so it
-#: is read while it keeps coming (a finished cell's backlog is finite); an idle that never comes
-#: no longer wedges the cell. A cell cut short (time limit, interrupt) is not drained further:
-#: it ends this long after the reply, whatever is still queued (see ``_drop``).
+#: has come, when nothing more of the cell arrived from it for REPLY_QUIET_S: iopub drops
+#: messages past ZeroMQ's high-water mark, the idle status included, while the shell reply is
+#: never dropped. Output still in flight when the reply comes is ordered before the idle status,
+#: so it is read while it keeps coming (a finished cell's backlog is finite); an idle that never
+#: comes no longer wedges the cell. The quiet period is generous because a rank's display output
+#: leaves through its IOPub thread, which a loaded machine can hold back behind the reply (the
+#: reply comes from the main thread): a short one would drop the end of a cell that succeeded.
+#: It costs nothing when the idle status arrives, which is every time but after a flood.
+REPLY_QUIET_S = 3.0
+#: A cell cut short (time limit, interrupt) is not drained further: it ends this long after the
+#: reply, whatever is still queued (see ``_drop``).
 REPLY_DRAIN_S = 0.5
 #: The drain after a reply never lasts longer than this, even while output keeps coming (a
 #: thread the cell started, printing under the cell's header, after a lost idle status).
@@ -57,6 +62,10 @@ REPLY_DRAIN_MAX_S = 10.0
 #: At most this many messages are read from one socket per pass, so that a rank flooding its
 #: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
 PUMP_BATCH = 256
+#: Per rank, how many abandoned requests are remembered so that their late output is dropped. An
+#: entry goes when its idle status comes; one whose idle was lost (the flood case) would stay for
+#: ever, so only the most recent are kept: a backlog older than that many cells is long gone.
+ABANDONED_KEPT = 64
 #: While a collective is pending but younger than the hang notice, how often to look again.
 HANG_RECHECK_S = 1.0
 #: How long an interrupt waits for the ranks to say where they were before it is sent.
@@ -96,6 +105,7 @@ class _Wait:
     last_progress: float = field(default_factory=time.monotonic)  # last output of any rank
     next_hang_check: float | None = None   # None: the hang notice is off, or was given
     diagnosis: str | None = None           # taken before the first interrupt, for the report
+    hurry: bool = False                    # interrupted twice: ask the ranks nothing more
     replied_at: dict[int, float] = field(default_factory=dict)  # execute_reply arrival, per rank
     idle: set[int] = field(default_factory=set)  # ranks whose idle status arrived
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
@@ -119,7 +129,7 @@ class Relay:
         self._rejected = 0
         #: per rank, msg_ids of cells whose wait ended before their idle status (timed out,
         #: stuck, drained after the reply): their later output is dropped, not shown elsewhere
-        self._abandoned: dict[int, set[str]] = {}
+        self._abandoned: dict[int, dict[str, None]] = {}  # insertion-ordered, see ABANDONED_KEPT
         #: per rank, [messages, bytes] of such output dropped since the last notice
         self._dropped: dict[int, list[int]] = {}
         self.prober = Prober()
@@ -286,16 +296,30 @@ class Relay:
                 if wait.give_up_at is not None and now >= wait.give_up_at:
                     self._give_up(wait)
             except KeyboardInterrupt:
-                if outcome.interrupted or wait.give_up_at is not None:
-                    self._give_up(wait)  # a second interrupt: stop waiting now
-                outcome.interrupted = True
-                self._interrupt(wait, interrupt_grace_s)
+                self._on_keyboard_interrupt(wait, interrupt_grace_s)
         self._finish(wait)
         sink.flush(final=True)
 
+    def _on_keyboard_interrupt(self, wait: _Wait, grace_s: float) -> None:
+        """Kernel > Interrupt while waiting: interrupt the ranks and keep waiting for the grace
+        period. A second one stops waiting at once, also when it lands while the first is still
+        asking the ranks where they are (up to INTERRUPT_PROBE_S): from then on nothing more is
+        asked (no probe, no stacks), so the cell ends now and its wait is finished properly."""
+        again = wait.outcome.interrupted or wait.give_up_at is not None
+        wait.outcome.interrupted = True
+        wait.hurry = wait.hurry or again
+        try:
+            self._interrupt(wait, grace_s)
+            if again:
+                self._give_up(wait)
+        except KeyboardInterrupt:
+            wait.hurry = True
+            self._interrupt(wait, grace_s)
+            self._give_up(wait)
+
     def _interrupt(self, wait: _Wait, grace_s: float) -> None:
         wait.next_hang_check = None  # being interrupted: the report will say why instead
-        if wait.diagnosis is None and wait.pending:
+        if wait.diagnosis is None and wait.pending and not wait.hurry:
             # Before the interrupt moves anything: where each rank was while it was stuck. Briefly:
             # the interrupt waits for it.
             wait.diagnosis = self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
@@ -310,12 +334,12 @@ class Relay:
 
     def _give_up(self, wait: _Wait) -> None:
         """Stop waiting for ranks that did not return; say where each one is stuck."""
-        if wait.pending and wait.outcome.diagnosis is None:
+        if wait.pending and wait.outcome.diagnosis is None and not wait.hurry:
             wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
             result.status = Status.STUCK
-            result.stack = self.group.dump_stack(rank)
+            result.stack = "" if wait.hurry else self.group.dump_stack(rank)
         wait.pending.clear()
 
     def _check_deaths(self, wait: _Wait, now: float) -> None:
@@ -399,7 +423,7 @@ class Relay:
         at = wait.replied_at[rank]
         if wait.give_up_at is not None:  # cut short: its backlog is not shown
             return at + REPLY_DRAIN_S
-        return min(max(at, wait.heard.get(rank, at)) + REPLY_DRAIN_S, at + REPLY_DRAIN_MAX_S)
+        return min(max(at, wait.heard.get(rank, at)) + REPLY_QUIET_S, at + REPLY_DRAIN_MAX_S)
 
     def _end_replied(self, wait: _Wait, now: float) -> None:
         """End the part of every rank whose reply came and whose drain is over (see
@@ -416,12 +440,15 @@ class Relay:
         self.debug_paused.difference_update(wait.msg_ids)  # a rank whose cell ended is not paused in it
         for rank, msg_id in wait.msg_ids.items():
             if rank not in wait.idle:
-                self._abandoned.setdefault(rank, set()).add(msg_id)
+                abandoned = self._abandoned.setdefault(rank, {})
+                abandoned[msg_id] = None
+                while len(abandoned) > ABANDONED_KEPT:  # the idle of the oldest was lost: forget it
+                    del abandoned[next(iter(abandoned))]
         for rank in sorted(self._dropped):
             count, size = self._dropped.pop(rank)
             wait.sink.output(RankOutput(rank, "stream", {"name": "stderr", "text": (
                 f"(clorch_repl: dropped {count} late output message(s), {size / 1024:.0f} KiB, of an "
-                f"earlier cell that timed out or was abandoned; the rank's log has them: "
+                f"earlier cell that was cut short or whose end was never confirmed; the rank's log has them: "
                 f"%clorch logs {rank})\n")}))
 
     def _drop(self, rank: int, content: dict[str, Any]) -> None:
@@ -455,7 +482,7 @@ class Relay:
                 if wait is not None and wait.msg_ids.get(rank) == parent_id:
                     wait.pending.discard(rank)
                     wait.idle.add(rank)
-                self._abandoned.get(rank, set()).discard(parent_id)  # nothing more comes of it
+                self._abandoned.get(rank, {}).pop(parent_id, None)  # nothing more comes of it
                 if self._settling.get(rank) == parent_id:
                     del self._settling[rank]
             return
@@ -473,7 +500,7 @@ class Relay:
         if msg_type in COMM_TYPES:  # widgets: never dropped, whichever request they belong to
             self._comm(rank, msg, wait)
             return
-        if msg_type in OUTPUT_TYPES and parent_id in self._abandoned.get(rank, ()):
+        if msg_type in OUTPUT_TYPES and parent_id in self._abandoned.get(rank, {}):
             self._drop(rank, content)
             return
         if wait is None:

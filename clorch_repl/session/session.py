@@ -7,6 +7,7 @@ cell, a failed start leaves no process behind, and restart keeps the settings an
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import time
@@ -25,6 +26,8 @@ from .debugger import DebugForwarder
 from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
+
+logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 #: Time allowed, beyond the process-group timeout, for ranks to import torch and join.
@@ -108,6 +111,8 @@ class Session:
         group, relay = self.group, self.relay
         self.group = self.relay = None
         self.debug_rank(None)
+        if relay is not None:
+            relay.comm_sink = None  # no widget opened during the leave below may reach a closed bridge
         if self.comms is not None:  # the ranks' widgets leave the notebook kernel's comm manager
             self.comms.close()
             self.comms = None
@@ -119,8 +124,9 @@ class Session:
                 try:  # a clean exit for NCCL; never waits long on a sick group
                     relay.execute(CellRequest(LEAVE_CODE, tuple(idle), timeout_s=5.0), silent=True,
                                   interrupt_grace_s=1.0)
-                except Exception:
-                    pass
+                except Exception:  # noqa: BLE001 - stopping goes on whatever the leave did
+                    logger.warning("clorch_repl: ranks %s did not leave the process group cleanly; "
+                                   "stopping them anyway", idle, exc_info=True)
             relay.close()
         left = group.stop(keep_dir=keep_logs)
         if not keep_logs:

@@ -54,6 +54,11 @@ _in_cell = False
 def _out_stream_class() -> type:
     from ipykernel.iostream import OutStream
 
+    # Coalescing edits ipykernel 7's per-parent buffers (``_buffers``, filled by ``write`` and
+    # emptied by ``_flush_buffers``) in place. An ipykernel built otherwise (the package pins 7,
+    # but a site may force another) gets ipykernel's own writes: correct, only not coalesced.
+    coalescing = all(hasattr(OutStream, name) for name in ("_is_master_process", "_flush_buffers"))
+
     class RankOutStream(OutStream):
         """ipykernel's stream, minus work that a flood of output would multiply.
 
@@ -76,7 +81,8 @@ def _out_stream_class() -> type:
 
         def write(self, string: str) -> int | None:
             self._clean = False
-            if not isinstance(string, str) or self.pub_thread is None or not self._is_master_process():
+            if (not isinstance(string, str) or self.pub_thread is None or not coalescing
+                    or not self._is_master_process()):
                 return super().write(string)  # its errors, and forked children, as ipykernel does them
             p = string.rfind("\r")
             if p < 0 or p + 1 == len(string) or "\n" in string[p:]:
