@@ -93,17 +93,26 @@ def check_unique_in_range(items: Sequence[int], upper: int, what: str, unit: str
             raise ConfigError(f"{what} names {unit} {item}, which does not exist ({hint})")
 
 
-def parse_timeout(value: float | str | None, what: str = "timeout") -> float | None:
-    """Seconds as a positive finite float, or None for no limit."""
+def parse_number(value: float | str | None, what: str, unit: str, *, zero: str | None = None) -> float | None:
+    """``value`` as a finite number of ``unit`` above 0, or None when not given. With ``zero``
+    (what 0 means, e.g. "off"), 0 is accepted too. Every number option of the package is read
+    here, so that all of them refuse the same things (text, inf, nan, negatives) in the same words."""
     if value is None:
         return None
     try:
-        seconds = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a number of seconds; got {value!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{what} must be a positive number of seconds; got {value!r}")
-    return seconds
+        means = f" (0 turns it {zero})" if zero else ""
+        raise ConfigError(f"{what} must be a number of {unit}{means}; got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (number == 0 and zero is None):
+        floor = f"0 ({zero}) or a positive number" if zero else "a positive number"
+        raise ConfigError(f"{what} must be {floor} of {unit}; got {value!r}")
+    return number
+
+
+def parse_timeout(value: float | str | None, what: str = "timeout") -> float | None:
+    """Seconds as a positive finite float, or None for no limit."""
+    return parse_number(value, what, "seconds")
 
 
 def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int] | None = None,

@@ -76,34 +76,18 @@ def parse(func: Func, line: str) -> Any:
 
 def parse_hang_notice(value: str | None) -> float | None:
     """``--hang-notice``: seconds, 0 (off) or more; None when not given."""
-    import math
+    from ..topology import parse_number
 
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"--hang-notice must be a number of seconds (0 turns it off); got {value!r}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"--hang-notice must be 0 (off) or a positive number of seconds; got {value!r}")
-    return seconds
+    return parse_number(value, "--hang-notice", "seconds", zero="off")
 
 
 def parse_max_mb(value: str | None) -> int:
     """``--max-mb``: the size limit of one value in bytes (default 256 MB)."""
-    import math
-
     from ..session.values import DEFAULT_LIMIT_BYTES
+    from ..topology import parse_number
 
-    if value is None:
-        return DEFAULT_LIMIT_BYTES
-    try:
-        mb = float(value)
-    except ValueError:
-        raise ConfigError(f"--max-mb must be a number of megabytes; got {value!r}") from None
-    if not math.isfinite(mb) or mb <= 0:
-        raise ConfigError(f"--max-mb must be a positive number of megabytes; got {value!r}")
-    return int(mb * 1_000_000)
+    mb = parse_number(value, "--max-mb", "megabytes")
+    return DEFAULT_LIMIT_BYTES if mb is None else int(mb * 1_000_000)
 
 
 def parse_ranks(value: str | None, what: str = "--ranks") -> list[int] | None:
