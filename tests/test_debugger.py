@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 
 pytest.importorskip("debugpy")
 
@@ -23,14 +23,9 @@ _seq = itertools.count(1)
 
 @pytest.fixture(scope="module")
 def nb() -> Iterator[NotebookKernel]:
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
-        assert reply.status == "ok", reply.text
+    # The kernel's shutdown ends the ranks: a test may leave them stopped or debugged.
+    with clorch_session(stop=False) as kernel:
         yield kernel
-    finally:
-        kernel.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -12,19 +12,14 @@ from typing import Iterator
 
 import pytest
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 
 
 @pytest.fixture(scope="module")
 def nb() -> Iterator[NotebookKernel]:
-    kernel = NotebookKernel()
-    try:
-        assert kernel.run("%load_ext clorch_repl").status == "ok"
-        reply = kernel.run("%clorch start --nproc 2 --backend gloo")  # CPU ranks, also on a GPU machine
-        assert reply.status == "ok", reply.text
+    # The kernel's shutdown ends the ranks: a test may leave them stopped or debugged.
+    with clorch_session(stop=False) as kernel:
         yield kernel
-    finally:
-        kernel.shutdown()
 
 
 def test_input_on_one_rank_reaches_the_front_end_labelled_and_the_answer_that_rank(nb: NotebookKernel) -> None:
