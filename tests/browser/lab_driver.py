@@ -355,6 +355,31 @@ class LabPage:
         cells = self.driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell")
         return cells[index].find_elements(By.CSS_SELECTOR, ".widget-slider .noUi-handle")[nth]
 
+    def stdin_boxes(self, index: int) -> list[dict[str, Any]]:
+        """JupyterLab's input boxes in the cell's output (``.jp-Stdin``: the kernel's input_request
+        shown as its prompt and a text field): each one's prompt text and whether its field is still
+        open for typing (an answered box turns into the prompt followed by the answer)."""
+        return self.js("""
+          const c = %s.querySelectorAll('.jp-Cell')[arguments[0]];
+          if (!c) return [];
+          return Array.from(c.querySelectorAll('.jp-Stdin')).map(b => {
+            const p = b.querySelector('.jp-Stdin-prompt'), i = b.querySelector('input.jp-Stdin-input');
+            return {prompt: p ? p.textContent : '', open: !!i && !i.disabled && i.offsetParent !== null};
+          });""" % self.PANEL, index)
+
+    def answer_stdin(self, index: int, text: str) -> None:
+        """Type ``text`` into the cell's open input box and press Enter, as a user does."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.common.keys import Keys
+
+        cells = self.driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell")
+        field = [f for f in cells[index].find_elements(By.CSS_SELECTOR, ".jp-Stdin input.jp-Stdin-input")
+                 if f.is_displayed() and f.is_enabled()]
+        assert len(field) == 1, f"expected one open input box in cell {index}, found {len(field)}"
+        field[0].click()
+        field[0].send_keys(text)
+        field[0].send_keys(Keys.ENTER)
+
     def prompt(self, index: int) -> str:
         return self.js("""
           const c = %s.querySelectorAll('.jp-Cell')[arguments[0]];

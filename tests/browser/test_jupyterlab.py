@@ -1,7 +1,8 @@
 """The notebooks as users see them: JupyterLab 4 in headless Chromium runs notebooks/quickstart.ipynb
 and notebooks/distributed_training.ipynb with Run > Run All Cells, and the tests read the page;
 a generated widgets notebook checks rank widgets cell by cell (tqdm.auto bars seen moving, a bar a
-rank's thread fills after its cell ended, a slider moved by keyboard that reaches its rank only).
+rank's thread fills after its cell ended, a slider moved by keyboard that reaches its rank only); a
+generated stdin notebook answers a rank's ``input()`` in JupyterLab's own input box.
 
 Everything is real: a private ``jupyter lab`` server (its kernels start in the notebooks' folder, a
 copy of notebooks/ without the repository on PYTHONPATH, as a user's would), real rank kernels and
@@ -77,6 +78,19 @@ def _widgets_notebook(folder: str) -> str:
     ))
 
 
+def _stdin_notebook(folder: str) -> str:
+    """input() on rank 1 only, then on both ranks at once (served in rank order)."""
+    return _write_notebook(folder, "stdin.ipynb", (
+        "%load_ext clorch_repl",
+        "%clorch start --nproc 2",
+        "%%distributed\nif rank == 1:\n    name = input('name? ')\n    print(f'hello {name}')\n"
+        "else:\n    print('rank 0 asks nothing')",
+        "%%distributed\nimport torch.distributed as dist\ndist.barrier()\n"
+        "value = input(f'value for {rank}? ')\nprint(f'rank {rank} got {value}')",
+        "%clorch stop",
+    ))
+
+
 def _by_rank(outputs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     """Rendered widgets grouped by the rank label line shown above each ([rank N])."""
     rank: int | None = None
@@ -110,6 +124,7 @@ def lab(tmp_path_factory: Any) -> Iterator[tuple[LabServer, LabPage]]:
         copy_notebook(os.path.join(ROOT, "notebooks", name), notebooks)
     _interrupt_notebook(notebooks)
     _widgets_notebook(notebooks)
+    _stdin_notebook(notebooks)
     server = LabServer(home, notebooks, os.path.join(ARTIFACTS, "jupyter-lab.log"), _env_without_repository())
     page: LabPage | None = None
     try:
@@ -306,3 +321,58 @@ def test_toolbar_interrupt_stops_the_running_cell_and_keeps_the_ranks(lab: tuple
     wait_for(lambda: "stopped 2 rank(s)" in page.output_text(stop), 120, "%clorch stop")
     page.wait_idle(60)
     page.screenshot("interrupt-after")
+
+
+def _open_box(page: LabPage, index: int, prompt: str) -> None:
+    """Wait for the cell's input box asking ``prompt``, open for typing (bounded)."""
+    wait_for(lambda: any(b["open"] and b["prompt"] == prompt for b in page.stdin_boxes(index)), 120,
+             f"JupyterLab's input box asking {prompt!r}")
+
+
+def test_input_on_a_rank_is_answered_in_jupyterlabs_input_box(lab: tuple[LabServer, LabPage]) -> None:
+    """A rank's ``input()`` shows JupyterLab's input box, its prompt naming the rank; what the user
+    types there (Enter) reaches that rank, and the cell ends with both ranks' output. Two ranks
+    asking at once get one box each, rank 0's first, rank 1's once rank 0's is answered."""
+    page = lab[1]
+    page.open_notebook("stdin.ipynb")
+    load, start, one, both, stop = (page.find_cell(s) for s in (
+        "%load_ext", "%clorch start", "%%distributed\nif rank == 1", "%%distributed\nimport torch", "%clorch stop"))
+    for index in (load, start):
+        page.run_cell(index)
+        page.wait_idle(180)
+    assert "2 rank(s) ready" in page.output_text(start), page.output_text(start)
+    # one rank asks
+    page.run_cell(one)
+    try:
+        _open_box(page, one, "[rank 1] name? ")
+    finally:
+        page.screenshot("stdin-asking")
+    assert page.busy() and page.prompt(one) == "[*]:"  # the cell waits for the answer
+    assert len(page.stdin_boxes(one)) == 1, page.stdin_boxes(one)
+    page.answer_stdin(one, "Ada")
+    wait_for(lambda: "hello Ada" in page.output_text(one), 120, "rank 1 to print the answer")
+    page.wait_idle(120)
+    page.screenshot("stdin-answered")
+    text = page.output_text(one)
+    assert "[rank 1] hello Ada" in text and "[rank 0] rank 0 asks nothing" in text, text
+    assert "Error" not in text and not any(b["open"] for b in page.stdin_boxes(one)), (text, page.stdin_boxes(one))
+    # both ranks ask at once: rank 0's box, then rank 1's own box after rank 0's is answered
+    page.run_cell(both)
+    _open_box(page, both, "[rank 0] value for 0? ")
+    assert [b["prompt"] for b in page.stdin_boxes(both) if b["open"]] == ["[rank 0] value for 0? "]
+    page.answer_stdin(both, "A")
+    try:
+        _open_box(page, both, "[rank 1] value for 1? ")
+    finally:
+        page.screenshot("stdin-second-rank")
+    assert [b["prompt"] for b in page.stdin_boxes(both) if b["open"]] == ["[rank 1] value for 1? "]
+    page.answer_stdin(both, "B")
+    wait_for(lambda: "rank 1 got B" in page.output_text(both), 120, "rank 1 to print its answer")
+    page.wait_idle(120)
+    page.screenshot("stdin-both")
+    text = page.output_text(both)
+    assert "[rank 0] rank 0 got A" in text and "[rank 1] rank 1 got B" in text, text
+    assert "Error" not in text, text
+    page.run_cell(stop)
+    wait_for(lambda: "stopped 2 rank(s)" in page.output_text(stop), 120, "%clorch stop")
+    page.wait_idle(60)
