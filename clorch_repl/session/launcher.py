@@ -12,6 +12,7 @@ included, when the rank is stopped or the notebook dies.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -51,6 +52,9 @@ class RankProcess:
     log_path: str
     stack_path: str
     pid_path: str = ""
+    #: Where this process's part of the log begins (after its start banner): a restart appends
+    #: to the same log, and a death report must show only what the dead process wrote.
+    log_start: int = 0
     started_at: float = field(default_factory=time.time)
     returncode: int | None = None
     _kernel_pid: int | None = None
@@ -198,12 +202,14 @@ class WorkerGroup:
             try:
                 with open(log_fd, "ab", closefd=False) as log:
                     log.write(f"--- clorch_repl: rank {rank} starting at {time.ctime()} ---\n".encode())
+                log_start = os.fstat(log_fd).st_size  # the kernel appends from here
                 manager.start_kernel(env=self.rank_env(rank), stdout=log_fd, stderr=log_fd,
                                      cwd=os.getcwd())
             finally:
                 os.close(log_fd)
             self.ranks.append(RankProcess(rank, self.topology.devices[rank], manager, log_path, stack_path,
-                                          pid_path=os.path.realpath(manager.connection_file) + ".pid"))
+                                          pid_path=os.path.realpath(manager.connection_file) + ".pid",
+                                          log_start=log_start))
 
     def dead(self) -> list[RankProcess]:
         return [r for r in self.ranks if not r.alive]
@@ -240,14 +246,33 @@ class WorkerGroup:
         return main_thread_stack(text)
 
     def log_tail(self, rank: int, lines: int | None = 200) -> str:
-        """The last ``lines`` lines of what the rank wrote (all of it with ``None``)."""
+        """The last ``lines`` lines of the rank's log (all of it with ``None``).
+
+        This is the whole log, earlier processes of the rank included: a restart appends to it
+        (each process's part starts with a "--- clorch_repl: rank N starting at ... ---" line),
+        so ``%clorch logs`` still shows what happened before the restart. A death report wants
+        only the current process's part: see :meth:`current_log_tail`."""
         with open(self.ranks[rank].log_path, "rb") as fh:
             return procs.tail_bytes(fh, lines).decode(errors="replace")
 
+    def current_log_tail(self, rank: int, lines: int) -> str:
+        """The last ``lines`` lines that the rank's current process wrote: nothing from before its
+        start banner (``RankProcess.log_start``), so a rank that dies after ``%clorch restart``
+        is not reported with an earlier process's tracebacks. Reads at most
+        ``procs.TAIL_MAX_BYTES`` from the end, as :meth:`log_tail` does."""
+        proc = self.ranks[rank]
+        with open(proc.log_path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            start = max(proc.log_start, size - procs.TAIL_MAX_BYTES)
+            fh.seek(start)
+            data = fh.read(size - start)
+        return procs.tail_bytes(io.BytesIO(data), lines).decode(errors="replace")
+
     def death_report(self, rank: int, lines: int = 15) -> str:
         """What a dead rank's log says about its end: the faulthandler report of a crash (its
-        first, most recent frames, which are the user's) when there is one, else the last lines."""
-        tail = self.log_tail(rank, 400).splitlines()
+        first, most recent frames, which are the user's) when there is one, else the last lines.
+        Only the dead process's own lines: never those of the rank's processes before a restart."""
+        tail = self.current_log_tail(rank, 400).splitlines()
         starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
         if not starts:
             return "\n".join(_clip(line, rank) for line in tail[-lines:])

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+import types
 
 from ..procs import end_own_group, watch_parent
 
@@ -174,22 +175,38 @@ def _kernel_class() -> type:
             return reply
 
         def raw_input(self, prompt: str = "") -> str:
-            __tracebackhide__ = True  # noqa: F841 - IPython leaves clorch's frame out of tracebacks
             why = self._no_stdin()
             if why:
-                from IPython.core.error import StdinNotImplementedError
-
-                raise StdinNotImplementedError(why)
+                raise self._stdin_refused(why)
             return super().raw_input(prompt)
 
         def getpass(self, prompt: str = "", stream=None, **kwargs):  # type: ignore[no-untyped-def]
-            __tracebackhide__ = True  # noqa: F841
             why = self._no_stdin()
             if why:
-                from IPython.core.error import StdinNotImplementedError
-
-                raise StdinNotImplementedError(why)
+                raise self._stdin_refused(why)
             return super().getpass(prompt, stream, **kwargs)
+
+        def _stdin_refused(self, why: str) -> BaseException:
+            """The StdinNotImplementedError a refused ``input()`` raises, rendered without this
+            module's frames: the rank's traceback ends at the user's ``input()`` line.
+
+            ``__tracebackhide__`` cannot do it: IPython (9.x ultratb) never hides the frame an
+            exception was raised in, and that frame is ``raw_input`` here. IPython's showtraceback
+            uses an exception's ``_render_traceback_`` instead of its own formatting when there
+            is one, so the error carries one that formats the traceback minus our frames with
+            the shell's own formatter (same colours, same ``Cell In[n]`` lines). The type stays
+            StdinNotImplementedError, which user code may catch."""
+            from IPython.core.error import StdinNotImplementedError
+
+            error = StdinNotImplementedError(why)
+            shell = self.shell
+
+            def render() -> list[str]:
+                tb = _without_own_frames(error.__traceback__)
+                return shell.InteractiveTB.structured_traceback(type(error), error, tb)
+
+            error._render_traceback_ = render  # type: ignore[attr-defined]
+            return error
 
         def _no_stdin(self) -> str | None:
             """Why this cell may not read stdin, when the relay said (clorch_repl.session.stdin's
@@ -202,6 +219,19 @@ def _kernel_class() -> type:
             return (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)
 
     return RankKernel
+
+
+def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` with the frames of this module left out (a new chain; the frames are the same)."""
+    kept: list[types.TracebackType] = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:
+            kept.append(tb)
+        tb = tb.tb_next
+    chain: types.TracebackType | None = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
 
 
 def _app_class() -> type:
