@@ -12,7 +12,9 @@ package (a console script) rather than living in the repository:
 * ``--nproc N`` reaches ``%clorch start`` without editing the notebook: the kernel gets
   ``CLORCH_NPROC=N``, which ``%clorch start`` takes as its default ``--nproc``.
 * The executed copy is written to ``--output`` (default: ``NB.executed.ipynb`` beside the
-  notebook), also when a cell failed or the run was interrupted, so a person can look.
+  notebook), also when a cell failed or the run was interrupted, so a person can look. It holds
+  every widget's last state (the ranks' tqdm bars: JupyterLab shows them as they ended) and the
+  kernel's ``language_info``, as nbclient's own runs save them.
 * Exit status: 0 when every cell ran; 1 when a cell failed or timed out (the message names the
   cell by its index and first line); 2 for a bad invocation; 130/143 when interrupted by
   SIGINT/SIGTERM. Cells tagged ``raises-exception`` may fail, as in nbclient and JupyterLab.
@@ -43,6 +45,7 @@ import psutil
 from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from nbclient.util import ensure_async
 
 from .topology import NPROC_ENV
 
@@ -218,10 +221,24 @@ class NotebookRun:
             return self._failed(client, f"{type(exc).__name__}: {exc}")
         finally:
             self._stopping = True
+            self._save_widgets(client)
             await self._shutdown(km, client)
             shutil.rmtree(private, ignore_errors=True)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
+
+    def _save_widgets(self, client: StreamingClient) -> None:
+        """Save every widget's last state (the ranks' tqdm bars among them) in the notebook's
+        metadata, as nbclient's own ``async_execute`` does after its last cell: opening the
+        executed copy in JupyterLab then shows the bars as they ended. Also after a failed or
+        interrupted run, where the bars show how far it got. Never raises: the shutdown after it
+        must run, and a copy without widgets still has every output."""
+        try:
+            client.set_widgets_metadata()
+        except Exception as exc:  # a widget state nbclient cannot serialize: keep the rest of the copy
+            logger.warning("widget state not saved in the executed copy: %s: %s", type(exc).__name__, exc)
+            say(self.err, f"clorch-notebook: could not save the widgets' state in the executed copy "
+                          f"({type(exc).__name__}: {exc}); the outputs are saved\n")
 
     async def _start_and_execute(self, km: AsyncKernelManager, client: StreamingClient,
                                  env: dict[str, str]) -> Outcome:
@@ -229,9 +246,25 @@ class NotebookRun:
         watcher = asyncio.ensure_future(self._watch(self._kernel_pid(km)))
         try:
             await client.async_start_new_kernel_client()
+            await self._save_language_info(client)
             return await self._cells(client)
         finally:
             watcher.cancel()
+
+    async def _save_language_info(self, client: StreamingClient) -> None:
+        """Ask the kernel what language it runs and save that in the notebook's metadata, as
+        nbclient's own ``async_execute`` does (we run the cells ourselves, so it is not called):
+        front ends read ``language_info`` for highlighting and the file extension on export."""
+        assert client.kc is not None
+        msg_id = await ensure_async(client.kc.kernel_info())
+        reply = await client.async_wait_for_reply(msg_id)
+        if reply is None:  # nbclient skips it too (a kernel silent past --timeout raises CellTimeoutError)
+            logger.warning("the kernel sent no kernel_info reply; the executed copy has no language_info")
+            return
+        if "language_info" not in reply["content"]:
+            raise RuntimeError(f"the kernel's kernel_info reply has no language_info (it is not a Jupyter "
+                               f"kernel nbclient can run); its content: {reply['content']}")
+        self.nb.metadata["language_info"] = reply["content"]["language_info"]
 
     async def _cells(self, client: StreamingClient) -> Outcome:
         for index, cell in enumerate(self.nb.cells):

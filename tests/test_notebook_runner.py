@@ -138,6 +138,38 @@ def test_a_passing_notebook_streams_its_output_and_writes_the_executed_copy(fold
     assert wait_gone(pids_in(stdout), 5) == []
 
 
+def widget_state(nb: nbformat.NotebookNode) -> dict[str, dict]:
+    """The saved widget models, by model id, as JupyterLab reads them when it opens the notebook."""
+    saved = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    return {model_id: model["state"] for model_id, model in saved.get("state", {}).items()}
+
+
+def test_the_executed_copy_holds_each_ranks_final_widget_state(folder: str) -> None:
+    """tqdm.auto bars made on two ranks are saved in the executed copy at their final values, one
+    per rank, so opening it in JupyterLab shows the finished bars; language_info is saved too."""
+    path = notebook(os.path.join(folder, "bars.ipynb"),
+                    "%load_ext clorch_repl",
+                    "%clorch start --nproc 2",
+                    "%%distributed\nfrom tqdm.auto import tqdm\n"
+                    "for _ in tqdm(range(20), desc=f'bar of rank {rank}'):\n    pass",
+                    "%clorch stop")
+    run = Run(path, "--timeout", "120", cwd=folder)
+    rc, stdout, stderr = run.finish()
+    assert rc == 0, stderr
+    executed = nbformat.read(os.path.join(folder, "bars.executed.ipynb"), as_version=4)
+    assert executed.metadata.get("language_info", {}).get("name") == "python", executed.metadata
+    state = widget_state(executed)
+    # tqdm's bar is an HBox of [description (HTML), bar (FloatProgress), numbers (HTML)]
+    bars = {}
+    for model in state.values():
+        if model.get("_model_name") != "HBoxModel":
+            continue
+        label, bar, _numbers = (state[child.removeprefix("IPY_MODEL_")] for child in model["children"])
+        text = label["value"].replace("\u2007", " ")  # tqdm's HTML label pads with figure spaces
+        bars[text.split(":")[0]] = (bar["_model_name"], bar["value"], bar["max"])
+    assert bars == {f"bar of rank {r}": ("FloatProgressModel", 20.0, 20.0) for r in (0, 1)}, state
+
+
 def test_a_failing_cell_is_named_and_fails_the_run(folder: str) -> None:
     path = notebook(os.path.join(folder, "bad.ipynb"),
                     "%load_ext clorch_repl",
