@@ -139,7 +139,9 @@ class ClorchMagics(Magics):
     @tail_option
     @argument("--job", metavar="ID", default=None, help="a batch job from %%clorch jobs instead of the session")
     def _logs(self, line: str) -> None:
-        """What a rank wrote to stdout and stderr, native output included."""
+        """What a rank wrote to stdout and stderr, native output included, before restarts too:
+        %clorch restart appends to the log (each process's part starts with a "--- clorch_repl:
+        rank N starting at ... ---" line), while a dead rank's report shows only its last part."""
         args = parse(self._logs, line)
         if args is None:
             return
