@@ -47,7 +47,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async
 
-from .topology import NPROC_ENV
+from .errors import ConfigError
+from .topology import NPROC_ENV, parse_number
 
 logger = logging.getLogger(__name__)
 
@@ -437,12 +438,12 @@ def _positive_int(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    """A positive number of seconds, refused in the words every other number option uses."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds; got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds; got {text!r}")
+        value = parse_number(text, "it", "seconds")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("it ")) from None
+    assert value is not None  # text is never None here
     return value
 
 
