@@ -337,9 +337,9 @@ class ClorchMagics(Magics):
             session = self._session()
             count = transfer.notebook_cell_number(self.shell)
             transfer.number_cells(session, ranks, count)
-            chosen = tuple(range(session.topology.nproc)) if ranks is None else tuple(ranks)
-            outcome = session.run(cell, ranks, timeout, NotebookDisplay(chosen, merge=not args.no_merge),
-                                  hang_notice_s=hang_notice, stdin_ranks=stdin_ranks)
+            display_ = NotebookDisplay(session.chosen(ranks), merge=not args.no_merge)
+            outcome = session.run(cell, ranks, timeout, display_, hang_notice_s=hang_notice,
+                                  stdin_ranks=stdin_ranks)
             transfer.cell_ran(session, outcome, count)
             if outcome.ok and gather is not None:
                 self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,

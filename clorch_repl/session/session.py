@@ -146,7 +146,7 @@ class Session:
         the ranks' history or cell count: value transfers, cell numbering). ``stdin_ranks``: the
         ranks whose prompts reach the front end (every rank by default)."""
         group, relay = self._require()
-        chosen = tuple(range(self.topology.nproc)) if ranks is None else tuple(ranks)
+        chosen = self.chosen(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
         dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
         if dead:
@@ -163,11 +163,15 @@ class Session:
                               stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks))
         return relay.execute(request, sink, silent=silent)
 
+    def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
+        """The ranks a cell runs on: ``ranks``, or every rank of the session when None."""
+        return tuple(range(self.topology.nproc)) if ranks is None else tuple(ranks)
+
     def debug_rank(self, rank: int | None) -> None:
         """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
         with None, let the notebook kernel answer them itself again (see .debugger)."""
         if rank is not None:  # checked before anything changes
-            self._require()
+            group, relay = self._require()
             check_unique_in_range([rank], self.topology.nproc, "%clorch debugger", "rank")
         if self.debugger is not None:
             self.debugger.uninstall()
@@ -177,8 +181,6 @@ class Session:
                 self.relay.debug_paused.clear()
         if rank is None:
             return
-        group, relay = self._require()
-        check_unique_in_range([rank], self.topology.nproc, "%clorch debugger", "rank")
         from IPython import get_ipython
 
         shell = get_ipython()

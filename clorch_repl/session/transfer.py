@@ -71,10 +71,6 @@ class _Collector:
         self.display.flush(final)
 
 
-def _chosen(session: Session, ranks: list[int] | None) -> tuple[int, ...]:
-    return tuple(range(session.topology.nproc)) if ranks is None else tuple(ranks)
-
-
 def _private_dir(session: Session) -> str:
     if session.group is None:
         raise ConfigError("no ranks are running: run %clorch start first")
@@ -89,7 +85,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
          what: str | None = None) -> dict[int, Any]:
     """``{rank: value}`` of ``name`` on each chosen rank (``None``: the last cell's value)."""
     what = what or f"%clorch pull {name}"
-    chosen = _chosen(session, ranks)
+    chosen = session.chosen(ranks)
     directory = _private_dir(session)
     token = secrets.token_hex(8)
     paths = {r: os.path.join(directory, f"value-{token}-rank{r}.pt") for r in chosen}
@@ -120,7 +116,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
 
 def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int) -> tuple[int, ...]:
     """Give every chosen rank ``value`` as ``name``; returns the ranks."""
-    chosen = _chosen(session, ranks)
+    chosen = session.chosen(ranks)
     path = os.path.join(_private_dir(session), f"value-{secrets.token_hex(8)}-push.pt")
     try:
         try:
@@ -144,7 +140,7 @@ def number_cells(session: Session, ranks: list[int] | None, count: int) -> None:
     if relay is None:
         return
     known = _next_count.setdefault(relay, {})
-    stale = [r for r in _chosen(session, ranks) if known.get(r) != count]
+    stale = [r for r in session.chosen(ranks) if known.get(r) != count]
     if not stale:
         return  # the usual case when %%distributed cells follow each other
     outcome = session.run(f"{_MODULE}.set_execution_count({int(count)})", stale, 30.0, None, silent=True)
