@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from jupyter_client import KernelManager
 
+from rank_text import lines_of
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -66,6 +68,7 @@ class NotebookKernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
         self._held: list[dict[str, Any]] = []  # read by wait_for_output, not yet by collect
+        self._pending: list[str] = []  # cells sent and not yet collected to their idle status
         #: the reply of ``%clorch start`` when the kernel came from :func:`clorch_session`
         self.start_reply: Reply | None = None
 
@@ -74,7 +77,18 @@ class NotebookKernel:
         return self.km.provisioner.process.pid
 
     def send(self, code: str, allow_stdin: bool = False) -> str:
-        return self.kc.execute(code, allow_stdin=allow_stdin)
+        msg_id = self.kc.execute(code, allow_stdin=allow_stdin)
+        self._pending.append(msg_id)
+        return msg_id
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Interrupt and read out the cells a test left running (it failed half-way), so that
+        what comes next (``%clorch stop``) is not queued behind a cell that never ends."""
+        if not self._pending:
+            return
+        self.km.interrupt_kernel()
+        for msg_id in list(self._pending):
+            self.collect(msg_id, timeout=timeout)
 
     def wait_for_output(self, msg_id: str, text: str, count: int = 1, timeout: float = 60.0) -> None:
         """Block until the cell has printed ``text`` ``count`` times (its messages stay for collect)."""
@@ -85,6 +99,26 @@ class NotebookKernel:
             self._held.append(msg)
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 seen += msg["content"]["text"].count(text)
+
+    def wait_for_ranks(self, msg_id: str, line: str, ranks: Sequence[int] = (0, 1),
+                       timeout: float = 60.0) -> None:
+        """Block until every rank of ``ranks`` has printed ``line``, merged (``[ranks 0-1] line``)
+        or one label per rank: which of the two a user sees depends on how close together the
+        ranks printed it (``display.MERGE_HOLD_S``), which a loaded machine does not promise."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while any(line not in lines_of(text, r) for r in ranks):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"ranks {list(ranks)} did not all print {line!r} within {timeout} s;"
+                                   f" the cell showed:\n{text}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=remaining)
+            except Empty:
+                continue
+            self._held.append(msg)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
 
     def collect(self, msg_id: str, timeout: float = 120.0,
                 answers: Sequence[str] | Callable[[str], str | None] | None = None) -> Reply:
@@ -120,6 +154,8 @@ class NotebookKernel:
         while shell["parent_header"].get("msg_id") != msg_id:
             shell = self.kc.get_shell_msg(timeout=10)
         reply.status = shell["content"]["status"]
+        if msg_id in self._pending:
+            self._pending.remove(msg_id)
         return reply
 
     def _answer(self, msg_id: str, reply: Reply, answers: Any) -> None:
@@ -174,6 +210,7 @@ def clorch_session(start: str = CPU_RANKS, *, stop: bool = True) -> Iterator[Not
         kernel.start_reply = reply
         yield kernel
         if stop:
+            kernel.settle()
             stopped = kernel.run("%clorch stop")
             assert stopped.status == "ok", stopped.text
     finally:

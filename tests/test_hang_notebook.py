@@ -159,7 +159,7 @@ def test_clorch_interrupt_on_stuck_ranks_says_why(nb2: NotebookKernel) -> None:
                       "print('in', flush=True)\n"
                       "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(60)\n"
                       "dist.barrier()\n")
-    nb2.wait_for_output(msg_id, "in\n")
+    nb2.wait_for_ranks(msg_id, "in")
     time.sleep(1.0)  # rank 0 reaches the barrier, rank 1 its sleep
     nb2.km.interrupt_kernel()
     nb2.collect(msg_id, timeout=60)

@@ -26,7 +26,7 @@ def test_second_interrupt_during_the_probe_ends_the_cell_at_once(nb: NotebookKer
     msg_id = nb.send("%%distributed --hang-notice 0\nprint('in', flush=True)\nif rank == 1:\n"
                      + "".join("    " + line + "\n" for line in HOLD_GIL.splitlines())
                      + "else:\n    import time\n    time.sleep(600)\n")
-    nb.wait_for_output(msg_id, "[ranks 0-1] in\n")
+    nb.wait_for_ranks(msg_id, "in")
     time.sleep(0.5)  # rank 1 is inside the match
     nb.km.interrupt_kernel()
     time.sleep(0.3)  # inside the first interrupt's probe, which waits up to 1 s for rank 1

@@ -13,6 +13,7 @@ from IPython.utils.capture import capture_output
 
 from clorch_repl.session.display import MERGE_HOLD_S, DistributedCellError, NotebookDisplay, group_label
 from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, RankOutput, Status
+from rank_text import lines_of
 
 
 @pytest.fixture(autouse=True)
@@ -38,19 +39,6 @@ def feed(items: list[RankOutput], ranks: tuple[int, ...] = (0, 1), merge: bool =
     return cap
 
 
-def per_rank(text: str, rank: int) -> list[str]:
-    """The lines a rank printed, read back from labels: its own and merged ones naming it."""
-    lines = []
-    for m in re.finditer(r"^\[ranks? ([0-9,\-]+)\] (.*)$", text, re.M):
-        ranks: set[int] = set()
-        for part in m.group(1).split(","):
-            lo, _, hi = part.partition("-")
-            ranks.update(range(int(lo), int(hi or lo) + 1))
-        if rank in ranks:
-            lines.append(m.group(2))
-    return lines
-
-
 def test_labels() -> None:
     assert group_label([3]) == "[rank 3] "
     assert group_label(range(8)) == "[ranks 0-7] "
@@ -67,17 +55,17 @@ def test_eight_ranks_one_line() -> None:
     assert cap.stdout == "[ranks 0-7] hello\n"
 
 
-def test_different_lines_stay_per_rank() -> None:
+def test_different_lines_stay_lines_of() -> None:
     cap = feed([out(0, "loss 0.5\n"), out(1, "loss 0.7\n")])
     assert cap.stdout == "[rank 0] loss 0.5\n[rank 1] loss 0.7\n"
 
 
-def test_partly_identical_output_is_correct_and_in_order_per_rank() -> None:
+def test_partly_identical_output_is_correct_and_in_order_lines_of() -> None:
     items = [out(0, "start\nstep 0: 1.0\n"), out(1, "start\nstep 0: 2.0\n"),
              out(1, "done\n"), out(0, "done\n")]
     cap = feed(items)
-    assert per_rank(cap.stdout, 0) == ["start", "step 0: 1.0", "done"]
-    assert per_rank(cap.stdout, 1) == ["start", "step 0: 2.0", "done"]
+    assert lines_of(cap.stdout, 0) == ["start", "step 0: 1.0", "done"]
+    assert lines_of(cap.stdout, 1) == ["start", "step 0: 2.0", "done"]
     assert cap.stdout.count("[ranks 0-1] ") == 2  # start and done, once each
 
 
@@ -110,7 +98,7 @@ def test_no_merge_keeps_every_copy() -> None:
     assert cap.stdout == "[rank 0] same\n[rank 1] same\n"
 
 
-def test_identical_final_value_is_shown_once_and_different_values_per_rank() -> None:
+def test_identical_final_value_is_shown_once_and_different_values_lines_of() -> None:
     cap = feed([value(0, "42"), value(1, "42")])
     assert [o.data["text/plain"] for o in cap.outputs] == ["[ranks 0-1] 42"]
     cap = feed([value(0, "7"), value(1, "107")])
@@ -148,10 +136,10 @@ def test_rich_output_keeps_its_place_in_each_ranks_order() -> None:
     cap = feed(items)
     assert cap.stdout.startswith("[ranks 0-1] before\n[ranks 0-1]\n")  # label line above the merged HTML
     assert [o.data["text/plain"] for o in cap.outputs] == ["[ranks 0-1] t"]
-    assert per_rank(cap.stdout, 0)[-1] == "after 0" and per_rank(cap.stdout, 1)[-1] == "after 1"
+    assert lines_of(cap.stdout, 0)[-1] == "after 0" and lines_of(cap.stdout, 1)[-1] == "after 1"
 
 
-def test_progress_lines_stay_per_rank() -> None:
+def test_progress_lines_stay_lines_of() -> None:
     items = [out(0, "\r 50%", "stderr"), out(1, "\r 50%", "stderr"), out(0, "\r100%\n", "stderr"),
              out(1, "\r100%\n", "stderr")]
     cap = feed(items)
@@ -175,7 +163,7 @@ def test_identical_tracebacks_are_shown_once() -> None:
     assert separate.count("Cell In[12], line 3") == 4
 
 
-def test_different_tracebacks_stay_per_rank() -> None:
+def test_different_tracebacks_stay_lines_of() -> None:
     outcome = CellOutcome(ranks={0: _error(0, "ValueError", ["ValueError: a"]),
                                  1: _error(1, "ValueError", ["ValueError: b"])})
     text = "\n".join(DistributedCellError(outcome)._render_traceback_())
@@ -220,8 +208,8 @@ def test_kernel_interrupt_shows_one_keyboardinterrupt_numbered_like_the_notebook
     for _ in range(3):  # local cells: the notebook's count runs ahead of the ranks' own
         assert nb.run("x = 1").status == "ok"
     msg_id = nb.send("%%distributed\nimport time\nprint('spinning', flush=True)\nwhile True: time.sleep(0.01)")
-    nb.wait_for_output(msg_id, "spinning")  # merged: one line for both ranks
-    time.sleep(0.3)  # both ranks are in the loop (the merged line needed both)
+    nb.wait_for_ranks(msg_id, "spinning")
+    time.sleep(0.3)  # both ranks are in the loop
     nb.km.interrupt_kernel()  # what Kernel > Interrupt does
     reply = nb.collect(msg_id, timeout=60)
     assert reply.status == "error"
@@ -278,6 +266,6 @@ def test_random_interleavings_keep_every_ranks_lines_in_order(hold: float, monke
             pending[r] = pending[r][cut:]
         cap = feed(items, ranks=ranks)
         for r in ranks:
-            assert per_rank(cap.stdout, r) == printed[r], (printed, cap.stdout)
+            assert lines_of(cap.stdout, r) == printed[r], (printed, cap.stdout)
         merged_any = merged_any or "[ranks " in cap.stdout
     assert merged_any or hold == 0.0  # with no hold, nothing waits for a copy to merge with

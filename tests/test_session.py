@@ -11,6 +11,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from clorch_repl.procs import wait_gone
+from rank_text import lines_of
 
 pytestmark = pytest.mark.usefixtures("ranks")
 
@@ -19,16 +20,6 @@ def run(ip: Any, code: str, line: str = "") -> tuple[Any, Any]:
     with capture_output() as cap:
         result = ip.run_cell(f"%%distributed {line}\n{code}")
     return result, cap
-
-
-def lines_of(text: str, rank: int) -> list[str]:
-    """The lines a rank printed: labelled with it alone, or merged with others (``[ranks 0-1]``)."""
-    lines = []
-    for m in re.finditer(r"^\[ranks? ([0-9,\-]+)\] (.*)$", text, re.M):
-        spans = [part.partition("-") for part in m.group(1).split(",")]
-        if any(int(lo) <= rank <= int(hi or lo) for lo, _, hi in spans):
-            lines.append(m.group(2))
-    return lines
 
 
 def test_namespace_starts_with_rank_variables_and_persists(ip: Any) -> None:

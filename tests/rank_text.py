@@ -1,0 +1,24 @@
+"""Reading rank-labelled output back, the way a user reads it: ``[rank 1] x`` is rank 1's line and
+``[ranks 0-1] x`` is a line both ranks printed. Whether identical lines were merged depends on how
+close together the ranks printed them, so tests that do not test merging itself read output
+through :func:`lines_of` rather than matching one label."""
+
+from __future__ import annotations
+
+import re
+
+_LABELLED = re.compile(r"^\[ranks? ([0-9,\-]+)\] ?(.*)$", re.M)
+
+
+def ranks_of(label: str) -> set[int]:
+    """``"0-2,5"`` -> {0, 1, 2, 5}."""
+    ranks: set[int] = set()
+    for part in label.split(","):
+        lo, _, hi = part.partition("-")
+        ranks.update(range(int(lo), int(hi or lo) + 1))
+    return ranks
+
+
+def lines_of(text: str, rank: int) -> list[str]:
+    """The lines ``rank`` printed: labelled with it alone, or merged with others."""
+    return [m.group(2) for m in _LABELLED.finditer(text) if rank in ranks_of(m.group(1))]
