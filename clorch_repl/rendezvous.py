@@ -34,8 +34,7 @@ import warnings
 
 import torch.distributed as dist
 
-#: Path of the group's FileStore, in a private directory (set by our local launchers).
-STORE_FILE_ENV = "CLORCH_STORE_FILE"
+from .rank_env import STORE_FILE_ENV
 
 
 def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,

@@ -34,6 +34,8 @@ class Topology:
     devices: tuple[int | None, ...]
     backend: str
     timeout_s: float
+    #: ``numa``: each GPU rank binds itself to its GPU's NUMA node (clorch_repl.numa); ``none``
+    cpu_bind: str = "none"
 
     @property
     def uses_gpu(self) -> bool:

@@ -1,4 +1,4 @@
-"""The rank supervisor (clorch_repl/session/supervisor.py) on its own, with real processes: what a
+"""The rank supervisor (clorch_repl/launchers/supervisor.py) on its own, with real processes: what a
 user notices as "the rank never started, and the log says why", "the notebook died while the rank
 was starting and nothing was left behind", and a stop's grace reaching the rank's children."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 
 from clorch_repl.procs import pid_running, wait_gone
-from clorch_repl.session import supervisor
+from clorch_repl.launchers import supervisor
 
 # A child that ignores SIGTERM and says so: only SIGKILL (after the grace) ends it.
 STUBBORN = ("import os, signal, subprocess, sys, time\n"

@@ -28,14 +28,15 @@ def test_rank_devices_are_translated_through_the_callers_visible_devices(monkeyp
 
 
 def test_session_ranks_get_the_translated_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from clorch_repl.session.launcher import WorkerGroup
+    from clorch_repl.launchers import LocalLauncher
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
-    group = WorkerGroup(resolve_topology(devices="1", gpu_count=2))
+    launcher = LocalLauncher(resolve_topology(devices="1", gpu_count=2))
     try:
-        assert group.rank_env(0)["CUDA_VISIBLE_DEVICES"] == "7"
+        env = launcher.rank_env(0, master_port=29500)
+        assert env["CUDA_VISIBLE_DEVICES"] == "7" and env["CLORCH_GPU_INDEX"] == "7"
     finally:
-        group.stop()
+        launcher.close()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import ClorchError, ConfigError, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rendezvous import STORE_FILE_ENV, loopback_socket_env
-from ..session import supervisor
+from ..launchers import supervisor
 from ..topology import Topology, resolve_topology
 from ._errors import JobStopped, JobTimeout
 from ._protocol import RankResult, read_result, write_json_atomic
@@ -221,7 +221,7 @@ class Job:
                           state=state, exit_code=code, exit=describe_exit(code), error=error)
 
     def _start(self, env_for: Callable[[int], dict[str, str]], spec_path: str) -> None:
-        # Each rank runs below its own supervisor (clorch_repl.session.supervisor): it ends the
+        # Each rank runs below its own supervisor (clorch_repl.launchers.supervisor): it ends the
         # rank and everything the rank started, setsid daemons included, when the job is stopped
         # or this process dies, even while the rank holds the GIL; it exits with the rank's status.
         rank_cmd = [sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path]

@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from ..procs import describe_exit
 
 if TYPE_CHECKING:
     from .relay import Relay
@@ -209,7 +208,7 @@ class CommBridge:
         process = self.relay.group.ranks[rank]
         if not process.alive:
             # A DEALER socket with no live peer blocks its sender: never try, say why it is dropped.
-            warnings.warn(f"clorch_repl: rank {rank} is not running ({describe_exit(process.poll())}); "
+            warnings.warn(f"clorch_repl: rank {rank} is not running ({process.exit}); "
                           f"its widget's {msg_type} was dropped (%clorch restart starts the ranks again)",
                           RuntimeWarning, stacklevel=2)
             return

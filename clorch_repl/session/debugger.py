@@ -38,11 +38,11 @@ REQUEST_TIMEOUT_S = 30.0
 class DebugForwarder:
     """Forwards the notebook kernel's debug_request to one rank (see the module docstring)."""
 
-    def __init__(self, kernel: Any, shell: Any, manager: Any, rank: int) -> None:
+    def __init__(self, kernel: Any, shell: Any, rank_handle: Any, rank: int) -> None:
         self.kernel = kernel
         self.shell = shell
         self.rank = rank
-        self._manager = manager
+        self._rank = rank_handle
         self._client: Any = None
         self._original = kernel.control_handlers.get("debug_request")
         #: notebook source path -> (rank source path, lines the rank's copy is shorter at the top)
@@ -113,7 +113,7 @@ class DebugForwarder:
             from jupyter_client.asynchronous import AsyncKernelClient
 
             # Made here, on the control thread's event loop, which alone uses it.
-            self._client = AsyncKernelClient(**self._manager.get_connection_info(session=True))
+            self._client = AsyncKernelClient(**self._rank.connection_info(session=True))
             self._client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
         msg = self._client.session.msg("debug_request", request)
         self._client.control_channel.send(msg)

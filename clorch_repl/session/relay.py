@@ -24,9 +24,8 @@ from ..diagnosis import render
 from ..diagnosis.analyse import RankState, Verdict, analyse
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
-from ..procs import describe_exit
 from .comms import COMM_TYPES
-from .launcher import WorkerGroup
+from ..launchers import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from .wire import MessageDecoder, SignatureError
@@ -115,7 +114,7 @@ class _Wait:
 class Relay:
     """Owns one jupyter_client channel set per rank and runs cells over them."""
 
-    def __init__(self, group: WorkerGroup) -> None:
+    def __init__(self, group: Launcher) -> None:
         self.group = group
         self.clients: dict[int, BlockingKernelClient] = {}
         self.poller = zmq.Poller()
@@ -148,7 +147,7 @@ class Relay:
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
         """Open channels to every rank and wait until each answers on shell and iopub."""
         for proc in self.group.ranks:
-            client = proc.manager.client()
+            client = proc.client()
             client.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=False)
             self.clients[proc.rank] = client
             self._decoders[proc.rank] = MessageDecoder(client.session)
@@ -173,7 +172,7 @@ class Relay:
             for proc in self.group.ranks:
                 if not proc.alive:
                     raise ClorchError(
-                        f"rank {proc.rank} exited while starting ({describe_exit(proc.returncode)}); "
+                        f"{proc.where} exited while starting ({proc.exit}); "
                         f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
             now = time.monotonic()
             if now > deadline:
@@ -350,7 +349,7 @@ class Relay:
             self._pump(wait, 0)  # keep what it said before it died
             result = wait.outcome.ranks[rank]
             result.status = Status.DIED
-            result.exit = describe_exit(proc.returncode)
+            result.exit = proc.exit
             result.log_tail = self.group.death_report(rank)
             wait.pending.discard(rank)
             self.running[rank] = None
@@ -571,7 +570,7 @@ class Relay:
         for rank in ranks:
             proc = self.group.ranks[rank]
             if not proc.alive:
-                states.append(RankState(rank, dead=describe_exit(proc.returncode)))
+                states.append(RankState(rank, dead=proc.exit))
                 continue
             state = RankState(rank, answer=answers.get(rank),
                               prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,

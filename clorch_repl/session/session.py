@@ -18,18 +18,18 @@ import psutil
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError
-from ..procs import describe_exit
+from ..launchers import Launcher, LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import BOOT_CODE, LEAVE_CODE
 from .comms import CommBridge
 from .debugger import DebugForwarder
-from .launcher import WorkerGroup
 from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+LauncherFactory = Callable[[Topology], Launcher]
 #: Time allowed, beyond the process-group timeout, for ranks to import torch and join.
 JOIN_MARGIN_S = 120.0
 
@@ -41,6 +41,8 @@ class RankReport:
     rank: int
     state: RankState
     pid: int | None
+    #: the rank's host ("" for the notebook's own)
+    host: str
     device: str
     backend: str
     memory_bytes: int | None
@@ -58,16 +60,21 @@ class StartupError(ClorchError):
 
 
 class Session:
-    """Start, run cells on, inspect, restart and stop one group of worker kernels."""
+    """Start, run cells on, inspect, restart and stop one group of worker kernels.
 
-    def __init__(self, topology: Topology) -> None:
+    Where the ranks run is the launcher's business (:mod:`clorch_repl.launchers`): ``launcher``
+    makes one for a topology (default: :class:`~clorch_repl.launchers.LocalLauncher`). The
+    launcher lives from the first start to the final stop: a restart asks it for fresh kernels in
+    the same place (the same directory of logs, the same allocation of a cluster)."""
+
+    def __init__(self, topology: Topology, launcher: LauncherFactory = LocalLauncher) -> None:
         self.topology = topology
-        self.group: WorkerGroup | None = None
+        self._make_launcher = launcher
+        self.group: Launcher | None = None
         self.relay: Relay | None = None
         self.comms: CommBridge | None = None
         #: JupyterLab's debugger forwarded to a rank (%clorch debugger), if on
         self.debugger: DebugForwarder | None = None
-        self._workdir: str | None = None
         self.started_at: float | None = None
         #: the session's --hang-notice (seconds; 0 = off), used by cells that give none
         self.hang_notice_s: float = DEFAULT_HANG_NOTICE_S
@@ -75,7 +82,7 @@ class Session:
     # ------------------------------------------------------------------------------ lifecycle
     @property
     def running(self) -> bool:
-        return self.group is not None
+        return self.relay is not None
 
     def start(self, progress: Progress = lambda _: None) -> float:
         """Start every rank and form the process group; returns the seconds it took.
@@ -83,11 +90,12 @@ class Session:
         On any failure, or a KeyboardInterrupt, every rank already started is stopped again.
         """
         t0 = time.monotonic()
-        n = self.topology.nproc
-        self.group = WorkerGroup(self.topology, workdir=self._workdir)
-        self._workdir = self.group.dir
+        if self.group is None:
+            self.group = self._make_launcher(self.topology)
         try:
-            self.group.launch()
+            self.group.launch(progress)
+            self.topology = self.group.topology  # a remote launcher learns devices and backend
+            n = self.topology.nproc
             self.relay = Relay(self.group)
             self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
             self.relay.comm_sink = self.comms.from_rank
@@ -106,10 +114,13 @@ class Session:
         progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
         return elapsed
 
-    def stop(self, *, keep_logs: bool = False) -> list[int]:
-        """End every rank (no process left behind); returns pids that survived, which should be none."""
+    def stop(self, *, keep_logs: bool = False) -> list[str]:
+        """End every rank (no process left behind); returns what survived, which should be nothing.
+        ``keep_logs`` keeps the launcher (its logs, its hosts) for a restart."""
         group, relay = self.group, self.relay
-        self.group = self.relay = None
+        self.relay = None
+        if not keep_logs:
+            self.group = None
         self.debug_rank(None)
         if relay is not None:
             relay.comm_sink = None  # no widget opened during the leave below may reach a closed bridge
@@ -128,9 +139,9 @@ class Session:
                     logger.warning("clorch_repl: ranks %s did not leave the process group cleanly; "
                                    "stopping them anyway", idle, exc_info=True)
             relay.close()
-        left = group.stop(keep_dir=keep_logs)
+        left = group.stop()
         if not keep_logs:
-            self._workdir = None
+            group.close()
         return left
 
     def restart(self, progress: Progress = lambda _: None) -> float:
@@ -150,7 +161,7 @@ class Session:
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
         dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
         if dead:
-            what = ", ".join(f"rank {p.rank} ({describe_exit(p.returncode)})" for p in dead)
+            what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
             raise ClorchError(f"{what} is dead: run %clorch restart for a fresh group")
         busy = [r for r in relay.busy() if r in chosen]
         if busy:
@@ -188,7 +199,7 @@ class Session:
         if kernel is None or not isinstance(getattr(kernel, "control_handlers", None), dict):
             raise ClorchError("%clorch debugger needs the notebook to run in a Jupyter kernel (ipykernel), "
                               "whose front end speaks the debug protocol (JupyterLab)")
-        self.debugger = DebugForwarder(kernel, shell, group.ranks[rank].manager, rank)
+        self.debugger = DebugForwarder(kernel, shell, group.ranks[rank], rank)
         self.debugger.install()
         relay.debug_sink = self.debugger.event
 
@@ -223,8 +234,9 @@ class Session:
         now = time.time()
         rows = []
         for proc in group.ranks:
-            pid = proc.kernel_pid or proc.pid  # the rank's Python process, not its supervisor
+            pid = proc.pid  # the rank's Python process on its host
             alive = proc.alive
+            local = not proc.host
             if not alive:
                 state = RankState.DEAD
             elif self.started_at is None:
@@ -232,11 +244,12 @@ class Session:
             else:
                 state = RankState.BUSY if proc.rank in busy else RankState.IDLE
             rows.append(RankReport(
-                rank=proc.rank, state=state, pid=pid, device=self.topology.device_label(proc.rank),
-                backend=self.topology.backend, memory_bytes=_rss(pid) if alive else None,
-                gpu_memory_bytes=gpu_mem.get(pid) if pid is not None else None,
+                rank=proc.rank, state=state, pid=pid, host=proc.host,
+                device=self.topology.device_label(proc.rank),
+                backend=self.topology.backend, memory_bytes=_rss(pid) if alive and local else None,
+                gpu_memory_bytes=gpu_mem.get(pid) if pid is not None and local else None,
                 uptime_s=now - proc.started_at if alive else 0.0,
-                exit=None if alive else describe_exit(proc.returncode)))
+                exit=proc.exit))
         return rows
 
     def logs(self, rank: int, tail: int | None) -> str:
@@ -245,12 +258,12 @@ class Session:
         return group.log_tail(rank, tail)
 
     def pids(self) -> list[int]:
-        """The ranks' own Python processes (their kernels, below each rank's supervisor)."""
+        """The local ranks' own Python processes (their kernels, below each rank's supervisor)."""
         if self.group is None:
             return []
-        return [pid for p in self.group.ranks if (pid := p.kernel_pid or p.pid) is not None]
+        return [pid for p in self.group.ranks if not p.host and (pid := p.pid) is not None]
 
-    def _require(self) -> tuple[WorkerGroup, Relay]:
+    def _require(self) -> tuple[Launcher, Relay]:
         if self.group is None or self.relay is None:
             raise ConfigError("no ranks are running: run %clorch start first")
         return self.group, self.relay

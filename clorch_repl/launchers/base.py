@@ -1,0 +1,158 @@
+"""The one seam where "where do the ranks run" is decided: :class:`Launcher` and :class:`RankHandle`.
+
+Everything above this seam (the relay that runs cells, the session, the magics, the diagnosis)
+reaches a rank only through a :class:`RankHandle`: the rank's kernel channels (a jupyter_client
+``KernelClient``), whether it is still there, and a few requests (interrupt, stack dump, log tail)
+that the launcher delivers however it can. Nothing above it touches a pid, a signal or a file of a
+rank. Launchers are chosen by name (``%clorch start --launcher NAME``) from the entry-point group
+``clorch_repl.launchers`` (see :mod:`clorch_repl.launchers`), so another package can add one:
+
+* ``local``: the ranks are children of the notebook kernel on this host (IPC sockets, a private
+  directory, a supervisor per rank); the fast path, and the default.
+* ``slurm`` and ``attach``: the ranks run ``python -m clorch_repl.rank`` under a launcher the
+  cluster already runs (srun, torchrun, ...) and call back to the notebook over one encrypted,
+  authenticated endpoint (:mod:`.callback`); a per-rank nanny on the rank's host serves the requests.
+
+The contract, for implementers: :meth:`Launcher.launch` starts (or, after :meth:`Launcher.stop`,
+restarts) one kernel per rank and returns when every rank has a handle whose kernel can be
+reached, or raises :class:`~clorch_repl.errors.ClorchError` naming the ranks (and hosts) that did
+not come, after ending whatever it started. :meth:`Launcher.stop` ends the ranks' kernels and
+everything they started, and keeps what hosts them (an allocation, the nannies, the logs) so that
+``launch`` can start fresh kernels in the same place; :meth:`Launcher.close` ends that too.
+Methods are called from the notebook's main thread only.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from jupyter_client import BlockingKernelClient
+
+from ..topology import Topology
+
+logger = logging.getLogger(__name__)
+
+#: ``progress(text)``: one line of news while ranks start (shown in place in the notebook).
+Progress = Callable[[str], None]
+
+
+#: How long a start waits for remote ranks to call back, unless the user says otherwise.
+START_TIMEOUT_S = 300.0
+#: How long a remote rank's nanny keeps its kernel after the notebook stopped answering.
+ORPHAN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What ``%clorch start`` was told about where the ranks run (validated by the magic)."""
+
+    nodes: int = 1
+    #: ranks per node (None: one per GPU of the node, or 2 CPU ranks; local: the topology's nproc)
+    nproc_per_node: int | None = None
+    #: the one address the notebook listens on for ranks calling back (None: the address of the
+    #: interface that routes to the nodes)
+    listen: str | None = None
+    #: the port of that endpoint (0: any free port)
+    port: int = 0
+    orphan_timeout_s: float = ORPHAN_TIMEOUT_S
+    start_timeout_s: float = START_TIMEOUT_S
+    #: slurm: partition, time limit and more srun arguments (a string, split like a shell does)
+    partition: str | None = None
+    time: str | None = None
+    srun_args: str = ""
+
+
+class RankHandle(abc.ABC):
+    """One rank as the notebook reaches it: its kernel's channels and its state, no process details."""
+
+    rank: int
+    #: the host the rank runs on, as it named itself ("" for this host)
+    host: str
+    #: time.time() when this rank's current kernel started
+    started_at: float
+
+    @abc.abstractmethod
+    def connection_info(self, session: bool = False) -> dict[str, Any]:
+        """The kernel's connection info (``KernelManager.get_connection_info``'s shape): transport,
+        address, ports, signing key, and Curve keys where the channels are encrypted."""
+
+    def client(self) -> BlockingKernelClient:
+        """A new client for the rank's kernel channels (the caller starts the channels it needs)."""
+        client = BlockingKernelClient()
+        client.load_connection_info(self.connection_info())
+        return client
+
+    @property
+    @abc.abstractmethod
+    def exit(self) -> str | None:
+        """None while the rank's kernel runs; once it has ended, how ("exit code 3", "killed by
+        signal SIGKILL", "lost: no word from hostB for 5 s")."""
+
+    @property
+    def alive(self) -> bool:
+        return self.exit is None
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int | None:
+        """The rank's Python process on its host (for ``%clorch status``), None until known."""
+
+    @property
+    def where(self) -> str:
+        """"rank 3" or "rank 3 on hostB": how errors name the rank."""
+        return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
+
+
+class Launcher(abc.ABC):
+    """Starts, watches and stops the ranks of one session (see the module docstring's contract)."""
+
+    #: the name users type after ``--launcher`` (and the entry point's name)
+    name: ClassVar[str]
+
+    def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
+        #: what the ranks are; a remote launcher completes it (backend, devices) once they call back
+        self.topology = topology
+        self.options = options or LaunchOptions()
+        self.ranks: list[RankHandle] = []
+        #: a private directory (0700) on the notebook's host for the session's own files
+        #: (transfers, connect file); removed by close()
+        self.dir = ""
+
+    @abc.abstractmethod
+    def launch(self, progress: Progress) -> None:
+        """Start one kernel per rank (fresh ones after :meth:`stop`); fill :attr:`ranks`."""
+
+    @abc.abstractmethod
+    def interrupt(self, ranks: list[int] | None = None) -> None:
+        """KeyboardInterrupt in the running cell of each chosen rank (every rank with None)."""
+
+    @abc.abstractmethod
+    def dump_stack(self, rank: int) -> str:
+        """The Python stack of the rank's main thread right now, even while it is blocked in native
+        code ("" when it cannot be had)."""
+
+    @abc.abstractmethod
+    def log_tail(self, rank: int, lines: int | None = 200) -> str:
+        """The last ``lines`` lines of everything the rank wrote (all with None), earlier kernels of
+        the rank (before a restart) included."""
+
+    @abc.abstractmethod
+    def death_report(self, rank: int, lines: int = 15) -> str:
+        """What the rank's current kernel wrote about its end (a crash report, or its last lines)."""
+
+    @abc.abstractmethod
+    def stop(self, grace_s: float) -> list[str]:
+        """End every rank's kernel and all it started (one ``grace_s`` for all of them); keep what
+        hosts them. Returns what could not be ended (should be nothing), as text."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """After :meth:`stop`: end what hosts the ranks (allocations, nannies) and remove the files."""
+
+    def describe(self) -> str:
+        """One line for ``%clorch status``: where the ranks run."""
+        hosts = sorted({r.host for r in self.ranks if r.host})
+        return f"launcher {self.name}" + (f", hosts {', '.join(hosts)}" if hosts else "")

@@ -1,0 +1,142 @@
+"""A rank's files on the host where its kernel runs: its log, its stack-dump file and its pid file.
+
+Both sides of the seam read them: the ``local`` launcher on the notebook's own host, and the nanny
+(:mod:`clorch_repl.rank`) on a remote host, which sends what they say back as messages. One place
+therefore knows how a log is tailed, where a kernel's part of it starts after a restart, how a
+crash report is cut out of it and how a stack dump is asked for and read.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from .. import procs
+from . import supervisor
+
+logger = logging.getLogger(__name__)
+
+#: A death report shows at most this much of one log line (a progress bar never ended, a dump).
+REPORT_LINE_CHARS = 2000
+
+
+def private_file(path: str) -> int:
+    """Open ``path`` for appending, readable by this user only (0600), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def main_thread_stack(dump: str) -> str:
+    """The main thread's part of a faulthandler dump of every thread: that is where a cell runs.
+    The kernel's own threads (iopub, shell channel, heartbeat, watchdogs) only bury it."""
+    sections: list[list[str]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            sections.append([line])
+        elif sections and line.strip():
+            sections[-1].append(line)
+    for section in sections:
+        if any("_run_module_as_main" in line or "clorch_repl/session/worker.py" in line for line in section):
+            return "\n".join(trim_kernel_frames(section))
+    return dump
+
+
+def trim_kernel_frames(lines: list[str]) -> list[str]:
+    """Cut a faulthandler stack (most recent call first) where the cell's code was called from
+    IPython: what lies below is the same kernel machinery in every dump."""
+    for i, line in enumerate(lines):
+        if "IPython/core/interactiveshell.py" in line and " in run_code" in line:
+            return [*lines[:i], "  ... (the kernel's own frames)"]
+    return lines
+
+
+def _clip(line: str, rank: int) -> str:
+    if len(line) <= REPORT_LINE_CHARS:
+        return line
+    return f"... ({len(line) - REPORT_LINE_CHARS} characters more; %clorch logs {rank}) {line[-REPORT_LINE_CHARS:]}"
+
+
+@dataclass
+class RankFiles:
+    """The files of one rank in a private directory (0700) of its host."""
+
+    dir: str
+    rank: int
+    #: where the current kernel's part of the log begins (after its start banner): a restart
+    #: appends to the same log, and a death report must show only what the dead kernel wrote
+    log_start: int = 0
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.dir, f"rank{self.rank}.log")
+
+    @property
+    def stack_path(self) -> str:
+        return os.path.join(self.dir, f"rank{self.rank}.stack")
+
+    def open_log(self) -> int:
+        """A new kernel of this rank starts: write its banner, remember where its part begins and
+        return the log's descriptor for the kernel's stdout and stderr (the caller closes it)."""
+        os.close(private_file(self.stack_path))
+        fd = private_file(self.log_path)
+        with open(fd, "ab", closefd=False) as log:
+            log.write(f"--- clorch_repl: rank {self.rank} starting at {time.ctime()} ---\n".encode())
+        self.log_start = os.fstat(fd).st_size
+        return fd
+
+    def log_tail(self, lines: int | None = 200) -> str:
+        """The last ``lines`` lines of the whole log (earlier kernels of the rank included, each
+        part starting with its banner); all of it with None."""
+        with open(self.log_path, "rb") as fh:
+            return procs.tail_bytes(fh, lines).decode(errors="replace")
+
+    def current_log_tail(self, lines: int) -> str:
+        """The last ``lines`` lines the current kernel wrote (nothing from before its banner);
+        reads at most ``procs.TAIL_MAX_BYTES`` from the end."""
+        with open(self.log_path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            start = max(self.log_start, size - procs.TAIL_MAX_BYTES)
+            fh.seek(start)
+            data = fh.read(size - start)
+        return procs.tail_bytes(io.BytesIO(data), lines).decode(errors="replace")
+
+    def death_report(self, lines: int = 15) -> str:
+        """What the dead kernel's log says about its end: the faulthandler report of a crash (its
+        first, most recent frames, which are the user's) when there is one, else the last lines."""
+        tail = self.current_log_tail(400).splitlines()
+        starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
+        if not starts:
+            return "\n".join(_clip(line, self.rank) for line in tail[-lines:])
+        report = [line for line in tail[starts[-1]:] if not line.startswith("Extension modules")]
+        return "\n".join(_clip(line, self.rank) for line in trim_kernel_frames(report)[:lines])
+
+    def dump_stack(self, pid: int | None, wait_s: float = 0.5) -> str:
+        """Where the kernel's main thread is right now: SIGUSR1 makes its faulthandler write every
+        thread's stack into the stack file (works while it is stuck in C); "" when it is gone."""
+        if pid is None:
+            return ""
+        start = os.path.getsize(self.stack_path)
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        deadline = time.monotonic() + wait_s
+        text = ""
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            with open(self.stack_path, "rb") as fh:
+                fh.seek(start)
+                text = fh.read().decode(errors="replace")
+            if text.endswith("\n\n") or ("Current thread" in text and text.endswith("\n")):
+                break
+        return main_thread_stack(text)
+
+
+def kernel_pid(pid_file: str) -> int | None:
+    """The kernel's pid, which its supervisor writes into ``pid_file`` after the fork."""
+    return supervisor.read_pid(pid_file)

@@ -1,0 +1,89 @@
+"""The environment of one rank, written in one place for every launcher.
+
+A rank's process learns who it is and how to join its group from its environment, in the words of
+torchrun and API.md (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) plus clorch's own (``CLORCH_DIST_BACKEND``,
+``CLORCH_DIST_TIMEOUT_MS``, the private rendezvous file, the CPU binding). The session's local
+ranks, the nanny of a remote rank (:mod:`clorch_repl.rank`) and ``dist.launch`` batch ranks all
+build it with :func:`rank_environment`, so a variable added for one reaches all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+logger = logging.getLogger(__name__)
+
+BACKEND_ENV = "CLORCH_DIST_BACKEND"
+TIMEOUT_ENV = "CLORCH_DIST_TIMEOUT_MS"
+#: Path of the group's FileStore, in a private directory (one host only; see clorch_repl.rendezvous)
+STORE_FILE_ENV = "CLORCH_STORE_FILE"
+#: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.numa)
+CPU_BIND_ENV = "CLORCH_CPU_BIND"
+#: the rank's physical GPU index on its host (before CUDA_VISIBLE_DEVICES renumbers it to 0)
+GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
+#: variables of an elastic agent (torchrun) that must not steer the rank's own process group:
+#: its store is torchrun's rendezvous, not the group's (API.md: never reuse torchrun's port)
+_AGENT_ONLY = ("TORCHELASTIC_USE_AGENT_STORE",)
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank sits in its world and how the world meets."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    timeout_s: float
+    #: the rank's GPU as CUDA_VISIBLE_DEVICES names it on its host (an index or a UUID), None
+    #: for a CPU rank
+    gpu: str | None = None
+    #: a FileStore path (ranks on one host), or None: a TCPStore at master_addr:master_port
+    store_file: str | None = None
+    #: the network interface gloo/NCCL use (ranks on several hosts), unless the user set one
+    socket_ifname: str | None = None
+    cpu_bind: str = "none"
+
+
+def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the rank's variables set."""
+    env = dict(os.environ if base is None else base)
+    for key in _AGENT_ONLY:
+        env.pop(key, None)
+    env.update({
+        "RANK": str(place.rank),
+        "LOCAL_RANK": str(place.local_rank),
+        "WORLD_SIZE": str(place.world_size),
+        "LOCAL_WORLD_SIZE": str(place.local_world_size),
+        "MASTER_ADDR": place.master_addr,
+        "MASTER_PORT": str(place.master_port),
+        # One GPU per rank; "" keeps a CPU rank off every GPU.
+        "CUDA_VISIBLE_DEVICES": place.gpu or "",
+        BACKEND_ENV: place.backend,
+        TIMEOUT_ENV: str(int(place.timeout_s * 1000)),
+        CPU_BIND_ENV: place.cpu_bind,
+        "PYTHONUNBUFFERED": "1",
+    })
+    if place.gpu is not None:
+        env[GPU_INDEX_ENV] = place.gpu
+    else:
+        env.pop(GPU_INDEX_ENV, None)
+    if place.store_file:
+        env[STORE_FILE_ENV] = place.store_file
+    else:
+        env.pop(STORE_FILE_ENV, None)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if place.local_world_size > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: ranks must not oversubscribe cores
+    ifname = place.socket_ifname
+    if ifname:
+        env.setdefault("GLOO_SOCKET_IFNAME", ifname)
+        env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+    return env
