@@ -12,7 +12,10 @@ when the notebook is gone or the rank is stopped. A rank is a plain ipykernel wi
   banner ("To connect another client...") is not, since it is no output of the rank's;
 * ``\r`` progress updates are coalesced before they are published (see ``RankOutStream``);
 * a watchdog thread ends the kernel when its supervisor is gone (the supervisor itself needs no
-  GIL to end the kernel; this thread only covers a supervisor killed outright).
+  GIL to end the kernel; this thread only covers a supervisor killed outright);
+* with ``CLORCH_CPU_BIND=numa`` the process binds itself to the CPU cores of its GPU's NUMA node
+  (:mod:`clorch_repl.numa`) before any thread starts, so every thread the kernel runs inherits
+  it; what it did or why it could not is written to the rank's log, and nothing there stops it.
 
 The process group itself is initialised later by :mod:`clorch_repl.session.bootstrap`, through
 the kernel, so that its failures arrive as ordinary tracebacks.
@@ -21,13 +24,17 @@ the kernel, so that its failures arrive as ordinary tracebacks.
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import signal
 import sys
 import time
 import types
 
+from .. import numa
 from ..procs import end_own_group, watch_parent
+
+logger = logging.getLogger(__name__)
 
 #: quiet=False: Python-level output is echoed to the process's stdout/stderr, i.e. the rank's log.
 #: capture_fd_output=False: native output (NCCL, C++ warnings) goes straight to the log, once.
@@ -262,7 +269,39 @@ def __getattr__(name: str) -> type:
     raise AttributeError(name)
 
 
+def bind_cpus() -> set[int] | None:
+    """Apply the CPU binding the launcher asked for (numa.CPU_BIND_ENV) to this rank, before its
+    threads start. A binding that cannot be done costs speed, not correctness: it never stops the
+    rank; the reason goes to the rank's log (stderr here), as does the set bound to."""
+    who = f"rank {os.environ.get('RANK', '?')}"
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(logging.Formatter(f"clorch_repl: {who}: warning: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    numa.logger.addHandler(handler)
+    numa.logger.propagate = False  # once, here, not again through logging's last-resort handler
+    try:
+        mode, cpus = numa.apply_from_env()
+        if cpus is not None:
+            sys.__stderr__.write(f"clorch_repl: {who}: bound to CPUs {numa.format_cpulist(cpus)} "
+                                 f"({numa.CPU_BIND_ENV}={mode}, the NUMA node of its GPU)\n")
+        return cpus
+    except Exception as exc:  # a bad variable, an unreadable sysfs, a refused sched_setaffinity
+        sys.__stderr__.write(f"clorch_repl: {who}: warning: CPU binding {numa.CPU_BIND_ENV}="
+                             f"{os.environ.get(numa.CPU_BIND_ENV)!r} {numa.GPU_INDEX_ENV}="
+                             f"{os.environ.get(numa.GPU_INDEX_ENV)!r} not applied ({type(exc).__name__}: {exc}); "
+                             "the rank runs unbound\n")
+        return None
+    finally:
+        numa.logger.removeHandler(handler)
+        numa.logger.propagate = True
+        try:
+            sys.__stderr__.flush()
+        except (OSError, ValueError) as exc:  # no log to flush to: nothing else to tell it to
+            logger.debug("flushing the rank's log failed: %s", exc)
+
+
 def main(argv: list[str] | None = None) -> None:
+    bind_cpus()  # first: the watchdog thread below and the kernel's threads inherit the binding
     watch_parent(os.getppid(), end_own_group)  # the supervisor; see the module's docstring
     # A segfault or abort prints the Python stacks into the rank's log (fd 2), whose tail the
     # notebook shows when a rank dies mid-cell.
