@@ -185,6 +185,14 @@ print("CPUs", format_cpulist(os.sched_getaffinity(0)), "CUDA_VISIBLE_DEVICES", o
 """
 
 
+BIND_CELL = """%%distributed
+import os
+from clorch_repl.numa import apply_cpu_bind
+_gpu = os.environ.get("CLORCH_GPU_INDEX") or os.environ.get("CUDA_VISIBLE_DEVICES") or ""
+apply_cpu_bind("numa", int(_gpu) if _gpu.isdigit() else None)
+"""
+
+
 class NotebookSide:
     """A notebook kernel with a running session, its ranks bound (``numa``) or not (``none``)."""
 
@@ -196,16 +204,20 @@ class NotebookSide:
         self.kernel = NotebookKernel()
         self._run("%load_ext clorch_repl")
         start = f"%clorch start --nproc {nproc}"
+        late_bind = False
         if cpu_bind:
             if "--cpu-bind" in self._run("%clorch start --help").text:
                 start += f" --cpu-bind {cpu_bind}"
                 how = "through %clorch start --cpu-bind"
-            else:  # the option is not there yet: the variable the ranks read, inherited from this kernel
-                self._run(f"import os; os.environ['CLORCH_CPU_BIND'] = {cpu_bind!r}")
-                how = "through CLORCH_CPU_BIND in the notebook kernel's environment (no --cpu-bind option)"
+            else:  # no option yet (the launcher sets CLORCH_CPU_BIND=none): each rank binds in a first cell
+                late_bind = cpu_bind == "numa"
+                how = ("in a first cell: clorch_repl.numa.apply_cpu_bind on every thread of each rank "
+                       "(%clorch start has no --cpu-bind option in this tree)") if late_bind else "none (ranks as started)"
         print(f"{self.label}: {self._run(start).text.strip()}")
         if cpu_bind:
-            print(f"  binding asked {how}")
+            print(f"  binding applied {how}")
+        if late_bind:
+            self._run(BIND_CELL)
         for line in self._run(AFFINITY_CELL).text.strip().splitlines():
             print(f"  {line}")
 
