@@ -1,8 +1,10 @@
 """clorch_repl: drive multi-GPU PyTorch from a Jupyter notebook.
 
 ``%load_ext clorch_repl`` registers ``%clorch`` and ``%%distributed``. The Python API lives in the
-submodules ``cuda``, ``distributed``, ``parallel``, ``data`` and ``amp``; they are imported on first
-use so that loading the extension stays fast and never imports torch.
+submodules ``cuda``, ``distributed``, ``parallel``, ``data`` and ``amp`` (the last three are the
+API's names for the parts of :mod:`clorch_repl.training`), and every error it raises on purpose in
+``errors``; they are imported on first use so that loading the extension stays fast and never
+imports torch.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["cuda", "distributed", "parallel", "data", "amp", "load_ipython_extension",
+__all__ = ["cuda", "distributed", "parallel", "data", "amp", "training", "errors", "load_ipython_extension",
            "unload_ipython_extension"]
 
-_LAZY = {"cuda", "distributed", "parallel", "data", "amp"}
+_LAZY = {"cuda", "distributed", "parallel", "data", "amp", "training", "errors"}
 
 
 def __getattr__(name: str) -> Any:

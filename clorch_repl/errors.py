@@ -1,11 +1,42 @@
-"""Exceptions that reach users.
+"""Every exception clorch_repl raises on purpose, in one place: the hierarchy a user catches.
 
-Every error clorch_repl raises on purpose derives from :class:`ClorchError`, so callers can catch
-the package's failures without catching programming mistakes. Messages follow one rule: say what
-went wrong, on which rank where there is one, and what to do next.
+::
+
+    ClorchError (RuntimeError)          anything clorch_repl raises on purpose
+    ├── ConfigError (ValueError)        bad input, refused before any process starts
+    ├── StartupError                    the ranks could not start or form their process group
+    ├── RankFailure                     a batch job's rank failed (``rank``: the first, the cause)
+    ├── JobTimeout (TimeoutError)       a batch job ran past its ``timeout_ms``
+    ├── JobStopped                      a batch job was ended by ``job.stop()``
+    ├── NoProcessGroup                  a collective outside any process group
+    ├── CollectiveError                 a collective failed
+    │   ├── CollectiveMismatch          ranks called it with tensors that do not fit together
+    │   └── CollectiveTimeout (TimeoutError)
+    ├── CheckpointError                 a checkpoint could not be written, read, or does not fit
+    └── SignatureError (ValueError)     a message from a rank was unsigned, wrongly signed or replayed
+
+    DistributedCellError (Exception)    a ``%%distributed`` cell failed on one or more ranks
+
+``except ClorchError`` catches the package's own failures without catching programming mistakes.
+:class:`DistributedCellError` is deliberately outside it: it is the user's own code failing on the
+ranks, shown with each rank's traceback, and the magics turn every ClorchError into a one-line
+usage error, which would hide those tracebacks.
+
+Messages follow one rule: say what went wrong, on which rank where there is one, and what to do
+next. This module imports nothing of the package at import time, so every other module (the
+notebook's, the ranks', the supervisor's) can import it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from .session.protocol import CellOutcome, RankOutcome
+
+__all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
+           "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CheckpointError",
+           "SignatureError", "DistributedCellError"]
 
 
 class ClorchError(RuntimeError):
@@ -16,9 +47,155 @@ class ConfigError(ClorchError, ValueError):
     """Bad input, refused before any process starts."""
 
 
+class StartupError(ClorchError):
+    """The ranks could not be started or could not form their process group; ``outcome`` holds
+    the ranks' own failures when they got as far as running code."""
+
+    def __init__(self, message: str, outcome: CellOutcome | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 class RankFailure(ClorchError):
     """One or more ranks failed; ``rank`` is the first that failed (the cause, not the cascade)."""
 
     def __init__(self, message: str, rank: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
+
+
+class JobTimeout(ClorchError, TimeoutError):
+    """A batch job ran past its ``timeout_ms`` and was stopped."""
+
+
+class JobStopped(ClorchError):
+    """A batch job was ended by ``job.stop()`` before its ranks finished."""
+
+
+class NoProcessGroup(ClorchError):
+    """A collective was called outside any process group."""
+
+
+class CollectiveError(ClorchError):
+    """A collective failed; the message says which one, on which rank, and what to look at."""
+
+
+class CollectiveMismatch(CollectiveError):
+    """Ranks called a collective with tensors that do not fit together.
+
+    ``ranks`` lists the ranks whose call differs from the others (empty when the problem was found
+    locally, before anything was sent).
+    """
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+class CollectiveTimeout(CollectiveError, TimeoutError):
+    """``work.wait(timeout=...)`` ran out, or the process group's own timeout expired."""
+
+
+class CheckpointError(ClorchError):
+    """A checkpoint could not be written, read, or does not fit what it is loaded into."""
+
+
+class SignatureError(ClorchError, ValueError):
+    """A message from a rank was unsigned, wrongly signed or replayed."""
+
+
+_RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+
+
+def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[int, ...], RankOutcome]]:
+    """Failed ranks, ranks with the identical traceback together (an interrupt's KeyboardInterrupt
+    at the same line on every rank is shown once); deaths and stuck ranks always per rank."""
+    from .session.protocol import Status
+
+    groups: dict[object, list[RankOutcome]] = {}
+    for result in sorted(failed, key=lambda o: o.rank):
+        if merge and result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
+            err = result.error
+            key: object = (result.status, err.ename, err.evalue, tuple(err.traceback))
+        else:
+            key = ("rank", result.rank)
+        groups.setdefault(key, []).append(result)
+    return [(tuple(o.rank for o in members), members[0]) for members in groups.values()]
+
+
+class DistributedCellError(Exception):
+    """A ``%%distributed`` cell failed on one or more ranks.
+
+    IPython shows ``_render_traceback_`` instead of a Python traceback, so the notebook shows each
+    failed rank's own traceback (and nothing from inside clorch_repl), and the cell is marked failed.
+    Ranks that failed with the identical traceback are shown once, under ``---- ranks 0-7 ----``,
+    unless ``merge`` is false. Not a :class:`ClorchError` (see the module's docstring).
+    """
+
+    def __init__(self, outcome: CellOutcome, timeout_s: float | None = None, merge: bool = True) -> None:
+        self.outcome = outcome
+        self.timeout_s = timeout_s
+        self.merge = merge
+        super().__init__(self.summary())
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return sorted(o.rank for o in self.outcome.failed)
+
+    def summary(self) -> str:
+        from .session.display import ranks_text
+        from .session.protocol import Status
+
+        parts = []
+        for ranks, result in _failure_groups(self.outcome.failed, self.merge):
+            who = "rank" if len(ranks) == 1 else "ranks"
+            who = f"{who} {ranks_text(ranks)}"
+            if result.status is Status.DIED:
+                parts.append(f"{who} died ({result.exit})")
+            elif result.status is Status.STUCK:
+                parts.append(f"{who} did not return after the interrupt")
+            elif result.status is Status.INTERRUPTED:
+                parts.append(f"{who} interrupted")
+            elif result.error is not None:
+                parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
+        if self.outcome.timed_out:
+            parts.insert(0, f"the cell timed out after {self.timeout_s:g} s")
+        elif self.outcome.interrupted and not parts:
+            parts.append("interrupted")
+        if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this
+            parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
+        return "; ".join(parts) or "the cell failed"
+
+    def _render_traceback_(self) -> list[str]:
+        from .session.display import ranks_text
+        from .session.protocol import Status
+
+        lines: list[str] = []
+        if self.outcome.timed_out:
+            lines.append(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted.")
+        if self.outcome.diagnosis:  # why the ranks were stuck: the verdict, then each rank's evidence
+            verdict, *evidence = self.outcome.diagnosis.splitlines()
+            lines.append(f"{_BOLD}Why:{_RESET} {verdict}")
+            lines.extend(evidence)
+        for ranks, result in _failure_groups(self.outcome.failed, self.merge):
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+            lines.append(f"{_BOLD}---- {who} ----{_RESET}")
+            if result.status is Status.DIED:
+                lines.append(f"{_RED}rank {result.rank} died{_RESET}: {result.exit}.")
+                if result.log_tail:
+                    lines.append("Last lines of its log:")
+                    lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
+            elif result.status is Status.STUCK:
+                lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period "
+                             "after being interrupted (blocked in native code, e.g. a collective "
+                             "waiting for another rank).")
+                if result.stack:
+                    lines.append("Where it is now:")
+                    lines.extend("    " + line for line in result.stack.rstrip().splitlines())
+            elif result.error is not None:
+                lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
+        dead_or_stuck = [o.rank for o in self.outcome.failed if o.status in (Status.DIED, Status.STUCK)]
+        if dead_or_stuck:
+            lines.append(f"The process group is broken or busy on rank(s) {dead_or_stuck}: "
+                         "run %clorch restart for a fresh group (%clorch status shows each rank).")
+        return lines

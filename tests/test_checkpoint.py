@@ -14,8 +14,8 @@ import torch
 
 from clorch_repl import amp, data
 from clorch_repl.distributed import load_checkpoint, save_checkpoint
-from clorch_repl.distributed.checkpoint import CheckpointError, read_checkpoint_metadata
-from clorch_repl.errors import ClorchError
+from clorch_repl.errors import CheckpointError, ClorchError
+from clorch_repl.training.checkpoint import read_checkpoint_metadata
 from tests import train_helpers
 
 ROOT = train_helpers.ROOT

@@ -255,7 +255,7 @@ def checkpoint_checks(ctx: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from clorch_repl import amp, data
-    from clorch_repl.distributed.checkpoint import load_checkpoint, save_checkpoint
+    from clorch_repl.training.checkpoint import load_checkpoint, save_checkpoint
 
     rank = ctx["rank"]
     path = ctx["args"]["path"]
@@ -312,7 +312,7 @@ def save_loop_server() -> None:
     Forking keeps each round at milliseconds instead of a torch import."""
     import torch
 
-    from clorch_repl.distributed.checkpoint import save_checkpoint
+    from clorch_repl.training.checkpoint import save_checkpoint
 
     path = sys.argv[1] if len(sys.argv) > 1 else os.environ["CLORCH_TEST_CKPT"]
     for line in sys.stdin:

@@ -1,9 +1,9 @@
 """Entry point of one launched rank: ``python -m clorch_repl.distributed._rank_entry JOB_SPEC``.
 
 Joins the process group, calls ``main`` with the rank's dict, and reports the outcome to the
-parent through a result file. The rank's supervisor (:mod:`clorch_repl.session.supervisor`) ends it
-and everything it started as soon as the launching process is gone, so a killed notebook never
-leaves ranks behind.
+parent through a result file (:mod:`.results`). The rank's supervisor
+(:mod:`clorch_repl.launchers.supervisor`) ends it and everything it started as soon as the
+launching process is gone, so a killed notebook never leaves ranks behind.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except (OSError, ValueError):  # a closed or broken stream: nothing left to write it to
             pass
     os._exit(code)
 
@@ -43,7 +43,8 @@ def _user_traceback(exc: BaseException) -> str:
 
 def run(spec_path: str) -> int:
     from ..procs import end_own_group, watch_parent
-    from ._protocol import RankResult, encode_value, looks_like_cascade, write_result
+    from .failures import looks_like_cascade
+    from .results import RankResult, encode_value, write_result
 
     with open(spec_path) as fh:
         spec = json.load(fh)
@@ -82,7 +83,7 @@ def run(spec_path: str) -> int:
                 raise
         try:
             value_json, value_pickle = encode_value(value)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - pickle raises anything; reported, not swallowed
             raise TypeError(f"main returned a {type(value).__name__} that can be neither JSON-encoded nor "
                             f"pickled ({exc}); return plain data") from None
         write_result(result_path, RankResult(rank=rank, ok=True, value_json=value_json, value_pickle=value_pickle))

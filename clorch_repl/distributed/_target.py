@@ -53,7 +53,7 @@ def load_target(spec: str, what: str = "main") -> Callable[..., Any]:
     module, _, qualname = spec.partition(":")
     try:
         mod = importlib.import_module(module)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything; reported
         raise ConfigError(f"{what} {spec!r}: importing {module!r} failed: {type(exc).__name__}: {exc}") from None
     try:
         return _walk(mod, qualname)

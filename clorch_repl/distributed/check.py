@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as tdist
 
-from ._errors import CollectiveMismatch
-from .collectives import _all_gather_single, _group_info, _shape
+from ..errors import CollectiveMismatch
+from ._c10d import all_gather_single, group_info, shape_text
 
 FINGERPRINT_BYTES = 192
 _calls = collections.Counter()
@@ -27,7 +27,7 @@ _calls = collections.Counter()
 def _device_for(group: Any, tensor: torch.Tensor | None) -> torch.device:
     if tensor is not None:
         return tensor.device
-    kind, _, _ = _group_info(group, None)
+    kind, _, _ = group_info(group, None)
     if kind == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -56,7 +56,7 @@ def _ranks_of(group: Any, world: int) -> list[int]:
 def _describe(name: str, tensor: torch.Tensor | None, details: dict[str, Any]) -> str:
     parts = [f"{k}={v}" for k, v in details.items() if k != "splits" and v is not None]
     if tensor is not None:
-        shape = _shape(tensor)
+        shape = shape_text(tensor)
         if details.get("splits") is not None:  # all_to_all: rows may differ, the row shape may not
             shape = f"{str(tensor.dtype).replace('torch.', '')}[*, {', '.join(map(str, tensor.shape[1:]))}]"
         parts.insert(0, shape)
@@ -65,13 +65,13 @@ def _describe(name: str, tensor: torch.Tensor | None, details: dict[str, Any]) -
 
 def verify_collective(group: Any, name: str, tensor: torch.Tensor | None, **details: Any) -> None:
     """Raise :class:`CollectiveMismatch` on every rank if the ranks' calls differ."""
-    _, world, _ = _group_info(group, tensor)
+    _, world, _ = group_info(group, tensor)
     key = id(group)
     _calls[key] += 1
     mine = _describe(name, tensor, details)
     device = _device_for(group, tensor)
     gathered = torch.empty(world * FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
-    _all_gather_single(gathered, _encode(mine, device), group=group)
+    all_gather_single(gathered, _encode(mine, device), group=group)
     calls = [_decode(row) for row in gathered.view(world, FINGERPRINT_BYTES)]
     ranks = _ranks_of(group, world)
     if len(set(calls)) > 1:
@@ -110,7 +110,7 @@ def _verify_splits(group: Any, tensor: torch.Tensor, splits: Any, world: int, ra
     outs = list(output_splits) if output_splits is not None else [rows_out // world] * world
     mine = torch.tensor(ins + outs, dtype=torch.int64, device=device)
     table = torch.empty(world * 2 * world, dtype=torch.int64, device=device)
-    _all_gather_single(table, mine, group=group)
+    all_gather_single(table, mine, group=group)
     rows = table.view(world, 2 * world).cpu().tolist()
     problems = []
     odd: set[int] = set()
@@ -127,8 +127,8 @@ def _verify_splits(group: Any, tensor: torch.Tensor, splits: Any, world: int, ra
 
 def verify_p2p(group: Any, name: str, tensor: torch.Tensor, peer: int) -> None:
     """send/recv: both ends swap a fingerprint first (the sender sends first, so no deadlock)."""
-    _, _, me = _group_info(group, tensor)
-    mine = _encode(f"{name} {_shape(tensor)}", tensor.device)
+    _, _, me = group_info(group, tensor)
+    mine = _encode(f"{name} {shape_text(tensor)}", tensor.device)
     theirs = torch.empty_like(mine)
     if name == "send":
         tdist.send(mine, peer, group=group)
@@ -137,7 +137,7 @@ def verify_p2p(group: Any, name: str, tensor: torch.Tensor, peer: int) -> None:
         tdist.recv(theirs, peer, group=group)
         tdist.send(mine, peer, group=group)
     other = _decode(theirs)
-    expected = f"{'recv' if name == 'send' else 'send'} {_shape(tensor)}"
+    expected = f"{'recv' if name == 'send' else 'send'} {shape_text(tensor)}"
     if other != expected:
-        raise CollectiveMismatch(f"check mode: rank {me} called {name} {_shape(tensor)} with rank {peer}, "
+        raise CollectiveMismatch(f"check mode: rank {me} called {name} {shape_text(tensor)} with rank {peer}, "
                                  f"but rank {peer} called {other}", ranks=(peer,))

@@ -21,23 +21,20 @@ from __future__ import annotations
 
 import datetime
 import os
+from types import TracebackType
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as tdist
-import torch.distributed.distributed_c10d as c10d
 
-from ..errors import ConfigError
-from ._errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, NoProcessGroup
+from ..errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, ConfigError
+from . import check
+from ._c10d import all_gather_single as _all_gather_single
+from ._c10d import group_info, shape_text
+from ._c10d import reduce_scatter_single as _reduce_scatter_single
+from .failures import MISMATCH, peer_gone, timed_out
 
 ReduceOp = tdist.ReduceOp
-
-# torch 2.13 renamed the tensor-in/tensor-out collectives and deprecated the old names; older
-# releases only have the old names (and before those, the private *_base ones).
-_all_gather_single = (getattr(tdist, "all_gather_single", None) or getattr(tdist, "all_gather_into_tensor", None)
-                      or getattr(tdist, "_all_gather_base"))
-_reduce_scatter_single = (getattr(tdist, "reduce_scatter_single", None)
-                          or getattr(tdist, "reduce_scatter_tensor", None) or getattr(tdist, "_reduce_scatter_base"))
 
 OP_NAMES = ("sum", "avg", "min", "max", "band", "bor", "bxor", "prod")
 _NATIVE = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, "min": ReduceOp.MIN, "max": ReduceOp.MAX,
@@ -59,7 +56,6 @@ _ROUTES["other"] = _ROUTES["gloo"]  # unknown backends: assume the smallest op s
 _NATIVE_ROUTES = {kind: dict(routes) for kind, routes in _ROUTES.items()}
 
 _CHECK = os.environ.get("CLORCH_DIST_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
-_GROUPS: dict[tuple[Any, bool], tuple[str, int, int]] = {}
 
 
 def check_mode(enabled: bool | None = None) -> bool:
@@ -86,11 +82,6 @@ def emulate(ops: Sequence[str] | None) -> None:
             routes[name] = "avg" if name == "avg" else "bitwise"
 
 
-def forget_groups() -> None:
-    """Drop cached group facts (after a group is destroyed)."""
-    _GROUPS.clear()
-
-
 def _op_name(op: Any) -> str:
     name = _OP_ALIASES.get(op)
     if name is None:
@@ -99,25 +90,6 @@ def _op_name(op: Any) -> str:
         if name is None:
             raise ConfigError(f"unknown reduction op {op!r}: use one of {' '.join(OP_NAMES)}")
     return name
-
-
-def _group_info(group: Any, tensor: torch.Tensor | None) -> tuple[str, int, int]:
-    """(backend kind, world size, rank) of the group for this tensor's device, cached per group."""
-    pg = group if group is not None else c10d.GroupMember.WORLD
-    is_cuda = tensor.is_cuda if tensor is not None else False
-    info = _GROUPS.get((pg, is_cuda))
-    if info is None:
-        if pg is None:
-            raise NoProcessGroup("no process group: run collectives inside `with dist.process_group():`, "
-                                 "in a rank started by dist.launch, or in a %%distributed cell")
-        backend = str(tdist.get_backend(pg)).lower()
-        if "," in backend:  # e.g. "cpu:gloo,cuda:nccl": pick the one serving this tensor's device
-            parts = dict(p.split(":", 1) for p in backend.split(","))
-            backend = parts.get("cuda" if is_cuda else "cpu", backend)
-        kind = backend if backend in ("gloo", "nccl") else "other"
-        info = (kind, tdist.get_world_size(pg), tdist.get_rank())
-        _GROUPS[(pg, is_cuda)] = info
-    return info
 
 
 def _route(op: Any, kind: str) -> tuple[str, str]:
@@ -146,13 +118,11 @@ class Work:
         if self._done:
             return True
         if self._work is not None:
-            try:
+            with _explained(self._name, waited=timeout):
                 if timeout is None:
                     self._work.wait()
                 else:
                     self._work.wait(datetime.timedelta(seconds=float(timeout)))
-            except RuntimeError as exc:
-                raise _explain(self._name, exc, waited=timeout) from exc
         if self._finish is not None:
             self._finish()
         self._done = True
@@ -183,33 +153,47 @@ def _finish(work: Any, name: str, async_op: bool, finish: Callable[[], None] | N
 # Errors
 
 
-_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "was aborted",
-              "communicator was aborted", "remote process exited", "nccl communicator")
-_TIMED_OUT = ("timed out", "timeout", "wait timeout")
-_SHAPE = ("size", "shape", "split", "type", "dtype", "mismatch", "check failed", "expected")
-
-
 def _explain(name: str, exc: BaseException, waited: float | None = None) -> CollectiveError:
     """Turn torch's message into one that says what probably happened and what to do."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     low = text.lower()
     try:
-        where = f" on rank {tdist.get_rank()}"
-    except Exception:
+        where = f" on rank {tdist.get_rank()}" if tdist.is_initialized() else ""
+    except (RuntimeError, ValueError):  # the group is being torn down: the message goes without it
         where = ""
-    if any(k in low for k in _PEER_GONE):
+    if peer_gone(text):
         return CollectiveError(f"{name}{where} failed because another rank went away (crashed, raised or "
                                f"was stopped): look at the other ranks' logs for the cause. torch said: {first}")
-    if any(k in low for k in _TIMED_OUT):
+    if timed_out(text):
         limit = f" within {waited} s" if waited is not None else ""
         return CollectiveTimeout(f"{name}{where} did not finish{limit}: a rank did not join it (it skipped or "
                                  "reordered a collective, or is still busy). Set CLORCH_DIST_CHECK=1 to compare "
                                  f"every call across ranks. torch said: {first}")
-    if any(k in low for k in _SHAPE):
+    if any(k in low for k in MISMATCH):
         return CollectiveMismatch(f"{name}{where}: the tensors' shapes, dtypes or split sizes do not fit this "
                                   f"collective. torch said: {first}")
     return CollectiveError(f"{name}{where} failed: {first}")
+
+
+class _explained:  # noqa: N801 - used like a function: ``with _explained("all_reduce"):``
+    """Around a torch.distributed call: its RuntimeError leaves as the CollectiveError that
+    :func:`_explain` makes of it (torch's own error is kept as the cause). A class rather than a
+    generator-based context manager: it sits on every collective's path, and costs less."""
+
+    __slots__ = ("_name", "_waited")
+
+    def __init__(self, name: str, waited: float | None = None) -> None:
+        self._name = name
+        self._waited = waited
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None and isinstance(exc, RuntimeError):
+            raise _explain(self._name, exc, self._waited) from exc
 
 
 def _mismatch(name: str, what: str) -> CollectiveMismatch:
@@ -249,10 +233,8 @@ def _gather_fold(tensor: torch.Tensor, op: str, world: int, group: Any, name: st
             acc = fold(acc, buf[i])
         tensor.copy_(acc.view(tensor.shape))
 
-    try:
+    with _explained(name):
         work = _all_gather_single(flat, src, group=group, async_op=async_op)
-    except RuntimeError as exc:
-        raise _explain(name, exc) from exc
     return _finish(work, name, async_op, finish)
 
 
@@ -262,27 +244,23 @@ def _gather_fold(tensor: torch.Tensor, op: str, world: int, group: Any, name: st
 
 def all_reduce(tensor: torch.Tensor, op: Any = "sum", *, async_op: bool = False, group: Any = None) -> Work | None:
     """Reduce ``tensor`` across ranks, in place, with the same result on every backend."""
-    kind, world, _ = _group_info(group, tensor)
+    kind, world, _ = group_info(group, tensor)
     name, route = _route(op, kind)
     if _CHECK:
-        _check_call(group, "all_reduce", tensor, op=name)
+        check.verify_collective(group, "all_reduce", tensor, op=name)
     if route == "native":
         if name == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
             route = "avg"  # integer avg: the same truncating division on every backend
         else:
             if name in _BITWISE:
                 _check_bitwise_dtype("all_reduce", name, tensor)
-            try:
+            with _explained("all_reduce"):
                 work = tdist.all_reduce(tensor, op=_NATIVE[name], group=group, async_op=async_op)
-            except RuntimeError as exc:
-                raise _explain("all_reduce", exc) from exc
             return Work(work, "all_reduce") if async_op else None
     if route == "avg":
         _check_avg_dtype("all_reduce", tensor)
-        try:
+        with _explained("all_reduce"):
             work = tdist.all_reduce(tensor, op=ReduceOp.SUM, group=group, async_op=async_op)
-        except RuntimeError as exc:
-            raise _explain("all_reduce", exc) from exc
         return _finish(work, "all_reduce", async_op, _avg_finish(tensor, world))
     _check_bitwise_dtype("all_reduce", name, tensor)
     return _gather_fold(tensor, name, world, group, "all_reduce", async_op)
@@ -292,26 +270,22 @@ def reduce(tensor: torch.Tensor, op: Any = "sum", root: int = 0, *, async_op: bo
            group: Any = None) -> Work | None:
     """Reduce onto ``root`` (a global rank), in place there; other ranks' tensors are scratch
     (with an emulated bitwise op on NCCL they also receive the result)."""
-    kind, world, me = _group_info(group, tensor)
+    kind, world, me = group_info(group, tensor)
     name, route = _route(op, kind)
     if _CHECK:
-        _check_call(group, "reduce", tensor, op=name, root=root)
+        check.verify_collective(group, "reduce", tensor, op=name, root=root)
     if route == "native" and name == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         route = "avg"
     if route == "native":
         if name in _BITWISE:
             _check_bitwise_dtype("reduce", name, tensor)
-        try:
+        with _explained("reduce"):
             work = tdist.reduce(tensor, root, op=_NATIVE[name], group=group, async_op=async_op)
-        except RuntimeError as exc:
-            raise _explain("reduce", exc) from exc
         return Work(work, "reduce") if async_op else None
     if route == "avg":
         _check_avg_dtype("reduce", tensor)
-        try:
+        with _explained("reduce"):
             work = tdist.reduce(tensor, root, op=ReduceOp.SUM, group=group, async_op=async_op)
-        except RuntimeError as exc:
-            raise _explain("reduce", exc) from exc
         finish = _avg_finish(tensor, world) if me == root else None
         return _finish(work, "reduce", async_op, finish)
     _check_bitwise_dtype("reduce", name, tensor)
@@ -321,11 +295,9 @@ def reduce(tensor: torch.Tensor, op: Any = "sum", root: int = 0, *, async_op: bo
 def broadcast(tensor: torch.Tensor, root: int = 0, *, async_op: bool = False, group: Any = None) -> Work | None:
     """Copy ``root``'s tensor (``root`` is a global rank) into every rank's tensor, in place."""
     if _CHECK:
-        _check_call(group, "broadcast", tensor, root=root)
-    try:
+        check.verify_collective(group, "broadcast", tensor, root=root)
+    with _explained("broadcast"):
         work = tdist.broadcast(tensor, root, group=group, async_op=async_op)
-    except RuntimeError as exc:
-        raise _explain("broadcast", exc) from exc
     return Work(work, "broadcast") if async_op else None
 
 
@@ -333,9 +305,9 @@ def all_gather_into(output: torch.Tensor, input: torch.Tensor, *, async_op: bool
                     group: Any = None) -> Work | None:
     """Gather every rank's ``input`` into ``output`` (world_size x input: concatenated along dim 0
     or stacked), rank order."""
-    _, world, _ = _group_info(group, input)
+    _, world, _ = group_info(group, input)
     if _CHECK:  # first: a rank whose local check fails must not leave the others in this exchange
-        _check_call(group, "all_gather_into", input, extra=f"out={_shape(output)}")
+        check.verify_collective(group, "all_gather_into", input, extra=f"out={shape_text(output)}")
     if output.numel() != world * input.numel():
         raise _mismatch("all_gather_into", f"output has {output.numel()} elements but needs world_size "
                         f"({world}) x input ({input.numel()}) = {world * input.numel()}")
@@ -345,20 +317,18 @@ def all_gather_into(output: torch.Tensor, input: torch.Tensor, *, async_op: bool
         # The stacked form (world, *input.shape): same memory as the concatenated one, which is
         # the only form every backend accepts (gloo refuses the stacked one).
         output, input = output.view(-1), input.reshape(-1)
-    try:
+    with _explained("all_gather_into"):
         work = _all_gather_single(output, input, group=group, async_op=async_op)
-    except RuntimeError as exc:
-        raise _explain("all_gather_into", exc) from exc
     return Work(work, "all_gather_into") if async_op else None
 
 
 def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, op: Any = "sum", *, async_op: bool = False,
                         group: Any = None) -> Work | None:
     """Reduce ``input`` (world_size x output) across ranks; rank r keeps the r-th chunk in ``output``."""
-    kind, world, _ = _group_info(group, input)
+    kind, world, _ = group_info(group, input)
     name, route = _route(op, kind)
     if _CHECK:  # first, as in all_gather_into
-        _check_call(group, "reduce_scatter_into", input, op=name, extra=f"out={_shape(output)}")
+        check.verify_collective(group, "reduce_scatter_into", input, op=name, extra=f"out={shape_text(output)}")
     if input.numel() != world * output.numel():
         raise _mismatch("reduce_scatter_into", f"input has {input.numel()} elements but needs world_size "
                         f"({world}) x output ({output.numel()}) = {world * output.numel()}")
@@ -378,10 +348,8 @@ def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, op: Any = "su
                 acc = fold(acc, buf[i])
             output.copy_(acc.view(output.shape))
 
-        try:
+        with _explained("reduce_scatter_into"):
             work = tdist.all_to_all_single(buf, input.contiguous().view(world, -1), group=group, async_op=async_op)
-        except RuntimeError as exc:
-            raise _explain("reduce_scatter_into", exc) from exc
         return _finish(work, "reduce_scatter_into", async_op, fold_chunks)
     if name in _BITWISE:
         _check_bitwise_dtype("reduce_scatter_into", name, input)
@@ -390,10 +358,8 @@ def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, op: Any = "su
     native = ReduceOp.SUM if route == "avg" else _NATIVE[name]
     if input.dim() != output.dim() and input.is_contiguous() and output.is_contiguous():
         input, output = input.view(-1), output.view(-1)  # stacked form -> concatenated, as for all_gather
-    try:
+    with _explained("reduce_scatter_into"):
         work = _reduce_scatter_single(output, input, op=native, group=group, async_op=async_op)
-    except RuntimeError as exc:
-        raise _explain("reduce_scatter_into", exc) from exc
     return _finish(work, "reduce_scatter_into", async_op, _avg_finish(output, world) if route == "avg" else None)
 
 
@@ -402,9 +368,9 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
                       group: Any = None) -> Work | None:
     """Rank r sends its i-th slice of ``input`` (rows along dim 0) to rank i and receives rank i's
     r-th slice into ``output``; split sizes count rows (None: equal slices)."""
-    _, world, _ = _group_info(group, input)
+    _, world, _ = group_info(group, input)
     if _CHECK:  # first, as in all_gather_into
-        _check_call(group, "all_to_all_single", input, splits=(input_split_sizes, output_split_sizes, output))
+        check.verify_collective(group, "all_to_all_single", input, splits=(input_split_sizes, output_split_sizes, output))
     for label, splits, tensor in (("input", input_split_sizes, input), ("output", output_split_sizes, output)):
         if splits is not None:
             if len(splits) != world:
@@ -419,24 +385,20 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
                             f"over {world} ranks; pass {label}_split_sizes")
     if output.dtype != input.dtype:
         raise _mismatch("all_to_all_single", f"output dtype {output.dtype} differs from input dtype {input.dtype}")
-    try:
+    with _explained("all_to_all_single"):
         work = tdist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
                                        async_op=async_op)
-    except RuntimeError as exc:
-        raise _explain("all_to_all_single", exc) from exc
     return Work(work, "all_to_all_single") if async_op else None
 
 
 def send(tensor: torch.Tensor, dst: int, *, async_op: bool = False, group: Any = None, tag: int = 0) -> Work | None:
     """Send ``tensor`` to rank ``dst`` (a global rank); ``async_op=True`` returns at once."""
     if _CHECK:
-        _check_p2p(group, "send", tensor, dst)
-    try:
+        check.verify_p2p(group, "send", tensor, dst)
+    with _explained("send"):
         if async_op:
             return Work(tdist.isend(tensor, dst, group=group, tag=tag), "send")
         tdist.send(tensor, dst, group=group, tag=tag)
-    except RuntimeError as exc:
-        raise _explain("send", exc) from exc
     return None
 
 
@@ -445,41 +407,17 @@ def recv(tensor: torch.Tensor, src: int | None = None, *, async_op: bool = False
     """Receive into ``tensor`` from rank ``src`` (None: any rank, gloo only); returns the sender's
     rank, or a work handle with ``async_op=True``."""
     if _CHECK and src is not None:
-        _check_p2p(group, "recv", tensor, src)
-    try:
+        check.verify_p2p(group, "recv", tensor, src)
+    with _explained("recv"):
         if async_op:
             return Work(tdist.irecv(tensor, src, group=group, tag=tag), "recv")
         return tdist.recv(tensor, src, group=group, tag=tag)
-    except RuntimeError as exc:
-        raise _explain("recv", exc) from exc
 
 
 def barrier(*, async_op: bool = False, group: Any = None) -> Work | None:
     """Wait until every rank reaches the barrier (``async_op=True``: a handle to wait on later)."""
     if _CHECK:
-        _check_call(group, "barrier", None)
-    try:
+        check.verify_collective(group, "barrier", None)
+    with _explained("barrier"):
         work = tdist.barrier(group=group, async_op=async_op)
-    except RuntimeError as exc:
-        raise _explain("barrier", exc) from exc
     return Work(work, "barrier") if async_op else None
-
-
-# ---------------------------------------------------------------------------------------------
-# Check mode hooks (the work is in check.py, imported only when check mode is used)
-
-
-def _shape(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
-
-
-def _check_call(group: Any, name: str, tensor: torch.Tensor | None, **details: Any) -> None:
-    from . import check
-
-    check.verify_collective(group, name, tensor, **details)
-
-
-def _check_p2p(group: Any, name: str, tensor: torch.Tensor, peer: int) -> None:
-    from . import check
-
-    check.verify_p2p(group, name, tensor, peer)

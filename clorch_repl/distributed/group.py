@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 from typing import Any, Iterator
 
@@ -23,7 +24,9 @@ from ..errors import ConfigError
 from ..rendezvous import loopback_store
 from ..procs import LOOPBACK, free_port
 from ..topology import BACKENDS, parse_timeout
-from . import collectives
+from . import _c10d, collectives
+
+logger = logging.getLogger(__name__)
 
 ENV_BACKEND = "CLORCH_DIST_BACKEND"
 ENV_TIMEOUT_MS = "CLORCH_DIST_TIMEOUT_MS"
@@ -42,15 +45,15 @@ def _env_int(name: str, default: int | None) -> int | None:
 def rank() -> int:
     """This process's global rank; outside a group, the rank the launcher assigned (RANK) or 0,
     so code can branch on it before joining."""
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank()
+    if _c10d.active():
+        return _c10d.rank()
     return _env_int("RANK", 0) or 0
 
 
 def world_size() -> int:
     """Number of ranks in the default group; outside a group, WORLD_SIZE or 1."""
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_world_size()
+    if _c10d.active():
+        return _c10d.world_size()
     return _env_int("WORLD_SIZE", 1) or 1
 
 
@@ -147,13 +150,15 @@ def abort() -> None:
             pg = c10d.GroupMember.WORLD
             if pg is not None and hasattr(pg, "abort"):
                 pg.abort()
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - tearing down after an error: go on to destroy
+        logger.warning("rank %s: aborting the process group failed (%s: %s); destroying it instead",
+                       os.environ.get("RANK", "?"), type(exc).__name__, exc)
     if tdist.is_initialized():
         try:
             tdist.destroy_process_group()
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - the error that brought us here is the one to report
+            logger.warning("rank %s: destroying the process group after an error failed (%s: %s); the "
+                           "rank's exit frees it", os.environ.get("RANK", "?"), type(exc).__name__, exc)
 
 
 @contextlib.contextmanager
@@ -189,5 +194,5 @@ def process_group(backend: str | None = None, timeout: float | datetime.timedelt
             if owned and tdist.is_initialized():
                 tdist.destroy_process_group()
     finally:
-        collectives.forget_groups()
+        _c10d.forget_groups()
         collectives.check_mode(previous_check)

@@ -1,20 +1,21 @@
-"""What crosses the process boundary between a launched rank and its parent: the rank's result,
-written once, atomically, as JSON."""
+"""A launched rank's result file: what crosses from the rank to the process that launched it.
+
+Each rank writes ``rank-<r>.result.json`` once, atomically (:mod:`clorch_repl.atomic`), when
+``main`` returns or raises; the job's monitor reads it. Standard library only: the launching
+process, a notebook, must never initialise CUDA (so CUDA tensors travel as CPU tensors).
+"""
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import pickle
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Errors that usually follow another rank's failure rather than cause one: a peer vanished or a
-# collective timed out because a peer never came.
-CASCADE_MARKERS = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "timed out",
-                   "timeout", "was aborted", "went away", "socket", "no route", "connection closed")
+from ..atomic import write_json_atomic
+
+__all__ = ["RankResult", "encode_value", "write_result", "read_result"]
 
 
 @dataclass
@@ -65,29 +66,13 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str, payload: dict[str, Any]) -> None:
-    """Write to a temporary file beside ``path`` and rename it over: a reader never sees half."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_result(path: str, result: RankResult) -> None:
+    """Write ``result`` at ``path``, whole or not at all."""
     write_json_atomic(path, asdict(result))
 
 
 def read_result(path: str) -> RankResult | None:
+    """The result at ``path``; None while the rank has not written it (or it cannot be read)."""
     try:
         with open(path) as fh:
             data = json.load(fh)
@@ -95,7 +80,3 @@ def read_result(path: str) -> RankResult | None:
         return None
     return RankResult(**data)
 
-
-def looks_like_cascade(error_type: str, message: str) -> bool:
-    low = f"{error_type} {message}".lower()
-    return any(marker in low for marker in CASCADE_MARKERS)
