@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from . import cuda
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .launchers.base import LaunchOptions
 
 BACKENDS = ("nccl", "gloo")
 CPU_DEFAULT_NPROC = 2
@@ -171,4 +174,26 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
                               "per GPU (two ranks cannot share one GPU)")
         placed = tuple(range(nproc))
     return Topology(nproc=nproc, devices=placed, backend=backend,
+                    timeout_s=timeout if timeout is not None else 600.0)
+
+
+def remote_topology(options: "LaunchOptions", backend: str | None, timeout_s: float | str | None, *,
+                    given_nproc: str | None = None, given_devices: str | None = None,
+                    launcher: str = "slurm") -> Topology:
+    """The topology of ranks on other hosts, before they call back: ``nodes x nproc_per_node``
+    ranks; their devices and (unless given) the backend are filled in by the launcher from what
+    the ranks report (backend "" until then)."""
+    if given_nproc is not None or given_devices is not None:
+        raise ConfigError(f"--nproc and --devices are for --launcher local; with --launcher {launcher} give "
+                          "--nodes and --nproc-per-node (each rank uses its node's GPU number LOCAL_RANK)")
+    if options.nproc_per_node is None:
+        raise ConfigError(f"--launcher {launcher} needs --nproc-per-node: how many ranks to start on each node "
+                          "(one per GPU on GPU nodes)")
+    if backend is not None:
+        backend = str(backend).lower()
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    timeout = parse_timeout(timeout_s, "timeout")
+    nproc = options.nodes * options.nproc_per_node
+    return Topology(nproc=nproc, devices=(None,) * nproc, backend=backend or "",
                     timeout_s=timeout if timeout is not None else 600.0)

@@ -41,6 +41,30 @@ topology_options = _compose(
              help="process-group timeout for rendezvous and collectives (default 600)"),
 )
 
+#: where the ranks run (API.md, "Beyond one host"); read by :func:`parse_launch`
+launcher_options = _compose(
+    argument("--launcher", metavar="NAME", default="local",
+             help="where ranks run: local (children of this kernel, the default), slurm (srun) or attach "
+                  "(print the command to run on every node under torchrun/srun, and wait for the ranks)"),
+    argument("--nodes", metavar="N", default=None, help="slurm/attach: number of nodes (default 1)"),
+    argument("--nproc-per-node", metavar="N", default=None, dest="nproc_per_node",
+             help="slurm/attach: ranks per node, one GPU each on GPU nodes (gloo on CPU nodes)"),
+    argument("--listen", metavar="ADDR", default=None,
+             help="slurm/attach: the one address of this host the ranks call back to (default: the "
+                  "interface that routes to the nodes; never 0.0.0.0)"),
+    argument("--port", metavar="PORT", default=None, help="slurm/attach: the port to listen on (default: any free)"),
+    argument("--orphan-timeout", metavar="SECONDS", default=None, dest="orphan_timeout",
+             help="slurm/attach: a rank that has not heard from this notebook for this long ends itself (default 60)"),
+    argument("--start-timeout", metavar="SECONDS", default=None, dest="start_timeout",
+             help="slurm/attach: how long to wait for every rank to call back (default 300)"),
+    argument("--partition", metavar="P", default=None, help="slurm: the partition (outside an allocation)"),
+    argument("--time", metavar="T", default=None, help="slurm: the time limit (outside an allocation)"),
+    argument("--srun-args", metavar="ARGS", default="", dest="srun_args",
+             help='slurm: more srun arguments, one quoted string, e.g. "--gres=gpu:8 --exclusive"'),
+    argument("--cpu-bind", metavar="MODE", default=None, dest="cpu_bind",
+             help="numa: each GPU rank binds itself to the CPU cores of its GPU's NUMA node; none (default)"),
+)
+
 hang_notice_option = _compose(argument(
     "--hang-notice", metavar="SECONDS", default=None, dest="hang_notice",
     help="with no output and no finished collective for this long, say which rank and collective "
@@ -90,11 +114,51 @@ def parse_max_mb(value: str | None) -> int:
     return DEFAULT_LIMIT_BYTES if mb is None else int(mb * 1_000_000)
 
 
+def parse_launch(args: Any) -> Any:
+    """The launcher options of ``%clorch start`` as a validated LaunchOptions."""
+    from ..launchers.base import ORPHAN_TIMEOUT_S, START_TIMEOUT_S, LaunchOptions
+    from ..topology import parse_number
+
+    def whole(value: str | None, what: str, floor: int) -> int | None:
+        if value is None:
+            return None
+        text = str(value).strip()
+        if not text.isdigit() or int(text) < floor:
+            raise ConfigError(f"{what} must be a whole number >= {floor}; got {value!r}")
+        return int(text)
+
+    orphan = parse_number(args.orphan_timeout, "--orphan-timeout", "seconds")
+    start = parse_number(args.start_timeout, "--start-timeout", "seconds")
+    listen = args.listen
+    if listen is not None:
+        import ipaddress
+
+        try:
+            address = ipaddress.ip_address(listen)
+        except ValueError:
+            raise ConfigError(f"--listen must be an IP address of this host; got {listen!r}") from None
+        if address.is_unspecified:
+            raise ConfigError("--listen 0.0.0.0 would listen on every interface: give the one address the "
+                              "nodes reach this host at")
+    return LaunchOptions(nodes=whole(args.nodes, "--nodes", 1) or 1,
+                         nproc_per_node=whole(args.nproc_per_node, "--nproc-per-node", 1),
+                         listen=listen, port=whole(args.port, "--port", 0) or 0,
+                         orphan_timeout_s=orphan or ORPHAN_TIMEOUT_S, start_timeout_s=start or START_TIMEOUT_S,
+                         partition=args.partition, time=args.time, srun_args=args.srun_args or "")
+
+
+def parse_cpu_bind(value: str | None) -> str:
+    mode = (value or "none").strip().lower()
+    if mode not in ("numa", "none"):
+        raise ConfigError(f"--cpu-bind must be numa or none; got {value!r}")
+    return mode
+
+
 def parse_ranks(value: str | None, what: str = "--ranks") -> list[int] | None:
     from ..topology import parse_int_list
 
     return parse_int_list(value, what)
 
 
-__all__ = ["magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
+__all__ = ["launcher_options", "parse_launch", "parse_cpu_bind", "magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
            "tail_option", "hang_notice_option", "stdin_ranks_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "ConfigError"]

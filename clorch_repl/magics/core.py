@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 from typing import Any, Callable, Iterator
 
@@ -19,11 +20,12 @@ from IPython.display import display
 from ..errors import ClorchError, ConfigError
 from ..session.display import DistributedCellError, NotebookDisplay
 from ..session.session import Session, StartupError
-from ..topology import NPROC_ENV, parse_timeout, resolve_topology
+from ..launchers import launcher_class
+from ..topology import NPROC_ENV, parse_timeout, remote_topology, resolve_topology
 from . import views
-from .arguments import (argument, hang_notice_option, magic_arguments, max_mb_option, parse, parse_hang_notice,
-                        parse_max_mb, parse_ranks, ranks_option, stdin_ranks_option, tail_option, timeout_option,
-                        topology_options)
+from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
+                        parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, ranks_option,
+                        stdin_ranks_option, tail_option, timeout_option, topology_options)
 
 COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug",
             "debugger")
@@ -101,6 +103,7 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch start")
     @topology_options
+    @launcher_options
     @hang_notice_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
@@ -111,16 +114,24 @@ class ClorchMagics(Magics):
             topo = self.session.topology
             raise ClorchError(f"{topo.nproc} {topo.backend} rank(s) are already running: "
                               "%clorch stop or %clorch restart first")
-        nproc = args.nproc
-        if nproc is None and args.devices is None and os.environ.get(NPROC_ENV, "").strip():
-            # `clorch-notebook run --nproc N` sets the default without editing the notebook
-            nproc = os.environ[NPROC_ENV].strip()
-            if not nproc.isdigit() or int(nproc) < 1:
-                raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
-                                  ">= 1 (it is %clorch start's default --nproc); fix or unset it")
-        topology = resolve_topology(nproc, args.devices, args.backend, args.timeout)
+        launcher = launcher_class(args.launcher)
+        options = parse_launch(args)
+        cpu_bind = parse_cpu_bind(args.cpu_bind)
         hang_notice = parse_hang_notice(args.hang_notice)
-        session = Session(topology)
+        if launcher.name == "local":
+            nproc = args.nproc
+            if nproc is None and args.devices is None and os.environ.get(NPROC_ENV, "").strip():
+                # `clorch-notebook run --nproc N` sets the default without editing the notebook
+                nproc = os.environ[NPROC_ENV].strip()
+                if not nproc.isdigit() or int(nproc) < 1:
+                    raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
+                                      ">= 1 (it is %clorch start's default --nproc); fix or unset it")
+            topology = resolve_topology(nproc, args.devices, args.backend, args.timeout)
+        else:
+            topology = remote_topology(options, args.backend, args.timeout, given_nproc=args.nproc,
+                                       given_devices=args.devices, launcher=launcher.name)
+        topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
+        session = Session(topology, lambda topo: launcher(topo, options))
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
         session.start(_Progress())

@@ -26,12 +26,16 @@ def _duration(seconds: float) -> str:
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
-    header = ["rank", "state", "pid", "device", "backend", "memory", "gpu memory", "uptime"]
+    """The status table; a host column when any rank runs on another host (memory is only known
+    for ranks on this one)."""
+    hosts = any(row.host for row in rows)
+    header = ["rank", *(["host"] if hosts else []), "state", "pid", "device", "backend", "memory", "gpu memory",
+              "uptime"]
     body = []
     for row in rows:
         state = row.state.value if row.exit is None else f"{row.state.value} ({row.exit})"
-        body.append([str(row.rank), state, str(row.pid or "-"), row.device, row.backend,
-                     _bytes(row.memory_bytes), _bytes(row.gpu_memory_bytes), _duration(row.uptime_s)])
+        body.append([str(row.rank), *([row.host or "-"] if hosts else []), state, str(row.pid or "-"), row.device,
+                     row.backend, _bytes(row.memory_bytes), _bytes(row.gpu_memory_bytes), _duration(row.uptime_s)])
     return header, body
 
 

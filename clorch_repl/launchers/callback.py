@@ -1,0 +1,318 @@
+"""The notebook's end of remote ranks: one encrypted endpoint that ranks call back to.
+
+Every remote rank runs ``python -m clorch_repl.rank`` (its nanny, :mod:`clorch_repl.rank`) under
+a launcher the cluster already runs. The nanny reads the session's **connect file** (named by
+``CLORCH_CONNECT_FILE``; 0600, never on a command line) and connects out to this endpoint:
+
+* **one address**: a ZeroMQ ROUTER bound to one address (``--listen``; by default the address of
+  the interface that routes to the nodes, never 0.0.0.0) and one port;
+* **encrypted and authenticated**: CurveZMQ. The connect file holds the endpoint's public key,
+  so a nanny talks only to this notebook and nobody on the network reads the traffic; the nanny's
+  every message carries the session's **token** (also only in the connect file), so only someone
+  who could read that file can register a rank or send anything;
+* **what crosses**: JSON objects, one per message (:func:`encode`), never pickles. A nanny
+  registers (its rank, world, host, address), gets the rank's environment back, starts the
+  rank's kernel on its own host (its channels bound to that host's address, encrypted with Curve
+  keys made there) and reports the kernel's connection info; afterwards it reports the kernel's
+  exit and answers requests (interrupt, stack dump, log tail, fresh kernel, stop).
+* **liveness**: both sides send a heartbeat every :data:`HEARTBEAT_S`; a rank not heard from for
+  :data:`LOST_AFTER_S` is reported lost (a cut link, a dead node), and a nanny that has not heard
+  the notebook for ``--orphan-timeout`` ends its kernel and exits.
+
+A background thread owns the socket (ZeroMQ sockets are not thread-safe); the notebook's main
+thread talks to it through :meth:`CallbackServer.send` and :meth:`CallbackServer.request`, and
+reads what it learnt (registrations, kernels, exits, last words) under a lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from ..errors import ClorchError
+
+logger = logging.getLogger(__name__)
+
+#: The environment variable that names the connect file, on every node.
+CONNECT_FILE_ENV = "CLORCH_CONNECT_FILE"
+HEARTBEAT_S = 1.0
+#: A rank not heard from for this long is reported lost (its host or the link to it is gone).
+LOST_AFTER_S = 5.0
+PROTOCOL = 1
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode(frame: bytes) -> dict[str, Any] | None:
+    try:
+        message = json.loads(frame)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def route_address(peer: str) -> str:
+    """The address of this host's interface that routes to ``peer`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((peer, 9))
+        return probe.getsockname()[0]
+
+
+def default_listen_address() -> str:
+    """The address ranks on other hosts reach this one at: the interface of the default route
+    (a UDP "connect" picks it; nothing is sent). Loopback when there is no route at all."""
+    try:
+        return route_address("192.0.2.1")  # TEST-NET-1: any routable address will do
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ConnectInfo:
+    """What the connect file holds."""
+
+    address: str
+    port: int
+    server_key: str  # the endpoint's Curve public key (Z85)
+    token: str
+    session: str
+    #: how long a nanny keeps its kernel without a word from the notebook
+    orphan_timeout_s: float = 60.0
+
+    def write(self, path: str) -> None:
+        """Write the file readable by this user only (0600), atomically."""
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"protocol": PROTOCOL, "address": self.address, "port": self.port,
+                       "server_key": self.server_key, "token": self.token, "session": self.session,
+                       "orphan_timeout_s": self.orphan_timeout_s}, fh)
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: str) -> "ConnectInfo":
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            return cls(str(data["address"]), int(data["port"]), str(data["server_key"]), str(data["token"]),
+                       str(data["session"]), float(data.get("orphan_timeout_s", 60.0)))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ClorchError(f"cannot read the clorch connect file {path} ({exc}); it is written by the "
+                              f"notebook's %clorch start and must be readable on this node") from None
+
+
+@dataclass
+class RemotePeer:
+    """One nanny, as the notebook knows it."""
+
+    identity: bytes
+    rank: int
+    hello: dict[str, Any]
+    last_seen: float = field(default_factory=time.monotonic)
+    #: the kernel's connection info and pid, once the nanny reported them (per kernel start)
+    kernel: dict[str, Any] | None = None
+    kernel_generation: int = 0
+    #: how the current kernel ended ("exit code 3", ...), None while it runs or before it started
+    exit: str | None = None
+    death_report: str = ""
+
+
+class CallbackServer:
+    """The endpoint ranks call back to (see the module docstring), served by one thread."""
+
+    def __init__(self, listen: str, port: int, connect_file: str, world_size: int,
+                 orphan_timeout_s: float = 60.0) -> None:
+        self.world_size = world_size
+        self._context = zmq.Context.instance()
+        public, secret = zmq.curve_keypair()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.curve_server = True
+        self._socket.curve_secretkey = secret
+        self._socket.curve_publickey = public
+        self._socket.linger = 0
+        self._socket.router_mandatory = True
+        try:
+            if port:
+                self._socket.bind(f"tcp://{listen}:{port}")
+            else:
+                port = self._socket.bind_to_random_port(f"tcp://{listen}")
+        except zmq.ZMQError as exc:
+            self._socket.close()
+            raise ClorchError(f"cannot listen on {listen}:{port or 'any port'} for ranks to call back ({exc}); "
+                              "give --listen an address of this host that the nodes can reach") from None
+        self.info = ConnectInfo(listen, port, public.decode(), secrets.token_urlsafe(32), secrets.token_hex(6),
+                                orphan_timeout_s)
+        self.connect_file = connect_file
+        self.info.write(connect_file)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.peers: dict[int, RemotePeer] = {}
+        #: registrations refused (wrong world, duplicate rank), as messages for the user
+        self.refused: list[str] = []
+        #: registrations accepted from now on? (the token is one-time: closed once all are in)
+        self.open_for_registration = True
+        self._outbox: list[tuple[bytes, bytes]] = []
+        self._ids = itertools.count(1)
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._wake_send = self._context.socket(zmq.PAIR)
+        self._wake_recv = self._context.socket(zmq.PAIR)
+        wake = f"inproc://clorch-callback-{id(self)}"
+        self._wake_recv.bind(wake)
+        self._wake_send.connect(wake)
+        self._closing = False
+        self._thread = threading.Thread(target=self._serve, name="clorch-callback", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ main thread's side
+    def wait(self, predicate: Any, timeout_s: float) -> bool:
+        """Block until ``predicate()`` (called under the lock) is true, or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.2))
+            return True
+
+    def send(self, rank: int, message: dict[str, Any]) -> None:
+        """Queue ``message`` for rank's nanny (sent by the server thread at once)."""
+        with self._lock:
+            peer = self.peers.get(rank)
+            if peer is None:
+                raise ClorchError(f"rank {rank} has not called back")
+            self._outbox.append((peer.identity, encode(message)))
+            self._wake_send.send(b"")
+
+    def request(self, rank: int, op: str, timeout_s: float = 5.0, **args: Any) -> dict[str, Any] | None:
+        """Send a request to rank's nanny and wait for its reply (None when none came in time)."""
+        reply = self.collect(self.request_async(rank, op, **args), timeout_s)
+        if reply is None:
+            logger.info("rank %d's nanny did not answer %s within %.1f s", rank, op, timeout_s)
+        return reply
+
+    def request_async(self, rank: int, op: str, **args: Any) -> int:
+        """Send a request; :meth:`collect` its reply later (several nannies work at once)."""
+        rid = next(self._ids)
+        self.send(rank, {"op": op, "id": rid, **args})
+        return rid
+
+    def collect(self, rid: int, timeout_s: float) -> dict[str, Any] | None:
+        if not self.wait(lambda: rid in self._replies, timeout_s):
+            return None
+        with self._lock:
+            return self._replies.pop(rid)
+
+    def silent_for(self, rank: int) -> float:
+        """Seconds since rank's nanny was last heard from."""
+        with self._lock:
+            peer = self.peers.get(rank)
+            return 0.0 if peer is None else time.monotonic() - peer.last_seen
+
+    def close(self) -> None:
+        self._closing = True
+        with self._lock:
+            self._wake_send.send(b"")
+        self._thread.join(timeout=5)
+        self._wake_send.close()
+        try:
+            os.unlink(self.connect_file)
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------------ the server thread
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._wake_recv, zmq.POLLIN)
+        next_beat = time.monotonic()
+        try:
+            while not self._closing:
+                events = dict(poller.poll(int(HEARTBEAT_S * 1000 / 4)))
+                if self._wake_recv in events:
+                    while self._wake_recv.poll(0):
+                        self._wake_recv.recv()
+                if self._socket in events:
+                    while self._socket.poll(0):
+                        frames = self._socket.recv_multipart()
+                        if len(frames) == 2:
+                            self._receive(frames[0], frames[1])
+                now = time.monotonic()
+                with self._lock:
+                    outbox, self._outbox = self._outbox, []
+                    if now >= next_beat:
+                        next_beat = now + HEARTBEAT_S
+                        beat = encode({"op": "hb"})
+                        outbox += [(p.identity, beat) for p in self.peers.values()]
+                for identity, frame in outbox:
+                    try:
+                        self._socket.send_multipart([identity, frame], flags=zmq.NOBLOCK)
+                    except zmq.ZMQError as exc:  # that nanny is gone or not reachable now
+                        logger.debug("cannot send to a nanny: %s", exc)
+        finally:
+            self._socket.close()
+            self._wake_recv.close()
+
+    def _receive(self, identity: bytes, frame: bytes) -> None:
+        message = decode(frame)
+        if message is None or not secrets.compare_digest(str(message.get("token", "")), self.info.token):
+            logger.warning("clorch_repl: dropped a message without the session's token on the callback endpoint")
+            return
+        op = message.get("op")
+        with self._changed:
+            if op == "register":
+                self._register(identity, message)
+            else:
+                peer = next((p for p in self.peers.values() if p.identity == identity), None)
+                if peer is None:
+                    return
+                peer.last_seen = time.monotonic()
+                if op == "kernel":
+                    info = message.get("info")
+                    peer.kernel = {**info, "pid": message.get("pid")} if isinstance(info, dict) else None
+                    peer.kernel_generation += 1
+                    peer.exit = None
+                elif op == "exited":
+                    peer.exit = str(message.get("how", "ended"))
+                    peer.death_report = str(message.get("report", ""))
+                elif op == "reply":
+                    self._replies[int(message.get("id", 0))] = message
+            self._changed.notify_all()
+
+    def _register(self, identity: bytes, message: dict[str, Any]) -> None:
+        host = str(message.get("host", "?"))
+        try:
+            rank, world = int(message["rank"]), int(message["world_size"])
+        except (KeyError, TypeError, ValueError):
+            self._refuse(identity, f"a registration from {host} without a rank and world size")
+            return
+        if not self.open_for_registration:
+            self._refuse(identity, f"rank {rank} on {host} called back after the session had started "
+                                   "(its token is used up)")
+        elif world != self.world_size:
+            self._refuse(identity, f"rank {rank} on {host} says the world has {world} ranks; this session "
+                                   f"expects {self.world_size} (--nodes x --nproc-per-node)")
+        elif not 0 <= rank < self.world_size:
+            self._refuse(identity, f"rank {rank} on {host} is outside 0..{self.world_size - 1}")
+        elif rank in self.peers and self.peers[rank].identity != identity:
+            self._refuse(identity, f"rank {rank} called back twice: from {self.peers[rank].hello.get('host')} "
+                                   f"and from {host}")
+        else:
+            self.peers[rank] = RemotePeer(identity, rank, message)
+
+    def _refuse(self, identity: bytes, why: str) -> None:
+        self.refused.append(why)
+        logger.warning("clorch_repl: refused a rank: %s", why)
+        self._outbox.append((identity, encode({"op": "refused", "why": why})))

@@ -1,0 +1,252 @@
+"""Ranks on other hosts, started by a launcher the cluster already runs, reached by messages only.
+
+:class:`RemoteLauncher` is the common part of ``slurm`` and ``attach``: it opens the callback
+endpoint (:mod:`.callback`), has the ranks started (the subclass's :meth:`~RemoteLauncher.begin`:
+``srun``, or a command the user runs), waits for every rank to call back, decides the process
+group's meeting point (rank 0's address and a port rank 0 chose on its host) and backend (NCCL
+when every rank has a GPU, else gloo), and has each nanny start its rank's kernel. After that a
+rank is a :class:`RemoteRank`: its kernel's channels (TCP on its host's address, CurveZMQ) and
+what its nanny says. ``%clorch restart`` asks the same nannies for fresh kernels, inside the same
+allocation; ``%clorch stop`` ends the kernels, then the nannies, then the launcher's own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from jupyter_client.session import Session as JupyterSession
+
+from ..errors import ClorchError, ConfigError
+from ..topology import BACKENDS, Topology
+from .base import LaunchOptions, Launcher, Progress, RankHandle
+from .callback import LOST_AFTER_S, CallbackServer, RemotePeer, default_listen_address
+
+logger = logging.getLogger(__name__)
+
+#: How long each nanny gets to report its kernel's channels after being told to start it.
+KERNEL_START_S = 120.0
+
+
+class RemoteRank(RankHandle):
+    """A rank on another host: its kernel's connection info and its nanny's word."""
+
+    def __init__(self, server: CallbackServer, peer: RemotePeer) -> None:
+        self.server = server
+        self.peer = peer
+        self.rank = peer.rank
+        self.host = str(peer.hello.get("host", "?"))
+        self.started_at = time.time()
+        self._info = dict(peer.kernel or {})
+        self._pid = self._info.pop("pid", None)
+
+    def connection_info(self, session: bool = False) -> dict[str, Any]:
+        info = {k: v for k, v in self._info.items() if k != "kernel_name"}
+        if session:
+            info["session"] = JupyterSession(key=str(info["key"]).encode(),
+                                             signature_scheme=info.get("signature_scheme", "hmac-sha256"))
+        return info
+
+    @property
+    def exit(self) -> str | None:
+        if self.peer.exit is not None:
+            return self.peer.exit
+        silent = self.server.silent_for(self.rank)
+        if silent > LOST_AFTER_S:
+            return f"lost: no word from {self.host} for {silent:.0f} s (host down or link cut)"
+        return None
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid if isinstance(self._pid, int) else None
+
+
+class RemoteLauncher(Launcher):
+    """The common part of launchers whose ranks call back (see the module docstring)."""
+
+    def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
+        super().__init__(topology, options)
+        opts = self.options
+        if opts.nproc_per_node is None:
+            raise ConfigError(f"--launcher {self.name} needs --nproc-per-node: how many ranks to start on each "
+                              "node (one per GPU on GPU nodes)")
+        self.world_size = opts.nodes * opts.nproc_per_node
+        self.dir = tempfile.mkdtemp(prefix="clorch-")
+        os.chmod(self.dir, 0o700)
+        self.connect_file = os.path.join(self.dir, "connect.json")
+        listen = opts.listen or self.default_listen()
+        self.server = CallbackServer(listen, opts.port, self.connect_file, self.world_size, opts.orphan_timeout_s)
+        self.ranks: list[RemoteRank] = []  # type: ignore[assignment]
+        self._configured = False
+
+    # -------------------------------------------------------------------- for subclasses
+    def default_listen(self) -> str:
+        """The address to listen on when --listen is not given."""
+        return default_listen_address()
+
+    def begin(self, progress: Progress) -> None:
+        """Have the ranks started (once per session); they call back on their own."""
+        raise NotImplementedError
+
+    def still_coming(self) -> str | None:
+        """Why no more ranks can come (the launcher's process ended), or None."""
+        return None
+
+    def end(self) -> None:
+        """End what :meth:`begin` started (after the nannies were told to exit)."""
+
+    # -------------------------------------------------------------------- the contract
+    def launch(self, progress: Progress) -> None:
+        server = self.server
+        if not self._configured:
+            self.begin(progress)
+            self._await_ranks(progress)
+            self._configure()
+            before = {r: 0 for r in range(self.world_size)}
+            self._configure_send()
+            self._configured = True
+        else:  # a restart: fresh kernels from the same nannies, in the same allocation
+            with server._lock:
+                before = {r: p.kernel_generation for r, p in server.peers.items()}
+                for peer in server.peers.values():
+                    peer.exit, peer.death_report = None, ""
+            for rank in range(self.world_size):
+                server.send(rank, {"op": "start_kernel"})
+        progress(f"{self.world_size} ranks called back; starting their kernels")
+
+        def kernels_up() -> bool:
+            return all(server.peers[r].kernel_generation > before[r] or server.peers[r].exit is not None
+                       for r in range(self.world_size))
+
+        server.wait(kernels_up, KERNEL_START_S)
+        failed = []
+        for rank in range(self.world_size):
+            peer = server.peers[rank]
+            host = peer.hello.get("host")
+            if peer.exit is not None:
+                failed.append(f"rank {rank} on {host}: its kernel ended while starting ({peer.exit}); its log "
+                              f"ends with:\n{peer.death_report}")
+            elif peer.kernel_generation <= before[rank]:
+                failed.append(f"rank {rank} on {host}: no kernel within {KERNEL_START_S:.0f} s")
+        if failed:
+            raise ClorchError("the ranks' kernels did not start:\n" + "\n".join(failed))
+        self.ranks = [RemoteRank(server, server.peers[r]) for r in range(self.world_size)]
+
+    def _await_ranks(self, progress: Progress) -> None:
+        server, total = self.server, self.world_size
+        deadline = time.monotonic() + self.options.start_timeout_s
+        shown = -1
+        while True:
+            with server._lock:
+                count = len(server.peers)
+                hosts = sorted({str(p.hello.get("host")) for p in server.peers.values()})
+                refused = list(server.refused)
+            if count != shown:
+                shown = count
+                progress(f"ranks called back {count}/{total}" + (f" (hosts: {', '.join(hosts)})" if hosts else ""))
+            if refused:
+                raise ClorchError("a rank was refused: " + "; ".join(refused))
+            if count == total:
+                server.open_for_registration = False
+                return
+            gone = self.still_coming()
+            if gone:
+                raise ClorchError(f"{total - count} of {total} ranks never called back: {gone}")
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(total)) - set(server.peers))
+                raise ClorchError(f"ranks {missing} never called back within {self.options.start_timeout_s:.0f} s "
+                                  f"(hosts seen: {', '.join(hosts) or 'none'}); check that the nodes can reach "
+                                  f"{server.info.address}:{server.info.port} and read the connect file "
+                                  f"{self.connect_file}")
+            server.wait(lambda: len(server.peers) != count or bool(server.refused), 0.5)
+
+    def _configure(self) -> None:
+        """Decide the backend, devices and meeting point from what the ranks reported."""
+        peers = [self.server.peers[r] for r in range(self.world_size)]
+        gpus = []
+        for peer in peers:
+            visible = [str(g) for g in peer.hello.get("gpus") or []]
+            local = int(peer.hello.get("local_rank", 0))
+            gpus.append(visible[local] if local < len(visible) else None)
+        # "" when the user gave no --backend: NCCL where every rank has a GPU, else gloo
+        backend = self.topology.backend or ("nccl" if all(g is not None for g in gpus) else "gloo")
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if backend == "nccl":
+            lacking = [f"rank {p.rank} on {p.hello.get('host')}" for p, g in zip(peers, gpus) if g is None]
+            if lacking:
+                raise ClorchError(f"backend nccl needs one GPU per rank; {', '.join(lacking)} has none "
+                                  "(fewer GPUs than --nproc-per-node on that node); use --backend gloo")
+        else:
+            gpus = [None] * len(peers)
+        self._gpus = gpus
+        self.topology = Topology(nproc=self.world_size,
+                                 devices=tuple(int(g) if g is not None and g.isdigit() else None for g in gpus),
+                                 backend=backend, timeout_s=self.topology.timeout_s,
+                                 cpu_bind=self.topology.cpu_bind)
+
+    def _configure_send(self) -> None:
+        zero = self.server.peers[0].hello
+        env = {k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)}
+        for rank in range(self.world_size):
+            self.server.send(rank, {"op": "config", "master_addr": zero.get("address"),
+                                    "master_port": zero.get("master_port"), "backend": self.topology.backend,
+                                    "timeout_s": self.topology.timeout_s, "gpu": self._gpus[rank],
+                                    "cpu_bind": self.topology.cpu_bind, "cwd": os.getcwd(), "env": env})
+
+    def interrupt(self, ranks: list[int] | None = None) -> None:
+        for rank in range(self.world_size) if ranks is None else ranks:
+            if rank in self.server.peers:
+                self.server.send(rank, {"op": "interrupt"})
+
+    def dump_stack(self, rank: int) -> str:
+        reply = self.server.request(rank, "stack", timeout_s=2.0)
+        return str(reply.get("text", "")) if reply else ""
+
+    def log_tail(self, rank: int, lines: int | None = 200) -> str:
+        reply = self.server.request(rank, "log", timeout_s=5.0, lines=lines)
+        if reply is None:
+            peer = self.server.peers.get(rank)
+            host = peer.hello.get("host") if peer else "?"
+            raise ClorchError(f"rank {rank} on {host} did not send its log within 5 s (host lost?)")
+        return str(reply.get("text", ""))
+
+    def death_report(self, rank: int, lines: int = 15) -> str:
+        peer = self.server.peers.get(rank)
+        if peer is None:
+            return ""
+        if peer.death_report:
+            return "\n".join(peer.death_report.splitlines()[-lines:])
+        return f"(no word from {peer.hello.get('host')}: its log stays there)"
+
+    def stop(self, grace_s: float = 5.0) -> list[str]:
+        """End every kernel at once (each nanny's supervisor ends what the kernel started)."""
+        server = self.server
+        pending = {}
+        for rank, peer in list(server.peers.items()):
+            if server.silent_for(rank) <= LOST_AFTER_S:
+                pending[rank] = server.request_async(rank, "stop_kernel", grace_s=grace_s)
+        left = []
+        deadline = time.monotonic() + grace_s + 3.0
+        for rank, rid in pending.items():
+            if server.collect(rid, max(0.0, deadline - time.monotonic())) is None:
+                left.append(f"rank {rank} on {server.peers[rank].hello.get('host')} (its nanny did not confirm)")
+        return left
+
+    def close(self) -> None:
+        server = self.server
+        for rank in list(server.peers):
+            try:
+                server.send(rank, {"op": "exit"})
+            except ClorchError as exc:
+                logger.debug("rank %d: %s", rank, exc)
+        time.sleep(0.2)  # the exits leave before the socket closes
+        try:
+            self.end()
+        finally:
+            server.close()
+            shutil.rmtree(self.dir, ignore_errors=True)

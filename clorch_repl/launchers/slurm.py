@@ -1,0 +1,123 @@
+"""The ``slurm`` launcher: ``srun`` starts ``python -m clorch_repl.rank`` on the nodes.
+
+Inside an allocation (``salloc``, an ``sbatch`` job: ``SLURM_JOB_ID`` is set) srun runs a step in
+it; outside, srun asks Slurm for one (``--partition``, ``--time``). The nannies never exit because
+a kernel died, so the step (and the allocation) lives until ``%clorch stop``: then every nanny is
+told to exit, srun sees its tasks end and exits, and only if it does not within
+:data:`SRUN_EXIT_S` is it sent SIGTERM (srun passes it to the tasks), then SIGKILL.
+
+The nodes run the notebook's own Python (``sys.executable``): on a cluster that is a shared
+filesystem's virtual environment, as for any srun of a Python program. The connect file lies in the
+notebook's private directory, which the nodes must be able to read (a shared home directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+from ..errors import ClorchError, ConfigError
+from .base import Progress
+from .callback import CONNECT_FILE_ENV, default_listen_address, route_address
+from .remote import RemoteLauncher
+
+logger = logging.getLogger(__name__)
+
+#: How long srun gets to exit on its own after the nannies were told to exit.
+SRUN_EXIT_S = 10.0
+
+
+def _first_node_address() -> str | None:
+    """A node's address from ``scontrol show nodes`` (NodeAddr): the notebook listens on the
+    interface that routes to it."""
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "show", "nodes", "-o"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("scontrol show nodes failed: %s", exc)
+        return None
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.partition("=")[2]
+    return None
+
+
+class SlurmLauncher(RemoteLauncher):
+    """Ranks as the tasks of one srun step (see the module docstring)."""
+
+    name = "slurm"
+
+    def default_listen(self) -> str:
+        node = _first_node_address()
+        if node:
+            try:
+                return route_address(node)
+            except OSError as exc:
+                logger.info("no route to node address %s: %s", node, exc)
+        return default_listen_address()
+
+    def command(self) -> list[str]:
+        opts = self.options
+        cmd = ["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={opts.nproc_per_node}",
+               f"--ntasks={self.world_size}", "--kill-on-bad-exit=0", f"--job-name=clorch-{self.server.info.session}"]
+        if opts.partition:
+            cmd.append(f"--partition={opts.partition}")
+        if opts.time:
+            cmd.append(f"--time={opts.time}")
+        try:
+            cmd += shlex.split(opts.srun_args)
+        except ValueError as exc:
+            raise ConfigError(f"--srun-args cannot be split like a shell line: {exc}") from None
+        return cmd + [sys.executable, "-m", "clorch_repl.rank"]
+
+    def begin(self, progress: Progress) -> None:
+        if shutil.which("srun") is None:
+            raise ClorchError("--launcher slurm needs srun on this host's PATH (Slurm's client tools)")
+        env = dict(os.environ, **{CONNECT_FILE_ENV: self.connect_file})
+        self.log_path = os.path.join(self.dir, "srun.log")
+        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.srun = subprocess.Popen(self.command(), env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        finally:
+            os.close(log)
+        progress(f"srun started ({self.options.nodes} node(s) x {self.options.nproc_per_node}); waiting for the "
+                 "ranks to call back")
+
+    def _srun_says(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return fh.read()[-2000:].strip()
+        except OSError:
+            return ""
+
+    def still_coming(self) -> str | None:
+        code = self.srun.poll()
+        if code is None:
+            return None
+        return f"srun exited ({code}) saying:\n{self._srun_says() or '(nothing)'}"
+
+    def end(self) -> None:
+        srun = getattr(self, "srun", None)
+        if srun is None:
+            return
+        try:
+            srun.wait(timeout=SRUN_EXIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            logger.warning("clorch_repl: srun did not exit %.0f s after its ranks were told to; terminating it",
+                           SRUN_EXIT_S)
+        srun.send_signal(signal.SIGTERM)
+        try:
+            srun.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.warning("clorch_repl: srun ignored SIGTERM; killing it")
+            srun.kill()
+            srun.wait()

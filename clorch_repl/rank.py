@@ -1,0 +1,344 @@
+"""``python -m clorch_repl.rank`` (also ``clorch-rank``): one rank of a multi-host session.
+
+What every launcher runs on a node (``srun``, ``torchrun``, any scheduler that sets the rank
+variables). This process is the rank's **nanny**; it never runs user code itself:
+
+1. reads who it is from the launcher's environment: torchrun's ``RANK``/``LOCAL_RANK``/
+   ``WORLD_SIZE``/``LOCAL_WORLD_SIZE``, or Slurm's ``SLURM_PROCID``/``SLURM_LOCALID``/
+   ``SLURM_NTASKS``/``SLURM_STEP_TASKS_PER_NODE`` with ``SLURM_NODEID``;
+2. calls ``setsid`` (Slurm puts all of a node's tasks in one process group; a signal meant for
+   one rank must not reach the others);
+3. reads the notebook's address, public key and token from the connect file named by
+   ``CLORCH_CONNECT_FILE`` and calls back over CurveZMQ (:mod:`clorch_repl.launchers.callback`);
+4. on the notebook's word, starts the rank's kernel as its child (below a
+   :mod:`~clorch_repl.launchers.supervisor`, which ends everything the kernel starts), its
+   channels bound to this host's address that reaches the notebook and encrypted with Curve keys
+   made here; reports the kernel's connection info;
+5. stays: reports the kernel's exit at once, delivers interrupts, stack dumps, log tails, a fresh
+   kernel (``%clorch restart``) and stop on request. It does **not** exit because its kernel
+   died, so srun or torchrun do not tear the allocation down; it exits when the notebook says
+   stop, or, after ``--orphan-timeout`` seconds without a word from the notebook (its kernel
+   gone, its host cut off), after ending its kernel and everything below it.
+
+Exit status: 0 after the notebook's stop; 2 when the notebook refused the rank (wrong world size,
+a duplicate rank, a used-up token) or the connect file is unusable; 3 when orphaned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import zmq
+
+from .errors import ClorchError
+from .launchers import supervisor
+from .launchers.base import ORPHAN_TIMEOUT_S
+from .launchers.callback import CONNECT_FILE_ENV, HEARTBEAT_S, ConnectInfo, decode, encode, route_address
+from .launchers.rankfiles import RankFiles, kernel_pid
+from .procs import describe_exit, free_port
+from .rank_env import RankPlace, rank_environment
+
+logger = logging.getLogger("clorch_repl.rank")
+
+KERNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+#: How long a stopped kernel and what it started get after SIGTERM before SIGKILL.
+STOP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    launcher: str
+
+
+def _tasks_per_node(spec: str, node: int) -> int:
+    """Slurm's compressed task counts, e.g. ``"2(x3),1"``: the count of node ``node``."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ClorchError(f"cannot read SLURM_STEP_TASKS_PER_NODE={spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if not 0 <= node < len(counts):
+        raise ClorchError(f"SLURM_NODEID={node} is outside SLURM_STEP_TASKS_PER_NODE={spec!r}")
+    return counts[node]
+
+
+def read_identity(env: Mapping[str, str]) -> Identity:
+    """Who this rank is, from torchrun's variables or else Slurm's."""
+    try:
+        if "RANK" in env and "WORLD_SIZE" in env:
+            world = int(env["WORLD_SIZE"])
+            return Identity(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), world,
+                            int(env.get("LOCAL_WORLD_SIZE", str(world))), "torchrun")
+        if "SLURM_PROCID" in env:
+            per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+            return Identity(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")),
+                            int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
+                            _tasks_per_node(per_node, int(env.get("SLURM_NODEID", "0"))), "slurm")
+    except (KeyError, ValueError) as exc:
+        raise ClorchError(f"cannot read this rank's place from the launcher's variables ({exc})") from None
+    raise ClorchError("no rank variables: run clorch-rank under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) "
+                      "or srun (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS)")
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds ``address`` (gloo and NCCL are told to use it)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
+def visible_gpus(env: Mapping[str, str]) -> list[str]:
+    """The GPUs this node lets the rank use, as CUDA_VISIBLE_DEVICES would name them (without
+    importing torch or touching CUDA: ``nvidia-smi``)."""
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [g.strip() for g in given.split(",") if g.strip()]
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("nvidia-smi failed (%s); this rank reports no GPU", exc)
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+
+
+class Nanny:
+    """One rank's nanny (see the module docstring)."""
+
+    def __init__(self, identity: Identity, info: ConnectInfo, orphan_timeout_s: float) -> None:
+        self.identity = identity
+        self.info = info
+        self.orphan_timeout_s = orphan_timeout_s
+        self.host = socket.gethostname()
+        self.address = route_address(info.address)
+        self.dir = tempfile.mkdtemp(prefix=f"clorch-rank{identity.rank}-")
+        os.chmod(self.dir, 0o700)
+        self.files = RankFiles(self.dir, identity.rank)
+        self.config: dict[str, Any] | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pid_file = os.path.join(self.dir, "kernel.pid")
+        self.exit_reported = True
+        context = zmq.Context.instance()
+        self.socket = context.socket(zmq.DEALER)
+        public, secret = zmq.curve_keypair()
+        self.socket.curve_publickey, self.socket.curve_secretkey = public, secret
+        self.socket.curve_serverkey = info.server_key.encode()
+        self.socket.linger = 1000
+        self.socket.connect(f"tcp://{info.address}:{info.port}")
+        self.last_heard = time.monotonic()
+
+    # ------------------------------------------------------------------------ messages
+    def send(self, message: dict[str, Any]) -> None:
+        self.socket.send(encode({**message, "token": self.info.token, "rank": self.identity.rank}))
+
+    def register(self) -> None:
+        ident = self.identity
+        self.send({"op": "register", "world_size": ident.world_size, "local_rank": ident.local_rank,
+                   "local_world_size": ident.local_world_size, "host": self.host, "address": self.address,
+                   "ifname": interface_of(self.address), "pid": os.getpid(), "gpus": visible_gpus(os.environ),
+                   "launcher": ident.launcher,
+                   # rank 0 picks the group's MASTER_PORT on its own host (never torchrun's store port)
+                   "master_port": free_port(self.address) if ident.rank == 0 else None})
+
+    # ------------------------------------------------------------------------ the kernel
+    def start_kernel(self) -> None:
+        assert self.config is not None
+        cfg = self.config
+        place = RankPlace(rank=self.identity.rank, local_rank=self.identity.local_rank,
+                          world_size=self.identity.world_size, local_world_size=self.identity.local_world_size,
+                          master_addr=cfg["master_addr"], master_port=int(cfg["master_port"]),
+                          backend=cfg["backend"], timeout_s=float(cfg["timeout_s"]), gpu=cfg.get("gpu"),
+                          socket_ifname=interface_of(self.address), cpu_bind=cfg.get("cpu_bind", "none"))
+        from .session.worker import STACK_FILE_ENV
+
+        env = rank_environment(place)
+        env[STACK_FILE_ENV] = self.files.stack_path
+        env.update(cfg.get("env", {}))
+        connection_file = os.path.join(self.dir, f"kernel-{secrets.token_hex(4)}.json")
+        public, secret = zmq.curve_keypair()
+        fd = os.open(connection_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"transport": "tcp", "ip": self.address, "key": secrets.token_hex(32),
+                       "signature_scheme": "hmac-sha256", "curve_publickey": public.decode(),
+                       "curve_secretkey": secret.decode(), **{p: 0 for p in KERNEL_PORTS}}, fh)
+        if os.path.exists(self.pid_file):
+            os.unlink(self.pid_file)
+        cmd = supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
+                                 [sys.executable, "-m", "clorch_repl.session.worker", "-f", connection_file],
+                                 pid_file=self.pid_file)
+        log_fd = self.files.open_log()
+        try:
+            # its own process group: an interrupt (SIGINT to the group) reaches this rank only
+            self.child = subprocess.Popen(cmd, env=env, stdout=log_fd, stderr=log_fd, stdin=subprocess.DEVNULL,
+                                          cwd=cfg.get("cwd") if os.path.isdir(cfg.get("cwd") or "") else None,
+                                          process_group=0)
+        finally:
+            os.close(log_fd)
+        self.exit_reported = False
+        info = self._bound_ports(connection_file)
+        if info is not None:
+            self.send({"op": "kernel", "info": info, "pid": kernel_pid(self.pid_file)})
+
+    def _bound_ports(self, path: str, timeout_s: float = 120.0) -> dict[str, Any] | None:
+        """The connection file once the kernel has bound its ports and written them back."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.child is not None and self.child.poll() is not None:
+                return None  # the exit is reported by the main loop
+            try:
+                with open(path) as fh:
+                    info = json.load(fh)
+                if all(info.get(p) for p in KERNEL_PORTS):
+                    return info
+            except (OSError, ValueError):
+                pass  # not written yet, or half-written
+            self._pump(0.05)
+        return None
+
+    def stop_kernel(self, grace_s: float = STOP_GRACE_S) -> None:
+        """End the kernel and everything below it (the supervisor does the work on SIGTERM)."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        child.terminate()
+        try:
+            child.wait(timeout=grace_s + 1.0)
+        except subprocess.TimeoutExpired:
+            for pid in supervisor.descendants(child.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            child.kill()
+            child.wait()
+
+    def _check_kernel(self) -> None:
+        child = self.child
+        if child is not None and not self.exit_reported and child.poll() is not None:
+            self.exit_reported = True
+            self.send({"op": "exited", "how": describe_exit(child.returncode),
+                       "report": self.files.death_report()})
+
+    # ------------------------------------------------------------------------ the loop
+    def _pump(self, timeout_s: float) -> str | None:
+        """Read and handle the notebook's messages for up to ``timeout_s``; "exit" when told to."""
+        if not self.socket.poll(int(timeout_s * 1000)):
+            return None
+        while self.socket.poll(0):
+            message = decode(self.socket.recv())
+            if message is None:
+                continue
+            self.last_heard = time.monotonic()
+            outcome = self._handle(message)
+            if outcome:
+                return outcome
+        return None
+
+    def _handle(self, message: dict[str, Any]) -> str | None:
+        op = message.get("op")
+        rid = message.get("id")
+        if op == "refused":
+            raise ClorchError(f"the notebook refused this rank: {message.get('why')}")
+        if op == "config":
+            self.config = message
+            self.start_kernel()
+        elif op == "interrupt":
+            if self.child is not None and self.child.poll() is None:
+                os.killpg(self.child.pid, signal.SIGINT)
+        elif op == "stack":
+            pid = kernel_pid(self.pid_file)
+            alive = self.child is not None and self.child.poll() is None
+            self.send({"op": "reply", "id": rid, "text": self.files.dump_stack(pid) if alive else ""})
+        elif op == "log":
+            lines = message.get("lines")
+            text = self.files.log_tail(None if lines is None else int(lines))
+            self.send({"op": "reply", "id": rid, "text": text})
+        elif op == "stop_kernel":
+            self.stop_kernel(float(message.get("grace_s", STOP_GRACE_S)))
+            self.exit_reported = True
+            self.send({"op": "reply", "id": rid, "how": describe_exit(self.child.returncode) if self.child else ""})
+        elif op == "start_kernel":
+            self.stop_kernel()
+            self.start_kernel()
+        elif op == "exit":
+            return "exit"
+        return None
+
+    def run(self) -> int:
+        self.register()
+        next_beat = time.monotonic()
+        try:
+            while True:
+                if self._pump(0.1) == "exit":
+                    return 0
+                self._check_kernel()
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.send({"op": "hb"})
+                    next_beat = now + HEARTBEAT_S
+                if now - self.last_heard > self.orphan_timeout_s:
+                    sys.stderr.write(f"clorch-rank {self.identity.rank}: no word from the notebook at "
+                                     f"{self.info.address}:{self.info.port} for {self.orphan_timeout_s:.0f} s; "
+                                     "ending this rank's kernel\n")
+                    return 3
+        finally:
+            self.stop_kernel()
+            self.socket.close(linger=500)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="clorch-rank", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--orphan-timeout", type=float, default=None,
+                        help="seconds without a word from the notebook before this rank ends itself "
+                             f"(default: the connect file's, which is %clorch start --orphan-timeout, "
+                             f"{ORPHAN_TIMEOUT_S:.0f} unless given)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="clorch-rank: %(message)s")
+    try:
+        os.setsid()
+    except PermissionError:
+        pass  # already a session leader
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop_kernel runs in run()'s finally
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for the kernel, on request
+    try:
+        identity = read_identity(os.environ)
+        path = os.environ.get(CONNECT_FILE_ENV)
+        if not path:
+            raise ClorchError(f"{CONNECT_FILE_ENV} is not set: it names the connect file that %clorch start "
+                              "wrote (0600); set it in the environment, never on the command line")
+        info = ConnectInfo.read(path)
+        orphan = args.orphan_timeout if args.orphan_timeout is not None else info.orphan_timeout_s
+        return Nanny(identity, info, orphan).run()
+    except ClorchError as exc:
+        sys.stderr.write(f"clorch-rank: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
