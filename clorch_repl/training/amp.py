@@ -14,7 +14,7 @@ deprecated ``torch.cuda.amp`` entry points, so no deprecation warning reaches th
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 

@@ -305,7 +305,8 @@ def save_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
                 "rng": [g[1] for g in gathered],
             }
             _write_atomically(target, payload)
-        except Exception as exc:  # reported to every rank below
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
+            logger.debug("writing the checkpoint %s failed", target, exc_info=True)
             write_error = f"writing {target} failed: {type(exc).__name__}: {exc}"
     statuses = _gather(write_error)
     _raise_if_any(statuses, "saving the checkpoint")
@@ -345,7 +346,8 @@ def _read(path: str, device: torch.device) -> dict[str, Any]:
         handle.seek(0)
         try:
             payload = torch.load(handle, map_location=device, weights_only=True)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - re-raised as a CheckpointError, its stack logged here
+            logger.debug("torch.load of the checkpoint %s failed", path, exc_info=True)
             message = str(exc)
             text = message.splitlines()[0] if message else type(exc).__name__
             if "weights_only" in message or "Unpickl" in type(exc).__name__:
@@ -473,7 +475,8 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
             raise CheckpointError(f"the checkpoint {source} holds no RNG state; pass restore_rng=False")
     except CheckpointError as exc:
         error = str(exc)
-    except Exception as exc:  # anything unexpected while validating counts as "does not fit"
+    except Exception as exc:  # noqa: BLE001 - anything unexpected while validating counts as "does not fit"
+        logger.debug("checking the checkpoint %s failed", source, exc_info=True)
         error = f"the checkpoint {source} could not be checked: {type(exc).__name__}: {exc}"
     _raise_if_any(_gather(error), "loading the checkpoint")
 
@@ -490,7 +493,8 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
             rngs = payload["rng"]
             _set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
         error = None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
+        logger.debug("applying the checkpoint %s failed", source, exc_info=True)
         error = f"applying the checkpoint {source} failed: {type(exc).__name__}: {exc}"
     errors = _gather(error)
     if any(errors):
