@@ -267,10 +267,18 @@ class CallbackServer:
 
     def _receive(self, identity: bytes, frame: bytes) -> None:
         message = decode(frame)
-        if message is None or not secrets.compare_digest(str(message.get("token", "")), self.info.token):
-            logger.warning("clorch_repl: dropped a message without the session's token on the callback endpoint")
+        if message is None:
             return
         op = message.get("op")
+        if not secrets.compare_digest(str(message.get("token", "")), self.info.token):
+            if op == "register":  # a start must fail loudly on a stale or foreign connect file
+                with self._changed:
+                    self._refuse(identity, f"rank {message.get('rank')} on {message.get('host', '?')} called back "
+                                           "with a wrong token (a stale or foreign connect file?)")
+                    self._changed.notify_all()
+            else:
+                logger.warning("clorch_repl: dropped a message without the session's token on the callback endpoint")
+            return
         with self._changed:
             if op == "register":
                 self._register(identity, message)

@@ -1,0 +1,216 @@
+"""Ranks that call back (``--launcher attach``), on this one host: real torchrun, real nannies
+(``python -m clorch_repl.rank``), real kernels over TCP with CurveZMQ, driven from a real notebook
+kernel. Needs no root: the callback endpoint listens on 127.0.0.1. The same path across simulated
+hosts (network namespaces) and under a real Slurm cluster: tests/test_multihost.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import psutil
+import pytest
+
+from clorch_repl.procs import wait_gone
+from clorch_repl.rank import Identity, read_identity
+from notebook_kernel import NotebookKernel
+from rank_text import lines_of
+
+START = "%clorch start --launcher attach --nodes 1 --nproc-per-node 2 --listen 127.0.0.1 --start-timeout 60"
+
+
+def torchrun(connect_file: str, port: int, nproc: int = 2) -> subprocess.Popen[bytes]:
+    """The printed command, as a user runs it on the node (here: this host)."""
+    env = dict(os.environ, CLORCH_CONNECT_FILE=connect_file)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                             str(nproc), "--max-restarts", "0", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                             f"127.0.0.1:{port}", "-m", "clorch_repl.rank"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def printed_connect_file(nb: NotebookKernel, msg_id: str) -> str:
+    """Wait for the start's printed command and take the connect file's path from it."""
+    nb.wait_for_output(msg_id, "CLORCH_CONNECT_FILE=", timeout=60)
+    text = "".join(m["content"].get("text", "") for m in nb._held if m["msg_type"] == "stream")
+    return re.search(r"CLORCH_CONNECT_FILE=(\S+)", text).group(1)
+
+
+class Attached:
+    def __init__(self, nb: NotebookKernel, runner: subprocess.Popen[bytes], connect_file: str, token: str):
+        self.nb, self.runner, self.connect_file, self.token = nb, runner, connect_file, token
+
+
+@pytest.fixture()
+def attached() -> Iterator[Attached]:
+    from clorch_repl.procs import free_port
+
+    nb = NotebookKernel()
+    runner = None
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        msg_id = nb.send(START)
+        path = printed_connect_file(nb, msg_id)
+        with open(path) as fh:
+            token = json.load(fh)["token"]
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        runner = torchrun(path, free_port())
+        reply = nb.collect(msg_id, timeout=120)
+        assert reply.status == "ok", reply.text
+        yield Attached(nb, runner, path, token)
+    finally:
+        nb.shutdown()
+        if runner is not None and runner.poll() is None:
+            runner.terminate()  # torchrun passes it on to the nannies
+            runner.wait(timeout=30)
+
+
+def test_attach_runs_cells_across_the_called_back_ranks_and_stop_ends_torchrun(attached: Attached) -> None:
+    nb = attached.nb
+    reply = nb.run("%%distributed\nimport torch, torch.distributed as dist, socket\n"
+                   "t = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\nprint(t.tolist(), world_size)")
+    assert reply.status == "ok", reply.text
+    assert lines_of(reply.text, 0) == ["[3.0, 3.0] 2"] and lines_of(reply.text, 1) == ["[3.0, 3.0] 2"]
+    status = nb.run("%clorch status").text
+    host = os.uname().nodename
+    assert re.search(rf"^0\s+{re.escape(host)}\s+idle", status, re.M), status
+    t0 = time.monotonic()
+    stopped = nb.run("%clorch stop")
+    assert stopped.status == "ok", stopped.text
+    # the nannies exit, so torchrun's agent (no elastic restart) exits at once with success
+    assert attached.runner.wait(timeout=20) == 0
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_remote_kernels_death_names_the_rank_and_restart_reuses_the_nannies(attached: Attached) -> None:
+    nb = attached.nb
+    nannies = [p for p in psutil.Process(attached.runner.pid).children(recursive=True)
+               if "clorch_repl.rank" in " ".join(p.cmdline())]
+    assert len(nannies) == 2
+    reply = nb.run("%%distributed --ranks 1\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)", timeout=60)
+    assert reply.status == "error"
+    assert "rank 1" in reply.text and "SIGKILL" in reply.text, reply.text
+    assert attached.runner.poll() is None  # the nanny stayed: torchrun did not tear the world down
+    t0 = time.monotonic()
+    restarted = nb.run("%clorch restart")
+    assert restarted.status == "ok", restarted.text
+    took = time.monotonic() - t0
+    ok = nb.run("%%distributed\nprint('again', rank)")
+    assert ok.status == "ok" and "[rank 1] again 1" in ok.text, ok.text
+    assert all(p.is_running() for p in nannies), "the same nannies serve the fresh kernels"
+    print(f"restart of 2 called-back ranks: {took:.1f} s")
+
+
+def test_interrupt_reaches_a_remote_rank_and_a_stuck_one_shows_its_stack(attached: Attached) -> None:
+    nb = attached.nb
+    msg_id = nb.send("%%distributed\nimport signal, time\nprint('in', flush=True)\n"
+                     "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(600)\n"
+                     "else:\n    time.sleep(600)\n")
+    nb.wait_for_ranks(msg_id, "in")
+    time.sleep(0.5)
+    nb.km.interrupt_kernel()
+    reply = nb.collect(msg_id, timeout=60)
+    assert reply.status == "error"
+    assert "KeyboardInterrupt" in reply.text  # rank 0's
+    assert "rank 1 did not return" in reply.text and "time.sleep(600)" in reply.text, reply.text
+    assert nb.run("%clorch restart").status == "ok"
+
+
+def test_no_secret_on_any_command_line_and_kernels_listen_on_one_address(attached: Attached) -> None:
+    with open(attached.connect_file) as fh:
+        info = json.load(fh)
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        assert info["token"] not in line and info["server_key"] not in line, line
+    kernels = [p for p in psutil.Process(attached.runner.pid).children(recursive=True)
+               if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"]]  # not their supervisors
+    assert len(kernels) == 2
+    for kernel in kernels:
+        listening = {c.laddr.ip for c in kernel.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert listening == {"127.0.0.1"}, listening  # the host's address toward the notebook, never 0.0.0.0
+
+
+def test_a_forged_registration_fails_the_start_naming_the_host(tmp_path) -> None:
+    from clorch_repl.procs import free_port
+
+    nb = NotebookKernel()
+    forged = None
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        msg_id = nb.send(START)
+        path = printed_connect_file(nb, msg_id)
+        with open(path) as fh:
+            info = json.load(fh)
+        info["token"] = "not-the-token"
+        fake = tmp_path / "connect.json"
+        fake.write_text(json.dumps(info))
+        env = dict(os.environ, CLORCH_CONNECT_FILE=str(fake), RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2")
+        forged = subprocess.run([sys.executable, "-m", "clorch_repl.rank"], env=env, capture_output=True,
+                                text=True, timeout=60)
+        reply = nb.collect(msg_id, timeout=60)
+        assert reply.status == "error"
+        assert "wrong token" in reply.text and os.uname().nodename in reply.text, reply.text
+        assert forged.returncode == 2 and "refused" in forged.stderr, forged.stderr
+        assert not os.path.exists(path)  # the failed start removed its connect file
+        del free_port
+    finally:
+        nb.shutdown()
+
+
+def test_nannies_end_their_kernels_when_the_notebook_is_killed() -> None:
+    from clorch_repl.procs import free_port
+
+    nb = NotebookKernel()
+    runner = None
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        msg_id = nb.send(START + " --orphan-timeout 3")
+        path = printed_connect_file(nb, msg_id)
+        runner = torchrun(path, free_port())
+        assert nb.collect(msg_id, timeout=120).status == "ok"
+        below = [p.pid for p in psutil.Process(runner.pid).children(recursive=True)]
+        assert len(below) >= 6  # 2 nannies, their supervisors and kernels
+        t0 = time.monotonic()
+        os.kill(nb.pid, signal.SIGKILL)
+        assert wait_gone(below, 3 + 5) == []
+        assert runner.wait(timeout=10) is not None  # torchrun's workers exited (status 3: orphaned)
+        print(f"every rank process gone {time.monotonic() - t0:.1f} s after the notebook's SIGKILL")
+    finally:
+        nb.shutdown()
+        if runner is not None and runner.poll() is None:
+            runner.terminate()
+            runner.wait(timeout=30)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, Identity(3, 1, 4, 2, "torchrun")),
+    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6", "SLURM_STEP_TASKS_PER_NODE": "2(x2),2",
+      "SLURM_NODEID": "2"}, Identity(5, 1, 6, 2, "slurm")),
+    ({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1",
+      "SLURM_NODEID": "1"}, Identity(0, 0, 3, 1, "slurm")),
+])
+def test_a_rank_reads_its_place_from_torchrun_or_slurm(env: dict[str, str], expected: Identity) -> None:
+    assert read_identity(env) == expected
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--launcher nope", "--launcher 'nope' is not known; the launchers are: attach, local, slurm"),
+    ("--launcher attach --nodes 2", "--launcher attach needs --nproc-per-node"),
+    ("--launcher slurm --nodes 0 --nproc-per-node 1", "--nodes must be a whole number >= 1"),
+    ("--launcher attach --nproc-per-node 1 --listen 0.0.0.0", "--listen 0.0.0.0 would listen on every interface"),
+    ("--launcher attach --nproc-per-node 1 --listen nbhost", "--listen must be an IP address"),
+    ("--launcher attach --nproc-per-node 1 --nproc 2", "--nproc and --devices are for --launcher local"),
+    ("--launcher attach --nproc-per-node 1 --orphan-timeout -1", "--orphan-timeout must be a positive number"),
+    ("--cpu-bind all", "--cpu-bind must be numa or none"),
+])
+def test_start_refuses_bad_launcher_options_in_one_line(ip, line: str, message: str) -> None:
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        ip.run_line_magic("clorch", f"start {line}")
