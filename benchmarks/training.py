@@ -212,7 +212,8 @@ class NotebookSide:
             else:  # no option yet (the launcher sets CLORCH_CPU_BIND=none): each rank binds in a first cell
                 late_bind = cpu_bind == "numa"
                 how = ("in a first cell: clorch_repl.numa.apply_cpu_bind on every thread of each rank "
-                       "(%clorch start has no --cpu-bind option in this tree)") if late_bind else "none (ranks as started)"
+                       "(%clorch start has no --cpu-bind option in this tree)") if late_bind \
+                    else "none (ranks as started)"
         print(f"{self.label}: {self._run(start).text.strip()}")
         if cpu_bind:
             print(f"  binding applied {how}")

@@ -243,17 +243,46 @@ def apply_from_env(environ: dict[str, str] | None = None) -> tuple[str, set[int]
     """apply_cpu_bind from :data:`CPU_BIND_ENV` and :data:`GPU_INDEX_ENV`, as a rank does at start.
 
     Returns the mode read ("" when unset: nothing is done) and the CPUs bound to. Without
-    GPU_INDEX_ENV, a CUDA_VISIBLE_DEVICES of one integer (what the session's launcher gives a GPU
-    rank) stands for the physical index. Bad values raise ValueError.
+    GPU_INDEX_ENV, a CUDA_VISIBLE_DEVICES of one GPU (what the session's launcher gives a GPU rank)
+    stands for it. An index or a ``GPU-...`` UUID (looked up with nvidia-smi). Bad values raise
+    ValueError.
     """
     env = os.environ if environ is None else environ
     mode = env.get(CPU_BIND_ENV, "").strip().lower()
     if not mode:
         return "", None
+    if mode not in MODES:
+        raise ValueError(f"{CPU_BIND_ENV}={mode!r}: unknown CPU binding mode, use one of {', '.join(MODES)}")
+    if mode == "none":  # the default: costs a rank nothing, whatever GPU_INDEX_ENV holds
+        return mode, None
     text = env.get(GPU_INDEX_ENV, "").strip()
     if not text:
         visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
-        text = visible if visible.isdigit() else ""
+        text = visible if visible.isdigit() or (visible.startswith("GPU-") and "," not in visible) else ""
+    if text.startswith("GPU-"):  # CUDA_VISIBLE_DEVICES may name a GPU by its UUID
+        index = gpu_index_for_uuid(text)
+        if index is None:
+            raise ValueError(f"{GPU_INDEX_ENV}={text!r}: no GPU with that UUID is listed by nvidia-smi")
+        text = str(index)
     if text and not text.isdigit():
-        raise ValueError(f"{GPU_INDEX_ENV}={text!r} is not a GPU index (a whole number, e.g. 0)")
+        raise ValueError(f"{GPU_INDEX_ENV}={text!r} is not a GPU index (a whole number, e.g. 0, or a GPU-... UUID)")
     return mode, apply_cpu_bind(mode, int(text) if text else None)
+
+
+def gpu_index_for_uuid(uuid: str) -> int | None:
+    """nvidia-smi's index of the GPU with this UUID (``GPU-8b1e...``), or None (the reason logged)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        logger.info("cannot look up GPU %s: nvidia-smi is not on PATH", uuid)
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("cannot look up GPU %s: nvidia-smi failed: %s", uuid, exc)
+        return None
+    for line in out.splitlines():
+        index, _, found = (s.strip() for s in line.partition(","))
+        if index.isdigit() and found.lower() == uuid.lower():
+            return int(index)
+    return None

@@ -161,6 +161,20 @@ def test_mode_none_and_a_cpu_rank_change_nothing() -> None:
     assert numa.apply_cpu_bind("numa", None) is None  # a CPU rank: nothing to bind to
 
 
+def test_the_variables_a_rank_reads() -> None:
+    # "none", the default, reads nothing else and binds nothing, whatever the GPU variable holds.
+    assert numa.apply_from_env({numa.CPU_BIND_ENV: "none", numa.GPU_INDEX_ENV: "GPU-not-a-gpu"}) == ("none", None)
+    assert numa.apply_from_env({}) == ("", None)
+    assert numa.apply_from_env({numa.CPU_BIND_ENV: "numa", "CUDA_VISIBLE_DEVICES": ""}) == ("numa", None)  # CPU rank
+    with pytest.raises(ValueError, match="CLORCH_CPU_BIND='sockets': unknown CPU binding mode"):
+        numa.apply_from_env({numa.CPU_BIND_ENV: "sockets"})
+    with pytest.raises(ValueError, match="CLORCH_GPU_INDEX='cuda:0' is not a GPU index"):
+        numa.apply_from_env({numa.CPU_BIND_ENV: "numa", numa.GPU_INDEX_ENV: "cuda:0"})
+    if shutil.which("nvidia-smi") is None:
+        with pytest.raises(ValueError, match="no GPU with that UUID"):
+            numa.apply_from_env({numa.CPU_BIND_ENV: "numa", numa.GPU_INDEX_ENV: "GPU-bebd79c4-790f"})
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi: GPU 0 may bind")
 def test_a_rank_whose_binding_fails_starts_anyway_and_its_log_says_why(tmp_path) -> None:
     """The real rank entry point (clorch_repl.session.worker) asked to bind on a machine without
@@ -176,7 +190,8 @@ def test_a_rank_whose_binding_fails_starts_anyway_and_its_log_says_why(tmp_path)
     log_path = tmp_path / "rank0.log"
     env = dict(os.environ, RANK="0", PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
                **{numa.CPU_BIND_ENV: "numa", numa.GPU_INDEX_ENV: "0"})
-    km = KernelManager(kernel_name="rank", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+    km = KernelManager(kernel_name="rank", kernel_spec_manager=specs)
     with open(log_path, "wb") as log:
         km.start_kernel(env=env, stdout=log, stderr=log, cwd=ROOT)
     kc = km.client()
