@@ -187,7 +187,7 @@ def _check_checkpoint(ctx: dict[str, Any], device: Any) -> str:
 
     from . import amp, data
     from .distributed import load_checkpoint, save_checkpoint
-    from .distributed.checkpoint import CheckpointError
+    from .errors import CheckpointError
 
     rank = ctx["rank"]
     folder = ctx["args"]["folder"]

@@ -11,7 +11,7 @@ its keys under a prefix in the same store).
 
 **What this does not protect.** The backends' own data sockets are not authenticated: gloo's
 pairs and NCCL's bootstrap and socket transport listen on TCP, kept on loopback here
-(``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME=lo``, :func:`loopback_socket_env`), so the network
+(``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME=lo``, set by :mod:`clorch_repl.rank_env`), so the network
 cannot reach them, but another local user who finds their ports can connect to them and disturb
 (or feed data into) a collective. Their addresses are only published through the store, which
 such a user can no longer read. The ranks' kernel channels are IPC sockets in the private
@@ -67,8 +67,3 @@ def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr
                       f"{addr} ({exc}); torch's own store listens on every interface of this host",
                       RuntimeWarning, stacklevel=2)
         return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False)
-
-
-def loopback_socket_env() -> dict[str, str]:
-    """Keep gloo's and NCCL's own bootstrap sockets on loopback (one host; users may override)."""
-    return {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from IPython.utils.capture import capture_output
 
-from clorch_repl.session.display import MERGE_HOLD_S, DistributedCellError, NotebookDisplay, group_label
+from clorch_repl.errors import DistributedCellError
+from clorch_repl.session.display import MERGE_HOLD_S, NotebookDisplay, group_label
 from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, RankOutput, Status
 from rank_text import lines_of
 

@@ -28,7 +28,7 @@ def test_rank_devices_are_translated_through_the_callers_visible_devices(monkeyp
 
 
 def test_session_ranks_get_the_translated_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from clorch_repl.launchers import LocalLauncher
+    from clorch_repl.launchers.local import LocalLauncher
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     launcher = LocalLauncher(resolve_topology(devices="1", gpu_count=2))

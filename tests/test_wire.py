@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from jupyter_client.session import Session
 
-from clorch_repl.session.wire import MessageDecoder, SignatureError
+from clorch_repl.errors import SignatureError
+from clorch_repl.session.wire import MessageDecoder
 
 
 def frames(session: Session, msg_type: str = "stream", content: dict | None = None) -> list[bytes]:

@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import ClorchError, ConfigError, RankFailure
+from ..errors import ClorchError, ConfigError, JobStopped, JobTimeout, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
-from ..rendezvous import STORE_FILE_ENV, loopback_socket_env
+from ..rank_env import RankPlace, rank_environment
 from ..launchers import supervisor
 from ..topology import Topology, resolve_topology
-from ._errors import JobStopped, JobTimeout
-from ._protocol import RankResult, read_result, write_json_atomic
+from ..atomic import write_json_atomic
+from .results import RankResult, read_result
 from ._target import target_spec
 
 JOB_STATES = ("running", "succeeded", "failed", "timed_out", "stopped")
@@ -515,27 +515,22 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
                                   "job_id": job_id, "owns_dir": owns})
 
     port = free_port()
-    pythonpath = _rank_pythonpath()
     base = dict(os.environ)
-    base.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "WORLD_SIZE": str(topology.nproc),
-                 "LOCAL_WORLD_SIZE": str(topology.nproc), "CLORCH_DIST_BACKEND": topology.backend,
-                 "CLORCH_DIST_TIMEOUT_MS": str(int(pg_timeout * 1000)), "PYTHONPATH": pythonpath,
-                 "PYTHONUNBUFFERED": "1", "CLORCH_JOB_ID": job_id})
+    base.update({"PYTHONPATH": _rank_pythonpath(), "CLORCH_JOB_ID": job_id})
     if check:
         base["CLORCH_DIST_CHECK"] = "1"
-    if topology.nproc > 1:
-        base.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: ranks must not oversubscribe cores
-    for key, value in loopback_socket_env().items():
-        base.setdefault(key, value)
     # The rendezvous: a FileStore in the job's private directory, which only this user can open
     # (clorch_repl.rendezvous says what is and is not protected).
-    base[STORE_FILE_ENV] = os.path.join(directory, "rendezvous.store")
-    base.update(extra_env)
+    store_file = os.path.join(directory, "rendezvous.store")
 
     def env_for(r: int) -> dict[str, str]:
-        e = dict(base)
-        e.update({"RANK": str(r), "LOCAL_RANK": str(r), "CUDA_VISIBLE_DEVICES": topology.visible_devices(r)})
-        return e
+        env = rank_environment(RankPlace(
+            rank=r, local_rank=r, world_size=topology.nproc, local_world_size=topology.nproc,
+            master_addr=LOOPBACK, master_port=port, backend=topology.backend, timeout_s=pg_timeout,
+            gpu=topology.visible_devices(r) or None, store_file=store_file, socket_ifname="lo",
+            cpu_bind=topology.cpu_bind), base)
+        env.update(extra_env)
+        return env
 
     job = Job(job_id, spec, topology, directory, timeout_s, grace, owns)
     with _REGISTRY_LOCK:

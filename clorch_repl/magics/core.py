@@ -18,9 +18,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from ..errors import ClorchError, ConfigError
-from ..session.display import DistributedCellError, NotebookDisplay
-from ..session.session import Session, StartupError
-from ..launchers import launcher_class
+from ..errors import DistributedCellError, StartupError
+from ..session.display import NotebookDisplay
+from ..session.session import Session
+from ..launchers.registry import launcher_class
 from ..topology import NPROC_ENV, parse_timeout, remote_topology, resolve_topology
 from . import views
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,

@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 _ids = itertools.count()
 _NONE: collections.Counter[Hashable] = collections.Counter()
 _LINES = re.compile(r"[^\n]*\n|[^\n]+")
-_RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 #: An unfinished line is held this long for the rest of it, so that ranks writing a line in
 #: pieces at the same time do not chop each other's lines; then it is shown as it is.
 PARTIAL_LINE_HOLD_S = 0.5
@@ -367,89 +366,3 @@ class NotebookDisplay:
         if key not in self._display_ids:
             self._display_ids[key] = f"clorch-{next(_ids)}-rank{rank}-{display_id}"
         return {"display_id": self._display_ids[key]}
-
-
-def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[int, ...], RankOutcome]]:
-    """Failed ranks, ranks with the identical traceback together (an interrupt's KeyboardInterrupt
-    at the same line on every rank is shown once); deaths and stuck ranks always per rank."""
-    groups: dict[Hashable, list[RankOutcome]] = {}
-    for result in sorted(failed, key=lambda o: o.rank):
-        if merge and result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
-            err = result.error
-            key: Hashable = (result.status, err.ename, err.evalue, tuple(err.traceback))
-        else:
-            key = ("rank", result.rank)
-        groups.setdefault(key, []).append(result)
-    return [(tuple(o.rank for o in members), members[0]) for members in groups.values()]
-
-
-class DistributedCellError(Exception):
-    """A ``%%distributed`` cell failed on one or more ranks.
-
-    IPython shows ``_render_traceback_`` instead of a Python traceback, so the notebook shows each
-    failed rank's own traceback (and nothing from inside clorch_repl), and the cell is marked failed.
-    Ranks that failed with the identical traceback are shown once, under ``---- ranks 0-7 ----``,
-    unless ``merge`` is false.
-    """
-
-    def __init__(self, outcome: CellOutcome, timeout_s: float | None = None, merge: bool = True) -> None:
-        self.outcome = outcome
-        self.timeout_s = timeout_s
-        self.merge = merge
-        super().__init__(self.summary())
-
-    @property
-    def failed_ranks(self) -> list[int]:
-        return sorted(o.rank for o in self.outcome.failed)
-
-    def summary(self) -> str:
-        parts = []
-        for ranks, result in _failure_groups(self.outcome.failed, self.merge):
-            who = "rank" if len(ranks) == 1 else "ranks"
-            who = f"{who} {ranks_text(ranks)}"
-            if result.status is Status.DIED:
-                parts.append(f"{who} died ({result.exit})")
-            elif result.status is Status.STUCK:
-                parts.append(f"{who} did not return after the interrupt")
-            elif result.status is Status.INTERRUPTED:
-                parts.append(f"{who} interrupted")
-            elif result.error is not None:
-                parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
-        if self.outcome.timed_out:
-            parts.insert(0, f"the cell timed out after {self.timeout_s:g} s")
-        elif self.outcome.interrupted and not parts:
-            parts.append("interrupted")
-        if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this
-            parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
-        return "; ".join(parts) or "the cell failed"
-
-    def _render_traceback_(self) -> list[str]:
-        lines: list[str] = []
-        if self.outcome.timed_out:
-            lines.append(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted.")
-        if self.outcome.diagnosis:  # why the ranks were stuck: the verdict, then each rank's evidence
-            verdict, *evidence = self.outcome.diagnosis.splitlines()
-            lines.append(f"{_BOLD}Why:{_RESET} {verdict}")
-            lines.extend(evidence)
-        for ranks, result in _failure_groups(self.outcome.failed, self.merge):
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
-            lines.append(f"{_BOLD}---- {who} ----{_RESET}")
-            if result.status is Status.DIED:
-                lines.append(f"{_RED}rank {result.rank} died{_RESET}: {result.exit}.")
-                if result.log_tail:
-                    lines.append("Last lines of its log:")
-                    lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
-            elif result.status is Status.STUCK:
-                lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period "
-                             "after being interrupted (blocked in native code, e.g. a collective "
-                             "waiting for another rank).")
-                if result.stack:
-                    lines.append("Where it is now:")
-                    lines.extend("    " + line for line in result.stack.rstrip().splitlines())
-            elif result.error is not None:
-                lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
-        dead_or_stuck = [o.rank for o in self.outcome.failed if o.status in (Status.DIED, Status.STUCK)]
-        if dead_or_stuck:
-            lines.append(f"The process group is broken or busy on rank(s) {dead_or_stuck}: "
-                         "run %clorch restart for a fresh group (%clorch status shows each rank).")
-        return lines

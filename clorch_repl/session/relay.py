@@ -25,10 +25,11 @@ from ..diagnosis.analyse import RankState, Verdict, analyse
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
 from .comms import COMM_TYPES
-from ..launchers import Launcher
+from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
-from .wire import MessageDecoder, SignatureError
+from ..errors import SignatureError
+from .wire import MessageDecoder
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from typing import Callable
 import psutil
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
-from ..errors import ClorchError, ConfigError
-from ..launchers import Launcher, LocalLauncher
+from ..errors import ClorchError, ConfigError, StartupError
+from ..launchers.base import Launcher
+from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import BOOT_CODE, LEAVE_CODE
 from .comms import CommBridge
@@ -49,14 +50,6 @@ class RankReport:
     gpu_memory_bytes: int | None
     uptime_s: float
     exit: str | None
-
-
-class StartupError(ClorchError):
-    """The ranks could not be started or could not form their process group."""
-
-    def __init__(self, message: str, outcome: CellOutcome | None = None) -> None:
-        super().__init__(message)
-        self.outcome = outcome
 
 
 class Session:

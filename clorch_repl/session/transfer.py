@@ -32,7 +32,8 @@ from typing import Any
 
 from ..errors import ClorchError, ConfigError
 from . import values
-from .display import DistributedCellError, NotebookDisplay
+from ..errors import DistributedCellError
+from .display import NotebookDisplay
 from .protocol import CellOutcome, RankOutput, Status
 from .relay import Relay
 from .session import Session

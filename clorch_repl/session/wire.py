@@ -17,9 +17,7 @@ from typing import Any
 
 from jupyter_client.session import DELIM, Session
 
-
-class SignatureError(ValueError):
-    """A message from a rank was unsigned, wrongly signed or replayed."""
+from ..errors import SignatureError
 
 
 class MessageDecoder:
