@@ -104,6 +104,8 @@ def parse_number(value: float | str | None, what: str, unit: str, *, zero: str |
     here, so that all of them refuse the same things (text, inf, nan, negatives) in the same words."""
     if value is None:
         return None
+    if isinstance(value, bool):  # float(True) is 1.0: never a number the user meant
+        raise ConfigError(f"{what} must be a number of {unit}; got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -54,9 +54,9 @@ def test_launch_trains_a_small_model() -> None:
     with pytest.raises(ConfigError, match="has ranks 0..1"):
         job.logs(2)
     assert launch_mod.jobs()[-1] is job
-    from clorch_repl.distributed.launch import get_job, jobs
+    from clorch_repl.distributed.batch import get_job, jobs
 
-    assert jobs()[-1] is job and get_job(job.id) is job and dist.launch.jobs()[-1] is job
+    assert jobs()[-1] is job and get_job(job.id) is job and dist.jobs()[-1] is job
 
 
 def test_a_raising_rank_is_named_and_the_others_stop_fast() -> None:
@@ -195,7 +195,7 @@ _not_importable_here.__module__ = "__main__"
     ({"args": {"x": float("nan")}}, "args cannot be sent to the ranks"),
     ({"args": {1, 2}}, "args cannot be sent to the ranks"),
     ({"timeout_ms": -5}, "timeout_ms must be a positive number"),
-    ({"timeout_ms": "soon"}, "timeout_ms must be a positive number"),
+    ({"timeout_ms": "soon"}, "timeout_ms must be a number of milliseconds; got 'soon'"),
     ({"env": {"X": 1}}, "env must map strings to strings"),
 ])
 def test_bad_input_is_refused_before_any_process_starts(kwargs: dict, message: str) -> None:

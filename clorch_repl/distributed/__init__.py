@@ -2,14 +2,14 @@
 
 Collectives work in place and accept the ops ``sum avg min max band bor bxor prod`` on NCCL and
 gloo alike (see :mod:`.collectives` for the routes taken where a backend lacks an op, and their
-cost). ``launch`` starts a batch job; :mod:`.launch` also keeps the registry behind
+cost). ``launch`` starts a batch job; :mod:`.batch` also keeps the registry behind
 ``%clorch jobs``. ``save_checkpoint``/``load_checkpoint`` are training state and live in
 :mod:`clorch_repl.training.checkpoint`, imported on first use; this package keeps API.md's names
 for them. Its errors are in :mod:`clorch_repl.errors`.
 
 The modules: :mod:`.group` (the process group's lifecycle), :mod:`.collectives` (the ops),
 :mod:`.check` (check mode), :mod:`._c10d` (facts about torch's groups that those three share),
-:mod:`.failures` (what torch's messages mean), :mod:`.launch` (batch jobs), :mod:`._rank_entry`
+:mod:`.failures` (what torch's messages mean), :mod:`.batch` (batch jobs), :mod:`._rank_entry`
 (a launched rank's main), :mod:`.results` (its result file), :mod:`._target` (``main``'s spec).
 """
 
@@ -21,16 +21,11 @@ from typing import Any
 from ..errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, JobStopped, JobTimeout, NoProcessGroup
 from .collectives import (OP_NAMES, Work, all_gather_into, all_reduce, all_to_all_single, barrier, broadcast,
                           check_mode, emulate, recv, reduce, reduce_scatter_into, send)
+from .batch import Job, JobStatus, RankStatus, get_job, jobs, launch
 from .group import process_group, rank, world_size
-from .launch import Job, JobStatus, RankStatus, get_job, jobs, launch
-
-# The submodule ``launch`` is shadowed here by the function of the same name, so the registry is
-# also reachable as ``dist.launch.jobs()`` / ``dist.launch.get_job(id)``, the spelling of the docs.
-launch.jobs = jobs  # type: ignore[attr-defined]
-launch.get_job = get_job  # type: ignore[attr-defined]
 
 __all__ = ["process_group", "all_reduce", "broadcast", "reduce", "all_gather_into", "reduce_scatter_into",
-           "all_to_all_single", "send", "recv", "barrier", "rank", "world_size", "launch", "Job",
+           "all_to_all_single", "send", "recv", "barrier", "rank", "world_size", "launch", "jobs", "get_job", "Job",
            "save_checkpoint", "load_checkpoint"]
 
 _LAZY = {"save_checkpoint": "clorch_repl.training.checkpoint", "load_checkpoint": "clorch_repl.training.checkpoint"}

@@ -161,7 +161,7 @@ class ClorchMagics(Magics):
         if args.tail < 0:
             raise ClorchError(f"--tail must be 0 (everything) or more; got {args.tail}")
         if args.job is not None:
-            from ..distributed.launch import get_job
+            from ..distributed.batch import get_job
 
             text = get_job(args.job).logs(args.rank, tail=tail)
         else:
@@ -212,7 +212,7 @@ class ClorchMagics(Magics):
         """Batch jobs started with clorch_repl.distributed.launch from this kernel."""
         if parse(self._jobs, line) is None:
             return
-        from ..distributed.launch import jobs
+        from ..distributed.batch import jobs
 
         listed = jobs()
         if not listed:

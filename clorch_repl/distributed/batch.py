@@ -31,7 +31,7 @@ from ..errors import ClorchError, ConfigError, JobStopped, JobTimeout, RankFailu
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rank_env import RankPlace, rank_environment
 from ..launchers import supervisor
-from ..topology import Topology, resolve_topology
+from ..topology import Topology, parse_number, resolve_topology
 from ..atomic import write_json_atomic
 from .results import RankResult, read_result
 from ._target import target_spec
@@ -432,20 +432,6 @@ def _cleanup() -> None:
 # launch
 
 
-def _timeout_s(timeout_ms: Any) -> float | None:
-    if timeout_ms is None:
-        return None
-    if isinstance(timeout_ms, bool):
-        raise ConfigError(f"timeout_ms must be a positive number of milliseconds; got {timeout_ms!r}")
-    try:
-        ms = float(timeout_ms)
-    except (TypeError, ValueError):
-        raise ConfigError(f"timeout_ms must be a positive number of milliseconds; got {timeout_ms!r}") from None
-    if not math.isfinite(ms) or ms <= 0:
-        raise ConfigError(f"timeout_ms must be a positive number of milliseconds; got {timeout_ms!r}")
-    return ms / 1000.0
-
-
 def _json_args(args: Any) -> Any:
     try:
         return json.loads(json.dumps(args, allow_nan=False))
@@ -486,7 +472,8 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     if main is None:
         raise ConfigError("main is required: 'module:function' or an importable function")
     topology = resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
-    timeout_s = _timeout_s(timeout_ms)
+    timeout_ms_number = parse_number(timeout_ms, "timeout_ms", "milliseconds")
+    timeout_s = None if timeout_ms_number is None else timeout_ms_number / 1000.0
     spec = target_spec(main)
     payload_args = _json_args(args)
     extra_env = {}
@@ -494,12 +481,9 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
         if not isinstance(key, str) or not isinstance(value, str):
             raise ConfigError(f"env must map strings to strings; got {key!r}: {value!r}")
         extra_env[key] = value
-    try:
-        grace = float(grace_s)
-    except (TypeError, ValueError):
-        grace = -1.0
-    if not grace >= 0:
-        raise ConfigError(f"grace_s must be a non-negative number of seconds; got {grace_s!r}")
+    grace = parse_number(grace_s, "grace_s", "seconds", zero="no grace")
+    if grace is None:
+        raise ConfigError("grace_s must be 0 (no grace) or a positive number of seconds; got None")
 
     pg_timeout = topology.timeout_s if timeout_s is None else min(topology.timeout_s, timeout_s)
     with _REGISTRY_LOCK:
