@@ -79,6 +79,8 @@ def test_attach_runs_cells_across_the_called_back_ranks_and_stop_ends_torchrun(a
     status = nb.run("%clorch status").text
     host = os.uname().nodename
     assert re.search(rf"^0\s+{re.escape(host)}\s+idle", status, re.M), status
+    logs = nb.run("%clorch logs 1 --tail 0")  # read on the rank's host by its nanny
+    assert logs.status == "ok" and "--- clorch_repl: rank 1 starting at" in logs.text, logs.text
     t0 = time.monotonic()
     stopped = nb.run("%clorch stop")
     assert stopped.status == "ok", stopped.text
