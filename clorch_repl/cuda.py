@@ -9,9 +9,12 @@ usable, from a short-lived child process.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import subprocess
 import sys
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["available", "device_count"]
 
@@ -45,7 +48,8 @@ def _count_for(visible: str | None) -> int:
     if nvml_count is not None:
         try:
             count = int(nvml_count())
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - NVML's errors vary by driver; the probe below decides
+            logger.debug("NVML device count failed (%s); asking a throwaway process", exc)
             count = -1
     if count < 0:
         # NVML unusable: ask a throwaway process, whose CUDA initialisation dies with it.
@@ -54,7 +58,8 @@ def _count_for(visible: str | None) -> int:
             out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                  timeout=120, check=True).stdout
             count = int(out.strip().splitlines()[-1])
-        except Exception:
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            logger.warning("clorch_repl: could not count GPUs (%s); assuming none", exc)
             count = 0
     limit = _visible_limit()
     if limit is not None:

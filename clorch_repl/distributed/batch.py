@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -35,6 +36,8 @@ from ..topology import Topology, parse_number, resolve_topology
 from ..atomic import write_json_atomic
 from .results import RankResult, read_result
 from ._target import target_spec
+
+logger = logging.getLogger(__name__)
 
 JOB_STATES = ("running", "succeeded", "failed", "timed_out", "stopped")
 RANK_STATES = ("running", "succeeded", "failed", "stopped")
@@ -422,8 +425,8 @@ def _cleanup() -> None:
         if not job.done():
             try:
                 job.stop(grace_s=1.0)
-            except Exception:
-                pass
+            except Exception:  # noqa: BLE001 - exiting: every other job must still be stopped
+                logger.warning("clorch_repl: stopping batch job %s at exit failed", job.id, exc_info=True)
         if job._owns_dir:
             shutil.rmtree(job.dir, ignore_errors=True)
 
