@@ -30,7 +30,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -39,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import zmq
@@ -50,53 +48,13 @@ from .launchers.base import ORPHAN_TIMEOUT_S
 from .launchers.callback import CONNECT_FILE_ENV, HEARTBEAT_S, ConnectInfo, decode, encode, route_address
 from .launchers.rankfiles import RankFiles, kernel_pid
 from .procs import describe_exit, free_port
-from .rank_env import RankPlace, rank_environment
+from .rank_env import Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger("clorch_repl.rank")
 
 KERNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 #: How long a stopped kernel and what it started get after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
-
-
-@dataclass(frozen=True)
-class Identity:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    launcher: str
-
-
-def _tasks_per_node(spec: str, node: int) -> int:
-    """Slurm's compressed task counts, e.g. ``"2(x3),1"``: the count of node ``node``."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if not m:
-            raise ClorchError(f"cannot read SLURM_STEP_TASKS_PER_NODE={spec!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    if not 0 <= node < len(counts):
-        raise ClorchError(f"SLURM_NODEID={node} is outside SLURM_STEP_TASKS_PER_NODE={spec!r}")
-    return counts[node]
-
-
-def read_identity(env: Mapping[str, str]) -> Identity:
-    """Who this rank is, from torchrun's variables or else Slurm's."""
-    try:
-        if "RANK" in env and "WORLD_SIZE" in env:
-            world = int(env["WORLD_SIZE"])
-            return Identity(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), world,
-                            int(env.get("LOCAL_WORLD_SIZE", str(world))), "torchrun")
-        if "SLURM_PROCID" in env:
-            per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
-            return Identity(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")),
-                            int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
-                            _tasks_per_node(per_node, int(env.get("SLURM_NODEID", "0"))), "slurm")
-    except (KeyError, ValueError) as exc:
-        raise ClorchError(f"cannot read this rank's place from the launcher's variables ({exc})") from None
-    raise ClorchError("no rank variables: run clorch-rank under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) "
-                      "or srun (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS)")
 
 
 def interface_of(address: str) -> str | None:
@@ -178,6 +136,8 @@ class Nanny:
 
         env = rank_environment(place)
         env[STACK_FILE_ENV] = self.files.stack_path
+        # as the local launcher does: debugpy's frozen-modules warning would fill a death report
+        env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         env.update(cfg.get("env", {}))
         connection_file = os.path.join(self.dir, f"kernel-{secrets.token_hex(4)}.json")
         public, secret = zmq.curve_keypair()

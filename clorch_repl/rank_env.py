@@ -5,15 +5,19 @@ torchrun and API.md (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZ
 ``MASTER_ADDR``, ``MASTER_PORT``) plus clorch's own (``CLORCH_DIST_BACKEND``,
 ``CLORCH_DIST_TIMEOUT_MS``, the private rendezvous file, the CPU binding). The session's local
 ranks, the nanny of a remote rank (:mod:`clorch_repl.rank`) and ``dist.launch`` batch ranks all
-build it with :func:`rank_environment`, so a variable added for one reaches all of them.
+build it with :func:`rank_environment`, so a variable added for one reaches all of them; and a
+process started by srun or torchrun learns its place with :func:`read_identity`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping
+
+from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +56,27 @@ class RankPlace:
     cpu_bind: str = "none"
 
 
-def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this process's environment) with the rank's variables set."""
+def world_environment(backend: str, timeout_s: float, store_file: str | None = None,
+                      base: Mapping[str, str] | None = None, cpu_bind: str = "none") -> dict[str, str]:
+    """What every rank of a world shares: ``base`` (default: this process's environment) with the
+    backend, the process-group timeout, the rendezvous file (if any) and the CPU binding set,
+    and the variables of an elastic agent that must not steer the group removed."""
     env = dict(os.environ if base is None else base)
     for key in _AGENT_ONLY:
         env.pop(key, None)
+    env.update({BACKEND_ENV: backend, TIMEOUT_ENV: str(int(timeout_s * 1000)), CPU_BIND_ENV: cpu_bind,
+                "PYTHONUNBUFFERED": "1"})
+    if store_file:
+        env[STORE_FILE_ENV] = store_file
+    else:
+        env.pop(STORE_FILE_ENV, None)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    return env
+
+
+def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with one rank's variables set."""
+    env = world_environment(place.backend, place.timeout_s, place.store_file, base, place.cpu_bind)
     env.update({
         "RANK": str(place.rank),
         "LOCAL_RANK": str(place.local_rank),
@@ -66,20 +86,11 @@ def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) ->
         "MASTER_PORT": str(place.master_port),
         # One GPU per rank; "" keeps a CPU rank off every GPU.
         "CUDA_VISIBLE_DEVICES": place.gpu or "",
-        BACKEND_ENV: place.backend,
-        TIMEOUT_ENV: str(int(place.timeout_s * 1000)),
-        CPU_BIND_ENV: place.cpu_bind,
-        "PYTHONUNBUFFERED": "1",
     })
     if place.gpu is not None:
         env[GPU_INDEX_ENV] = place.gpu
     else:
         env.pop(GPU_INDEX_ENV, None)
-    if place.store_file:
-        env[STORE_FILE_ENV] = place.store_file
-    else:
-        env.pop(STORE_FILE_ENV, None)
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if place.local_world_size > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: ranks must not oversubscribe cores
     ifname = place.socket_ifname
@@ -87,3 +98,49 @@ def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) ->
         env.setdefault("GLOO_SOCKET_IFNAME", ifname)
         env.setdefault("NCCL_SOCKET_IFNAME", ifname)
     return env
+
+
+@dataclass(frozen=True)
+class Identity:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    launcher: str
+
+
+def _tasks_per_node(spec: str, node: int) -> int:
+    """Slurm's compressed task counts, e.g. ``"2(x3),1"``: the count of node ``node``."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ConfigError(f"cannot read SLURM_STEP_TASKS_PER_NODE={spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if not 0 <= node < len(counts):
+        raise ConfigError(f"SLURM_NODEID={node} is outside SLURM_STEP_TASKS_PER_NODE={spec!r}")
+    return counts[node]
+
+
+def read_identity(env: Mapping[str, str]) -> Identity:
+    """Who this rank is, from torchrun's variables or else Slurm's."""
+    try:
+        if "RANK" in env and "WORLD_SIZE" in env:
+            world = int(env["WORLD_SIZE"])
+            return Identity(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), world,
+                            int(env.get("LOCAL_WORLD_SIZE", str(world))), "torchrun")
+        if "SLURM_PROCID" in env:
+            per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+            return Identity(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")),
+                            int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
+                            _tasks_per_node(per_node, int(env.get("SLURM_NODEID", "0"))), "slurm")
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"cannot read this rank's place from the launcher's variables ({exc})") from None
+    raise ConfigError("no rank variables: run clorch-rank under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) "
+                      "or srun (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS)")
+
+
+def identity_environment(identity: Identity) -> dict[str, str]:
+    """torchrun's names for a rank's place, for a process that learnt it from Slurm's."""
+    return {"RANK": str(identity.rank), "LOCAL_RANK": str(identity.local_rank),
+            "WORLD_SIZE": str(identity.world_size), "LOCAL_WORLD_SIZE": str(identity.local_world_size)}

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from clorch_repl.procs import wait_gone
-from clorch_repl.rank import Identity, read_identity
+from clorch_repl.rank_env import Identity, read_identity
 from notebook_kernel import NotebookKernel
 from rank_text import lines_of
 

@@ -48,6 +48,11 @@ def run(spec_path: str) -> int:
 
     with open(spec_path) as fh:
         spec = json.load(fh)
+    if "RANK" not in os.environ:  # one task of an srun step: its place is in Slurm's variables
+        from ..rank_env import identity_environment, read_identity
+
+        os.environ.update(identity_environment(read_identity(os.environ)))
+
     def orphaned() -> None:
         # Nobody is left to read the job's files: remove them, unless they live in a log_dir the
         # user asked to keep.

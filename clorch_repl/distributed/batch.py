@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ClorchError, ConfigError, JobStopped, JobTimeout, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
-from ..rank_env import RankPlace, rank_environment
+from ..rank_env import RankPlace, rank_environment, world_environment
 from ..launchers import supervisor
 from ..topology import Topology, parse_number, resolve_topology
 from ..atomic import write_json_atomic
@@ -81,8 +81,11 @@ class Job:
     """A running or finished batch of ranks. Use as a context manager to stop it on exit."""
 
     def __init__(self, job_id: str, spec: str, topology: Topology, directory: str, timeout_s: float | None,
-                 grace_s: float, owns_dir: bool) -> None:
+                 grace_s: float, owns_dir: bool, launcher: str = "local") -> None:
         self.id = job_id
+        #: "local" (one process per rank, each below its supervisor) or "slurm" (one srun step)
+        self.launcher = launcher
+        self._srun: subprocess.Popen[bytes] | None = None
         self.main = spec
         self.topology = topology
         self.dir = directory
@@ -181,6 +184,8 @@ class Job:
         return os.path.join(self.dir, f"rank-{r}.pid")
 
     def _rank_pid(self, r: int) -> int | None:
+        if self.launcher == "slurm":
+            return None  # on its node; Slurm knows it (sstat), this process does not
         proc = self._procs[r]
         if proc is None:
             return None
@@ -222,6 +227,47 @@ class Job:
                               else describe_exit(code))
         return RankStatus(rank=r, pid=self._rank_pid(r), device=self.topology.device_label(r),
                           state=state, exit_code=code, exit=describe_exit(code), error=error)
+
+    def _start_srun(self, command: list[str], env: dict[str, str]) -> None:
+        """One srun step runs every rank (``_rank_entry`` reads its place from Slurm's variables);
+        srun writes each task's output to ``rank-N.log`` in the job directory, which the nodes
+        share with this host (the spec, the results and the rendezvous file live there too)."""
+        try:
+            self._srun = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=open(os.path.join(self.dir, "srun.log"), "ab"),
+                                          start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise ClorchError(f"{self.id}: could not run srun ({exc})") from exc
+        threading.Thread(target=self._watch_srun, name=f"clorch-{self.id}-srun", daemon=True).start()
+        threading.Thread(target=self._monitor, name=f"clorch-{self.id}-monitor", daemon=True).start()
+
+    def _watch_srun(self) -> None:
+        """A rank has ended when its result file is there (it exits right after writing it); every
+        rank without one has ended when srun has (with srun's status)."""
+        srun = self._srun
+        assert srun is not None
+        n = self.topology.nproc
+        while True:
+            code = srun.poll()
+            changed = False
+            with self._lock:
+                for r in range(n):
+                    if self._exit_codes[r] is not None:
+                        continue
+                    result = read_result(os.path.join(self.dir, f"rank-{r}.result.json"))
+                    if result is not None or code is not None:
+                        self._results[r] = result
+                        self._exit_times[r] = time.time()
+                        if result is not None:
+                            self._exit_codes[r] = 0 if result.ok else 1
+                        else:
+                            self._exit_codes[r] = code if code else -15 if r in self._stopping else 1
+                        changed = True
+            if changed:
+                self._changed.set()
+            if code is not None:
+                return
+            time.sleep(0.2)
 
     def _start(self, env_for: Callable[[int], dict[str, str]], spec_path: str) -> None:
         # Each rank runs below its own supervisor (clorch_repl.launchers.supervisor): it ends the
@@ -305,6 +351,9 @@ class Job:
         """Ask the ranks still running where they are (issue 9's verdict) before stopping them."""
         from ..diagnosis.jobs import explain
 
+        if self.launcher == "slurm":  # the probe signals local pids; these ranks run on the nodes
+            self._stop_ranks(self.grace_s)
+            return
         try:
             with self._lock:
                 pids = {r: self._procs[r].pid for r in live if self._procs[r] is not None}
@@ -317,6 +366,9 @@ class Job:
             self._stop_ranks(self.grace_s)
 
     def _stop_ranks(self, grace_s: float, wait: bool = False) -> None:
+        if self._srun is not None:
+            self._stop_srun(grace_s, wait)
+            return
         with self._lock:
             live = [r for r, p in enumerate(self._procs) if p is not None and self._exit_codes[r] is None]
             self._stopping.update(live)
@@ -327,6 +379,28 @@ class Job:
         if wait:
             for t in threads:
                 t.join()
+
+    def _stop_srun(self, grace_s: float, wait: bool) -> None:
+        """SIGTERM to srun, which passes it to every task; SIGKILL after ``grace_s``."""
+        srun = self._srun
+        assert srun is not None
+        with self._lock:
+            self._stopping.update(r for r in range(self.topology.nproc) if self._exit_codes[r] is None)
+        if srun.poll() is not None:
+            return
+
+        def end() -> None:
+            srun.terminate()
+            try:
+                srun.wait(timeout=grace_s + 5.0)  # srun waits Slurm's KillWait for its tasks
+            except subprocess.TimeoutExpired:
+                logger.warning("clorch_repl: %s: srun outlived SIGTERM by %.0f s; killing it", self.id, grace_s + 5)
+                srun.kill()
+
+        thread = threading.Thread(target=end, daemon=True)
+        thread.start()
+        if wait:
+            thread.join()
 
     def _finish(self) -> None:
         statuses = [self._rank_status(r) for r in range(self.topology.nproc)]
@@ -457,12 +531,37 @@ def _rank_pythonpath() -> str:
     return os.pathsep.join(seen)
 
 
+def _slurm_topology(nproc_per_node: Any, devices: Any, backend: str | None, pg_timeout_s: Any,
+                    nodes: Any) -> Topology:
+    if devices is not None:
+        raise ConfigError("devices is for launcher='local'; under slurm each rank uses its node's GPU LOCAL_RANK")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ConfigError(f"nodes must be a whole number >= 1; got {nodes!r}")
+    if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
+        raise ConfigError(f"launcher='slurm' needs nproc_per_node, a whole number >= 1; got {nproc_per_node!r}")
+    chosen = (backend or "gloo").lower()
+    if chosen not in ("gloo", "nccl"):
+        raise ConfigError(f"backend must be one of nccl, gloo; got {backend!r}")
+    timeout = parse_number(pg_timeout_s, "pg_timeout_s", "seconds")
+    nproc = nodes * nproc_per_node
+    return Topology(nproc=nproc, devices=(None,) * nproc, backend=chosen,
+                    timeout_s=timeout if timeout is not None else 600.0)
+
+
 def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | None = None,
            main: str | Callable[..., Any] | None = None, args: Any = None, timeout_ms: float | None = None,
            backend: str | None = None, *, env: Mapping[str, str] | None = None, check: bool = False,
-           grace_s: float = 5.0, pg_timeout_s: float | None = None, log_dir: str | None = None) -> Job:
-    """Start one process per rank on this host running ``main`` inside an initialised process
-    group, and return the :class:`Job` at once.
+           grace_s: float = 5.0, pg_timeout_s: float | None = None, log_dir: str | None = None,
+           launcher: str = "local", nodes: int = 1, srun_args: str = "") -> Job:
+    """Start one process per rank running ``main`` inside an initialised process group, and
+    return the :class:`Job` at once.
+
+    ``launcher="local"`` (the default) runs the ranks on this host; ``launcher="slurm"`` runs
+    ``nodes x nproc_per_node`` ranks as one ``srun`` step (``srun_args``: more srun arguments, one
+    string), meeting through a FileStore in the job directory, which must therefore be on a
+    filesystem the nodes share (give ``log_dir`` there; it also holds results and logs). Under
+    slurm ``devices`` is not accepted (each rank takes its node's GPU ``LOCAL_RANK`` with nccl)
+    and a timeout stops the job without asking its ranks where they are.
 
     ``main`` is "module:function" or an importable function, called in every rank with
     ``{"rank", "local_rank", "world_size", "backend", "process_group", "args"}``. ``args`` travel
@@ -474,7 +573,14 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     """
     if main is None:
         raise ConfigError("main is required: 'module:function' or an importable function")
-    topology = resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
+    if launcher not in ("local", "slurm"):
+        raise ConfigError(f"launcher must be 'local' or 'slurm'; got {launcher!r}")
+    if launcher == "slurm":
+        topology = _slurm_topology(nproc_per_node, devices, backend, pg_timeout_s, nodes)
+    else:
+        if nodes != 1:
+            raise ConfigError(f"nodes={nodes!r} needs launcher='slurm' (a local job runs on this host)")
+        topology = resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
     timeout_ms_number = parse_number(timeout_ms, "timeout_ms", "milliseconds")
     timeout_s = None if timeout_ms_number is None else timeout_ms_number / 1000.0
     spec = target_spec(main)
@@ -519,11 +625,24 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
         env.update(extra_env)
         return env
 
-    job = Job(job_id, spec, topology, directory, timeout_s, grace, owns)
+    job = Job(job_id, spec, topology, directory, timeout_s, grace, owns, launcher)
     with _REGISTRY_LOCK:
         _JOBS[job_id] = job
     try:
-        job._start(env_for, spec_path)
+        if launcher == "slurm":
+            from ..launchers.slurm import require_srun, srun_command
+
+            require_srun()
+            env = world_environment(topology.backend, pg_timeout, store_file, base)
+            # The ranks meet through the FileStore (CLORCH_STORE_FILE); torch's env:// names are
+            # set all the same, as a local job's are (the store is chosen by MASTER_PORT's match).
+            env.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)})
+            env.update(extra_env)
+            command = srun_command(nodes, topology.nproc // nodes, f"clorch-{job_id}", srun_args=srun_args,
+                                   output=os.path.join(directory, "rank-%t.log"))
+            job._start_srun(command + [sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path], env)
+        else:
+            job._start(env_for, spec_path)
     except BaseException:
         with _REGISTRY_LOCK:  # never started: not a job to list or wait for
             _JOBS.pop(job_id, None)

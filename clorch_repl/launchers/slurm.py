@@ -49,6 +49,29 @@ def _first_node_address() -> str | None:
     return None
 
 
+def srun_command(nodes: int, tasks_per_node: int, job_name: str, *, partition: str | None = None,
+                 time: str | None = None, srun_args: str = "", output: str | None = None) -> list[str]:
+    """``srun`` with one task per rank (the session's nannies and ``launch()``'s batch ranks)."""
+    cmd = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--ntasks={nodes * tasks_per_node}",
+           "--kill-on-bad-exit=0", f"--job-name={job_name}"]
+    if partition:
+        cmd.append(f"--partition={partition}")
+    if time:
+        cmd.append(f"--time={time}")
+    if output:
+        cmd.append(f"--output={output}")
+    try:
+        cmd += shlex.split(srun_args)
+    except ValueError as exc:
+        raise ConfigError(f"srun_args cannot be split like a shell line: {exc}") from None
+    return cmd
+
+
+def require_srun() -> None:
+    if shutil.which("srun") is None:
+        raise ClorchError("the slurm launcher needs srun on this host's PATH (Slurm's client tools)")
+
+
 class SlurmLauncher(RemoteLauncher):
     """Ranks as the tasks of one srun step (see the module docstring)."""
 
@@ -65,21 +88,13 @@ class SlurmLauncher(RemoteLauncher):
 
     def command(self) -> list[str]:
         opts = self.options
-        cmd = ["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={opts.nproc_per_node}",
-               f"--ntasks={self.world_size}", "--kill-on-bad-exit=0", f"--job-name=clorch-{self.server.info.session}"]
-        if opts.partition:
-            cmd.append(f"--partition={opts.partition}")
-        if opts.time:
-            cmd.append(f"--time={opts.time}")
-        try:
-            cmd += shlex.split(opts.srun_args)
-        except ValueError as exc:
-            raise ConfigError(f"--srun-args cannot be split like a shell line: {exc}") from None
-        return cmd + [sys.executable, "-m", "clorch_repl.rank"]
+        assert opts.nproc_per_node is not None
+        return srun_command(opts.nodes, opts.nproc_per_node, f"clorch-{self.server.info.session}",
+                            partition=opts.partition, time=opts.time, srun_args=opts.srun_args) + [
+            sys.executable, "-m", "clorch_repl.rank"]
 
     def begin(self, progress: Progress) -> None:
-        if shutil.which("srun") is None:
-            raise ClorchError("--launcher slurm needs srun on this host's PATH (Slurm's client tools)")
+        require_srun()
         env = dict(os.environ, **{CONNECT_FILE_ENV: self.connect_file})
         self.log_path = os.path.join(self.dir, "srun.log")
         log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
