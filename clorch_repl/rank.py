@@ -20,7 +20,8 @@ variables). This process is the rank's **nanny**; it never runs user code itself
    stop, or, after ``--orphan-timeout`` seconds without a word from the notebook (its kernel
    gone, its host cut off), after ending its kernel and everything below it.
 
-Exit status: 0 after the notebook's stop; 2 when the notebook refused the rank (wrong world size,
+Exit status: 0 after the notebook's stop (1 when the stop came with another rank lost, so that
+torchrun fails fast instead of waiting for the lost host); 2 when the notebook refused the rank (wrong world size,
 a duplicate rank, a used-up token) or the connect file is unusable; 3 when orphaned.
 """
 
@@ -101,6 +102,9 @@ class Nanny:
         self.child: subprocess.Popen[bytes] | None = None
         self.pid_file = os.path.join(self.dir, "kernel.pid")
         self.exit_reported = True
+        #: the status to exit with when the notebook says exit (1 when some rank was lost, so that
+        #: torchrun takes its failure path instead of waiting for the lost host's agent)
+        self.exit_code = 0
         context = zmq.Context.instance()
         self.socket = context.socket(zmq.DEALER)
         public, secret = zmq.curve_keypair()
@@ -246,6 +250,7 @@ class Nanny:
             self.stop_kernel()
             self.start_kernel()
         elif op == "exit":
+            self.exit_code = int(message.get("code", 0))
             return "exit"
         return None
 
@@ -255,7 +260,7 @@ class Nanny:
         try:
             while True:
                 if self._pump(0.1) == "exit":
-                    return 0
+                    return self.exit_code
                 self._check_kernel()
                 now = time.monotonic()
                 if now >= next_beat:

@@ -219,7 +219,7 @@ class LocalLauncher(Launcher):
                 os.unlink(self.store_file)  # a restart never reads the old group's keys
             except FileNotFoundError:
                 pass
-        return [str(pid) for pid in sorted(set(left))]
+        return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -96,8 +96,9 @@ class RemoteLauncher(Launcher):
         """Why no more ranks can come (the launcher's process ended), or None."""
         return None
 
-    def end(self) -> None:
-        """End what :meth:`begin` started (after the nannies were told to exit)."""
+    def end(self, lost: bool = False) -> None:
+        """End what :meth:`begin` started (after the nannies were told to exit; ``lost``: some
+        ranks could not hear that)."""
 
     # -------------------------------------------------------------------- the contract
     def launch(self, progress: Progress) -> None:
@@ -223,14 +224,21 @@ class RemoteLauncher(Launcher):
             return "\n".join(peer.death_report.splitlines()[-lines:])
         return f"(no word from {peer.hello.get('host')}: its log stays there)"
 
+    def lost(self) -> list[int]:
+        """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""
+        return [r for r in sorted(self.server.peers) if self.server.silent_for(r) > LOST_AFTER_S]
+
     def stop(self, grace_s: float = 5.0) -> list[str]:
-        """End every kernel at once (each nanny's supervisor ends what the kernel started)."""
+        """End every kernel at once (each nanny's supervisor ends what the kernel started). A lost
+        rank cannot hear it: it is named, and its nanny ends it after the orphan timeout."""
         server = self.server
         pending = {}
-        for rank, peer in list(server.peers.items()):
-            if server.silent_for(rank) <= LOST_AFTER_S:
+        lost = self.lost()
+        for rank in sorted(server.peers):
+            if rank not in lost:
                 pending[rank] = server.request_async(rank, "stop_kernel", grace_s=grace_s)
-        left = []
+        left = [f"rank {r} on {server.peers[r].hello.get('host')} is lost; its nanny ends its kernel "
+                f"{self.options.orphan_timeout_s:.0f} s after it last heard from this notebook" for r in lost]
         deadline = time.monotonic() + grace_s + 3.0
         for rank, rid in pending.items():
             if server.collect(rid, max(0.0, deadline - time.monotonic())) is None:
@@ -239,14 +247,18 @@ class RemoteLauncher(Launcher):
 
     def close(self) -> None:
         server = self.server
+        lost = self.lost()
+        # With a rank lost, the others exit with a failure: torchrun then leaves at once instead
+        # of waiting (300 s) in its exit barrier for the lost host's agent, which never comes.
+        code = 1 if lost else 0
         for rank in list(server.peers):
             try:
-                server.send(rank, {"op": "exit"})
+                server.send(rank, {"op": "exit", "code": code})
             except ClorchError as exc:
                 logger.debug("rank %d: %s", rank, exc)
         time.sleep(0.2)  # the exits leave before the socket closes
         try:
-            self.end()
+            self.end(bool(lost))
         finally:
             server.close()
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -119,16 +119,18 @@ class SlurmLauncher(RemoteLauncher):
             return None
         return f"srun exited ({code}) saying:\n{self._srun_says() or '(nothing)'}"
 
-    def end(self) -> None:
+    def end(self, lost: bool = False) -> None:
         srun = getattr(self, "srun", None)
         if srun is None:
             return
         try:
-            srun.wait(timeout=SRUN_EXIT_S)
+            # a lost node's task never exits on its own: srun is ended at once then
+            srun.wait(timeout=1.0 if lost else SRUN_EXIT_S)
             return
         except subprocess.TimeoutExpired:
-            logger.warning("clorch_repl: srun did not exit %.0f s after its ranks were told to; terminating it",
-                           SRUN_EXIT_S)
+            if not lost:
+                logger.warning("clorch_repl: srun did not exit %.0f s after its ranks were told to; terminating it",
+                               SRUN_EXIT_S)
         srun.send_signal(signal.SIGTERM)
         try:
             srun.wait(timeout=10)

@@ -204,7 +204,7 @@ class ClorchMagics(Magics):
         left = self.session.stop()
         self.session = None
         if left:
-            raise ClorchError(f"processes {left} did not end; they were sent SIGKILL")
+            raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
         print(f"clorch: stopped {n} rank(s)")
 
     @magic_arguments(name="clorch jobs")

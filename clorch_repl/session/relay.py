@@ -350,7 +350,7 @@ class Relay:
             self._pump(wait, 0)  # keep what it said before it died
             result = wait.outcome.ranks[rank]
             result.status = Status.DIED
-            result.exit = proc.exit
+            result.exit = proc.exit if not proc.host or proc.host in (proc.exit or "") else f"{proc.exit}, on {proc.host}"
             result.log_tail = self.group.death_report(rank)
             wait.pending.discard(rank)
             self.running[rank] = None
