@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_run_local_one_nccl_rank(precision: str, tmp_path) -> None:
-    from examples.distributed_training import run_local
+    from clorch_repl.examples.distributed_training import run_local
 
     result = run_local([0], epochs=4, sample_count=1024, batch_size=32, accumulation=2, precision=precision,
                        checkpoint_path=str(tmp_path / f"ddp-{precision}.pt"))
