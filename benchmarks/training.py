@@ -7,7 +7,7 @@
    kernel driven by jupyter_client and, in the same run, by a script under ``torchrun``,
    interleaved round by round (who goes first alternates): ``--rounds`` rounds, by default 9 on
    GPUs and 5 on CPUs (a CPU round is slower and the CPU box is shared). The two loops:
-   * launch-bound: the example's loop (``examples.distributed_training.train``, a tiny MLP, a
+   * launch-bound: the example's loop (``clorch_repl.examples.distributed_training.train``, a tiny MLP, a
      ``loss.item()`` every micro-step), where the host's speed at launching kernels decides;
    * GPU-bound: a stack of transformer encoder layers (d_model 2048, 16 heads, FFN 8192, 4
      layers, batch 8 x 1024 tokens) in bf16 under DDP with fused AdamW, about 10 TFLOP a step,
@@ -117,7 +117,7 @@ def run_cases(rank: int, world_size: int, device: Any, spec: dict[str, Any], war
     The GPU-bound trainer is built on first use and kept for the process's later calls.
     """
     global _trainer
-    from examples.distributed_training import train
+    from clorch_repl.examples.distributed_training import train
 
     out: dict[str, Any] = {}
     for case in spec["cases"]:

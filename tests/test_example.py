@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clorch_repl.distributed.checkpoint import read_checkpoint_metadata
+from clorch_repl.training.checkpoint import read_checkpoint_metadata
 from clorch_repl.errors import ConfigError
 from clorch_repl.examples.distributed_training import TrainingResult, run_local
 
