@@ -1,4 +1,4 @@
-"""``python -m clorch_repl.release_check --mode cpu|gpu``: does this installation train end to end?
+"""``clorch-release-check --mode cpu|gpu`` (or ``python -m clorch_repl.release_check``): does this installation train end to end?
 
 It runs what a user's first notebook session would run, on real ranks, and prints one line per
 check: collectives, DDP backward, gradient accumulation, AMP overflow handling (and, on GPU,
@@ -377,7 +377,7 @@ def format_table(results: list[CheckResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clorch_repl.release_check",
+    parser = argparse.ArgumentParser(prog="clorch-release-check",
                                      description="Check a clorch_repl installation end to end.")
     parser.add_argument("--mode", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: gloo CPU ranks (CI); gpu: one NCCL rank per GPU")
