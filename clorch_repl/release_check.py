@@ -1,4 +1,6 @@
-"""``clorch-release-check --mode cpu|gpu`` (or ``python -m clorch_repl.release_check``): does this installation train end to end?
+"""``clorch-release-check --mode cpu|gpu``: does this installation train end to end?
+
+(Also ``python -m clorch_repl.release_check``.)
 
 It runs what a user's first notebook session would run, on real ranks, and prints one line per
 check: collectives, DDP backward, gradient accumulation, AMP overflow handling (and, on GPU,
