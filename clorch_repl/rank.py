@@ -8,8 +8,8 @@ variables). This process is the rank's **nanny**; it never runs user code itself
    ``SLURM_NTASKS``/``SLURM_STEP_TASKS_PER_NODE`` with ``SLURM_NODEID``;
 2. calls ``setsid`` (Slurm puts all of a node's tasks in one process group; a signal meant for
    one rank must not reach the others);
-3. reads the notebook's address, public key and token from the connect file named by
-   ``CLORCH_CONNECT_FILE`` and calls back over CurveZMQ (:mod:`clorch_repl.launchers.callback`);
+3. reads the notebook's address, public key and token from ``CLORCH_CONNECT`` (srun hands it
+   every task) or else the connect file named by ``CLORCH_CONNECT_FILE``, and calls back over CurveZMQ (:mod:`clorch_repl.launchers.callback`);
 4. on the notebook's word, starts the rank's kernel as its child (below a
    :mod:`~clorch_repl.launchers.supervisor`, which ends everything the kernel starts), its
    channels bound to this host's address that reaches the notebook and encrypted with Curve keys
@@ -46,7 +46,7 @@ import zmq
 from .errors import ClorchError
 from .launchers import supervisor
 from .launchers.base import ORPHAN_TIMEOUT_S
-from .launchers.callback import CONNECT_FILE_ENV, HEARTBEAT_S, ConnectInfo, decode, encode, route_address
+from .launchers.callback import HEARTBEAT_S, ConnectInfo, decode, encode, route_address
 from .launchers.rankfiles import RankFiles, kernel_pid
 from .procs import describe_exit, free_port
 from .rank_env import Identity, RankPlace, rank_environment, read_identity
@@ -54,6 +54,8 @@ from .rank_env import Identity, RankPlace, rank_environment, read_identity
 logger = logging.getLogger("clorch_repl.rank")
 
 KERNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+#: How long a kernel gets to bind its ports after it was started.
+KERNEL_START_S = 120.0
 #: How long a stopped kernel and what it started get after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
 
@@ -102,6 +104,8 @@ class Nanny:
         self.child: subprocess.Popen[bytes] | None = None
         self.pid_file = os.path.join(self.dir, "kernel.pid")
         self.exit_reported = True
+        #: (connection file, deadline) while a kernel is starting
+        self.starting: tuple[str, float] | None = None
         #: the status to exit with when the notebook says exit (1 when some rank was lost, so that
         #: torchrun takes its failure path instead of waiting for the lost host's agent)
         self.exit_code = 0
@@ -110,6 +114,8 @@ class Nanny:
         public, secret = zmq.curve_keypair()
         self.socket.curve_publickey, self.socket.curve_secretkey = public, secret
         self.socket.curve_serverkey = info.server_key.encode()
+        # the same name after a reconnect: the notebook keeps knowing this rank (router handover)
+        self.socket.routing_id = f"{info.session}:{identity.rank}:{os.getpid()}".encode()
         self.socket.linger = 1000
         self.socket.connect(f"tcp://{info.address}:{info.port}")
         self.last_heard = time.monotonic()
@@ -164,25 +170,32 @@ class Nanny:
         finally:
             os.close(log_fd)
         self.exit_reported = False
-        info = self._bound_ports(connection_file)
-        if info is not None:
-            self.send({"op": "kernel", "info": info, "pid": kernel_pid(self.pid_file)})
+        # The main loop reports the kernel once it has bound its ports (_report_started): the
+        # nanny keeps answering and sending heartbeats meanwhile, however long the start takes.
+        self.starting = (connection_file, time.monotonic() + KERNEL_START_S)
 
-    def _bound_ports(self, path: str, timeout_s: float = 120.0) -> dict[str, Any] | None:
-        """The connection file once the kernel has bound its ports and written them back."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.child is not None and self.child.poll() is not None:
-                return None  # the exit is reported by the main loop
-            try:
-                with open(path) as fh:
-                    info = json.load(fh)
-                if all(info.get(p) for p in KERNEL_PORTS):
-                    return info
-            except (OSError, ValueError):
-                pass  # not written yet, or half-written
-            self._pump(0.05)
-        return None
+    def _report_started(self) -> None:
+        """Once the starting kernel has bound its ports and written them back to its connection
+        file, send its connection info to the notebook; give up on a kernel that never does."""
+        if self.starting is None:
+            return
+        path, deadline = self.starting
+        if self.child is None or self.child.poll() is not None:
+            self.starting = None  # its exit is reported by _check_kernel
+            return
+        try:
+            with open(path) as fh:
+                info = json.load(fh)
+        except (OSError, ValueError):
+            info = {}  # not written yet, or half-written
+        if all(info.get(p) for p in KERNEL_PORTS):
+            self.starting = None
+            self.send({"op": "kernel", "info": info, "pid": kernel_pid(self.pid_file)})
+        elif time.monotonic() > deadline:
+            logger.warning("rank %d's kernel bound no ports within %.0f s; ending it", self.identity.rank,
+                           KERNEL_START_S)
+            self.starting = None
+            self.stop_kernel()
 
     def stop_kernel(self, grace_s: float = STOP_GRACE_S) -> None:
         """End the kernel and everything below it (the supervisor does the work on SIGTERM)."""
@@ -218,7 +231,16 @@ class Nanny:
             if message is None:
                 continue
             self.last_heard = time.monotonic()
-            outcome = self._handle(message)
+            try:
+                outcome = self._handle(message)
+            except ClorchError:
+                raise  # refused: the nanny ends
+            except Exception as exc:  # noqa: BLE001 - one bad request must not end the rank
+                logger.exception("rank %d: the notebook's %r failed", self.identity.rank, message.get("op"))
+                if message.get("id") is not None:
+                    self.send({"op": "reply", "id": message["id"], "error": f"{type(exc).__name__}: {exc}",
+                               "text": ""})
+                continue
             if outcome:
                 return outcome
         return None
@@ -233,7 +255,10 @@ class Nanny:
             self.start_kernel()
         elif op == "interrupt":
             if self.child is not None and self.child.poll() is None:
-                os.killpg(self.child.pid, signal.SIGINT)
+                try:
+                    os.killpg(self.child.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass  # it died just now: _check_kernel reports it
         elif op == "stack":
             pid = kernel_pid(self.pid_file)
             alive = self.child is not None and self.child.poll() is None
@@ -250,7 +275,8 @@ class Nanny:
             self.stop_kernel()
             self.start_kernel()
         elif op == "exit":
-            self.exit_code = int(message.get("code", 0))
+            code = message.get("code", 0)
+            self.exit_code = code if isinstance(code, int) and 0 <= code < 256 else 1
             return "exit"
         return None
 
@@ -261,6 +287,7 @@ class Nanny:
             while True:
                 if self._pump(0.1) == "exit":
                     return self.exit_code
+                self._report_started()
                 self._check_kernel()
                 now = time.monotonic()
                 if now >= next_beat:
@@ -293,11 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for the kernel, on request
     try:
         identity = read_identity(os.environ)
-        path = os.environ.get(CONNECT_FILE_ENV)
-        if not path:
-            raise ClorchError(f"{CONNECT_FILE_ENV} is not set: it names the connect file that %clorch start "
-                              "wrote (0600); set it in the environment, never on the command line")
-        info = ConnectInfo.read(path)
+        info = ConnectInfo.from_environment(os.environ)
         orphan = args.orphan_timeout if args.orphan_timeout is not None else info.orphan_timeout_s
         return Nanny(identity, info, orphan).run()
     except ClorchError as exc:

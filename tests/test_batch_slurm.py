@@ -47,6 +47,7 @@ def test_a_failing_rank_on_the_second_node_is_named_and_the_step_ends(slurm_env,
     ({"launcher": "slurm", "nodes": 2}, "launcher='slurm' needs nproc_per_node"),
     ({"launcher": "slurm", "nproc_per_node": 1, "devices": [0]}, "devices is for launcher='local'"),
     ({"nodes": 2, "nproc_per_node": 1}, "nodes=2 needs launcher='slurm'"),
+    ({"launcher": "slurm", "nodes": 2, "nproc_per_node": 1}, "launcher='slurm' needs log_dir on a filesystem"),
 ])
 def test_bad_launcher_arguments_are_refused_before_anything_starts(kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -232,12 +232,14 @@ class Job:
         """One srun step runs every rank (``_rank_entry`` reads its place from Slurm's variables);
         srun writes each task's output to ``rank-N.log`` in the job directory, which the nodes
         share with this host (the spec, the results and the rendezvous file live there too)."""
+        log = os.open(os.path.join(self.dir, "srun.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self._srun = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=open(os.path.join(self.dir, "srun.log"), "ab"),
-                                          start_new_session=True, close_fds=True)
+                                          stderr=log, start_new_session=True, close_fds=True)
         except OSError as exc:
             raise ClorchError(f"{self.id}: could not run srun ({exc})") from exc
+        finally:
+            os.close(log)
         threading.Thread(target=self._watch_srun, name=f"clorch-{self.id}-srun", daemon=True).start()
         threading.Thread(target=self._monitor, name=f"clorch-{self.id}-monitor", daemon=True).start()
 
@@ -449,6 +451,14 @@ class Job:
             body = result.traceback.rstrip()
         else:
             body = f"last lines of its log:\n{self.logs(r, tail=LOG_TAIL_ON_FAILURE).rstrip()}"
+            if self._srun is not None:  # srun itself may say why (a bad partition, an unshared directory)
+                try:
+                    with open(os.path.join(self.dir, "srun.log"), "rb") as fh:
+                        said = tail_bytes(fh, LOG_TAIL_ON_FAILURE).decode(errors="replace").rstrip()
+                except FileNotFoundError:
+                    said = ""
+                if said:
+                    body += f"\nsrun said:\n{said}"
         others = [x for x in range(self.topology.nproc) if x != r]
         tail = (f"\n{_ranks_phrase(others).capitalize()} stopped or failed after it. " if others else "\n") + \
             f"Full output: job.logs({r}) (%clorch logs {r} --job {self.id})"
@@ -561,7 +571,8 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     string), meeting through a FileStore in the job directory, which must therefore be on a
     filesystem the nodes share (give ``log_dir`` there; it also holds results and logs). Under
     slurm ``devices`` is not accepted (each rank takes its node's GPU ``LOCAL_RANK`` with nccl)
-    and a timeout stops the job without asking its ranks where they are.
+    and a timeout stops the job without asking its ranks where they are. A slurm job outlives this
+    process if it dies (the ranks run under slurmstepd): ``timeout_ms`` becomes srun's ``--time``.
 
     ``main`` is "module:function" or an importable function, called in every rank with
     ``{"rank", "local_rank", "world_size", "backend", "process_group", "args"}``. ``args`` travel
@@ -577,6 +588,9 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
         raise ConfigError(f"launcher must be 'local' or 'slurm'; got {launcher!r}")
     if launcher == "slurm":
         topology = _slurm_topology(nproc_per_node, devices, backend, pg_timeout_s, nodes)
+        if log_dir is None:
+            raise ConfigError("launcher='slurm' needs log_dir on a filesystem the nodes share with this host (the "
+                              "job's spec, rendezvous file, results and logs live there); /tmp is not shared")
     else:
         if nodes != 1:
             raise ConfigError(f"nodes={nodes!r} needs launcher='slurm' (a local job runs on this host)")
@@ -638,8 +652,11 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
             # set all the same, as a local job's are (the store is chosen by MASTER_PORT's match).
             env.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)})
             env.update(extra_env)
+            # Slurm ends the step at the job's timeout even if this process is gone by then (a
+            # killed notebook): the ranks watch slurmstepd, not this process.
+            minutes = None if timeout_s is None else str(max(1, math.ceil(timeout_s / 60)))
             command = srun_command(nodes, topology.nproc // nodes, f"clorch-{job_id}", srun_args=srun_args,
-                                   output=os.path.join(directory, "rank-%t.log"))
+                                   output=os.path.join(directory, "rank-%t.log"), time=minutes)
             job._start_srun(command + [sys.executable, "-m", "clorch_repl.distributed._rank_entry", spec_path], env)
         else:
             job._start(env_for, spec_path)

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import zmq
 
@@ -45,6 +45,12 @@ logger = logging.getLogger(__name__)
 
 #: The environment variable that names the connect file, on every node.
 CONNECT_FILE_ENV = "CLORCH_CONNECT_FILE"
+#: The connect file's content itself, where the launcher can hand the ranks an environment (srun
+#: passes the notebook's environment to every task): no shared filesystem is needed then.
+CONNECT_ENV = "CLORCH_CONNECT"
+#: Where connect files are written (default ``~/.clorch``, 0700): a home directory is what the
+#: nodes of a cluster usually share with the host of the notebook.
+CONNECT_DIR_ENV = "CLORCH_CONNECT_DIR"
 HEARTBEAT_S = 1.0
 #: A rank not heard from for this long is reported lost (its host or the link to it is gone).
 LOST_AFTER_S = 5.0
@@ -91,26 +97,58 @@ class ConnectInfo:
     #: how long a nanny keeps its kernel without a word from the notebook
     orphan_timeout_s: float = 60.0
 
+    def dumps(self) -> str:
+        return json.dumps({"protocol": PROTOCOL, "address": self.address, "port": self.port,
+                           "server_key": self.server_key, "token": self.token, "session": self.session,
+                           "orphan_timeout_s": self.orphan_timeout_s})
+
     def write(self, path: str) -> None:
         """Write the file readable by this user only (0600), atomically."""
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump({"protocol": PROTOCOL, "address": self.address, "port": self.port,
-                       "server_key": self.server_key, "token": self.token, "session": self.session,
-                       "orphan_timeout_s": self.orphan_timeout_s}, fh)
+            fh.write(self.dumps())
         os.replace(tmp, path)
+
+    @classmethod
+    def loads(cls, text: str, where: str) -> "ConnectInfo":
+        try:
+            data = json.loads(text)
+            return cls(str(data["address"]), int(data["port"]), str(data["server_key"]), str(data["token"]),
+                       str(data["session"]), float(data.get("orphan_timeout_s", 60.0)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClorchError(f"cannot read the clorch connect info in {where} ({exc}); it is written by the "
+                              "notebook's %clorch start") from None
 
     @classmethod
     def read(cls, path: str) -> "ConnectInfo":
         try:
             with open(path) as fh:
-                data = json.load(fh)
-            return cls(str(data["address"]), int(data["port"]), str(data["server_key"]), str(data["token"]),
-                       str(data["session"]), float(data.get("orphan_timeout_s", 60.0)))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+                text = fh.read()
+        except OSError as exc:
             raise ClorchError(f"cannot read the clorch connect file {path} ({exc}); it is written by the "
-                              f"notebook's %clorch start and must be readable on this node") from None
+                              f"notebook's %clorch start and must be readable on this node (a shared home "
+                              f"directory, or copy it keeping its 0600 mode)") from None
+        return cls.loads(text, path)
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> "ConnectInfo":
+        """From ``CLORCH_CONNECT`` (the content) or else ``CLORCH_CONNECT_FILE`` (a path)."""
+        if env.get(CONNECT_ENV):
+            return cls.loads(env[CONNECT_ENV], CONNECT_ENV)
+        path = env.get(CONNECT_FILE_ENV)
+        if not path:
+            raise ClorchError(f"{CONNECT_FILE_ENV} is not set: it names the connect file that %clorch start "
+                              "wrote (0600); set it in the environment, never on the command line")
+        return cls.read(path)
+
+
+def connect_dir() -> str:
+    """The private directory (0700) for connect files: ``$CLORCH_CONNECT_DIR`` or ``~/.clorch``."""
+    path = os.environ.get(CONNECT_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".clorch")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
 
 
 @dataclass
@@ -143,6 +181,9 @@ class CallbackServer:
         self._socket.curve_publickey = public
         self._socket.linger = 0
         self._socket.router_mandatory = True
+        # A nanny names its connection (session:rank:pid); after a TCP reconnect the same name
+        # takes over the new connection instead of the nanny becoming a stranger ("lost").
+        self._socket.router_handover = True
         try:
             if port:
                 self._socket.bind(f"tcp://{listen}:{port}")
@@ -156,7 +197,8 @@ class CallbackServer:
                                 orphan_timeout_s)
         self.connect_file = connect_file
         self.info.write(connect_file)
-        self._lock = threading.Lock()
+        # re-entrant: wait() calls its predicate under the lock, and predicates use silent_for()
+        self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self.peers: dict[int, RemotePeer] = {}
         #: registrations refused (wrong world, duplicate rank), as messages for the user
@@ -166,6 +208,8 @@ class CallbackServer:
         self._outbox: list[tuple[bytes, bytes]] = []
         self._ids = itertools.count(1)
         self._replies: dict[int, dict[str, Any]] = {}
+        #: request ids someone still waits for (a late reply to anything else is dropped)
+        self._awaited: set[int] = set()
         self._wake_send = self._context.socket(zmq.PAIR)
         self._wake_recv = self._context.socket(zmq.PAIR)
         wake = f"inproc://clorch-callback-{id(self)}"
@@ -176,7 +220,7 @@ class CallbackServer:
         self._thread.start()
 
     # ------------------------------------------------------------------ main thread's side
-    def wait(self, predicate: Any, timeout_s: float) -> bool:
+    def wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Block until ``predicate()`` (called under the lock) is true, or ``timeout_s`` passed."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
@@ -206,14 +250,24 @@ class CallbackServer:
     def request_async(self, rank: int, op: str, **args: Any) -> int:
         """Send a request; :meth:`collect` its reply later (several nannies work at once)."""
         rid = next(self._ids)
+        with self._lock:
+            self._awaited.add(rid)
         self.send(rank, {"op": op, "id": rid, **args})
         return rid
 
     def collect(self, rid: int, timeout_s: float) -> dict[str, Any] | None:
-        if not self.wait(lambda: rid in self._replies, timeout_s):
-            return None
+        """The reply to request ``rid``, or None when none came within ``timeout_s`` (a reply
+        coming after that is dropped)."""
+        arrived = self.wait(lambda: rid in self._replies, timeout_s)
         with self._lock:
-            return self._replies.pop(rid)
+            self._awaited.discard(rid)
+            return self._replies.pop(rid) if arrived else None
+
+    def snapshot(self) -> tuple[int, list[str], list[str]]:
+        """How many ranks called back, from which hosts, and the refusals so far."""
+        with self._lock:
+            hosts = sorted({str(p.hello.get("host")) for p in self.peers.values()})
+            return len(self.peers), hosts, list(self.refused)
 
     def silent_for(self, rank: int) -> float:
         """Seconds since rank's nanny was last heard from."""
@@ -222,6 +276,7 @@ class CallbackServer:
             return 0.0 if peer is None else time.monotonic() - peer.last_seen
 
     def close(self) -> None:
+        """Stop the thread (what is queued goes out first, up to a second) and remove the file."""
         self._closing = True
         with self._lock:
             self._wake_send.send(b"")
@@ -247,8 +302,12 @@ class CallbackServer:
                 if self._socket in events:
                     while self._socket.poll(0):
                         frames = self._socket.recv_multipart()
-                        if len(frames) == 2:
+                        if len(frames) != 2:
+                            continue
+                        try:
                             self._receive(frames[0], frames[1])
+                        except Exception:  # noqa: BLE001 - one odd message must not end the endpoint
+                            logger.exception("clorch_repl: a message on the callback endpoint could not be handled")
                 now = time.monotonic()
                 with self._lock:
                     outbox, self._outbox = self._outbox, []
@@ -262,7 +321,14 @@ class CallbackServer:
                     except zmq.ZMQError as exc:  # that nanny is gone or not reachable now
                         logger.debug("cannot send to a nanny: %s", exc)
         finally:
-            self._socket.close()
+            with self._lock:
+                outbox, self._outbox = self._outbox, []
+            for identity, frame in outbox:  # the last words (exit): sent, with a second to leave
+                try:
+                    self._socket.send_multipart([identity, frame], flags=zmq.NOBLOCK)
+                except zmq.ZMQError as exc:
+                    logger.debug("cannot send to a nanny: %s", exc)
+            self._socket.close(linger=1000)
             self._wake_recv.close()
 
     def _receive(self, identity: bytes, frame: bytes) -> None:
@@ -285,6 +351,7 @@ class CallbackServer:
             else:
                 peer = next((p for p in self.peers.values() if p.identity == identity), None)
                 if peer is None:
+                    logger.info("clorch_repl: dropped %r from a connection that never registered", op)
                     return
                 peer.last_seen = time.monotonic()
                 if op == "kernel":
@@ -296,7 +363,9 @@ class CallbackServer:
                     peer.exit = str(message.get("how", "ended"))
                     peer.death_report = str(message.get("report", ""))
                 elif op == "reply":
-                    self._replies[int(message.get("id", 0))] = message
+                    rid = message.get("id")
+                    if rid in self._awaited:
+                        self._replies[rid] = message
             self._changed.notify_all()
 
     def _register(self, identity: bytes, message: dict[str, Any]) -> None:

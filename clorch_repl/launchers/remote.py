@@ -24,7 +24,7 @@ from jupyter_client.session import Session as JupyterSession
 from ..errors import ClorchError, ConfigError
 from ..topology import BACKENDS, Topology
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .callback import LOST_AFTER_S, CallbackServer, RemotePeer, default_listen_address
+from .callback import LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, default_listen_address
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +77,17 @@ class RemoteLauncher(Launcher):
         self.world_size = opts.nodes * opts.nproc_per_node
         self.dir = tempfile.mkdtemp(prefix="clorch-")
         os.chmod(self.dir, 0o700)
-        self.connect_file = os.path.join(self.dir, "connect.json")
-        listen = opts.listen or self.default_listen()
-        self.server = CallbackServer(listen, opts.port, self.connect_file, self.world_size, opts.orphan_timeout_s)
+        # in ~/.clorch (or $CLORCH_CONNECT_DIR): where the nodes can read it, unlike /tmp
+        fd, self.connect_file = tempfile.mkstemp(prefix="connect-", suffix=".json", dir=connect_dir())
+        os.close(fd)
+        try:
+            listen = opts.listen or self.default_listen()
+            self.server = CallbackServer(listen, opts.port, self.connect_file, self.world_size,
+                                         opts.orphan_timeout_s)
+        except BaseException:
+            os.unlink(self.connect_file)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.ranks: list[RemoteRank] = []  # type: ignore[assignment]
         self._configured = False
 
@@ -121,7 +129,7 @@ class RemoteLauncher(Launcher):
 
         def kernels_up() -> bool:
             return all(server.peers[r].kernel_generation > before[r] or server.peers[r].exit is not None
-                       for r in range(self.world_size))
+                       or server.silent_for(r) > LOST_AFTER_S for r in range(self.world_size))
 
         server.wait(kernels_up, KERNEL_START_S)
         failed = []
@@ -131,6 +139,9 @@ class RemoteLauncher(Launcher):
             if peer.exit is not None:
                 failed.append(f"rank {rank} on {host}: its kernel ended while starting ({peer.exit}); its log "
                               f"ends with:\n{peer.death_report}")
+            elif server.silent_for(rank) > LOST_AFTER_S:
+                failed.append(f"rank {rank} on {host}: lost (no word for {server.silent_for(rank):.0f} s); "
+                              "%clorch stop, then start again on reachable nodes")
             elif peer.kernel_generation <= before[rank]:
                 failed.append(f"rank {rank} on {host}: no kernel within {KERNEL_START_S:.0f} s")
         if failed:
@@ -142,10 +153,7 @@ class RemoteLauncher(Launcher):
         deadline = time.monotonic() + self.options.start_timeout_s
         shown = -1
         while True:
-            with server._lock:
-                count = len(server.peers)
-                hosts = sorted({str(p.hello.get("host")) for p in server.peers.values()})
-                refused = list(server.refused)
+            count, hosts, refused = server.snapshot()
             if count != shown:
                 shown = count
                 progress(f"ranks called back {count}/{total}" + (f" (hosts: {', '.join(hosts)})" if hosts else ""))
@@ -172,7 +180,10 @@ class RemoteLauncher(Launcher):
         for peer in peers:
             visible = [str(g) for g in peer.hello.get("gpus") or []]
             local = int(peer.hello.get("local_rank", 0))
-            gpus.append(visible[local] if local < len(visible) else None)
+            if len(visible) == 1:  # the launcher gave each task its own GPU (srun --gpus-per-task=1)
+                gpus.append(visible[0])
+            else:
+                gpus.append(visible[local] if local < len(visible) else None)
         # "" when the user gave no --backend: NCCL where every rank has a GPU, else gloo
         backend = self.topology.backend or ("nccl" if all(g is not None for g in gpus) else "gloo")
         if backend not in BACKENDS:
@@ -183,6 +194,10 @@ class RemoteLauncher(Launcher):
                 raise ClorchError(f"backend nccl needs one GPU per rank; {', '.join(lacking)} has none "
                                   "(fewer GPUs than --nproc-per-node on that node); use --backend gloo")
         else:
+            if any(g is not None for g in gpus) and not self.topology.backend:
+                lacking = [f"rank {p.rank} on {p.hello.get('host')}" for p, g in zip(peers, gpus) if g is None]
+                logger.warning("clorch_repl: some ranks have GPUs but %s has none: every rank runs on the CPU with "
+                               "gloo (more GPUs per node, or --backend gloo to say so)", ", ".join(lacking))
             gpus = [None] * len(peers)
         self._gpus = gpus
         self.topology = Topology(nproc=self.world_size,
@@ -246,6 +261,8 @@ class RemoteLauncher(Launcher):
         return left
 
     def close(self) -> None:
+        """Tell every nanny to exit, end the launcher's own process, close the endpoint and
+        remove the files; the last three happen whatever the first did."""
         server = self.server
         lost = self.lost()
         # With a rank lost, the others exit with a failure: torchrun then leaves at once instead
@@ -261,4 +278,8 @@ class RemoteLauncher(Launcher):
             self.end(bool(lost))
         finally:
             server.close()
+            try:
+                os.unlink(self.connect_file)
+            except FileNotFoundError:
+                pass
             shutil.rmtree(self.dir, ignore_errors=True)

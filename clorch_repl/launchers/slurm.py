@@ -7,8 +7,9 @@ told to exit, srun sees its tasks end and exits, and only if it does not within
 :data:`SRUN_EXIT_S` is it sent SIGTERM (srun passes it to the tasks), then SIGKILL.
 
 The nodes run the notebook's own Python (``sys.executable``): on a cluster that is a shared
-filesystem's virtual environment, as for any srun of a Python program. The connect file lies in the
-notebook's private directory, which the nodes must be able to read (a shared home directory).
+filesystem's virtual environment, as for any srun of a Python program. The connect info reaches the
+tasks in their environment (``CLORCH_CONNECT``; srun passes the notebook's environment on), so no
+file has to be shared for it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 
 from ..errors import ClorchError, ConfigError
 from .base import Progress
-from .callback import CONNECT_FILE_ENV, default_listen_address, route_address
+from .callback import CONNECT_ENV, CONNECT_FILE_ENV, default_listen_address, route_address
 from .remote import RemoteLauncher
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ class SlurmLauncher(RemoteLauncher):
 
     def begin(self, progress: Progress) -> None:
         require_srun()
-        env = dict(os.environ, **{CONNECT_FILE_ENV: self.connect_file})
+        # srun hands every task this environment: the nodes need no shared filesystem for it
+        env = dict(os.environ, **{CONNECT_ENV: self.server.info.dumps(), CONNECT_FILE_ENV: self.connect_file})
         self.log_path = os.path.join(self.dir, "srun.log")
         log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -135,6 +137,19 @@ class SlurmLauncher(RemoteLauncher):
         try:
             srun.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            logger.warning("clorch_repl: srun ignored SIGTERM; killing it")
+            logger.warning("clorch_repl: srun ignored SIGTERM; killing it and cancelling its step")
             srun.kill()
             srun.wait()
+            self._scancel()
+
+    def _scancel(self) -> None:
+        """The backstop after a killed srun: cancel the job by its name (clorch-SESSION)."""
+        exe = shutil.which("scancel")
+        if exe is None:
+            return
+        try:
+            subprocess.run([exe, f"--name=clorch-{self.server.info.session}"], timeout=10, check=False,
+                           capture_output=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.warning("clorch_repl: scancel failed (%s); check squeue for a clorch-%s job",
+                           exc, self.server.info.session)

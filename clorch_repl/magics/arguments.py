@@ -3,13 +3,16 @@ everywhere and ``--help`` works on all of them (after ipyparallel's magics)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..launchers.base import LaunchOptions
 
 Func = Callable[..., Any]
 
@@ -114,7 +117,7 @@ def parse_max_mb(value: str | None) -> int:
     return DEFAULT_LIMIT_BYTES if mb is None else int(mb * 1_000_000)
 
 
-def parse_launch(args: Any) -> Any:
+def parse_launch(args: Any) -> "LaunchOptions":
     """The launcher options of ``%clorch start`` as a validated LaunchOptions."""
     from ..launchers.base import ORPHAN_TIMEOUT_S, START_TIMEOUT_S, LaunchOptions
     from ..topology import parse_number
@@ -142,9 +145,18 @@ def parse_launch(args: Any) -> Any:
                               "nodes reach this host at")
     return LaunchOptions(nodes=whole(args.nodes, "--nodes", 1) or 1,
                          nproc_per_node=whole(args.nproc_per_node, "--nproc-per-node", 1),
-                         listen=listen, port=whole(args.port, "--port", 0) or 0,
+                         listen=listen, port=_port(args.port),
                          orphan_timeout_s=orphan or ORPHAN_TIMEOUT_S, start_timeout_s=start or START_TIMEOUT_S,
                          partition=args.partition, time=args.time, srun_args=args.srun_args or "")
+
+
+def _port(value: str | None) -> int:
+    if value is None:
+        return 0
+    text = str(value).strip()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ConfigError(f"--port must be a TCP port, 1..65535; got {value!r}")
+    return int(text)
 
 
 def parse_cpu_bind(value: str | None) -> str:

@@ -132,9 +132,11 @@ class Session:
                     logger.warning("clorch_repl: ranks %s did not leave the process group cleanly; "
                                    "stopping them anyway", idle, exc_info=True)
             relay.close()
-        left = group.stop()
-        if not keep_logs:
-            group.close()
+        try:
+            left = group.stop()
+        finally:
+            if not keep_logs:
+                group.close()  # even after a second Ctrl-C during the stop
         return left
 
     def restart(self, progress: Progress = lambda _: None) -> float:
