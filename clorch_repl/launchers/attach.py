@@ -4,7 +4,7 @@
 node (torchrun, or srun, or anything that sets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``) and waits
 with a progress line until all ``N x P`` ranks have called back. The command never holds a secret:
 the connect file's path travels in ``CLORCH_CONNECT_FILE``; the file (0600) holds the address,
-the notebook's public key and the one-time token. It must be readable on the nodes: a shared home
+the notebook's public key and the session's token. It must be readable on the nodes: a shared home
 directory, or copied there with its mode kept.
 
 torchrun is given ``--max-restarts 0``: an elastic restart would silently replace a rank (and its
