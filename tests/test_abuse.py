@@ -31,7 +31,7 @@ from notebook_kernel import NotebookKernel, clorch_session
 INFO = ("from clorch_repl.magics import magics_for\n"
         "_s = magics_for(get_ipython()).session\n"
         "print('PIDS', *_s.pids())\n"
-        "print('SUPS', *[p.pid for p in _s.group.ranks])\n"
+        "print('SUPS', *[p.supervisor_pid for p in _s.group.ranks])\n"
         "print('DIR', _s.group.dir)\n"
         "print('STORE', _s.group.store_file)\n"
         "print('PORT', _s.group.master_port)")

@@ -104,6 +104,7 @@ class LocalLauncher(Launcher):
         self.ranks: list[LocalRank] = []  # type: ignore[assignment]
         self.files = [RankFiles(self.dir, r) for r in range(topology.nproc)]
         self.store_file = ""
+        self.master_port = 0
         self._spec_manager = self._write_kernelspec()
 
     def _write_kernelspec(self) -> KernelSpecManager:
@@ -140,7 +141,8 @@ class LocalLauncher(Launcher):
         """Start every rank's kernel process; returns at once (readiness is the relay's job)."""
         # A fresh rendezvous for every start: a restart never reads a previous group's keys.
         self.store_file = os.path.join(self.dir, f"rendezvous-{secrets.token_hex(8)}.store")
-        master_port = procs.free_port()
+        #: the group's MASTER_PORT (the ranks meet through the FileStore; torch's names are set too)
+        self.master_port = master_port = procs.free_port()
         self.ranks = []
         for rank in range(self.topology.nproc):
             manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
