@@ -94,11 +94,17 @@ class NotebookKernel:
         """Block until the cell has printed ``text`` ``count`` times (its messages stay for collect)."""
         deadline = time.monotonic() + timeout
         seen = 0
+        shown = ""
         while seen < count:
-            msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError(f"{text!r} was printed {seen} of {count} time(s) within {timeout} s; the cell "
+                                   f"showed:\n{shown}") from None
             self._held.append(msg)
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 seen += msg["content"]["text"].count(text)
+                shown += msg["content"]["text"]
 
     def wait_for_ranks(self, msg_id: str, line: str, ranks: Sequence[int] = (0, 1),
                        timeout: float = 60.0) -> None:
