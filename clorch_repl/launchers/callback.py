@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 
 import zmq
 
+from ..atomic import remove_quietly
 from ..errors import ClorchError
 
 logger = logging.getLogger(__name__)
@@ -282,10 +283,7 @@ class CallbackServer:
             self._wake_send.send(b"")
         self._thread.join(timeout=5)
         self._wake_send.close()
-        try:
-            os.unlink(self.connect_file)
-        except FileNotFoundError:
-            pass
+        remove_quietly(self.connect_file)
 
     # ------------------------------------------------------------------ the server thread
     def _serve(self) -> None:

@@ -29,6 +29,7 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
+from ..atomic import remove_quietly
 from ..rank_env import RankPlace, rank_environment
 from ..topology import Topology
 from . import supervisor
@@ -217,10 +218,7 @@ class LocalLauncher(Launcher):
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
         if self.store_file:
-            try:
-                os.unlink(self.store_file)  # a restart never reads the old group's keys
-            except FileNotFoundError:
-                pass
+            remove_quietly(self.store_file)  # a restart never reads the old group's keys
         return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
 
     def close(self) -> None:

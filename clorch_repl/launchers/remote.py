@@ -21,6 +21,7 @@ from typing import Any
 
 from jupyter_client.session import Session as JupyterSession
 
+from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..topology import BACKENDS, Topology
 from .base import LaunchOptions, Launcher, Progress, RankHandle
@@ -85,7 +86,7 @@ class RemoteLauncher(Launcher):
             self.server = CallbackServer(listen, opts.port, self.connect_file, self.world_size,
                                          opts.orphan_timeout_s)
         except BaseException:
-            os.unlink(self.connect_file)
+            remove_quietly(self.connect_file)
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
         self.ranks: list[RemoteRank] = []  # type: ignore[assignment]
@@ -278,8 +279,5 @@ class RemoteLauncher(Launcher):
             self.end(bool(lost))
         finally:
             server.close()
-            try:
-                os.unlink(self.connect_file)
-            except FileNotFoundError:
-                pass
+            remove_quietly(self.connect_file)
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -30,9 +30,9 @@ import secrets
 import weakref
 from typing import Any
 
-from ..errors import ClorchError, ConfigError
+from ..atomic import remove_quietly
+from ..errors import ClorchError, ConfigError, DistributedCellError
 from . import values
-from ..errors import DistributedCellError
 from .display import NotebookDisplay
 from .protocol import CellOutcome, RankOutput, Status
 from .relay import Relay
@@ -112,7 +112,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
         return result
     finally:
         for path in paths.values():
-            values.remove_file(path)
+            remove_quietly(path)
 
 
 def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int) -> tuple[int, ...]:
@@ -131,7 +131,7 @@ def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit
             raise _fail(f"%clorch push {name}", outcome)
         return chosen
     finally:
-        values.remove_file(path)
+        remove_quietly(path)
 
 
 # ------------------------------------------------------------------------------ cell numbers

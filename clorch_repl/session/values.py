@@ -31,6 +31,8 @@ import logging
 import os
 from typing import Any
 
+from ..atomic import remove_quietly
+
 logger = logging.getLogger(__name__)
 
 #: Private MIME type of the display message in which a rank reports a value it wrote. The
@@ -133,7 +135,7 @@ def save(value: Any, path: str, limit: int, where: str) -> tuple[int, str]:
         check_size(nbytes, limit, where)
         return nbytes, _sha256(path)
     except BaseException:
-        remove_file(path)
+        remove_quietly(path)
         raise
 
 
@@ -161,16 +163,6 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def remove_file(path: str) -> None:
-    """Remove a value's file; a file already gone is fine (a failed save removes its own)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        logger.warning("could not remove %s: %s", path, exc)
 
 
 def _type_name(obj: Any) -> str:
