@@ -131,3 +131,13 @@ def test_restart_gives_fresh_ranks_in_the_same_place(started: Started) -> None:
     started.restart()
     outcome, out = started.run("print('secret' in globals(), rank)")
     assert outcome.ok and out.text == {0: "False 0\n", 1: "False 1\n"}
+
+
+def test_connection_info_builds_the_clients_the_debugger_and_relay_use(started: Started) -> None:
+    """The debugger panel's forwarder builds an AsyncKernelClient from connection_info(session=True),
+    as from a KernelManager's: it must accept the rank's info (Curve keys included, remote)."""
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    for handle in started.launcher.ranks:
+        client = AsyncKernelClient(**handle.connection_info(session=True))
+        assert client.session.key and client.shell_port

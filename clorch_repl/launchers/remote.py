@@ -47,8 +47,12 @@ class RemoteRank(RankHandle):
 
     def connection_info(self, session: bool = False) -> dict[str, Any]:
         info = {k: v for k, v in self._info.items() if k != "kernel_name"}
-        if session:
-            info["session"] = JupyterSession(key=str(info["key"]).encode(),
+        if session:  # KernelManager.get_connection_info's shape: keys as bytes, a Session object
+            info["key"] = str(info["key"]).encode()
+            for name in ("curve_publickey", "curve_secretkey"):
+                if isinstance(info.get(name), str):
+                    info[name] = info[name].encode()
+            info["session"] = JupyterSession(key=info["key"],
                                              signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         return info
 
