@@ -1,5 +1,5 @@
-"""Reading rank-labelled output back, the way a user reads it: ``[rank 1] x`` is rank 1's line and
-``[ranks 0-1] x`` is a line both ranks printed. Whether identical lines were merged depends on how
+"""Reading rank-labelled output back, the way a user reads it: ``[rank 1] x`` (``[rank 1 hostB] x``
+in a session across hosts) is rank 1's line and ``[ranks 0-1] x`` is a line both ranks printed. Whether identical lines were merged depends on how
 close together the ranks printed them, so tests that do not test merging itself read output
 through :func:`lines_of` rather than matching one label."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-_LABELLED = re.compile(r"^\[ranks? ([0-9,\-]+)\] ?(.*)$", re.M)
+_LABELLED = re.compile(r"^\[ranks? ([0-9,\-]+)(?: [^\]]+)?\] ?(.*)$", re.M)  # "[rank 1 hostB] x" too
 
 
 def ranks_of(label: str) -> set[int]:

@@ -261,6 +261,8 @@ def test_attach_with_the_printed_torchrun_command_on_two_hosts(cluster: Cluster)
     where = c.nb.run(RANK_HOST, timeout=60)
     assert where.status == "ok", where.text
     assert lines_of(where.text, 0) == ["rank 0 on hostA"] and lines_of(where.text, 1) == ["rank 1 on hostB"]
+    # each line labelled with its rank and host
+    assert "[rank 0 hostA] rank 0 on hostA\n" in where.text and "[rank 1 hostB] rank 1 on hostB\n" in where.text
 
     total = c.nb.run(ALL_REDUCE, timeout=60)
     assert total.status == "ok", total.text

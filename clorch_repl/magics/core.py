@@ -349,7 +349,7 @@ class ClorchMagics(Magics):
             session = self._session()
             count = transfer.notebook_cell_number(self.shell)
             transfer.number_cells(session, ranks, count)
-            display_ = NotebookDisplay(session.chosen(ranks), merge=not args.no_merge)
+            display_ = NotebookDisplay(session.chosen(ranks), merge=not args.no_merge, hosts=session.hosts())
             outcome = session.run(cell, ranks, timeout, display_, hang_notice_s=hang_notice,
                                   stdin_ranks=stdin_ranks)
             transfer.cell_ran(session, outcome, count)

@@ -30,7 +30,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from IPython.display import DisplayHandle, clear_output, display, publish_display_data
 
@@ -54,8 +54,10 @@ PARTIAL_LINE_HOLD_S = 0.5
 MERGE_HOLD_S = 0.25
 
 
-def label(rank: int) -> str:
-    return f"[rank {rank}] "
+def label(rank: int, hosts: Mapping[int, str] | None = None) -> str:
+    """``[rank 3] ``; ``[rank 3 hostB] `` when the session spans hosts (``hosts``: rank -> host)."""
+    host = hosts.get(rank) if hosts else None
+    return f"[rank {rank} {host}] " if host else f"[rank {rank}] "
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -68,12 +70,15 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def group_label(ranks: Iterable[int]) -> str:
-    """``[rank 3] `` for one rank, ``[ranks 0-7] `` for several."""
+def group_label(ranks: Iterable[int], hosts: Mapping[int, str] | None = None) -> str:
+    """``[rank 3] `` for one rank, ``[ranks 0-7] `` for several; with ``hosts``, the host too
+    where the ranks share one (``[ranks 0-7 hostA] ``)."""
     ordered = sorted(set(ranks))
     if len(ordered) == 1:
-        return label(ordered[0])
-    return f"[ranks {ranks_text(ordered)}] "
+        return label(ordered[0], hosts)
+    shared = {hosts.get(r) for r in ordered} if hosts else set()
+    host = next(iter(shared)) if len(shared) == 1 else None
+    return f"[ranks {ranks_text(ordered)} {host}] " if host else f"[ranks {ranks_text(ordered)}] "
 
 
 @dataclass
@@ -114,6 +119,8 @@ class NotebookDisplay:
 
     ranks: tuple[int, ...] = ()
     merge: bool = True
+    #: rank -> host for ranks on other hosts (labels then name the host); empty on one host
+    hosts: Mapping[int, str] = field(default_factory=dict)
     _streams: dict[str, _StreamState] = field(default_factory=lambda: {"stdout": _StreamState(),
                                                                        "stderr": _StreamState()})
     _progress: dict[tuple[int, str], _Progress] = field(default_factory=dict)
@@ -255,7 +262,7 @@ class NotebookDisplay:
     def _emit(self, ranks: tuple[int, ...], unit: _Unit) -> None:
         if unit.kind == "line":
             name, text = unit.payload
-            self._write(group_label(ranks), name, text)
+            self._write(group_label(ranks, self.hosts), name, text)
         elif unit.kind == "progress":
             name, text = unit.payload
             self._rewrite(ranks[0], name, text)
@@ -319,7 +326,7 @@ class NotebookDisplay:
         text = progress.text + piece.rstrip("\n")
         visible = text.rstrip("\r").rsplit("\r", 1)[-1]
         progress.text = visible + ("\r" if text.endswith("\r") else "")
-        bundle = {"text/plain": label(rank) + visible}
+        bundle = {"text/plain": label(rank, self.hosts) + visible}
         if progress.handle is None:
             progress.handle = display(bundle, raw=True, display_id=f"clorch-progress-{next(_ids)}")
         else:
@@ -338,7 +345,7 @@ class NotebookDisplay:
     def _rich(self, ranks: tuple[int, ...], content: dict[str, Any]) -> None:
         self._end_lines()
         self._flush_streams()  # lines before a rich output must reach the notebook first
-        who = group_label(ranks)
+        who = group_label(ranks, self.hosts)
         data = dict(content.get("data", {}))
         if set(data) - {"text/plain"}:
             sys.stdout.write(who.rstrip() + "\n")  # a label line above plots, tables, HTML
@@ -354,7 +361,7 @@ class NotebookDisplay:
             return
         data = dict(content.get("data", {}))
         if "text/plain" in data:
-            data["text/plain"] = label(rank) + data["text/plain"]
+            data["text/plain"] = label(rank, self.hosts) + data["text/plain"]
         publish_display_data(data, content.get("metadata") or {}, transient=transient, update=True)
 
     def _transient(self, rank: int, content: dict[str, Any]) -> dict[str, str] | None:

@@ -252,6 +252,10 @@ class Session:
         check_unique_in_range([rank], self.topology.nproc, "logs", "rank")
         return group.log_tail(rank, tail)
 
+    def hosts(self) -> dict[int, str]:
+        """rank -> host for ranks on other hosts (empty when every rank runs on this one)."""
+        return {p.rank: p.host for p in self.group.ranks if p.host} if self.group is not None else {}
+
     def pids(self) -> list[int]:
         """The local ranks' own Python processes (their kernels, below each rank's supervisor)."""
         if self.group is None:
