@@ -29,7 +29,7 @@ from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from ..errors import SignatureError
-from .wire import MessageDecoder
+from .wire import LEAN_KEY, MessageDecoder, MessageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,7 @@ class Relay:
         #: output of an abandoned cell that arrived between cells, shown with the next one
         self._late: list[RankOutput] = []
         self._decoders: dict[int, MessageDecoder] = {}
+        self._encoders: dict[int, MessageEncoder] = {}
         self._rejected = 0
         #: per rank, msg_ids of cells whose wait ended before their idle status (timed out,
         #: stuck, drained after the reply): their later output is dropped, not shown elsewhere
@@ -152,6 +153,7 @@ class Relay:
             client.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=False)
             self.clients[proc.rank] = client
             self._decoders[proc.rank] = MessageDecoder(client.session)
+            self._encoders[proc.rank] = MessageEncoder(client.session)
             self.prober.add(proc.rank, client, self._decoders[proc.rank])
             self.running[proc.rank] = None
             self._ready[proc.rank] = set()
@@ -249,15 +251,15 @@ class Relay:
         allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
         content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                        allow_stdin=allowed, stop_on_error=False)
-        metadata: dict[str, Any] = {}
+        metadata: dict[str, Any] = {LEAN_KEY: True}
         if not allowed:
             why = no_front if not front else (
                 f"only rank(s) {', '.join(map(str, request.stdin_ranks or ()))} may read input in this cell "
                 f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
             metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
-        msg = client.session.msg("execute_request", content, metadata=metadata)
-        client.shell_channel.send(msg)
-        return msg["header"]["msg_id"]
+        msg_id, frames = self._encoders[rank].request("execute_request", content, metadata)
+        client.shell_channel.socket.send_multipart(frames)
+        return msg_id
 
     def _wait(self, request: CellRequest, wait: _Wait, interrupt_grace_s: float) -> None:
         outcome, sink = wait.outcome, wait.sink

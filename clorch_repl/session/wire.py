@@ -1,23 +1,111 @@
-"""Reading the ranks' iopub messages on the notebook's side: verified, decoded, and nothing more.
+"""The Jupyter wire format between the relay and the ranks, without jupyter_client's overhead.
 
-jupyter_client's ``Session.deserialize`` (through a channel's ``get_msg``) does the same checks,
-but also parses every header date with dateutil, polls the socket again for each message, and
-reaches every setting through traitlets: together most of the notebook kernel's CPU per relayed
-cell. The relay reads raw frames instead and hands them here. What is kept is what makes a
-message trustworthy: its HMAC signature is verified with the rank's own key, and a signature
-seen before is refused (replay), as jupyter_client does.
+jupyter_client's ``Session`` (through a channel's ``send`` and ``get_msg``) does the same work,
+but also parses and formats every header date (dateutil), polls the socket again for each
+message, and reaches every setting through traitlets: together most of the notebook kernel's CPU
+per relayed cell, and a good part of a rank's. Here:
+
+* :class:`MessageDecoder`: the relay reads the ranks' raw frames and hands them here;
+* :class:`MessageEncoder`: the relay's execute requests, built and signed directly;
+* :func:`read_lean_execute`: a rank's kernel reads those requests (see ``worker.RankKernel``).
+
+What is kept is what makes a message trustworthy: every message is signed with the rank's own
+key (HMAC), every signature is verified, and a signature seen before is refused (replay), as
+jupyter_client does. The frames on the wire are the Jupyter protocol's; dates stay ISO strings.
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
+from datetime import datetime, timezone
 from hmac import compare_digest
 from typing import Any
 
-from jupyter_client.session import DELIM, Session
+from jupyter_client.session import DELIM, Session, protocol_version
 
 from ..errors import SignatureError
+
+#: Set in the metadata of the relay's execute requests: the rank's kernel may run them on its lean
+#: path (``worker.RankKernel``), which sends no ``execute_input`` (nothing reads a rank's copy of
+#: the code it was sent) and reads the request without jupyter_client's date parsing. Requests
+#: without it (another client's) take ipykernel's own path.
+LEAN_KEY = "clorch_lean"
+
+
+def _pack(obj: Any) -> bytes:
+    """JSON as jupyter_client's default packer writes it (without its fallbacks, which only
+    plain dicts of str, bool and numbers never need)."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf8", errors="surrogateescape")
+
+
+def _unpack(part: bytes) -> Any:
+    return json.loads(part.decode("utf8", "replace"))
+
+
+class MessageEncoder:
+    """Builds signed requests for one rank, with that rank's session (key, id, message counter)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._auth = session.auth
+        self._id = session.session
+        self._username = session.username
+
+    def request(self, msg_type: str, content: dict[str, Any],
+                metadata: dict[str, Any]) -> tuple[str, list[bytes]]:
+        """The msg_id and the frames of a request (for a DEALER socket: no identities)."""
+        msg_id = self._session.msg_id  # the session's own counter: ids never collide with its own
+        header = {"msg_id": msg_id, "msg_type": msg_type, "username": self._username, "session": self._id,
+                  "date": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
+                  "version": protocol_version}
+        parts = [_pack(header), b"{}", _pack(metadata), _pack(content)]
+        signature = b""
+        if self._auth is not None:
+            mac = self._auth.copy()
+            for part in parts:
+                mac.update(part)
+            signature = mac.hexdigest().encode()
+        return msg_id, [DELIM, signature, *parts]
+
+
+def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes], dict[str, Any]] | None:
+    """In a rank's kernel: the identities and message of an execute request that asks for the lean
+    path (:data:`LEAN_KEY`), verified like jupyter_client's ``Session.deserialize`` does (signature,
+    replay) and recorded in the session's digest history; None for any other message, and for one
+    that fails the checks, which ipykernel's own path then reads, refuses and logs as it always has.
+    """
+    parts = [f.bytes if hasattr(f, "bytes") else bytes(f) for f in frames]
+    try:
+        start = parts.index(DELIM)
+    except ValueError:
+        return None
+    idents, parts = parts[:start], parts[start + 1:]
+    if len(parts) < 5:
+        return None
+    signature, header_b, parent_b, metadata_b, content_b = parts[:5]
+    header = _unpack(header_b)
+    if not isinstance(header, dict) or header.get("msg_type") != "execute_request" or header.get("subshell_id"):
+        return None
+    metadata = _unpack(metadata_b)
+    if not isinstance(metadata, dict) or not metadata.get(LEAN_KEY):
+        return None
+    add_digest = getattr(session, "_add_digest", None)
+    if session.auth is not None:
+        if add_digest is None or not signature or signature in session.digest_history:
+            return None
+        mac = session.auth.copy()
+        for part in (header_b, parent_b, metadata_b, content_b):
+            mac.update(part)
+        if not compare_digest(signature, mac.hexdigest().encode()):
+            return None
+        add_digest(signature)
+    content = _unpack(content_b)
+    if not isinstance(content, dict):
+        return None
+    return idents, {"header": header, "msg_id": header["msg_id"], "msg_type": "execute_request",
+                    "parent_header": _unpack(parent_b), "metadata": metadata, "content": content,
+                    "buffers": [memoryview(b) for b in parts[5:]]}
 
 
 class MessageDecoder:

@@ -11,6 +11,12 @@ when the notebook is gone or the rank is stopped. A rank is a plain ipykernel wi
   cell's traceback (KeyboardInterrupt too) is written there as well, and ipykernel's start-up
   banner ("To connect another client...") is not, since it is no output of the rank's;
 * ``\r`` progress updates are coalesced before they are published (see ``RankOutStream``);
+* the relay's execute requests take a lean path through the kernel (``RankKernel._lean_execute``):
+  an empty cell cost a rank about 2 ms of CPU in ipykernel's, most of it not the cell's;
+* no shell-channel thread: ipykernel 7 reads the shell socket on a thread of its own and hands each
+  request to the main thread (and each reply back) over an inproc socket, a thread hop each way
+  per cell for the subshells that nothing here uses; a rank reads and answers on its main thread,
+  as ipykernel 6 did and ipykernel 7 still does for a kernel without that thread;
 * a watchdog thread ends the kernel when its supervisor is gone (the supervisor itself needs no
   GIL to end the kernel; this thread only covers a supervisor killed outright);
 * with ``CLORCH_CPU_BIND=numa`` the process binds itself to the CPU cores of its GPU's NUMA node
@@ -28,11 +34,13 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import types
 
 from .. import numa
 from ..procs import end_own_group, watch_parent
+from .wire import read_lean_execute
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +81,7 @@ def _out_stream_class() -> type:
         * A flush of a stream nothing was written to is skipped: ipykernel flushes stdout and
           stderr around every cell, and each flush from the main thread waits for two hops
           through the IOPub thread, over a millisecond per cell here.
+        * A flush returns once its text has been handed to the iopub socket (see ``flush``).
         * ``\r`` progress updates are coalesced: a write whose last ``\r`` starts a rewrite of
           the current line replaces what the buffer still holds of that line (the notebook shows
           only a progress line's last state anyway), and while a cell runs, a user's flush of
@@ -145,17 +154,39 @@ def _out_stream_class() -> type:
             if self._rewrite_only and _in_cell and time.monotonic() - self._last_send < COALESCE_S:
                 return  # a timed flush is scheduled (every write schedules one)
             self._clean = True
-            super().flush()
+            thread = self.pub_thread
+            if (thread is None or thread.thread is None or not thread.thread.is_alive()
+                    or thread.thread.ident == threading.get_ident()):
+                super().flush()  # ipykernel sends at once in these cases
+                return
+            # ipykernel's flush waits until the IOPub thread has taken the text from the buffer,
+            # but the send itself is queued behind that, for the thread's next round: a cell that
+            # then holds the GIL in native code (``print('x', flush=True); sum(range(10**11))``)
+            # kept its flushed output from the notebook until it let go. Wait for that round
+            # too: the thread runs it on its own, so this costs no extra wake-up.
+            done = threading.Event()
+            thread.schedule(self._flush)
+            thread.schedule(lambda: thread.schedule(done.set))
+            if not done.wait(self.flush_timeout):
+                print("IOStream.flush timed out", file=sys.__stderr__)
 
     return RankOutStream
 
 
 def _kernel_class() -> type:
+    from ipykernel import ipkernel
     from ipykernel.ipkernel import IPythonKernel
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    _memoize_accepts_parameters(ipkernel)
 
     class RankKernel(IPythonKernel):
         """ipykernel's kernel, marking when a cell runs (for RankOutStream) and writing a failed
         cell's traceback into the rank's log, where ipykernel writes only the iopub message."""
+
+        @property
+        def _supports_kernel_subshells(self) -> bool:
+            return bool(self.shell_channel_thread)  # False with _NoShellChannelThread
 
         def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
             super().__init__(**kwargs)
@@ -163,13 +194,99 @@ def _kernel_class() -> type:
 
             rank_debug.install()  # after ipykernel imported debugpy, which replaces the hook
 
+        async def dispatch_shell(self, msg, /, subshell_id=None, *, concurrent=False):  # type: ignore[no-untyped-def]
+            """The relay's execute requests take :meth:`_lean_execute`; everything else ipykernel's path."""
+            lean = None
+            if not concurrent and subshell_id is None and not self._aborting and self.session:
+                try:
+                    lean = read_lean_execute(self.session, msg)
+                except (ValueError, TypeError, KeyError, UnicodeError) as exc:  # ipykernel's path refuses it
+                    self.log.debug("not a lean execute request: %s", exc)
+            if lean is None:
+                return await super().dispatch_shell(msg, subshell_id=subshell_id, concurrent=concurrent)
+            await self._lean_execute(*lean)
+
+        async def _lean_execute(self, idents: list[bytes], parent: dict) -> None:
+            """ipykernel's dispatch_shell and execute_request for one of the relay's execute
+            requests (wire.LEAN_KEY), minus what only costs a rank time. Not sent: busy and
+            execute_input on iopub, which nothing reads (the relay knows a rank is busy from
+            the request it sent, and what code it sent); each cost the rank a wake of its IOPub
+            thread mid-cell and the notebook a message to read. Not done: ipykernel's debug log
+            records, dateutil parsing of the header, the reply's trip through the stream's send
+            queue. Kept, in ipykernel's order: the parent (output, prompts and comms belong to
+            the request), SIGINT as KeyboardInterrupt while the code runs, do_execute (IPython's
+            run_cell: history, display hook, events, errors), the streams flushed before the
+            reply, the reply, the queue aborted after an error when asked, the idle status
+            after everything the cell printed."""
+            stream = (self.shell_channel_thread.manager.get_subshell_to_shell_channel_socket(None)
+                      if self._supports_kernel_subshells else self.shell_stream)
+            self.set_parent(idents, parent, channel="shell")
+            try:
+                self.pre_handler_hook()
+            except Exception:  # noqa: BLE001 - as ipykernel: the cell runs without it
+                self.log.debug("Unable to signal in pre_handler_hook:", exc_info=True)
+            try:
+                await self._lean_execute_request(stream, idents, parent)
+            except Exception:  # noqa: BLE001 - as ipykernel: logged, the kernel goes on
+                self.log.error("Exception in message handler:", exc_info=True)
+            except KeyboardInterrupt:
+                self.log.error("KeyboardInterrupt caught in kernel.")
+            finally:
+                try:
+                    self.post_handler_hook()
+                except Exception:  # noqa: BLE001 - as ipykernel
+                    self.log.debug("Unable to signal in post_handler_hook:", exc_info=True)
+            if sys.stdout is not None:
+                sys.stdout.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            if isinstance(stream, ZMQStream) and not stream.sending():
+                self._publish_status("idle", "shell")  # nothing queued to flush first
+            else:
+                self._publish_status_and_flush("idle", "shell", stream)
+
+        async def _lean_execute_request(self, stream, idents: list[bytes], parent: dict) -> None:  # type: ignore[no-untyped-def]
+            from ipykernel.jsonutil import json_clean
+
+            content = parent["content"]
+            code = content["code"]
+            silent = content.get("silent", False)
+            store_history = content.get("store_history", not silent)
+            cell_meta = parent.get("metadata") or {}
+            args = {"code": code, "silent": silent, "store_history": store_history,
+                    "user_expressions": content.get("user_expressions", {}),
+                    "allow_stdin": content.get("allow_stdin", False)}
+            if self._do_exec_accepted_params["cell_meta"]:
+                args["cell_meta"] = cell_meta
+            if self._do_exec_accepted_params["cell_id"]:
+                args["cell_id"] = cell_meta.get("cellId")
+            metadata = self.init_metadata(parent)
+            if not silent:
+                self.execution_count += 1  # what ipykernel does (IPythonKernel counts in its shell)
+            reply_content = await self.do_execute(**args)
+            if sys.stdout is not None:
+                sys.stdout.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            if self._execute_sleep:
+                time.sleep(self._execute_sleep)
+            reply_content = json_clean(reply_content)
+            metadata = self.finish_metadata(parent, metadata, reply_content)
+            if isinstance(stream, ZMQStream) and not stream.sending():
+                stream = stream.socket  # this thread's own socket, nothing queued before: send now
+            self.session.send(stream, "execute_reply", reply_content, parent, metadata=metadata, ident=idents)
+            if not silent and reply_content["status"] == "error" and content.get("stop_on_error", True):
+                self._abort_queues(None)
+
         async def do_execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             global _in_cell
             _in_cell = True
+            transform = _TransformOnce(self.shell)
             try:
                 reply = await super().do_execute(*args, **kwargs)
             finally:
                 _in_cell = False
+                transform.close()
             if isinstance(reply, dict) and reply.get("status") == "error":
                 try:
                     sys.stdout.flush()
@@ -228,6 +345,60 @@ def _kernel_class() -> type:
     return RankKernel
 
 
+def _memoize_accepts_parameters(ipkernel: types.ModuleType) -> None:
+    """ipykernel asks ``inspect.signature`` of IPython's run_cell, every cell, which keyword
+    arguments it takes (about 30 us of a rank's CPU per cell): remember the answer per function.
+    An ipykernel without the helper is left as it is."""
+    ask = getattr(ipkernel, "_accepts_parameters", None)
+    if ask is None or getattr(ask, "_clorch_memo", False):
+        return
+    answers: dict[tuple, dict] = {}
+
+    def accepts_parameters(meth, param_names):  # type: ignore[no-untyped-def]
+        key = (getattr(meth, "__func__", meth), tuple(param_names))
+        try:
+            answer = answers[key]
+        except KeyError:
+            answer = answers[key] = ask(meth, param_names)
+        except TypeError:  # unhashable: ask every time
+            return ask(meth, param_names)
+        return dict(answer)
+
+    accepts_parameters._clorch_memo = True  # type: ignore[attr-defined]
+    ipkernel._accepts_parameters = accepts_parameters
+
+
+class _TransformOnce:
+    """ipykernel's do_execute transforms the cell's code (``shell.transform_cell``) to decide how
+    to run it, then IPython's run_cell transforms the same code again, with nothing run in
+    between: the second call gets the first one's result (about 80 us of a rank's CPU per cell).
+    Only that once: the shell's own method is back (and any later call computes afresh) as soon
+    as it was reused or the cell ends."""
+
+    def __init__(self, shell) -> None:  # type: ignore[no-untyped-def]
+        self.shell = shell
+        self.memo: tuple[str, str] | None = None
+        if shell is not None and "transform_cell" not in vars(shell):
+            shell.transform_cell = self
+        else:
+            self.shell = None
+
+    def __call__(self, raw_cell: str) -> str:
+        memo, self.memo = self.memo, None
+        if memo is not None and memo[0] == raw_cell:
+            self.close()
+            return memo[1]
+        cell = type(self.shell).transform_cell(self.shell, raw_cell)
+        self.memo = (raw_cell, cell)
+        return cell
+
+    def close(self) -> None:
+        if self.shell is not None:
+            if vars(self.shell).get("transform_cell") is self:
+                del self.shell.transform_cell
+            self.shell = None
+
+
 def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """``tb`` with the frames of this module left out (a new chain; the frames are the same)."""
     kept: list[types.TracebackType] = []
@@ -241,12 +412,33 @@ def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType |
     return chain
 
 
+class _NoShellChannelThread:
+    """Stands in for ipykernel's shell channel thread, which a rank does without (see the module
+    docstring). Falsy, so that ipykernel takes its path for a kernel without one everywhere it
+    asks (``if self.shell_channel_thread``; RankKernel's ``_supports_kernel_subshells``), and
+    with ``parent_thread``, which ipykernel 7.4 still reads to run top-level-await cells on the
+    main thread with Ctrl-C support, where None would raise AttributeError."""
+
+    def __init__(self) -> None:
+        self.parent_thread = threading.main_thread()
+
+    def __bool__(self) -> bool:
+        return False
+
+
 def _app_class() -> type:
     from ipykernel.kernelapp import IPKernelApp
 
     class RankKernelApp(IPKernelApp):
         """No start-up banner in the rank's log: "To connect another client..." and the note on
         Ctrl-C are ipykernel talking to a terminal user, and the log is the rank's output."""
+
+        def init_sockets(self) -> None:
+            super().init_sockets()
+            thread = getattr(self, "shell_channel_thread", None)
+            if thread is not None:  # made, not started: see the module docstring
+                thread.io_loop.close()
+                self.shell_channel_thread = _NoShellChannelThread()
 
         def log_connection_info(self) -> None:
             self.log.debug("connection file: %s", self.connection_file)
