@@ -56,12 +56,12 @@ def test_eight_ranks_one_line() -> None:
     assert cap.stdout == "[ranks 0-7] hello\n"
 
 
-def test_different_lines_stay_lines_of() -> None:
+def test_different_lines_stay_per_rank() -> None:
     cap = feed([out(0, "loss 0.5\n"), out(1, "loss 0.7\n")])
     assert cap.stdout == "[rank 0] loss 0.5\n[rank 1] loss 0.7\n"
 
 
-def test_partly_identical_output_is_correct_and_in_order_lines_of() -> None:
+def test_partly_identical_output_is_correct_and_in_order_per_rank() -> None:
     items = [out(0, "start\nstep 0: 1.0\n"), out(1, "start\nstep 0: 2.0\n"),
              out(1, "done\n"), out(0, "done\n")]
     cap = feed(items)
@@ -99,7 +99,7 @@ def test_no_merge_keeps_every_copy() -> None:
     assert cap.stdout == "[rank 0] same\n[rank 1] same\n"
 
 
-def test_identical_final_value_is_shown_once_and_different_values_lines_of() -> None:
+def test_identical_final_value_is_shown_once_and_different_values_per_rank() -> None:
     cap = feed([value(0, "42"), value(1, "42")])
     assert [o.data["text/plain"] for o in cap.outputs] == ["[ranks 0-1] 42"]
     cap = feed([value(0, "7"), value(1, "107")])
@@ -140,7 +140,7 @@ def test_rich_output_keeps_its_place_in_each_ranks_order() -> None:
     assert lines_of(cap.stdout, 0)[-1] == "after 0" and lines_of(cap.stdout, 1)[-1] == "after 1"
 
 
-def test_progress_lines_stay_lines_of() -> None:
+def test_progress_lines_stay_per_rank() -> None:
     items = [out(0, "\r 50%", "stderr"), out(1, "\r 50%", "stderr"), out(0, "\r100%\n", "stderr"),
              out(1, "\r100%\n", "stderr")]
     cap = feed(items)
@@ -164,7 +164,7 @@ def test_identical_tracebacks_are_shown_once() -> None:
     assert separate.count("Cell In[12], line 3") == 4
 
 
-def test_different_tracebacks_stay_lines_of() -> None:
+def test_different_tracebacks_stay_per_rank() -> None:
     outcome = CellOutcome(ranks={0: _error(0, "ValueError", ["ValueError: a"]),
                                  1: _error(1, "ValueError", ["ValueError: b"])})
     text = "\n".join(DistributedCellError(outcome)._render_traceback_())
