@@ -56,6 +56,8 @@ logger = logging.getLogger("clorch_repl.rank")
 KERNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 #: How long a kernel gets to bind its ports after it was started.
 KERNEL_START_S = 120.0
+#: Consecutive failed handshakes (a key that is not the endpoint's) before a nanny gives up.
+HANDSHAKE_FAILURES = 3
 #: How long a stopped kernel and what it started get after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
 
@@ -117,6 +119,12 @@ class Nanny:
         # the same name after a reconnect: the notebook keeps knowing this rank (router handover)
         self.socket.routing_id = f"{info.session}:{identity.rank}:{os.getpid()}".encode()
         self.socket.linger = 1000
+        # Handshake failures are silent on the socket itself (ZeroMQ just retries); the monitor
+        # tells a connect file of another or an ended session apart from a notebook that is slow.
+        self.monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self.handshake_failures = 0
         self.socket.connect(f"tcp://{info.address}:{info.port}")
         self.last_heard = time.monotonic()
 
@@ -221,6 +229,22 @@ class Nanny:
             self.send({"op": "exited", "how": describe_exit(child.returncode),
                        "report": self.files.death_report()})
 
+    def _check_handshakes(self) -> None:
+        """Refuse to wait forever on an endpoint whose key is not the connect file's."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_failures = 0
+            else:
+                self.handshake_failures += 1
+        if self.handshake_failures >= HANDSHAKE_FAILURES:
+            raise ClorchError(
+                f"the notebook's endpoint {self.info.address}:{self.info.port} refused this rank's encrypted "
+                f"handshake {self.handshake_failures} times: the connect file's key is not that endpoint's "
+                "(a connect file of another or an ended session?); use the one the waiting %clorch start printed")
+
     # ------------------------------------------------------------------------ the loop
     def _pump(self, timeout_s: float) -> str | None:
         """Read and handle the notebook's messages for up to ``timeout_s``; "exit" when told to."""
@@ -287,6 +311,7 @@ class Nanny:
             while True:
                 if self._pump(0.1) == "exit":
                     return self.exit_code
+                self._check_handshakes()
                 self._report_started()
                 self._check_kernel()
                 now = time.monotonic()
@@ -300,6 +325,8 @@ class Nanny:
                     return 3
         finally:
             self.stop_kernel()
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
             self.socket.close(linger=500)
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -232,3 +232,28 @@ def test_a_start_nobody_answers_names_the_missing_ranks_and_leaves_nothing(ip) -
     path = re.search(r"read the connect file (\S+)", str(info.value)).group(1)
     assert not os.path.exists(path)  # the failed start removed its private directory
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_a_connect_file_of_another_session_is_named_at_once(tmp_path) -> None:
+    """Its key is not the endpoint's: the encrypted handshake fails, which ZeroMQ would retry
+    forever in silence; the nanny says why and exits instead of waiting for its orphan timeout."""
+    import zmq
+
+    from clorch_repl.launchers.callback import CallbackServer
+
+    server = CallbackServer("127.0.0.1", 0, str(tmp_path / "live.json"), 1, orphan_timeout_s=60)
+    try:
+        stale = json.loads((tmp_path / "live.json").read_text())
+        stale["server_key"] = zmq.curve_keypair()[0].decode()  # an ended session's key, say
+        (tmp_path / "stale.json").write_text(json.dumps(stale))
+        env = dict(os.environ, CLORCH_CONNECT_FILE=str(tmp_path / "stale.json"), RANK="0", WORLD_SIZE="1")
+        env.pop("CLORCH_CONNECT", None)
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "clorch_repl.rank"], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "the connect file's key is not that endpoint's" in done.stderr, done.stderr
+        assert time.monotonic() - t0 < 20  # not the 60 s orphan timeout
+        assert not server.peers
+    finally:
+        server.close()

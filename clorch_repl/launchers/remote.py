@@ -47,13 +47,12 @@ class RemoteRank(RankHandle):
 
     def connection_info(self, session: bool = False) -> dict[str, Any]:
         info = {k: v for k, v in self._info.items() if k != "kernel_name"}
-        if session:  # KernelManager.get_connection_info's shape: keys as bytes, a Session object
-            info["key"] = str(info["key"]).encode()
+        if session:  # KernelManager.get_connection_info's shape: a Session instead of key and scheme
+            key = str(info.pop("key")).encode()
+            info["session"] = JupyterSession(key=key, signature_scheme=info.pop("signature_scheme", "hmac-sha256"))
             for name in ("curve_publickey", "curve_secretkey"):
                 if isinstance(info.get(name), str):
                     info[name] = info[name].encode()
-            info["session"] = JupyterSession(key=info["key"],
-                                             signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         return info
 
     @property
