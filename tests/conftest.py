@@ -19,8 +19,11 @@ error, so the list cannot rot silently.
 from __future__ import annotations
 
 import _posixsubprocess
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Iterator
 
@@ -31,6 +34,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Ranks and notebook kernels import the tests' own helper modules (``import tests.train_helpers``)
 # as a notebook in ROOT could; this process gets ROOT from ``pythonpath`` in pyproject.toml.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+# Connect files of multi-host sessions go to a private directory of this test run (not ~/.clorch),
+# removed at its end: tests kill notebooks, which cannot remove their own.
+_CONNECT_DIR = tempfile.mkdtemp(prefix="clorch-test-connect-")
+os.environ["CLORCH_CONNECT_DIR"] = _CONNECT_DIR
+atexit.register(shutil.rmtree, _CONNECT_DIR, True)
 
 # The fast half: test modules (paths under tests/) whose every test starts no process: no worker
 # kernels, no notebook kernel, no torch.distributed group, no subprocess, no browser, no hosts; and,

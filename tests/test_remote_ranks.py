@@ -184,6 +184,12 @@ def test_nannies_end_their_kernels_when_the_notebook_is_killed() -> None:
         os.kill(nb.pid, signal.SIGKILL)
         assert wait_gone(below, 3 + 5) == []
         assert runner.wait(timeout=10) is not None  # torchrun's workers exited (status 3: orphaned)
+        # the dead notebook could not remove its connect file; the next start on this host does
+        from clorch_repl.launchers.callback import remove_stale_connect_files
+
+        assert os.path.exists(path)
+        remove_stale_connect_files(os.path.dirname(path))
+        assert not os.path.exists(path)
         print(f"every rank process gone {time.monotonic() - t0:.1f} s after the notebook's SIGKILL")
     finally:
         nb.shutdown()

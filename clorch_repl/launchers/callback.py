@@ -144,6 +144,28 @@ class ConnectInfo:
         return cls.read(path)
 
 
+def connect_file_prefix() -> str:
+    """``connect-HOST-PID-``: whose file it is, so that a later start can tell a dead notebook's."""
+    return f"connect-{socket.gethostname()}-{os.getpid()}-"
+
+
+def remove_stale_connect_files(directory: str) -> str:
+    """Remove the connect files that notebooks of this host left when they died (SIGKILL gives
+    no chance to clean up): those named with this host and a pid that no longer runs. Files of
+    other hosts (a shared home) are never touched. Returns ``directory``."""
+    from ..procs import pid_running
+
+    prefix = f"connect-{socket.gethostname()}-"
+    for name in os.listdir(directory):
+        if not (name.startswith(prefix) and name.endswith(".json")):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not pid_running(int(pid)):
+            logger.info("clorch_repl: removing %s, left by a notebook (pid %s) that is gone", name, pid)
+            remove_quietly(os.path.join(directory, name))
+    return directory
+
+
 def connect_dir() -> str:
     """The private directory (0700) for connect files: ``$CLORCH_CONNECT_DIR`` or ``~/.clorch``."""
     path = os.environ.get(CONNECT_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".clorch")

@@ -25,7 +25,8 @@ from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..topology import BACKENDS, Topology
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .callback import LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, default_listen_address
+from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
+                       default_listen_address, remove_stale_connect_files)
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class RemoteLauncher(Launcher):
         self.dir = tempfile.mkdtemp(prefix="clorch-")
         os.chmod(self.dir, 0o700)
         # in ~/.clorch (or $CLORCH_CONNECT_DIR): where the nodes can read it, unlike /tmp
-        fd, self.connect_file = tempfile.mkstemp(prefix="connect-", suffix=".json", dir=connect_dir())
+        fd, self.connect_file = tempfile.mkstemp(prefix=connect_file_prefix(), suffix=".json",
+                                                 dir=remove_stale_connect_files(connect_dir()))
         os.close(fd)
         try:
             listen = opts.listen or self.default_listen()
