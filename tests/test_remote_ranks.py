@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Iterator
 
@@ -185,11 +186,15 @@ def test_nannies_end_their_kernels_when_the_notebook_is_killed() -> None:
         assert wait_gone(below, 3 + 5) == []
         assert runner.wait(timeout=10) is not None  # torchrun's workers exited (status 3: orphaned)
         # the dead notebook could not remove its connect file; the next start on this host does
-        from clorch_repl.launchers.callback import remove_stale_connect_files
+        from clorch_repl.launchers.callback import remove_stale, remove_stale_connect_files
 
         assert os.path.exists(path)
         remove_stale_connect_files(os.path.dirname(path))
         assert not os.path.exists(path)
+        left = [d for d in os.listdir(tempfile.gettempdir()) if d.startswith(f"clorch-{os.uname().nodename}-{nb.pid}-")]
+        assert len(left) == 1  # the dead notebook's private directory, until the next start on this host
+        remove_stale(tempfile.gettempdir(), "clorch")
+        assert not os.path.exists(os.path.join(tempfile.gettempdir(), left[0]))
         print(f"every rank process gone {time.monotonic() - t0:.1f} s after the notebook's SIGKILL")
     finally:
         nb.shutdown()

@@ -146,24 +146,38 @@ class ConnectInfo:
 
 def connect_file_prefix() -> str:
     """``connect-HOST-PID-``: whose file it is, so that a later start can tell a dead notebook's."""
-    return f"connect-{socket.gethostname()}-{os.getpid()}-"
+    return owned_prefix("connect")
+
+
+def owned_prefix(kind: str) -> str:
+    """``KIND-HOST-PID-``: the name of something a notebook leaves on disk while it runs."""
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def remove_stale(directory: str, kind: str) -> str:
+    """Remove what notebooks of this host left in ``directory`` when they died (SIGKILL gives no
+    chance to clean up): entries named :func:`owned_prefix` with a pid that no longer runs. Other
+    hosts' entries (a shared home) are never touched. Returns ``directory``."""
+    import shutil
+
+    from ..procs import pid_running
+
+    prefix = f"{kind}-{socket.gethostname()}-"
+    for name in os.listdir(directory):
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and not pid_running(int(pid)):
+            logger.info("clorch_repl: removing %s, left by a notebook (pid %s) that is gone", name, pid)
+            path = os.path.join(directory, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                remove_quietly(path)
+    return directory
 
 
 def remove_stale_connect_files(directory: str) -> str:
-    """Remove the connect files that notebooks of this host left when they died (SIGKILL gives
-    no chance to clean up): those named with this host and a pid that no longer runs. Files of
-    other hosts (a shared home) are never touched. Returns ``directory``."""
-    from ..procs import pid_running
-
-    prefix = f"connect-{socket.gethostname()}-"
-    for name in os.listdir(directory):
-        if not (name.startswith(prefix) and name.endswith(".json")):
-            continue
-        pid = name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not pid_running(int(pid)):
-            logger.info("clorch_repl: removing %s, left by a notebook (pid %s) that is gone", name, pid)
-            remove_quietly(os.path.join(directory, name))
-    return directory
+    """The connect files of this host's dead notebooks (see :func:`remove_stale`)."""
+    return remove_stale(directory, "connect")
 
 
 def connect_dir() -> str:

@@ -26,7 +26,7 @@ from ..errors import ClorchError, ConfigError
 from ..topology import BACKENDS, Topology
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
-                       default_listen_address, remove_stale_connect_files)
+                       default_listen_address, owned_prefix, remove_stale, remove_stale_connect_files)
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ class RemoteLauncher(Launcher):
             raise ConfigError(f"--launcher {self.name} needs --nproc-per-node: how many ranks to start on each "
                               "node (one per GPU on GPU nodes)")
         self.world_size = opts.nodes * opts.nproc_per_node
-        self.dir = tempfile.mkdtemp(prefix="clorch-")
+        # named with host and pid: a later start removes it if this notebook dies without a stop
+        self.dir = tempfile.mkdtemp(prefix=owned_prefix("clorch"), dir=remove_stale(tempfile.gettempdir(), "clorch"))
         os.chmod(self.dir, 0o700)
         # in ~/.clorch (or $CLORCH_CONNECT_DIR): where the nodes can read it, unlike /tmp
         fd, self.connect_file = tempfile.mkstemp(prefix=connect_file_prefix(), suffix=".json",
