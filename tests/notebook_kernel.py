@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from queue import Empty

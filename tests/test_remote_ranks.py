@@ -26,13 +26,24 @@ from rank_text import lines_of
 START = "%clorch start --launcher attach --nodes 1 --nproc-per-node 2 --listen 127.0.0.1 --start-timeout 60"
 
 
-def torchrun(connect_file: str, port: int, nproc: int = 2) -> subprocess.Popen[bytes]:
+def torchrun(connect_file: str, nproc: int = 2) -> subprocess.Popen[bytes]:
     """The printed command, as a user runs it on the node (here: this host)."""
+    from clorch_repl.procs import free_port
+
+    port = free_port()
     env = dict(os.environ, CLORCH_CONNECT_FILE=connect_file)
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
                              str(nproc), "--max-restarts", "0", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                              f"127.0.0.1:{port}", "-m", "clorch_repl.rank"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def begin_start(nb: NotebookKernel, extra: str = "") -> tuple[str, str]:
+    """Load the extension and send the attach start; returns its msg_id and the connect file's
+    path from the command it printed (the start then waits for the ranks)."""
+    assert nb.run("%load_ext clorch_repl").status == "ok"
+    msg_id = nb.send(START + extra)
+    return msg_id, printed_connect_file(nb, msg_id)
 
 
 def printed_connect_file(nb: NotebookKernel, msg_id: str) -> str:
@@ -49,18 +60,14 @@ class Attached:
 
 @pytest.fixture()
 def attached() -> Iterator[Attached]:
-    from clorch_repl.procs import free_port
-
     nb = NotebookKernel()
     runner = None
     try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        msg_id = nb.send(START)
-        path = printed_connect_file(nb, msg_id)
+        msg_id, path = begin_start(nb)
         with open(path) as fh:
             token = json.load(fh)["token"]
         assert os.stat(path).st_mode & 0o777 == 0o600
-        runner = torchrun(path, free_port())
+        runner = torchrun(path)
         reply = nb.collect(msg_id, timeout=120)
         assert reply.status == "ok", reply.text
         yield Attached(nb, runner, path, token)
@@ -141,14 +148,9 @@ def test_no_secret_on_any_command_line_and_kernels_listen_on_one_address(attache
 
 
 def test_a_forged_registration_fails_the_start_naming_the_host(tmp_path) -> None:
-    from clorch_repl.procs import free_port
-
     nb = NotebookKernel()
-    forged = None
     try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        msg_id = nb.send(START)
-        path = printed_connect_file(nb, msg_id)
+        msg_id, path = begin_start(nb)
         with open(path) as fh:
             info = json.load(fh)
         info["token"] = "not-the-token"
@@ -163,21 +165,16 @@ def test_a_forged_registration_fails_the_start_naming_the_host(tmp_path) -> None
         assert "wrong token" in reply.text and os.uname().nodename in reply.text, reply.text
         assert forged.returncode == 2 and "refused" in forged.stderr, forged.stderr
         assert not os.path.exists(path)  # the failed start removed its connect file
-        del free_port
     finally:
         nb.shutdown()
 
 
 def test_nannies_end_their_kernels_when_the_notebook_is_killed() -> None:
-    from clorch_repl.procs import free_port
-
     nb = NotebookKernel()
     runner = None
     try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        msg_id = nb.send(START + " --orphan-timeout 3")
-        path = printed_connect_file(nb, msg_id)
-        runner = torchrun(path, free_port())
+        msg_id, path = begin_start(nb, " --orphan-timeout 3")
+        runner = torchrun(path)
         assert nb.collect(msg_id, timeout=120).status == "ok"
         below = [p.pid for p in psutil.Process(runner.pid).children(recursive=True)]
         assert len(below) >= 6  # 2 nannies, their supervisors and kernels

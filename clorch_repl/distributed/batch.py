@@ -209,7 +209,6 @@ class Job:
     # -- internals ----------------------------------------------------------------------------
 
     def _rank_status(self, r: int) -> RankStatus:
-        proc = self._procs[r]
         code = self._exit_codes[r]
         result = self._results[r]
         error = result.error_line if result is not None and not result.ok else None
