@@ -10,8 +10,12 @@ ratio by more than the changes being measured. In one kernel, not two, because t
 history threads write one SQLite file and slowed each other's cells. Prints p50/p90
 in milliseconds and the ratios, with their spread: the lowest and highest ratio of p50s over
 ``--blocks`` consecutive blocks of the pairs. Also times ``%clorch start`` until the group is
-ready, beside ``torchrun`` starting the same gloo group. Target (issue 12): p50 within 1.5x the
-floor at 2 ranks, 1.8x at 4.
+ready, beside ``torchrun`` starting the same gloo group, and ``%clorch restart`` until the group
+is usable again (the restart and the first cell after it, whose output shows that every rank is
+in a fresh group) in three situations, ``--restarts`` times each: a healthy group, after a rank's
+death (``os._exit(3)`` on the last rank) and after a hang (rank 0 alone in a barrier, the cell
+ended by its ``--timeout``). Targets (issue 12): p50 within 1.5x the floor at 2 ranks, 1.8x at 4;
+start at most 0.4x torchrun's; restart at most 2 s on GPUs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from notebook_kernel import NotebookKernel  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
+from rank_text import lines_of  # noqa: E402
 
 CELL = "%%distributed\npass"
 
@@ -75,6 +80,39 @@ def block_ratios(floor: list[float], cells: list[float], blocks: int) -> list[fl
             for i in range(0, size * blocks, size) if cells[i:i + size]]
 
 
+#: what precedes each timed restart: nothing, a rank's death, a hang ended by the cell's timeout
+BEFORE_RESTART = {
+    "healthy": None,
+    "after a death": "%%distributed --ranks {last}\nimport os; os._exit(3)",
+    "after a hang": "%%distributed --timeout 2\nimport torch.distributed as dist\nif rank == 0: dist.barrier()",
+}
+FRESH = ("%%distributed\nimport os, torch.distributed as dist\nassert 'clorch_marker' not in globals()\n"
+         "clorch_marker = 1\ndist.barrier()\nprint(os.getpid())")
+
+
+def restart_times(nb: NotebookKernel, nproc: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds from ``%clorch restart`` until a cell has run a barrier on every fresh rank, per
+    situation in :data:`BEFORE_RESTART`. Checks that the ranks are new processes with empty
+    namespaces (the marker of the previous group is gone)."""
+    times: dict[str, list[float]] = {name: [] for name in BEFORE_RESTART}
+    assert nb.run(FRESH).status == "ok"
+    for _ in range(repeats):
+        for name, before in BEFORE_RESTART.items():
+            old = nb.run(FRESH.replace("assert 'clorch_marker' not in globals()\n", "")).text
+            if before is not None:
+                nb.run(before.format(last=nproc - 1), timeout=120)  # fails, as it should
+            t0 = time.perf_counter()
+            restarted, status = round_trip(nb, "%clorch restart")
+            assert status == "ok", f"%clorch restart {name} failed"
+            fresh = nb.run(FRESH, timeout=120)
+            elapsed = fresh.idle_at - t0
+            assert fresh.status == "ok", fresh.text
+            pids = lambda text: {line for r in range(nproc) for line in lines_of(text, r)}  # noqa: E731
+            assert len(pids(fresh.text)) == nproc and not pids(fresh.text) & pids(old), (old, fresh.text)
+            times[name].append(elapsed)
+    return times
+
+
 def torchrun_start(nproc: int, backend: str) -> float:
     script = textwrap.dedent(f"""
         import os, torch, torch.distributed as dist
@@ -101,18 +139,21 @@ def main() -> None:
     parser.add_argument("--nprocs", default="2,4")
     parser.add_argument("--blocks", type=int, default=5, help="blocks of pairs for the spread of the ratio")
     parser.add_argument("--backend", default=None, help="passed to %%clorch start (default: its own)")
+    parser.add_argument("--restarts", type=int, default=3, help="timed restarts per situation (0: none)")
+    parser.add_argument("--start-args", default="", help="more options for %%clorch start, e.g. '--spares 0'")
     args = parser.parse_args()
     nprocs = [int(n) for n in args.nprocs.split(",")]
 
     nb = NotebookKernel()
     starts = {}
+    restarts: dict[int, dict[str, list[float]]] = {}
     try:
         nb.run("%load_ext clorch_repl")
         print(f"{'case':<26}{'p50 ms':>8}{'p90 ms':>8}{'p50 ratio':>11}{'p90 ratio':>11}"
               f"   p50 ratio per block (min-max)")
         for n in nprocs:
             backend = f" --backend {args.backend}" if args.backend else ""
-            elapsed, status = round_trip(nb, f"%clorch start --nproc {n}{backend}")
+            elapsed, status = round_trip(nb, f"%clorch start --nproc {n}{backend} {args.start_args}".rstrip())
             assert status == "ok", f"%clorch start --nproc {n} failed"
             starts[n] = elapsed
             floor, cells = interleaved(nb, args.iters)
@@ -122,6 +163,8 @@ def main() -> None:
             print(f"{'  floor (pass)':<26}{f50:>8.2f}{f90:>8.2f}{1:>11.2f}{1:>11.2f}")
             print(f"{f'  %%distributed, {n} ranks':<26}{p50:>8.2f}{p90:>8.2f}{p50 / f50:>11.2f}{p90 / f90:>11.2f}"
                   f"   {min(spread):.2f}-{max(spread):.2f}")
+            if args.restarts:
+                restarts[n] = restart_times(nb, n, args.restarts)
             nb.run("%clorch stop")
     finally:
         nb.shutdown()
@@ -133,6 +176,10 @@ def main() -> None:
         ref = torchrun_start(n, backend)
         print(f"start {n} {backend} ranks: %clorch start {elapsed:.2f} s, torchrun (init + barrier + exit) "
               f"{ref:.2f} s, ratio {elapsed / ref:.2f}")
+    for n, cases in restarts.items():
+        for name, samples in cases.items():
+            print(f"restart {n} ranks {name}: median {statistics.median(samples):.2f} s "
+                  f"[{min(samples):.2f}-{max(samples):.2f}] over {len(samples)} (until a barrier on every fresh rank)")
 
 
 if __name__ == "__main__":
