@@ -29,6 +29,11 @@ STORE_FILE_ENV = "CLORCH_STORE_FILE"
 CPU_BIND_ENV = "CLORCH_CPU_BIND"
 #: the rank's physical GPU index on its host (before CUDA_VISIBLE_DEVICES renumbers it to 0)
 GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
+#: set in a warm spare's environment (clorch_repl.launchers.spares): it imports torch before its
+#: kernel starts, and it learns the group's meeting point only when it is made a rank
+SPARE_ENV = "CLORCH_SPARE"
+#: a spare's rank log: where it moves its stdout and stderr when it is made a rank
+RANK_LOG_ENV = "CLORCH_RANK_LOG"
 #: variables of an elastic agent (torchrun) that must not steer the rank's own process group:
 #: its store is torchrun's rendezvous, not the group's (API.md: never reuse torchrun's port)
 _AGENT_ONLY = ("TORCHELASTIC_USE_AGENT_STORE",)

@@ -220,6 +220,9 @@ def test_a_rank_reads_its_place_from_torchrun_or_slurm(env: dict[str, str], expe
     ("--launcher attach --nproc-per-node 1 --nproc 2", "--nproc and --devices are for --launcher local"),
     ("--launcher attach --nproc-per-node 1 --orphan-timeout -1", "--orphan-timeout must be a positive number"),
     ("--cpu-bind all", "--cpu-bind must be numa or none"),
+    ("--spares 2", "--spares must be 0 (no warm spares) or 1 (one per rank); got '2'"),
+    ("--spares yes", "--spares must be 0 (no warm spares) or 1"),
+    ("--launcher attach --nproc-per-node 1 --spares 1", "--spares is for --launcher local"),
 ])
 def test_start_refuses_bad_launcher_options_in_one_line(ip, line: str, message: str) -> None:
     from IPython.core.error import UsageError

@@ -63,6 +63,9 @@ class LaunchOptions:
     partition: str | None = None
     time: str | None = None
     srun_args: str = ""
+    #: local: warm spare sets kept for a fast restart, 0 or 1 (None: the launcher decides; see
+    #: :mod:`.spares`)
+    spares: int | None = None
 
 
 class RankHandle(abc.ABC):
@@ -96,6 +99,11 @@ class RankHandle(abc.ABC):
         return self.exit is None
 
     @property
+    def listening(self) -> bool:
+        """Whether the kernel has bound its channels; a launcher that cannot tell says True."""
+        return True
+
+    @property
     @abc.abstractmethod
     def pid(self) -> int | None:
         """The rank's Python process on its host (for ``%clorch status``), None until known."""
@@ -117,6 +125,9 @@ class Launcher(abc.ABC):
         self.topology = topology
         self.options = options or LaunchOptions()
         self.ranks: list[RankHandle] = []
+        #: warm spare kernels, one per rank, waiting to be made the ranks of the next start (see
+        #: :mod:`.local`); empty for launchers that keep none
+        self.spares: list[RankHandle] = []
         #: a private directory (0700) on the notebook's host for the session's own files
         #: (transfers, connect file); removed by close()
         self.dir = ""
@@ -144,9 +155,23 @@ class Launcher(abc.ABC):
         """What the rank's current kernel wrote about its end (a crash report, or its last lines)."""
 
     @abc.abstractmethod
-    def stop(self, grace_s: float) -> list[str]:
+    def stop(self, grace_s: float, *, polite: bool = True) -> list[str]:
         """End every rank's kernel and all it started (one ``grace_s`` for all of them); keep what
-        hosts them. Returns what could not be ended (should be nothing), as text."""
+        hosts them. Returns what could not be ended (should be nothing), as text.
+
+        ``polite=False`` says the ranks' state is being thrown away (a restart of a group with a
+        dead, hung or busy rank): no kernel is asked to shut down and waited for; each is ended
+        at once (SIGTERM, then SIGKILL after ``grace_s``)."""
+
+    def join_environment(self) -> dict[str, str]:
+        """Variables every rank must set in its own environment before it joins the group (see
+        :func:`clorch_repl.session.bootstrap.join_group`), for ranks whose process was started
+        before the group's meeting point was known (warm spares); empty by default."""
+        return {}
+
+    def group_formed(self) -> None:
+        """Called once the ranks of a start have formed their group: a launcher may now prepare
+        the next start (warm spares), without taking time from this one."""
 
     @abc.abstractmethod
     def close(self) -> None:

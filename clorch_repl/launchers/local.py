@@ -10,6 +10,21 @@ Every file of the group (connection files, IPC sockets, logs, stack dumps, the r
 lives in one private directory (0700) that :meth:`LocalLauncher.close` removes. Ranks talk over IPC
 sockets in that directory: nothing listens on a network port, and only this user can connect;
 every message is HMAC-signed with the kernel's key.
+
+**Warm spares** (``%clorch start --spares 0|1``) make ``%clorch restart`` take seconds less. Once
+a group has formed, the launcher starts one spare per rank: a process like a rank's (same
+supervisor, same environment, the same GPU in ``CUDA_VISIBLE_DEVICES``) whose kernel is up and
+which has imported torch (``CLORCH_SPARE``, :func:`clorch_repl.session.worker.warm_imports`), but
+which has no process group and no CUDA context: it touches no GPU and has never run user code, so
+nothing of the old ranks can leak into it. A restart ends the old ranks, makes the spares the
+ranks (they learn the new group's rendezvous file and port from the join request,
+:meth:`LocalLauncher.join_environment`, and move their output to the rank's log) and, after the
+group has formed, starts the next set. What remains of a restart is ending the old ranks and
+forming the group (CUDA and NCCL set-up on GPUs). A spare costs what an idle rank without CUDA
+costs: an interpreter with torch and ipykernel imported (measured: docs/PERFORMANCE.md, "Restart").
+By default (:func:`default_spares`) GPU sessions keep a set, where a cold start of a rank
+(interpreter, imports, then CUDA) is most of a restart, and CPU sessions do not. A spare is below a
+supervisor that watches the notebook kernel like any rank's, so no spare outlives it.
 """
 
 from __future__ import annotations
@@ -30,11 +45,11 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
 from ..atomic import remove_quietly
-from ..rank_env import RankPlace, rank_environment
+from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import Topology
 from . import supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .rankfiles import RankFiles, kernel_pid
+from .rankfiles import RankFiles, kernel_pid, private_file
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +58,15 @@ STOP_GRACE_S = 5.0
 #: How long ranks get to leave after a shutdown request before they are sent SIGTERM (part of
 #: the one shared grace period of a stop, not added to it).
 SHUTDOWN_WAIT_S = 1.5
+
+
+def default_spares(topology: Topology) -> int:
+    """Warm spare sets when ``--spares`` is not given: one for GPU ranks, none for CPU ranks.
+
+    On GPUs a cold rank start (interpreter, imports, then CUDA) made most of a 7 s restart; on CPU
+    ranks a restart took about 2 s in all, and spares there would hold memory and, on a small
+    machine, take CPU from the user's first cells while they start."""
+    return 1 if topology.uses_gpu else 0
 
 
 class LocalRank(RankHandle):
@@ -77,6 +101,14 @@ class LocalRank(RankHandle):
             self._kernel_pid = kernel_pid(self.pid_path)
         return self._kernel_pid
 
+    @property
+    def listening(self) -> bool:
+        """Whether the kernel has bound its channels (its IPC socket files exist): for a warm
+        spare, that its imports are done and it can be made a rank without waiting."""
+        info = self.manager.get_connection_info()
+        ports = [info[f"{name}_port"] for name in ("shell", "iopub", "stdin", "control", "hb")]
+        return all(os.path.exists(f"{info['ip']}-{port}") for port in ports)
+
     def poll(self) -> int | None:
         """The exit status once the process has ended (negative: killed by that signal)."""
         if self.returncode is None:
@@ -107,6 +139,12 @@ class LocalLauncher(Launcher):
         self.store_file = ""
         self.master_port = 0
         self._spec_manager = self._write_kernelspec()
+        wanted = self.options.spares
+        #: warm spare sets to keep (0 or 1)
+        self.spares_wanted = default_spares(topology) if wanted is None else wanted
+        self.spares: list[LocalRank] = []  # type: ignore[assignment]
+        #: what the current ranks learn when they join (spares made ranks); see join_environment
+        self._joining: dict[str, str] = {}
 
     def _write_kernelspec(self) -> KernelSpecManager:
         spec_dir = os.path.join(self.dir, "kernels", KERNEL_NAME)
@@ -138,25 +176,66 @@ class LocalLauncher(Launcher):
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
 
+    def _start_kernel(self, name: str, env: dict[str, str], files: RankFiles, log_fd: int) -> LocalRank:
+        """One kernel below its supervisor: connection file ``NAME.json`` and IPC sockets
+        ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
+        manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
+                                transport="ipc", ip=os.path.join(self.dir, name))
+        manager.connection_file = os.path.join(self.dir, f"{name}.json")
+        try:
+            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=os.getcwd())
+        finally:
+            os.close(log_fd)
+        return LocalRank(files.rank, manager, files)
+
     def launch(self, progress: Progress) -> None:
-        """Start every rank's kernel process; returns at once (readiness is the relay's job)."""
+        """Start every rank's kernel process, or make the warm spares the ranks; returns at once
+        (readiness is the relay's job)."""
         # A fresh rendezvous for every start: a restart never reads a previous group's keys.
         self.store_file = os.path.join(self.dir, f"rendezvous-{secrets.token_hex(8)}.store")
         #: the group's MASTER_PORT (the ranks meet through the FileStore; torch's names are set too)
         self.master_port = master_port = procs.free_port()
+        spares, self.spares = self.spares, []
+        self._joining = {}
+        if spares and all(spare.alive for spare in spares):
+            for spare in spares:
+                files = self.files[spare.rank]
+                os.close(files.open_log())  # the banner; the spare moves its output here as it joins
+                spare.files, spare.started_at = files, time.time()
+            self.ranks = spares
+            self._joining = {STORE_FILE_ENV: self.store_file, "MASTER_PORT": str(master_port)}
+            progress(f"{len(spares)} warm spare rank(s) taken")
+            return
+        if spares:  # one died (its log says why): a cold start, as without spares
+            dead = [f"spare for rank {p.rank} ({p.exit}; log {self._spare_log(p.rank)})" for p in spares if not p.alive]
+            logger.warning("clorch_repl: %s; starting the ranks cold", ", ".join(dead))
+            self._end(spares, 1.0, polite=False)
         self.ranks = []
         for rank in range(self.topology.nproc):
-            manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
-                                    transport="ipc", ip=os.path.join(self.dir, f"rank{rank}"))
-            manager.connection_file = os.path.join(self.dir, f"rank{rank}.json")
             files = self.files[rank]
-            log_fd = files.open_log()
-            try:
-                manager.start_kernel(env=self.rank_env(rank, master_port), stdout=log_fd, stderr=log_fd,
-                                     cwd=os.getcwd())
-            finally:
-                os.close(log_fd)
-            self.ranks.append(LocalRank(rank, manager, files))
+            self.ranks.append(self._start_kernel(f"rank{rank}", self.rank_env(rank, master_port), files,
+                                                 files.open_log()))
+
+    def join_environment(self) -> dict[str, str]:
+        return dict(self._joining)
+
+    def _spare_log(self, rank: int) -> str:
+        return os.path.join(self.dir, f"spare{rank}.log")
+
+    def group_formed(self) -> None:
+        """Start the next set of warm spares (see the module docstring), unless turned off."""
+        if not self.spares_wanted or self.spares:
+            return
+        tag = secrets.token_hex(3)
+        for rank in range(self.topology.nproc):
+            env = self.rank_env(rank, 0)
+            env.pop(STORE_FILE_ENV, None)  # learnt when it joins: a spare never sees an old group's
+            env.pop("MASTER_PORT", None)
+            env[SPARE_ENV] = "1"
+            env[RANK_LOG_ENV] = self.files[rank].log_path
+            log_fd = private_file(self._spare_log(rank))
+            os.write(log_fd, f"--- clorch_repl: spare for rank {rank} starting at {time.ctime()} ---\n".encode())
+            self.spares.append(self._start_kernel(f"spare{rank}-{tag}", env, self.files[rank], log_fd))
 
     def interrupt(self, ranks: list[int] | None = None) -> None:
         """SIGINT to each chosen rank's process group (KeyboardInterrupt in its running cell)."""
@@ -177,25 +256,34 @@ class LocalLauncher(Launcher):
     def death_report(self, rank: int, lines: int = 15) -> str:
         return self.files[rank].death_report(lines)
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> list[str]:
+    def stop(self, grace_s: float = STOP_GRACE_S, *, polite: bool = True) -> list[str]:
         """End every rank and everything it started, all at once, sharing one grace period.
 
-        A shutdown request to every kernel, up to :data:`SHUTDOWN_WAIT_S` for them to leave, then
-        SIGTERM to every supervisor still running (each passes it to its kernel and every
-        descendant, daemons included, and SIGKILLs them after its own ``--grace``), and at
-        ``grace_s`` SIGKILL to whatever is left of the supervisors and the process trees seen
-        below them. Returns the pids still running at the end (as text), which should be none.
+        Polite: a shutdown request to every kernel, up to :data:`SHUTDOWN_WAIT_S` for them to
+        leave; then (at once when not polite) SIGTERM to every supervisor still running (each
+        passes it to its kernel and every descendant, daemons included, and SIGKILLs them after
+        its own ``--grace``), and at ``grace_s`` SIGKILL to whatever is left of the supervisors
+        and the process trees seen below them. Warm spares are kept (:meth:`close` ends them).
+        Returns the pids still running at the end (as text), which should be none.
         """
+        left = self._end(self.ranks, grace_s, polite)
+        if self.store_file:
+            remove_quietly(self.store_file)  # a restart never reads the old group's keys
+        return left
+
+    def _end(self, handles: list[LocalRank], grace_s: float, polite: bool) -> list[str]:
+        """:meth:`stop`'s work, for any kernels of this launcher (the ranks, or the spares)."""
         start = time.monotonic()
-        sups = [p.supervisor_pid for p in self.ranks if p.supervisor_pid is not None]
-        kernels = [p.pid for p in self.ranks if p.pid is not None]
-        for proc in self.ranks:
-            if proc.alive:
-                try:
-                    proc.manager.request_shutdown()
-                except (OSError, RuntimeError) as exc:  # its channel is gone: SIGTERM follows anyway
-                    logger.debug("shutdown request to rank %d failed: %s", proc.rank, exc)
-        procs.wait_gone(kernels, timeout_s=min(grace_s, SHUTDOWN_WAIT_S))
+        sups = [p.supervisor_pid for p in handles if p.supervisor_pid is not None]
+        kernels = [p.pid for p in handles if p.pid is not None]
+        if polite:
+            for proc in handles:
+                if proc.alive:
+                    try:
+                        proc.manager.request_shutdown()
+                    except (OSError, RuntimeError) as exc:  # its channel is gone: SIGTERM follows anyway
+                        logger.debug("shutdown request to rank %d failed: %s", proc.rank, exc)
+            procs.wait_gone(kernels, timeout_s=min(grace_s, SHUTDOWN_WAIT_S))
         trees = {pid: procs.process_tree(pid) for pid in sups}  # before anything re-parents
         for pid in sups:
             if procs.pid_running(pid):
@@ -208,7 +296,7 @@ class LocalLauncher(Launcher):
         procs.wait_gone(sups, timeout_s=max(0.0, grace_s + 0.5 - (time.monotonic() - start)))
         for pid, tree in trees.items():
             procs.kill_tree(pid, tree)
-        for proc in self.ranks:
+        for proc in handles:
             proc.poll()
             try:
                 proc.manager.cleanup_resources()
@@ -217,9 +305,13 @@ class LocalLauncher(Launcher):
         left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
-        if self.store_file:
-            remove_quietly(self.store_file)  # a restart never reads the old group's keys
         return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
 
     def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """End the warm spares (nothing of theirs is worth a grace period) and remove the files."""
+        spares, self.spares = self.spares, []
+        try:
+            if spares:
+                self._end(spares, 1.0, polite=False)
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)

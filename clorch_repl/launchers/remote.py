@@ -250,9 +250,10 @@ class RemoteLauncher(Launcher):
         """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""
         return [r for r in sorted(self.server.peers) if self.server.silent_for(r) > LOST_AFTER_S]
 
-    def stop(self, grace_s: float = 5.0) -> list[str]:
-        """End every kernel at once (each nanny's supervisor ends what the kernel started). A lost
-        rank cannot hear it: it is named, and its nanny ends it after the orphan timeout."""
+    def stop(self, grace_s: float = 5.0, *, polite: bool = True) -> list[str]:
+        """End every kernel at once (each nanny's supervisor ends what the kernel started), polite
+        or not: a nanny always ends its kernel with SIGTERM to the supervisor. A lost rank cannot
+        hear it: it is named, and its nanny ends it after the orphan timeout."""
         server = self.server
         pending = {}
         lost = self.lost()

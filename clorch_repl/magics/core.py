@@ -119,6 +119,9 @@ class ClorchMagics(Magics):
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
         hang_notice = parse_hang_notice(args.hang_notice)
+        if options.spares is not None and launcher.name != "local":
+            raise ConfigError(f"--spares is for --launcher local; under {launcher.name} a restart starts fresh "
+                              "kernels below the ranks' nannies, in the same allocation")
         if launcher.name == "local":
             nproc = args.nproc
             if nproc is None and args.devices is None and os.environ.get(NPROC_ENV, "").strip():
@@ -143,8 +146,12 @@ class ClorchMagics(Magics):
         """Every rank: state, pid, device, backend, memory, uptime."""
         if parse(self._status, line) is None:
             return
-        header, body = views.status_rows(self._session().status())
+        session = self._session()
+        header, body = views.status_rows(session.status())
         display(views.table_bundle(header, body), raw=True)
+        spares = session.spares()
+        if spares:
+            print(views.spares_line(spares))
 
     @magic_arguments(name="clorch logs")
     @argument("rank", type=int, help="the rank whose log to show")

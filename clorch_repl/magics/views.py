@@ -39,6 +39,16 @@ def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]
     return header, body
 
 
+def spares_line(spares: Sequence[tuple[int, int | None, bool]]) -> str:
+    """One line under the status table: the warm spares, whether they are ready, the memory they hold."""
+    known = [rss for _, rss, _ in spares if rss is not None]
+    pids = ", ".join(str(pid) for pid, _, _ in spares)
+    ready = sum(1 for *_, up in spares if up)
+    state = "ready" if ready == len(spares) else f"{ready} ready, the others starting"
+    return (f"warm spares for the next %clorch restart: {len(spares)} (pids {pids}), {state}, "
+            f"{_bytes(sum(known)) if known else '-'} resident in all; %clorch start --spares 0 keeps none")
+
+
 def table_text(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)

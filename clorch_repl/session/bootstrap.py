@@ -9,15 +9,33 @@ traceback, and a stuck rendezvous can be interrupted like any cell.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 BOOT_CODE = "from clorch_repl.session.bootstrap import join_group as _clorch_join; _clorch_join(); del _clorch_join"
+
+
+def boot_code(env: dict[str, str] | None = None) -> str:
+    """The code each rank runs to join its group; with ``env`` (the launcher's
+    ``join_environment()``), it first sets those variables in its own environment."""
+    if not env:
+        return BOOT_CODE
+    return (f"from clorch_repl.session.bootstrap import join_group as _clorch_join; _clorch_join({env!r}); "
+            "del _clorch_join")
 LEAVE_CODE = "from clorch_repl.session.bootstrap import leave_group as _clorch_leave; _clorch_leave(); del _clorch_leave"
 
 
-def join_group() -> None:
-    """Initialise the default process group from the launcher's environment (see API.md)."""
+def join_group(env: dict[str, str] | None = None) -> None:
+    """Initialise the default process group from the launcher's environment (see API.md).
+
+    ``env``: variables a warm spare learns only now (the group's rendezvous file and port); they
+    are set first, and a spare then moves its output to its rank's log."""
+    if env:
+        os.environ.update(env)
+        _move_output_to_rank_log()
     import torch
     import torch.distributed as dist
 
@@ -52,6 +70,31 @@ def join_group() -> None:
     ns.update(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
     _answer_probes()
     _quiet_kernel_logger()
+
+
+def _move_output_to_rank_log() -> None:
+    """A spare wrote its start-up to a log of its own; from now on its stdout and stderr (native
+    output, faulthandler's crash reports and the echo of the kernel's streams alike: all of them
+    write to descriptors 1 and 2) go to the log of the rank it has become, whose banner the
+    launcher wrote just before this. Nothing to do in a rank started as a rank."""
+    from ..rank_env import RANK_LOG_ENV
+
+    path = os.environ.pop(RANK_LOG_ENV, "")
+    if not path:
+        return
+    import sys
+
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError) as exc:  # the new log takes over below anyway
+            logger.debug("flushing a spare's start-up output failed: %s", exc)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
 
 
 def _answer_probes() -> None:

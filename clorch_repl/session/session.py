@@ -21,7 +21,7 @@ from ..errors import ClorchError, ConfigError, StartupError
 from ..launchers.base import Launcher
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
-from .bootstrap import BOOT_CODE, LEAVE_CODE
+from .bootstrap import LEAVE_CODE, boot_code
 from .comms import CommBridge
 from .debugger import DebugForwarder
 from .protocol import CellOutcome, CellRequest, RankState
@@ -95,21 +95,28 @@ class Session:
             self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
             progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
             # Bounded: the process group's own timeout, plus time to import torch.
-            join = CellRequest(BOOT_CODE, tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
+            join = CellRequest(boot_code(self.group.join_environment()), tuple(range(n)),
+                               timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
             outcome = self.relay.execute(join, silent=True)
             if not outcome.ok:
                 raise StartupError("the ranks could not form their process group", outcome)
         except BaseException:
             self.stop()
             raise
+        try:
+            self.group.group_formed()  # warm spares for the next restart; the group works without them
+        except (ClorchError, OSError, RuntimeError) as exc:
+            logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
         self.started_at = time.time()
         elapsed = time.monotonic() - t0
         progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
         return elapsed
 
-    def stop(self, *, keep_logs: bool = False) -> list[str]:
+    def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
-        ``keep_logs`` keeps the launcher (its logs, its hosts) for a restart."""
+        ``keep_logs`` keeps the launcher (its logs, its hosts, its warm spares) for a restart;
+        ``polite=False`` ends the ranks at once, without asking them to leave the group and shut
+        down (their state is being thrown away)."""
         group, relay = self.group, self.relay
         self.relay = None
         if not keep_logs:
@@ -124,7 +131,7 @@ class Session:
             return []
         if relay is not None:
             idle = [p.rank for p in group.ranks if p.alive and relay.running.get(p.rank) is None]
-            if idle and len(idle) == len(group.ranks):
+            if polite and idle and len(idle) == len(group.ranks):
                 try:  # a clean exit for NCCL; never waits long on a sick group
                     relay.execute(CellRequest(LEAVE_CODE, tuple(idle), timeout_s=5.0), silent=True,
                                   interrupt_grace_s=1.0)
@@ -133,15 +140,22 @@ class Session:
                                    "stopping them anyway", idle, exc_info=True)
             relay.close()
         try:
-            left = group.stop()
+            left = group.stop(polite=polite)
         finally:
             if not keep_logs:
                 group.close()  # even after a second Ctrl-C during the stop
         return left
 
     def restart(self, progress: Progress = lambda _: None) -> float:
-        """Fresh ranks and a fresh process group with the same settings; logs are kept (appended)."""
-        self.stop(keep_logs=True)
+        """Fresh ranks and a fresh process group with the same settings; logs are kept (appended).
+
+        A healthy group (every rank alive and idle) is stopped politely, as ``%clorch stop`` does:
+        its ranks leave the group and shut down, so their atexit handlers and file buffers run.
+        A group with a dead, hung or busy rank is ended at once: asking it would only wait."""
+        group, relay = self.group, self.relay
+        healthy = (group is not None and relay is not None and all(p.alive for p in group.ranks)
+                   and not relay.busy())
+        self.stop(keep_logs=True, polite=healthy)
         return self.start(progress)
 
     # ------------------------------------------------------------------------------- cells
@@ -246,6 +260,13 @@ class Session:
                 uptime_s=now - proc.started_at if alive else 0.0,
                 exit=proc.exit))
         return rows
+
+    def spares(self) -> list[tuple[int, int | None, bool]]:
+        """(pid, resident bytes, ready) of each warm spare's process (``%clorch status``): what
+        they cost, and whether they are ready (imports done, channels bound)."""
+        if self.group is None:
+            return []
+        return [(pid, _rss(pid), p.listening) for p in self.group.spares if p.alive and (pid := p.pid) is not None]
 
     def logs(self, rank: int, tail: int | None) -> str:
         group, _ = self._require()

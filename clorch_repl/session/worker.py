@@ -19,6 +19,8 @@ when the notebook is gone or the rank is stopped. A rank is a plain ipykernel wi
   as ipykernel 6 did and ipykernel 7 still does for a kernel without that thread;
 * a watchdog thread ends the kernel when its supervisor is gone (the supervisor itself needs no
   GIL to end the kernel; this thread only covers a supervisor killed outright);
+* a warm spare (``CLORCH_SPARE`` set; :mod:`clorch_repl.launchers.local`) imports torch and what
+  joining a group needs before its kernel starts, and learns its group only when it is made a rank;
 * with ``CLORCH_CPU_BIND=numa`` the process binds itself to the CPU cores of its GPU's NUMA node
   (:mod:`clorch_repl.numa`) before any thread starts, so every thread the kernel runs inherits
   it; what it did or why it could not is written to the rank's log, and nothing there stops it.
@@ -492,9 +494,25 @@ def bind_cpus() -> set[int] | None:
             logger.debug("flushing the rank's log failed: %s", exc)
 
 
+def warm_imports() -> None:
+    """What a warm spare does before its kernel starts: import what joining a group imports
+    (torch, torch.distributed, clorch's rendezvous and recorder), so that a restart does not wait
+    for it. It touches no GPU: CUDA is initialised when the spare joins a group as a rank."""
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    from .. import distributed, rendezvous  # noqa: F401
+    from ..diagnosis import record  # noqa: F401
+    from . import bootstrap, rank_kernel  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> None:
+    from ..rank_env import SPARE_ENV
+
     bind_cpus()  # first: the watchdog thread below and the kernel's threads inherit the binding
     watch_parent(os.getppid(), end_own_group)  # the supervisor; see the module's docstring
+    if os.environ.pop(SPARE_ENV, ""):
+        warm_imports()
     # A segfault or abort prints the Python stacks into the rank's log (fd 2), whose tail the
     # notebook shows when a rank dies mid-cell.
     faulthandler.enable(file=sys.__stderr__, all_threads=False)  # the crashing thread: short

@@ -1,0 +1,143 @@
+"""Warm spares (``%clorch start --spares 1``): a restart after a rank's death and after a hang makes
+the spares the ranks, in fresh processes with empty namespaces and a working group; the next set
+is started; the spares cost what ``%clorch status`` says; a spare that died is replaced by a cold
+start; and no spare outlives ``%clorch stop`` or the notebook kernel's SIGKILL. Real notebook
+kernel, real rank kernels, real gloo groups (spares are the default on GPUs only; the GPU case is
+tests/gpu/test_gpu_spares.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import psutil
+
+from clorch_repl.procs import wait_gone
+from notebook_kernel import NotebookKernel
+from rank_text import lines_of
+
+WHO = "%%distributed\nimport os\nprint(os.getpid(), 'marker' in globals())\nmarker = rank"
+GROUP = "%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nprint(t.item())"
+
+
+def spare_pids(nb: NotebookKernel, count: int = 2, timeout: float = 60.0) -> list[int]:
+    """The warm spares' pids from ``%clorch status``, once ``count`` of them are ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = nb.run("%clorch status").text
+        found = re.search(r"warm spares for the next %clorch restart: (\d+) \(pids ([\d, ]+)\), ready, "
+                          r"(\S+ \S+) resident", text)
+        if found and int(found.group(1)) == count:
+            return [int(p) for p in found.group(2).split(", ")]
+        assert time.monotonic() < deadline, f"no {count} warm spares within {timeout} s:\n{text}"
+        time.sleep(0.5)
+
+
+def rank_pids(nb: NotebookKernel, n: int = 2) -> dict[int, tuple[int, bool]]:
+    """rank -> (pid, whether its namespace already had the marker), and sets the marker."""
+    reply = nb.run(WHO)
+    assert reply.status == "ok", reply.text
+    out = {}
+    for r in range(n):
+        (line,) = lines_of(reply.text, r)
+        pid, seen = line.split()
+        out[r] = (int(pid), seen == "True")
+    return out
+
+
+def below(pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
+    nb = NotebookKernel()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+        first = rank_pids(nb)
+        spares = spare_pids(nb)
+        assert not set(spares) & {pid for pid, _ in first.values()}
+
+        died = nb.run("%%distributed --ranks 1\nimport os; os._exit(3)", timeout=60)
+        assert died.status == "error" and "rank 1 died" in died.text, died.text
+        t0 = time.monotonic()
+        restarted = nb.run("%clorch restart", timeout=120)
+        took = time.monotonic() - t0
+        assert restarted.status == "ok" and "2 warm spare rank(s) taken" in restarted.text, restarted.text
+        after = rank_pids(nb)
+        assert [after[r][0] for r in (0, 1)] == spares, "the ranks are the spares' processes"
+        assert not any(seen for _, seen in after.values()), "a fresh namespace on every rank"
+        group = nb.run(GROUP)
+        assert group.status == "ok" and lines_of(group.text, 0) == lines_of(group.text, 1) == ["3.0"], group.text
+        log = nb.run("%clorch logs 1 --tail 0").text
+        assert log.count("--- clorch_repl: rank 1 starting at") == 2, log
+        # the promoted spare writes to the rank's log, after its banner (not to its own spare log)
+        assert log.rsplit("--- clorch_repl: rank 1 starting at", 1)[1].count(str(spares[1])) == 1, log
+        print(f"restart after a death with warm spares (gloo, 2 ranks): {took:.2f} s")
+
+        second = spare_pids(nb)  # the next set, started once the group had formed
+        assert not set(second) & set(spares)
+        hung = nb.run("%%distributed --timeout 2\nimport torch.distributed as dist\nif rank == 0: dist.barrier()",
+                      timeout=60)
+        assert hung.status == "error", hung.text
+        t0 = time.monotonic()
+        assert nb.run("%clorch restart", timeout=120).status == "ok"
+        took = time.monotonic() - t0
+        after = rank_pids(nb)
+        assert [after[r][0] for r in (0, 1)] == second and not any(seen for _, seen in after.values())
+        assert nb.run(GROUP).status == "ok"
+        print(f"restart after a hang with warm spares (gloo, 2 ranks): {took:.2f} s")
+
+        # a spare that died before it was needed: the restart starts the ranks cold instead
+        third = spare_pids(nb)
+        os.kill(third[0], signal.SIGKILL)
+        assert wait_gone([third[0]], 10) == []
+        assert nb.run("%clorch restart", timeout=120).status == "ok"
+        after = rank_pids(nb)
+        assert not {pid for pid, _ in after.values()} & set(third)
+        assert nb.run(GROUP).status == "ok"
+        fourth = spare_pids(nb)
+        everything = below(nb.pid)
+        assert set(fourth) <= set(everything)
+        stopped = nb.run("%clorch stop")
+        assert stopped.status == "ok", stopped.text
+        assert wait_gone(everything, 15) == [], "a rank or spare outlived %clorch stop"
+        assert wait_gone([third[1]], 5) == [], "the surviving spare of the dead one's set was left"
+    finally:
+        nb.shutdown()
+
+
+def test_no_spare_outlives_the_notebook_kernel_even_after_sigkill() -> None:
+    nb = NotebookKernel()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+        spares = spare_pids(nb)
+        everything = below(nb.pid)
+        assert set(spares) <= set(everything) and len(everything) >= 8  # 2 ranks, 2 spares, supervisors
+        os.kill(nb.pid, signal.SIGKILL)
+        assert wait_gone(everything, 15) == [], "a spare, rank or supervisor outlived the notebook kernel"
+    finally:
+        nb.shutdown()
+
+
+def test_cpu_sessions_keep_no_spares_unless_asked() -> None:
+    nb = NotebookKernel()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("%clorch start --nproc 2").status == "ok"
+        time.sleep(2)  # spares would be starting by now
+        status = nb.run("%clorch status").text
+        assert "warm spares" not in status, status
+        kernels = [p for p in psutil.Process(nb.pid).children(recursive=True)
+                   if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"]]
+        assert len(kernels) == 2, [p.cmdline() for p in kernels]  # the ranks' own, no spare
+        first = rank_pids(nb)
+        assert nb.run("%clorch restart").status == "ok"
+        after = rank_pids(nb)
+        assert not {p for p, _ in after.values()} & {p for p, _ in first.values()}
+        assert not any(seen for _, seen in after.values())
+    finally:
+        nb.shutdown()
