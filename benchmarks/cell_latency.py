@@ -11,11 +11,14 @@ history threads write one SQLite file and slowed each other's cells. Prints p50/
 in milliseconds and the ratios, with their spread: the lowest and highest ratio of p50s over
 ``--blocks`` consecutive blocks of the pairs. Also times ``%clorch start`` until the group is
 ready, beside ``torchrun`` starting the same gloo group, and ``%clorch restart`` until the group
-is usable again (the restart and the first cell after it, whose output shows that every rank is
-in a fresh group) in three situations, ``--restarts`` times each: a healthy group, after a rank's
-death (``os._exit(3)`` on the last rank) and after a hang (rank 0 alone in a barrier, the cell
-ended by its ``--timeout``). Targets (issue 12): p50 within 1.5x the floor at 2 ranks, 1.8x at 4;
-start at most 0.4x torchrun's; restart at most 2 s on GPUs.
+is usable again (the restart and the first cell after it, a barrier whose output shows that every
+rank is a new process with an empty namespace) in three situations, ``--restarts`` times each: a
+healthy group, after a rank's death (``os._exit(3)`` on the last rank) and after a hang (rank 0
+alone in a barrier, the cell ended by its ``--timeout``). Restarts are timed in two sessions of
+the same run, with warm spares (``--spares 1``, waiting before each restart until the spares are
+ready, as they are when a user restarts seconds after the last one) and without (``--spares 0``,
+the baseline), and the ratio of their medians is printed. Targets (issue 12): p50 within 1.5x the
+floor at 2 ranks, 1.8x at 4; start at most 0.4x torchrun's; restart at most 2 s on GPUs.
 """
 
 from __future__ import annotations
@@ -90,6 +93,17 @@ FRESH = ("%%distributed\nimport os, torch.distributed as dist\nassert 'clorch_ma
          "clorch_marker = 1\ndist.barrier()\nprint(os.getpid())")
 
 
+def wait_for_spares(nb: NotebookKernel, timeout_s: float = 120.0) -> None:
+    """Until ``%clorch status`` says the warm spares are ready (returns at once without spares)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = nb.run("%clorch status").text
+        if "warm spares" not in text or ", ready," in text:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the warm spares were not ready within {timeout_s:.0f} s")
+
+
 def restart_times(nb: NotebookKernel, nproc: int, repeats: int) -> dict[str, list[float]]:
     """Seconds from ``%clorch restart`` until a cell has run a barrier on every fresh rank, per
     situation in :data:`BEFORE_RESTART`. Checks that the ranks are new processes with empty
@@ -98,6 +112,7 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int) -> dict[str, lis
     assert nb.run(FRESH).status == "ok"
     for _ in range(repeats):
         for name, before in BEFORE_RESTART.items():
+            wait_for_spares(nb)
             old = nb.run(FRESH.replace("assert 'clorch_marker' not in globals()\n", "")).text
             if before is not None:
                 nb.run(before.format(last=nproc - 1), timeout=120)  # fails, as it should
@@ -140,20 +155,19 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5, help="blocks of pairs for the spread of the ratio")
     parser.add_argument("--backend", default=None, help="passed to %%clorch start (default: its own)")
     parser.add_argument("--restarts", type=int, default=3, help="timed restarts per situation (0: none)")
-    parser.add_argument("--start-args", default="", help="more options for %%clorch start, e.g. '--spares 0'")
     args = parser.parse_args()
     nprocs = [int(n) for n in args.nprocs.split(",")]
 
     nb = NotebookKernel()
     starts = {}
-    restarts: dict[int, dict[str, list[float]]] = {}
+    restarts: dict[tuple[int, str], dict[str, list[float]]] = {}
     try:
         nb.run("%load_ext clorch_repl")
         print(f"{'case':<26}{'p50 ms':>8}{'p90 ms':>8}{'p50 ratio':>11}{'p90 ratio':>11}"
               f"   p50 ratio per block (min-max)")
         for n in nprocs:
             backend = f" --backend {args.backend}" if args.backend else ""
-            elapsed, status = round_trip(nb, f"%clorch start --nproc {n}{backend} {args.start_args}".rstrip())
+            elapsed, status = round_trip(nb, f"%clorch start --nproc {n}{backend}")
             assert status == "ok", f"%clorch start --nproc {n} failed"
             starts[n] = elapsed
             floor, cells = interleaved(nb, args.iters)
@@ -163,9 +177,11 @@ def main() -> None:
             print(f"{'  floor (pass)':<26}{f50:>8.2f}{f90:>8.2f}{1:>11.2f}{1:>11.2f}")
             print(f"{f'  %%distributed, {n} ranks':<26}{p50:>8.2f}{p90:>8.2f}{p50 / f50:>11.2f}{p90 / f90:>11.2f}"
                   f"   {min(spread):.2f}-{max(spread):.2f}")
-            if args.restarts:
-                restarts[n] = restart_times(nb, n, args.restarts)
             nb.run("%clorch stop")
+            for spares in ("1", "0") if args.restarts else ():
+                assert nb.run(f"%clorch start --nproc {n}{backend} --spares {spares}").status == "ok"
+                restarts[n, spares] = restart_times(nb, n, args.restarts)
+                nb.run("%clorch stop")
     finally:
         nb.shutdown()
     print()
@@ -176,10 +192,14 @@ def main() -> None:
         ref = torchrun_start(n, backend)
         print(f"start {n} {backend} ranks: %clorch start {elapsed:.2f} s, torchrun (init + barrier + exit) "
               f"{ref:.2f} s, ratio {elapsed / ref:.2f}")
-    for n, cases in restarts.items():
+    for (n, spares), cases in restarts.items():
         for name, samples in cases.items():
-            print(f"restart {n} ranks {name}: median {statistics.median(samples):.2f} s "
-                  f"[{min(samples):.2f}-{max(samples):.2f}] over {len(samples)} (until a barrier on every fresh rank)")
+            line = (f"restart {n} ranks {name}, --spares {spares}: median {statistics.median(samples):.2f} s "
+                    f"[{min(samples):.2f}-{max(samples):.2f}] over {len(samples)}")
+            cold = restarts.get((n, "0"), {}).get(name)
+            if spares == "1" and cold:
+                line += f"; ratio to --spares 0: {statistics.median(samples) / statistics.median(cold):.2f}"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""On a CUDA machine: a GPU session keeps warm spares by default; they hold no GPU memory (no CUDA
+context); a restart after a rank's death and after a hang makes them the ranks, with a working NCCL
+group in fresh processes; ``--spares 0`` keeps none. Prints the restart times and what the spares
+cost. Skipped where there is no GPU (CI); the same behaviour on CPU ranks: tests/test_spares.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from clorch_repl import cuda
+
+pytestmark = pytest.mark.skipif(not cuda.available(), reason="needs CUDA GPUs")
+
+GROUP = ("%%distributed\nimport os, torch, torch.distributed as dist\nt = torch.ones(1 << 20, device=device) * (rank + 1)\n"
+         "dist.all_reduce(t); torch.cuda.synchronize()\nprint(os.getpid(), 'marker' in globals(), t[0].item())\nmarker = 1")
+
+
+def gpu_pids() -> set[int]:
+    out = subprocess.run([shutil.which("nvidia-smi") or "nvidia-smi", "--query-compute-apps=pid",
+                          "--format=csv,noheader"], capture_output=True, text=True, check=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def ready_spares(nb, timeout: float = 120.0) -> tuple[list[int], str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = nb.run("%clorch status").text
+        found = re.search(r"warm spares for the next %clorch restart: \d+ \(pids ([\d, ]+)\), ready, (\S+ \S+) resident", text)
+        if found:
+            return [int(p) for p in found.group(1).split(", ")], found.group(2)
+        assert time.monotonic() < deadline, text
+        time.sleep(0.5)
+
+
+def test_gpu_restarts_take_warm_spares_that_hold_no_gpu_memory() -> None:
+    from notebook_kernel import NotebookKernel
+    from rank_text import lines_of
+
+    n = cuda.device_count()
+    want = float(n * (n + 1) // 2)
+    nb = NotebookKernel()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("%clorch start").status == "ok"
+        assert nb.run(GROUP).status == "ok"
+        for situation, before in (("after a death", f"%%distributed --ranks {n - 1}\nimport os; os._exit(3)"),
+                                  ("after a hang", "%%distributed --timeout 3\nimport torch.distributed as dist\n"
+                                                   "if rank == 0: dist.barrier()" if n > 1 else None)):
+            spares, memory = ready_spares(nb)
+            on_gpu = gpu_pids()
+            print(f"\nwarm spares {spares}: {memory} resident in all; on a GPU: {sorted(set(spares) & on_gpu)}")
+            assert not set(spares) & on_gpu, "a spare holds a CUDA context"
+            if before is not None:
+                assert nb.run(before, timeout=120).status == "error"
+            t0 = time.monotonic()
+            restarted = nb.run("%clorch restart", timeout=180)
+            reply = nb.run(GROUP, timeout=120)
+            took = time.monotonic() - t0
+            print(f"restart {situation} until an all_reduce on every fresh rank: {took:.2f} s\n{reply.text}")
+            assert restarted.status == "ok" and "warm spare rank(s) taken" in restarted.text, restarted.text
+            assert reply.status == "ok", reply.text
+            for r in range(n):
+                (line,) = lines_of(reply.text, r)
+                assert line == f"{spares[r]} False {want}", line
+        assert nb.run("%clorch stop").status == "ok"
+        assert nb.run("%clorch start --spares 0").status == "ok"
+        time.sleep(3)
+        assert "warm spares" not in nb.run("%clorch status").text
+        assert nb.run("%clorch stop").status == "ok"
+    finally:
+        nb.shutdown()
