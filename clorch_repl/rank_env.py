@@ -29,7 +29,7 @@ STORE_FILE_ENV = "CLORCH_STORE_FILE"
 CPU_BIND_ENV = "CLORCH_CPU_BIND"
 #: the rank's physical GPU index on its host (before CUDA_VISIBLE_DEVICES renumbers it to 0)
 GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
-#: set in a warm spare's environment (clorch_repl.launchers.spares): it imports torch before its
+#: set in a warm spare's environment (clorch_repl.launchers.local): it imports torch before its
 #: kernel starts, and it learns the group's meeting point only when it is made a rank
 SPARE_ENV = "CLORCH_SPARE"
 #: a spare's rank log: where it moves its stdout and stderr when it is made a rank

@@ -1,7 +1,8 @@
 """Warm spares (``%clorch start --spares 1``): a restart after a rank's death and after a hang makes
 the spares the ranks, in fresh processes with empty namespaces and a working group; the next set
-is started; the spares cost what ``%clorch status`` says; a spare that died is replaced by a cold
-start; and no spare outlives ``%clorch stop`` or the notebook kernel's SIGKILL. Real notebook
+is started; the spares cost what ``%clorch status`` says; a spare that died, or a change to the
+notebook's environment since the spares started, means a cold start; and no spare outlives
+``%clorch stop``, an interrupted restart or the notebook kernel's SIGKILL. Real notebook
 kernel, real rank kernels, real gloo groups (spares are the default on GPUs only; the GPU case is
 tests/gpu/test_gpu_spares.py)."""
 
@@ -73,8 +74,10 @@ def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
         assert group.status == "ok" and lines_of(group.text, 0) == lines_of(group.text, 1) == ["3.0"], group.text
         log = nb.run("%clorch logs 1 --tail 0").text
         assert log.count("--- clorch_repl: rank 1 starting at") == 2, log
-        # the promoted spare writes to the rank's log, after its banner (not to its own spare log)
-        assert log.rsplit("--- clorch_repl: rank 1 starting at", 1)[1].count(str(spares[1])) == 1, log
+        # the promoted spare's start-up and then its output are in the rank's log, after its banner
+        current = log.rsplit("--- clorch_repl: rank 1 starting at", 1)[1]
+        assert "--- clorch_repl: spare for rank 1 starting at" in current, log
+        assert re.search(rf"^{spares[1]} False$", current, re.M), log
         print(f"restart after a death with warm spares (gloo, 2 ranks): {took:.2f} s")
 
         second = spare_pids(nb)  # the next set, started once the group had formed
@@ -89,6 +92,15 @@ def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
         assert [after[r][0] for r in (0, 1)] == second and not any(seen for _, seen in after.values())
         assert nb.run(GROUP).status == "ok"
         print(f"restart after a hang with warm spares (gloo, 2 ranks): {took:.2f} s")
+
+        # what the notebook changed since the spares started reaches the ranks: they start cold
+        spare_pids(nb)
+        assert nb.run("import os\nos.environ['CLORCH_PROBE'] = 'new'").status == "ok"
+        restarted = nb.run("%clorch restart", timeout=120)
+        assert "the environment changed since the warm spares started (CLORCH_PROBE); starting the ranks cold" \
+            in restarted.text, restarted.text
+        probe = nb.run("%%distributed\nimport os\nprint(os.environ.get('CLORCH_PROBE'))")
+        assert lines_of(probe.text, 0) == lines_of(probe.text, 1) == ["new"], probe.text
 
         # a spare that died before it was needed: the restart starts the ranks cold instead
         third = spare_pids(nb)
@@ -105,6 +117,29 @@ def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
         assert stopped.status == "ok", stopped.text
         assert wait_gone(everything, 15) == [], "a rank or spare outlived %clorch stop"
         assert wait_gone([third[1]], 5) == [], "the surviving spare of the dead one's set was left"
+    finally:
+        nb.shutdown()
+
+
+def test_an_interrupted_restart_leaves_no_spare_or_rank_behind() -> None:
+    nb = NotebookKernel()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+        spare_pids(nb)
+        # the ranks take their time to leave (a polite stop waits for them), and Ctrl-C lands then
+        assert nb.run("%%distributed\nimport atexit, time\natexit.register(time.sleep, 8)").status == "ok"
+        everything = below(nb.pid)
+        msg_id = nb.send("%clorch restart")
+        time.sleep(0.7)
+        nb.km.interrupt_kernel()
+        reply = nb.collect(msg_id, timeout=60)
+        assert reply.status == "error" and "KeyboardInterrupt" in reply.text, reply.text
+        assert wait_gone(everything, 15) == [], "a rank or spare outlived the interrupted restart"
+        assert below(nb.pid) == []
+        assert nb.run("%clorch stop").text.strip() == "clorch: no ranks are running"
+        assert nb.run("%clorch start --nproc 2 --spares 0").status == "ok"
+        assert nb.run(GROUP).status == "ok"
     finally:
         nb.shutdown()
 

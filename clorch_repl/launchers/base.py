@@ -64,7 +64,7 @@ class LaunchOptions:
     time: str | None = None
     srun_args: str = ""
     #: local: warm spare sets kept for a fast restart, 0 or 1 (None: the launcher decides; see
-    #: :mod:`.spares`)
+    #: :mod:`.local`)
     spares: int | None = None
 
 

@@ -81,6 +81,12 @@ class LocalRank(RankHandle):
         self.pid_path = os.path.realpath(manager.connection_file) + ".pid"
         self.returncode: int | None = None
         self._kernel_pid: int | None = None
+        #: the environment and working directory it was started with (a warm spare's are
+        #: compared with what a cold rank would get now)
+        self.env: dict[str, str] = {}
+        self.cwd = ""
+        #: a warm spare's own log, until it is made a rank
+        self.log_path = ""
 
     def connection_info(self, session: bool = False) -> dict[str, Any]:
         return self.manager.get_connection_info(session=session)
@@ -182,11 +188,14 @@ class LocalLauncher(Launcher):
         manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
                                 transport="ipc", ip=os.path.join(self.dir, name))
         manager.connection_file = os.path.join(self.dir, f"{name}.json")
+        cwd = os.getcwd()
         try:
-            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=os.getcwd())
+            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
         finally:
             os.close(log_fd)
-        return LocalRank(files.rank, manager, files)
+        rank = LocalRank(files.rank, manager, files)
+        rank.env, rank.cwd = env, cwd
+        return rank
 
     def launch(self, progress: Progress) -> None:
         """Start every rank's kernel process, or make the warm spares the ranks; returns at once
@@ -197,18 +206,17 @@ class LocalLauncher(Launcher):
         self.master_port = master_port = procs.free_port()
         spares, self.spares = self.spares, []
         self._joining = {}
-        if spares and all(spare.alive for spare in spares):
+        stale = self._stale(spares)
+        if spares and not stale:
             for spare in spares:
-                files = self.files[spare.rank]
-                os.close(files.open_log())  # the banner; the spare moves its output here as it joins
-                spare.files, spare.started_at = files, time.time()
+                self._promote(spare)
             self.ranks = spares
             self._joining = {STORE_FILE_ENV: self.store_file, "MASTER_PORT": str(master_port)}
             progress(f"{len(spares)} warm spare rank(s) taken")
             return
-        if spares:  # one died (its log says why): a cold start, as without spares
-            dead = [f"spare for rank {p.rank} ({p.exit}; log {self._spare_log(p.rank)})" for p in spares if not p.alive]
-            logger.warning("clorch_repl: %s; starting the ranks cold", ", ".join(dead))
+        if spares:
+            logger.warning("clorch_repl: %s; starting the ranks cold", stale)
+            progress(f"{stale}; starting the ranks cold")
             self._end(spares, 1.0, polite=False)
         self.ranks = []
         for rank in range(self.topology.nproc):
@@ -216,26 +224,74 @@ class LocalLauncher(Launcher):
             self.ranks.append(self._start_kernel(f"rank{rank}", self.rank_env(rank, master_port), files,
                                                  files.open_log()))
 
+    def _stale(self, spares: list[LocalRank]) -> str:
+        """Why the warm spares cannot be the next ranks ("" when they can): one died, the set is
+        incomplete, or the notebook's environment or working directory changed since they started
+        (a spare has what a cold rank would have had then; ``%env NCCL_DEBUG=INFO`` and a restart
+        must reach the ranks). Names changed variables, never their values."""
+        if len(spares) != self.topology.nproc:
+            return f"{len(spares)} warm spare(s) for {self.topology.nproc} ranks" if spares else ""
+        dead = [f"rank {p.rank}'s ({p.exit})" for p in spares if not p.alive]
+        if dead:
+            return f"the warm spare {', '.join(dead)} ended before it was needed"
+        for spare in spares:
+            now = self._spare_env(spare.rank, spare.env.get(RANK_LOG_ENV, ""))
+            changed = sorted(k for k in set(now) | set(spare.env) if now.get(k) != spare.env.get(k))
+            if changed:
+                return f"the environment changed since the warm spares started ({', '.join(changed)})"
+            if spare.cwd != os.getcwd():
+                return f"the working directory changed since the warm spares started ({spare.cwd} -> {os.getcwd()})"
+        return ""
+
+    def _promote(self, spare: LocalRank) -> None:
+        """Make a spare the rank it was started for: the rank log gets its banner, then what the
+        spare wrote while it waited (its start-up: imports, CPU binding), and the spare moves its
+        output there as it joins (bootstrap.join_group)."""
+        files = self.files[spare.rank]
+        fd = files.open_log()
+        try:
+            with open(spare.log_path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - procs.TAIL_MAX_BYTES))
+                os.write(fd, fh.read())
+        except OSError as exc:  # the rank's log says so; the rank itself is fine
+            os.write(fd, f"(the warm spare's start-up output could not be read: {exc})\n".encode())
+        finally:
+            os.close(fd)
+        remove_quietly(spare.log_path)
+        spare.files, spare.started_at = files, time.time()
+
+    def _spare_env(self, rank: int, log_path: str) -> dict[str, str]:
+        env = self.rank_env(rank, 0)
+        env.pop(STORE_FILE_ENV, None)  # learnt when it joins: a spare never sees an old group's
+        env.pop("MASTER_PORT", None)
+        env[SPARE_ENV] = "1"
+        env[RANK_LOG_ENV] = log_path
+        return env
+
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
 
-    def _spare_log(self, rank: int) -> str:
-        return os.path.join(self.dir, f"spare{rank}.log")
-
     def group_formed(self) -> None:
-        """Start the next set of warm spares (see the module docstring), unless turned off."""
+        """Start the next set of warm spares (see the module docstring), unless turned off. All
+        or none: whatever fails or is interrupted midway ends the spares already started."""
         if not self.spares_wanted or self.spares:
             return
         tag = secrets.token_hex(3)
-        for rank in range(self.topology.nproc):
-            env = self.rank_env(rank, 0)
-            env.pop(STORE_FILE_ENV, None)  # learnt when it joins: a spare never sees an old group's
-            env.pop("MASTER_PORT", None)
-            env[SPARE_ENV] = "1"
-            env[RANK_LOG_ENV] = self.files[rank].log_path
-            log_fd = private_file(self._spare_log(rank))
-            os.write(log_fd, f"--- clorch_repl: spare for rank {rank} starting at {time.ctime()} ---\n".encode())
-            self.spares.append(self._start_kernel(f"spare{rank}-{tag}", env, self.files[rank], log_fd))
+        spares: list[LocalRank] = []
+        try:
+            for rank in range(self.topology.nproc):
+                log_path = os.path.join(self.dir, f"spare{rank}-{tag}.log")
+                log_fd = private_file(log_path)
+                os.write(log_fd, f"--- clorch_repl: spare for rank {rank} starting at {time.ctime()} ---\n".encode())
+                spare = self._start_kernel(f"spare{rank}-{tag}", self._spare_env(rank, self.files[rank].log_path),
+                                           self.files[rank], log_fd)
+                spare.log_path = log_path
+                spares.append(spare)
+        except BaseException:
+            self._end(spares, 1.0, polite=False)
+            raise
+        self.spares = spares
 
     def interrupt(self, ranks: list[int] | None = None) -> None:
         """SIGINT to each chosen rank's process group (KeyboardInterrupt in its running cell)."""
@@ -302,6 +358,9 @@ class LocalLauncher(Launcher):
                 proc.manager.cleanup_resources()
             except OSError as exc:  # leftover sockets or files of a dead kernel
                 logger.debug("cleaning up rank %d failed: %s", proc.rank, exc)
+            remove_quietly(proc.pid_path)
+            if proc.log_path:  # a spare that never became a rank
+                remove_quietly(proc.log_path)
         left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))

@@ -115,6 +115,9 @@ class ClorchMagics(Magics):
             topo = self.session.topology
             raise ClorchError(f"{topo.nproc} {topo.backend} rank(s) are already running: "
                               "%clorch stop or %clorch restart first")
+        if self.session is not None:  # an interrupted restart's leftovers: end them, never orphan them
+            self.session.stop()
+            self.session = None
         launcher = launcher_class(args.launcher)
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
@@ -205,6 +208,9 @@ class ClorchMagics(Magics):
         if parse(self._stop, line) is None:
             return
         if self.session is None or not self.session.running:
+            if self.session is not None and self.session.group is not None:
+                self.session.stop()  # what an interrupted restart left (its launcher, warm spares)
+                self.session = None
             print("clorch: no ranks are running")
             return
         n = self.session.topology.nproc

@@ -107,6 +107,9 @@ class Session:
             self.group.group_formed()  # warm spares for the next restart; the group works without them
         except (ClorchError, OSError, RuntimeError) as exc:
             logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
+        except BaseException:  # Ctrl-C in that moment: an interrupted start, which leaves nothing
+            self.stop()
+            raise
         self.started_at = time.time()
         elapsed = time.monotonic() - t0
         progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
@@ -151,11 +154,20 @@ class Session:
 
         A healthy group (every rank alive and idle) is stopped politely, as ``%clorch stop`` does:
         its ranks leave the group and shut down, so their atexit handlers and file buffers run.
-        A group with a dead, hung or busy rank is ended at once: asking it would only wait."""
+        A group with a dead, hung or busy rank is ended at once, every rank of it, as torchrun's
+        agent ends its workers when one fails: SIGTERM, which a rank that must flush something on
+        the way out can handle (the supervisor's grace, 5 s, applies), then SIGKILL. Asking a
+        broken group to shut down would only wait, and ranks idle beside a dead NCCL peer can
+        block in their communicators' teardown.
+        An interrupt (Ctrl-C) during the restart stops everything, warm spares included."""
         group, relay = self.group, self.relay
         healthy = (group is not None and relay is not None and all(p.alive for p in group.ranks)
                    and not relay.busy())
-        self.stop(keep_logs=True, polite=healthy)
+        try:
+            self.stop(keep_logs=True, polite=healthy)
+        except BaseException:
+            self.stop()
+            raise
         return self.start(progress)
 
     # ------------------------------------------------------------------------------- cells

@@ -5,9 +5,8 @@ cost. Skipped where there is no GPU (CI); the same behaviour on CPU ranks: tests
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -20,10 +19,17 @@ GROUP = ("%%distributed\nimport os, torch, torch.distributed as dist\nt = torch.
          "dist.all_reduce(t); torch.cuda.synchronize()\nprint(os.getpid(), 'marker' in globals(), t[0].item())\nmarker = 1")
 
 
-def gpu_pids() -> set[int]:
-    out = subprocess.run([shutil.which("nvidia-smi") or "nvidia-smi", "--query-compute-apps=pid",
-                          "--format=csv,noheader"], capture_output=True, text=True, check=True).stdout
-    return {int(p) for p in out.split()}
+def opens_a_gpu(pid: int) -> bool:
+    """Whether the process has a GPU device open (/dev/nvidia*): what creating a CUDA context does.
+    Read from /proc rather than nvidia-smi, whose pids are the host's inside a container."""
+    fds = f"/proc/{pid}/fd"
+    links = []
+    for fd in os.listdir(fds):
+        try:
+            links.append(os.readlink(os.path.join(fds, fd)))
+        except OSError:  # closed meanwhile
+            continue
+    return any(link.startswith("/dev/nvidia") and link not in ("/dev/nvidiactl",) for link in links)
 
 
 def ready_spares(nb, timeout: float = 120.0) -> tuple[list[int], str]:
@@ -35,6 +41,11 @@ def ready_spares(nb, timeout: float = 120.0) -> tuple[list[int], str]:
             return [int(p) for p in found.group(1).split(", ")], found.group(2)
         assert time.monotonic() < deadline, text
         time.sleep(0.5)
+
+
+def nb_rank_pids(nb, n: int) -> list[int]:
+    text = nb.run("%clorch status").text
+    return [int(m) for m in re.findall(r"^\d+\s+\S+\s+(\d+)\s+cuda", text, re.M)][:n]
 
 
 def test_gpu_restarts_take_warm_spares_that_hold_no_gpu_memory() -> None:
@@ -52,9 +63,12 @@ def test_gpu_restarts_take_warm_spares_that_hold_no_gpu_memory() -> None:
                                   ("after a hang", "%%distributed --timeout 3\nimport torch.distributed as dist\n"
                                                    "if rank == 0: dist.barrier()" if n > 1 else None)):
             spares, memory = ready_spares(nb)
-            on_gpu = gpu_pids()
-            print(f"\nwarm spares {spares}: {memory} resident in all; on a GPU: {sorted(set(spares) & on_gpu)}")
-            assert not set(spares) & on_gpu, "a spare holds a CUDA context"
+            on_gpu = [pid for pid in spares if opens_a_gpu(pid)]
+            ranks_on_gpu = [pid for pid in nb_rank_pids(nb, n) if opens_a_gpu(pid)]
+            print(f"\nwarm spares {spares}: {memory} resident in all; with a GPU open: {on_gpu} "
+                  f"(ranks with a GPU open: {ranks_on_gpu})")
+            assert len(ranks_on_gpu) == n, "the check itself sees no GPU open in the ranks"
+            assert not on_gpu, "a spare holds a CUDA context"
             if before is not None:
                 assert nb.run(before, timeout=120).status == "error"
             t0 = time.monotonic()
