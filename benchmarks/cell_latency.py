@@ -10,7 +10,9 @@ ratio by more than the changes being measured. In one kernel, not two, because t
 history threads write one SQLite file and slowed each other's cells. Prints p50/p90
 in milliseconds and the ratios, with their spread: the lowest and highest ratio of p50s over
 ``--blocks`` consecutive blocks of the pairs. Also times ``%clorch start`` until the group is
-ready, beside ``torchrun`` starting the same gloo group, and ``%clorch restart`` until the group
+ready (cold: the session here runs with ``CLORCH_SPARES=0``), beside ``torchrun`` starting the
+same group (``--starts`` times), and the start in a fresh notebook kernel whose ``%load_ext``
+warmed spares (``CLORCH_SPARES=1``, once they are ready), and ``%clorch restart`` until the group
 is usable again (the restart and the first cell after it, a barrier whose output shows that every
 rank is a new process with an empty namespace) in three situations, ``--restarts`` times each: a
 healthy group, after a rank's death (``os._exit(3)`` on the last rank) and after a hang (rank 0
@@ -128,6 +130,30 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int) -> dict[str, lis
     return times
 
 
+WARM_READY = ("from clorch_repl.magics import magics_for\nm = magics_for(get_ipython())\n"
+              "print('WARM', bool(m.warm and m.warm.spares and all(s.listening for s in m.warm.spares)))")
+
+
+def warm_start(nproc: int, backend: str) -> float:
+    """``%clorch start`` in a fresh notebook kernel whose ``%load_ext`` warmed spares
+    (``CLORCH_SPARES=1``), once they are ready, as after a user's few seconds between the two."""
+    nb = NotebookKernel(env={"CLORCH_SPARES": "1", "CLORCH_NPROC": str(nproc)})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        deadline = time.monotonic() + 120
+        while "WARM True" not in nb.run(WARM_READY).text:
+            assert time.monotonic() < deadline, "the spares warmed at load were not ready within 120 s"
+            time.sleep(0.2)
+        t0 = time.perf_counter()
+        reply = nb.collect(nb.send(f"%clorch start{backend}"), timeout=300)
+        assert reply.status == "ok" and "warm spare rank(s) taken" in reply.text, reply.text
+        elapsed = reply.idle_at - t0
+        nb.run("%clorch stop")
+        return elapsed
+    finally:
+        nb.shutdown()
+
+
 def torchrun_start(nproc: int, backend: str) -> float:
     script = textwrap.dedent(f"""
         import os, torch, torch.distributed as dist
@@ -155,10 +181,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5, help="blocks of pairs for the spread of the ratio")
     parser.add_argument("--backend", default=None, help="passed to %%clorch start (default: its own)")
     parser.add_argument("--restarts", type=int, default=3, help="timed restarts per situation (0: none)")
+    parser.add_argument("--starts", type=int, default=3,
+                        help="timed starts with spares warmed at %%load_ext, and torchrun starts, per rank count")
     args = parser.parse_args()
     nprocs = [int(n) for n in args.nprocs.split(",")]
 
-    nb = NotebookKernel()
+    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})  # cold starts here; spares only where asked for
     starts = {}
     restarts: dict[tuple[int, str], dict[str, list[float]]] = {}
     try:
@@ -189,9 +217,18 @@ def main() -> None:
 
     for n, elapsed in starts.items():
         backend = resolve_topology(n, backend=args.backend).backend
-        ref = torchrun_start(n, backend)
-        print(f"start {n} {backend} ranks: %clorch start {elapsed:.2f} s, torchrun (init + barrier + exit) "
-              f"{ref:.2f} s, ratio {elapsed / ref:.2f}")
+        option = f" --backend {args.backend}" if args.backend else ""
+        refs, warm = [], []
+        for _ in range(max(1, args.starts)):
+            refs.append(torchrun_start(n, backend))
+            if args.starts:
+                warm.append(warm_start(n, option))
+        ref = statistics.median(refs)
+        print(f"start {n} {backend} ranks: %clorch start {elapsed:.2f} s (cold), torchrun (init + barrier + exit) "
+              f"median {ref:.2f} s [{min(refs):.2f}-{max(refs):.2f}], ratio {elapsed / ref:.2f}")
+        if warm:
+            print(f"start {n} {backend} ranks with spares warmed at %load_ext: median {statistics.median(warm):.2f} s "
+                  f"[{min(warm):.2f}-{max(warm):.2f}] over {len(warm)}, ratio to torchrun {statistics.median(warm) / ref:.2f}")
     for (n, spares), cases in restarts.items():
         for name, samples in cases.items():
             line = (f"restart {n} ranks {name}, --spares {spares}: median {statistics.median(samples):.2f} s "

@@ -59,9 +59,10 @@ def cell_text(cell: Any) -> str:
 class NotebookKernel:
     """Start a python3 ipykernel (the notebook's own kernel) in the repository's directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """``env``: variables to set in the kernel's environment, beside this process's."""
         self.km = KernelManager(kernel_name="python3")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **(env or {}))
         self.km.start_kernel(env=env, cwd=ROOT)
         self.kc = self.km.client()
         self.kc.start_channels()

@@ -2,7 +2,8 @@
 the spares the ranks, in fresh processes with empty namespaces and a working group; the next set
 is started; the spares cost what ``%clorch status`` says; a spare that died, or a change to the
 notebook's environment since the spares started, means a cold start; and no spare outlives
-``%clorch stop``, an interrupted restart or the notebook kernel's SIGKILL. Real notebook
+``%clorch stop``, an interrupted restart or the notebook kernel's SIGKILL. Where spares are the
+default (GPUs, or ``CLORCH_SPARES=1`` as here), ``%load_ext`` warms a set for the first start. Real notebook
 kernel, real rank kernels, real gloo groups (spares are the default on GPUs only; the GPU case is
 tests/gpu/test_gpu_spares.py)."""
 
@@ -174,5 +175,60 @@ def test_cpu_sessions_keep_no_spares_unless_asked() -> None:
         after = rank_pids(nb)
         assert not {p for p, _ in after.values()} & {p for p, _ in first.values()}
         assert not any(seen for _, seen in after.values())
+    finally:
+        nb.shutdown()
+
+
+def worker_pids(nb: NotebookKernel) -> list[int]:
+    """The rank kernels and spares below the notebook kernel (not their supervisors)."""
+    return sorted(p.pid for p in psutil.Process(nb.pid).children(recursive=True)
+                  if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"])
+
+
+def wait_for_workers(nb: NotebookKernel, count: int, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(found := worker_pids(nb)) != count:
+        assert time.monotonic() < deadline, f"{found} below the notebook kernel, not {count} workers"
+        time.sleep(0.2)
+    return found
+
+
+def test_loading_warms_spares_that_the_first_start_takes() -> None:
+    nb = NotebookKernel(env={"CLORCH_SPARES": "1"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        warm = wait_for_workers(nb, 2)
+        started = nb.run("%clorch start")  # 2 CPU ranks: the topology the spares were warmed for
+        assert started.status == "ok" and "2 warm spare rank(s) taken" in started.text, started.text
+        after = rank_pids(nb)
+        assert sorted(pid for pid, _ in after.values()) == warm and not any(seen for _, seen in after.values())
+        assert nb.run(GROUP).status == "ok"
+        assert len(spare_pids(nb)) == 2  # and the next set, for a restart
+        everything = below(nb.pid)
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone(everything, 15) == [] and below(nb.pid) == []
+    finally:
+        nb.shutdown()
+
+
+def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None:
+    nb = NotebookKernel(env={"CLORCH_SPARES": "1"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        warm = wait_for_workers(nb, 2)
+        started = nb.run("%clorch start --nproc 1 --spares 0")
+        assert started.status == "ok" and "warm spare" not in started.text, started.text
+        assert wait_gone(warm, 10) == [], "spares warmed for 2 ranks outlived a start of 1"
+        assert nb.run("%clorch stop").status == "ok"
+        assert nb.run("%unload_ext clorch_repl\n%load_ext clorch_repl").status == "ok"
+        warm = wait_for_workers(nb, 2)
+        everything = below(nb.pid)
+        assert nb.run("%unload_ext clorch_repl").status == "ok"
+        assert wait_gone(everything, 10) == [], "warm spares outlived %unload_ext"
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        wait_for_workers(nb, 2)
+        everything = below(nb.pid)
+        os.kill(nb.pid, signal.SIGKILL)
+        assert wait_gone(everything, 15) == [], "warm spares outlived the notebook kernel's SIGKILL"
     finally:
         nb.shutdown()

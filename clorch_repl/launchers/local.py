@@ -45,6 +45,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
 from ..atomic import remove_quietly
+from ..errors import ConfigError
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import Topology
 from . import supervisor
@@ -60,12 +61,24 @@ STOP_GRACE_S = 5.0
 SHUTDOWN_WAIT_S = 1.5
 
 
+#: ``0`` or ``1``: the default of ``%clorch start --spares`` (and whether loading the extension
+#: warms spares for the first start), for every topology; unset: one set for GPU ranks only
+SPARES_ENV = "CLORCH_SPARES"
+
+
 def default_spares(topology: Topology) -> int:
-    """Warm spare sets when ``--spares`` is not given: one for GPU ranks, none for CPU ranks.
+    """Warm spare sets when ``--spares`` is not given: ``$CLORCH_SPARES`` when set, else one for
+    GPU ranks and none for CPU ranks.
 
     On GPUs a cold rank start (interpreter, imports, then CUDA) made most of a 7 s restart; on CPU
     ranks a restart took about 2 s in all, and spares there would hold memory and, on a small
     machine, take CPU from the user's first cells while they start."""
+    given = os.environ.get(SPARES_ENV, "").strip()
+    if given:
+        if given not in ("0", "1"):
+            raise ConfigError(f"{SPARES_ENV}={given!r} in the environment must be 0 (no warm spares) or 1 "
+                              "(one per rank); fix or unset it")
+        return int(given)
     return 1 if topology.uses_gpu else 0
 
 
@@ -231,7 +244,9 @@ class LocalLauncher(Launcher):
         must reach the ranks). Names changed variables, never their values."""
         if len(spares) != self.topology.nproc:
             return f"{len(spares)} warm spare(s) for {self.topology.nproc} ranks" if spares else ""
-        dead = [f"rank {p.rank}'s ({p.exit})" for p in spares if not p.alive]
+        # the kernel itself, not only its supervisor, which leaves a moment after it
+        dead = [f"rank {p.rank}'s ({p.exit or 'its kernel is gone'})" for p in spares
+                if not p.alive or (p.pid is not None and not procs.pid_running(p.pid))]
         if dead:
             return f"the warm spare {', '.join(dead)} ended before it was needed"
         for spare in spares:
@@ -273,8 +288,14 @@ class LocalLauncher(Launcher):
         return dict(self._joining)
 
     def group_formed(self) -> None:
-        """Start the next set of warm spares (see the module docstring), unless turned off. All
-        or none: whatever fails or is interrupted midway ends the spares already started."""
+        """Start the next set of warm spares, unless turned off."""
+        self.start_spares()
+
+    def start_spares(self) -> None:
+        """Start a set of warm spares (see the module docstring) unless turned off or there: after
+        a group formed, or before the first start (:meth:`ClorchMagics.prewarm
+        <clorch_repl.magics.core.ClorchMagics.prewarm>`). All or none: whatever fails or is
+        interrupted midway ends the spares already started."""
         if not self.spares_wanted or self.spares:
             return
         tag = secrets.token_hex(3)

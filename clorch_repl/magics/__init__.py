@@ -14,6 +14,7 @@ def load(ipython: Any) -> None:
     magics = ClorchMagics(ipython)
     ipython.register_magics(magics)
     _registered[id(ipython)] = magics
+    magics.prewarm()
 
 
 def unload(ipython: Any) -> None:

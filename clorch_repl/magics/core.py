@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import logging
 import os
 from typing import Any, Callable, Iterator
 
@@ -21,12 +22,16 @@ from ..errors import ClorchError, ConfigError
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
+from ..launchers.base import LaunchOptions
+from ..launchers.local import LocalLauncher, default_spares
 from ..launchers.registry import launcher_class
-from ..topology import NPROC_ENV, parse_timeout, remote_topology, resolve_topology
+from ..topology import NPROC_ENV, Topology, parse_timeout, remote_topology, resolve_topology
 from . import views
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, ranks_option,
                         stdin_ranks_option, tail_option, timeout_option, topology_options)
+
+logger = logging.getLogger(__name__)
 
 COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug",
             "debugger")
@@ -66,13 +71,70 @@ class ClorchMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.session: Session | None = None
+        #: warm spares started when the extension was loaded, for the first %clorch start
+        self.warm: LocalLauncher | None = None
         atexit.register(self.shutdown)
 
+    def prewarm(self) -> None:
+        """Warm spares for the first ``%clorch start`` (``%load_ext`` calls this), where spares
+        are the default for the topology a plain ``%clorch start`` would have: GPUs, or
+        ``CLORCH_SPARES=1``. A start with that topology then makes them its ranks and takes about
+        what a restart takes (a cold start imports torch in every rank first); any other start, a
+        stop, an unload or the kernel's exit ends them. A problem is a warning: loading never
+        fails because of it."""
+        try:
+            topology = self._local_topology(None, None, None, None)
+            if not default_spares(topology):
+                return
+            launcher = LocalLauncher(topology, LaunchOptions())
+        except (ClorchError, OSError) as exc:
+            logger.warning("clorch_repl: no warm spares for the first start: %s", exc)
+            return
+        try:
+            launcher.start_spares()
+        except (ClorchError, OSError, RuntimeError) as exc:
+            logger.warning("clorch_repl: no warm spares for the first start: %s", exc)
+        finally:
+            if launcher.spares:
+                self.warm = launcher
+            else:
+                launcher.close()
+
+    def _take_warm(self, launcher: str, topology: Topology, options: LaunchOptions) -> LocalLauncher | None:
+        """The spares warmed at load when this start can use them (else they are ended now)."""
+        warm, self.warm = self.warm, None
+        if warm is None:
+            return None
+        if launcher == "local" and warm.topology == topology and options.spares != 0:
+            warm.options = options
+            if options.spares is not None:
+                warm.spares_wanted = options.spares
+            return warm
+        warm.close()
+        return None
+
     def shutdown(self) -> None:
-        """Stop the ranks (extension unload, notebook kernel exit)."""
-        if self.session is not None:
-            self.session.stop()
-            self.session = None
+        """Stop the ranks and end warm spares (extension unload, notebook kernel exit)."""
+        try:
+            if self.session is not None:
+                self.session.stop()
+                self.session = None
+        finally:
+            warm, self.warm = self.warm, None
+            if warm is not None:
+                warm.close()
+
+    @staticmethod
+    def _local_topology(nproc: str | None, devices: str | None, backend: str | None,
+                        timeout: str | None) -> Topology:
+        """The ranks of a local start: ``--nproc`` defaults to ``$CLORCH_NPROC`` when set."""
+        if nproc is None and devices is None and os.environ.get(NPROC_ENV, "").strip():
+            # `clorch-notebook run --nproc N` sets the default without editing the notebook
+            nproc = os.environ[NPROC_ENV].strip()
+            if not nproc.isdigit() or int(nproc) < 1:
+                raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
+                                  ">= 1 (it is %clorch start's default --nproc); fix or unset it")
+        return resolve_topology(nproc, devices, backend, timeout)
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
@@ -126,19 +188,13 @@ class ClorchMagics(Magics):
             raise ConfigError(f"--spares is for --launcher local; under {launcher.name} a restart starts fresh "
                               "kernels below the ranks' nannies, in the same allocation")
         if launcher.name == "local":
-            nproc = args.nproc
-            if nproc is None and args.devices is None and os.environ.get(NPROC_ENV, "").strip():
-                # `clorch-notebook run --nproc N` sets the default without editing the notebook
-                nproc = os.environ[NPROC_ENV].strip()
-                if not nproc.isdigit() or int(nproc) < 1:
-                    raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
-                                      ">= 1 (it is %clorch start's default --nproc); fix or unset it")
-            topology = resolve_topology(nproc, args.devices, args.backend, args.timeout)
+            topology = self._local_topology(args.nproc, args.devices, args.backend, args.timeout)
         else:
             topology = remote_topology(options, args.backend, args.timeout, given_nproc=args.nproc,
                                        given_devices=args.devices, launcher=launcher.name)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
-        session = Session(topology, lambda topo: launcher(topo, options))
+        warm = self._take_warm(launcher.name, topology, options)
+        session = Session(topology, lambda topo: warm or launcher(topo, options))
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
         session.start(_Progress())
