@@ -24,7 +24,11 @@ forming the group (CUDA and NCCL set-up on GPUs). A spare costs what an idle ran
 costs: an interpreter with torch and ipykernel imported (measured: docs/PERFORMANCE.md, "Restart").
 By default (:func:`default_spares`) GPU sessions keep a set, where a cold start of a rank
 (interpreter, imports, then CUDA) is most of a restart, and CPU sessions do not. A spare is below a
-supervisor that watches the notebook kernel like any rank's, so no spare outlives it.
+supervisor that watches the notebook kernel like any rank's, so no spare outlives it. Where spares
+are the default, loading the extension warms a set for the first start too
+(:meth:`clorch_repl.magics.core.ClorchMagics.prewarm`). Spares whose environment or working
+directory is no longer what a cold rank would get now, or of which one died, are ended and the
+ranks started cold, with the reason shown (:meth:`LocalLauncher._stale`).
 """
 
 from __future__ import annotations
