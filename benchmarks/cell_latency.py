@@ -213,15 +213,21 @@ def main() -> None:
     finally:
         nb.shutdown()
     print()
+    from clorch_repl.errors import ClorchError
     from clorch_repl.topology import resolve_topology
 
     for n, elapsed in starts.items():
         backend = resolve_topology(n, backend=args.backend).backend
         option = f" --backend {args.backend}" if args.backend else ""
         refs, warm = [], []
+        # spares are warmed at load for the topology a plain start has: skip where this is another
+        try:
+            comparable = resolve_topology(n).backend == backend
+        except ClorchError:  # more ranks than GPUs: a plain start would refuse, so nothing is warmed
+            comparable = False
         for _ in range(max(1, args.starts)):
             refs.append(torchrun_start(n, backend))
-            if args.starts:
+            if args.starts and comparable:
                 warm.append(warm_start(n, option))
         ref = statistics.median(refs)
         print(f"start {n} {backend} ranks: %clorch start {elapsed:.2f} s (cold), torchrun (init + barrier + exit) "

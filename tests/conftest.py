@@ -288,7 +288,17 @@ def ip() -> Iterator[Any]:
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "clorch_repl")
+    # No spares warmed at load in this process (GPU hosts, CLORCH_SPARES=1): the fast half's tests
+    # use this shell and must start no process; tests that want spares ask %clorch start for them.
+    given = os.environ.get("CLORCH_SPARES")
+    os.environ["CLORCH_SPARES"] = "0"
+    try:
+        shell.run_line_magic("load_ext", "clorch_repl")
+    finally:
+        if given is None:
+            os.environ.pop("CLORCH_SPARES")
+        else:
+            os.environ["CLORCH_SPARES"] = given
     yield shell
     from clorch_repl.magics import magics_for
 

@@ -216,6 +216,11 @@ def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
         warm = wait_for_workers(nb, 2)
+        stopped = nb.run("%clorch stop")  # before any start: it ends what the load warmed
+        assert "ended the 2 warm spare(s) made when the extension loaded" in stopped.text, stopped.text
+        assert wait_gone(warm, 10) == []
+        assert nb.run("%unload_ext clorch_repl\n%load_ext clorch_repl").status == "ok"
+        warm = wait_for_workers(nb, 2)
         started = nb.run("%clorch start --nproc 1 --spares 0")
         assert started.status == "ok" and "warm spare" not in started.text, started.text
         assert wait_gone(warm, 10) == [], "spares warmed for 2 ranks outlived a start of 1"
@@ -230,5 +235,44 @@ def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None
         everything = below(nb.pid)
         os.kill(nb.pid, signal.SIGKILL)
         assert wait_gone(everything, 15) == [], "warm spares outlived the notebook kernel's SIGKILL"
+    finally:
+        nb.shutdown()
+
+
+def test_a_healthy_restart_lets_the_ranks_exit_cleanly(tmp_path) -> None:
+    """A restart of an idle, healthy group stops it politely (its atexit handlers and buffered
+    files are not lost); only a dead, hung or busy group is ended at once."""
+    nb = NotebookKernel()
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+        spare_pids(nb)
+        marks = [tmp_path / f"exit-{r}" for r in (0, 1)]
+        code = (f"%%distributed\nimport atexit, pathlib\nf = open(r'{tmp_path}/buffered-' + str(rank), 'w')\n"
+                "f.write('kept')  # buffered: only a clean exit flushes it\n"
+                f"atexit.register(lambda: pathlib.Path(r'{tmp_path}/exit-' + str(rank)).write_text('ran'))")
+        assert nb.run(code).status == "ok"
+        restarted = nb.run("%clorch restart", timeout=120)
+        assert restarted.status == "ok" and "warm spare rank(s) taken" in restarted.text, restarted.text
+        assert all(m.exists() for m in marks), "a healthy restart skipped the ranks' atexit handlers"
+        assert [(tmp_path / f"buffered-{r}").read_text() for r in (0, 1)] == ["kept", "kept"]
+    finally:
+        nb.shutdown()
+
+
+def test_a_failed_restart_after_a_warm_start_does_not_break_the_next_one() -> None:
+    nb = NotebookKernel(env={"CLORCH_SPARES": "1"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        wait_for_workers(nb, 2)
+        assert nb.run("%clorch start").status == "ok"
+        # ranks that cannot start: the environment changed, so the restart is cold, and it fails
+        assert nb.run("import os\nos.environ['PYTHONHOME'] = '/nonexistent'").status == "ok"
+        failed = nb.run("%clorch restart", timeout=120)
+        assert failed.status == "error", failed.text
+        assert nb.run("del os.environ['PYTHONHOME']").status == "ok"
+        again = nb.run("%clorch restart", timeout=120)
+        assert again.status == "ok", again.text
+        assert nb.run(GROUP).status == "ok"
     finally:
         nb.shutdown()

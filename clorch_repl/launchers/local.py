@@ -65,6 +65,8 @@ STOP_GRACE_S = 5.0
 SHUTDOWN_WAIT_S = 1.5
 
 
+#: How long a start waits for spares that are still starting before it starts the ranks cold.
+SPARE_READY_S = 120.0
 #: ``0`` or ``1``: the default of ``%clorch start --spares`` (and whether loading the extension
 #: warms spares for the first start), for every topology; unset: one set for GPU ranks only
 SPARES_ENV = "CLORCH_SPARES"
@@ -223,7 +225,7 @@ class LocalLauncher(Launcher):
         self.master_port = master_port = procs.free_port()
         spares, self.spares = self.spares, []
         self._joining = {}
-        stale = self._stale(spares)
+        stale = self._stale(spares) or self._wait_until_listening(spares, progress)
         if spares and not stale:
             for spare in spares:
                 self._promote(spare)
@@ -260,6 +262,25 @@ class LocalLauncher(Launcher):
                 return f"the environment changed since the warm spares started ({', '.join(changed)})"
             if spare.cwd != os.getcwd():
                 return f"the working directory changed since the warm spares started ({spare.cwd} -> {os.getcwd()})"
+        return ""
+
+    def _wait_until_listening(self, spares: list[LocalRank], progress: Progress) -> str:
+        """Spares taken right after they were started (``%load_ext`` and ``%clorch start`` in one
+        cell) are still importing: wait until their kernels listen (the relay would wait for that
+        anyway), so that what they write meanwhile is in their log when it is copied to the
+        rank's. "" when they all listen; else why they cannot be used."""
+        deadline = time.monotonic() + SPARE_READY_S
+        said = False
+        while not all(spare.listening for spare in spares):
+            stale = self._stale(spares)
+            if stale:
+                return stale
+            if time.monotonic() > deadline:
+                return f"the warm spares did not finish starting within {SPARE_READY_S:.0f} s"
+            if not said:
+                progress("waiting for the warm spares to finish starting")
+                said = True
+            time.sleep(0.05)
         return ""
 
     def _promote(self, spare: LocalRank) -> None:

@@ -23,7 +23,7 @@ from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
 from ..launchers.base import LaunchOptions
-from ..launchers.local import LocalLauncher, default_spares
+from ..launchers.local import SPARES_ENV, LocalLauncher, default_spares
 from ..launchers.registry import launcher_class
 from ..topology import NPROC_ENV, Topology, parse_timeout, remote_topology, resolve_topology
 from . import views
@@ -64,6 +64,14 @@ class _Progress:
             self.handle.update(bundle, raw=True)
 
 
+def _nvidia_devices() -> bool:
+    """Whether this host has an NVIDIA GPU device node: a look at /dev, without importing torch."""
+    try:
+        return any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev"))
+    except OSError:
+        return False
+
+
 @magics_class
 class ClorchMagics(Magics):
     """Holds the notebook's one session of ranks."""
@@ -82,6 +90,9 @@ class ClorchMagics(Magics):
         what a restart takes (a cold start imports torch in every rank first); any other start, a
         stop, an unload or the kernel's exit ends them. A problem is a warning: loading never
         fails because of it."""
+        wanted = os.environ.get(SPARES_ENV, "").strip()
+        if wanted == "0" or (wanted != "1" and not _nvidia_devices()):
+            return  # no spares by default here: nothing to do, and torch need not be imported for it
         try:
             topology = self._local_topology(None, None, None, None)
             if not default_spares(topology):
@@ -105,10 +116,10 @@ class ClorchMagics(Magics):
         warm, self.warm = self.warm, None
         if warm is None:
             return None
-        if launcher == "local" and warm.topology == topology and options.spares != 0:
+        wanted = default_spares(topology) if options.spares is None else options.spares
+        if launcher == "local" and warm.topology == topology and wanted:
             warm.options = options
-            if options.spares is not None:
-                warm.spares_wanted = options.spares
+            warm.spares_wanted = wanted
             return warm
         warm.close()
         return None
@@ -193,8 +204,14 @@ class ClorchMagics(Magics):
             topology = remote_topology(options, args.backend, args.timeout, given_nproc=args.nproc,
                                        given_devices=args.devices, launcher=launcher.name)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
-        warm = self._take_warm(launcher.name, topology, options)
-        session = Session(topology, lambda topo: warm or launcher(topo, options))
+        warm = [self._take_warm(launcher.name, topology, options)]
+
+        def make(topo: Topology) -> Any:
+            """The warm launcher, once: a later start (a failed restart closed it) makes a new one."""
+            taken, warm[0] = warm[0], None
+            return taken or launcher(topo, options)
+
+        session = Session(topology, make)
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
         session.start(_Progress())
@@ -267,6 +284,12 @@ class ClorchMagics(Magics):
             if self.session is not None and self.session.group is not None:
                 self.session.stop()  # what an interrupted restart left (its launcher, warm spares)
                 self.session = None
+            warm, self.warm = self.warm, None
+            if warm is not None:
+                count = len(warm.spares)
+                warm.close()
+                print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded")
+                return
             print("clorch: no ranks are running")
             return
         n = self.session.topology.nproc
