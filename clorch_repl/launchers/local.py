@@ -225,7 +225,11 @@ class LocalLauncher(Launcher):
         self.master_port = master_port = procs.free_port()
         spares, self.spares = self.spares, []
         self._joining = {}
-        stale = self._stale(spares) or self._wait_until_listening(spares, progress)
+        try:
+            stale = self._stale(spares) or self._wait_until_listening(spares, progress)
+        except BaseException:  # Ctrl-C while waiting for them: they are nobody's now
+            self._end(spares, 1.0, polite=False)
+            raise
         if spares and not stale:
             for spare in spares:
                 self._promote(spare)
