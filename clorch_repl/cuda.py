@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -75,3 +76,25 @@ def device_count() -> int:
 def available() -> bool:
     """Whether at least one CUDA device can be used, without initialising CUDA here."""
     return device_count() > 0
+
+
+def memory_by_pid() -> dict[int, int]:
+    """GPU memory in bytes per process on this host, from nvidia-smi (so that the asking process
+    never touches CUDA itself); empty without nvidia-smi or when it fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.debug("nvidia-smi failed: %s", exc)
+        return {}
+    usage: dict[int, int] = {}
+    for line in out.splitlines():
+        try:
+            pid, mib = (int(x.strip()) for x in line.split(","))
+        except ValueError:  # a header or "[N/A]": not a process's figure
+            continue
+        usage[pid] = mib * 1024 * 1024
+    return usage

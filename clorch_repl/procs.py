@@ -181,6 +181,18 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
     return remaining
 
 
+def tree_rss(pid: int | None) -> int | None:
+    """Resident memory of a process and its children (a rank's DataLoader workers count); None
+    when it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+    except psutil.Error:
+        return None
+
+
 def pid_running(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) is not running."""
     try:

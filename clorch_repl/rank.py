@@ -43,12 +43,13 @@ from typing import Any, Mapping
 
 import zmq
 
+from . import cuda
 from .errors import ClorchError
 from .launchers import supervisor
 from .launchers.base import ORPHAN_TIMEOUT_S
 from .launchers.callback import HEARTBEAT_S, ConnectInfo, decode, encode, route_address
 from .launchers.rankfiles import RankFiles, kernel_pid
-from .procs import describe_exit, free_port
+from .procs import describe_exit, free_port, tree_rss
 from .rank_env import Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger("clorch_repl.rank")
@@ -287,6 +288,10 @@ class Nanny:
             pid = kernel_pid(self.pid_file)
             alive = self.child is not None and self.child.poll() is None
             self.send({"op": "reply", "id": rid, "text": self.files.dump_stack(pid) if alive else ""})
+        elif op == "usage":  # %clorch status: the kernel's memory, read here on its host
+            pid = kernel_pid(self.pid_file) if self.child is not None and self.child.poll() is None else None
+            gpu = cuda.memory_by_pid().get(pid) if pid is not None and (self.config or {}).get("gpu") else None
+            self.send({"op": "reply", "id": rid, "rss": tree_rss(pid), "gpu": gpu})
         elif op == "log":
             lines = message.get("lines")
             text = self.files.log_tail(None if lines is None else int(lines))

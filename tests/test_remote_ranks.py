@@ -88,7 +88,9 @@ def test_attach_runs_cells_across_the_called_back_ranks_and_stop_ends_torchrun(a
     assert f"[ranks 0-1 {host}] [3.0, 3.0] 2" in reply.text or f"[rank 1 {host}] [3.0, 3.0] 2" in reply.text
     status = nb.run("%clorch status").text
     host = os.uname().nodename
-    assert re.search(rf"^0\s+{re.escape(host)}\s+idle", status, re.M), status
+    # memory read by each rank's nanny on its host
+    assert re.search(rf"^0\s+{re.escape(host)}\s+idle\s+\d+\s+cpu\s+gloo\s+[\d.]+ MiB", status, re.M), status
+    assert re.search(rf"^1\s+{re.escape(host)}\s+idle\s+\d+\s+cpu\s+gloo\s+[\d.]+ MiB", status, re.M), status
     logs = nb.run("%clorch logs 1 --tail 0")  # read on the rank's host by its nanny
     assert logs.status == "ok" and "--- clorch_repl: rank 1 starting at" in logs.text, logs.text
     t0 = time.monotonic()

@@ -163,6 +163,16 @@ class Launcher(abc.ABC):
         dead, hung or busy rank): no kernel is asked to shut down and waited for; each is ended
         at once (SIGTERM, then SIGKILL after ``grace_s``)."""
 
+    def memory(self) -> dict[int, tuple[int | None, int | None]]:
+        """rank -> (resident bytes of its process and children, its GPU memory in bytes) for each
+        live rank, None where unknown (``%clorch status``). This default reads ranks on the
+        notebook's host by pid; a launcher whose ranks run elsewhere asks their hosts."""
+        from .. import cuda, procs
+
+        gpu = cuda.memory_by_pid() if self.topology.uses_gpu else {}
+        return {p.rank: (procs.tree_rss(p.pid), gpu.get(p.pid) if p.pid is not None else None)
+                for p in self.ranks if p.alive and not p.host and p.pid is not None}
+
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see
         :func:`clorch_repl.session.bootstrap.join_group`), for ranks whose process was started

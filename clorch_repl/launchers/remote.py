@@ -246,6 +246,21 @@ class RemoteLauncher(Launcher):
             return "\n".join(peer.death_report.splitlines()[-lines:])
         return f"(no word from {peer.hello.get('host')}: its log stays there)"
 
+    def memory(self) -> dict[int, tuple[int | None, int | None]]:
+        """Each live rank's memory as its nanny reads it on its host (all asked at once; a nanny
+        that does not answer within 2 s leaves its rank's figures unknown)."""
+        server = self.server
+        lost = self.lost()
+        pending = {p.rank: server.request_async(p.rank, "usage") for p in self.ranks
+                   if p.alive and p.rank not in lost}
+        deadline = time.monotonic() + 2.0
+        usage: dict[int, tuple[int | None, int | None]] = {}
+        for rank, rid in pending.items():
+            reply = server.collect(rid, max(0.0, deadline - time.monotonic())) or {}
+            rss, gpu = reply.get("rss"), reply.get("gpu")
+            usage[rank] = (rss if isinstance(rss, int) else None, gpu if isinstance(gpu, int) else None)
+        return usage
+
     def lost(self) -> list[int]:
         """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""
         return [r for r in sorted(self.server.peers) if self.server.silent_for(r) > LOST_AFTER_S]

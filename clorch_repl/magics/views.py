@@ -26,8 +26,7 @@ def _duration(seconds: float) -> str:
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
-    """The status table; a host column when any rank runs on another host (memory is only known
-    for ranks on this one)."""
+    """The status table; a host column when any rank runs on another host."""
     hosts = any(row.host for row in rows)
     header = ["rank", *(["host"] if hosts else []), "state", "pid", "device", "backend", "memory", "gpu memory",
               "uptime"]

@@ -8,14 +8,11 @@ cell, a failed start leaves no process behind, and restart keeps the settings an
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import psutil
-
+from .. import procs
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError
 from ..launchers.base import Launcher
@@ -251,13 +248,12 @@ class Session:
     def status(self) -> list[RankReport]:
         group, relay = self._require()
         busy = set(relay.busy())
-        gpu_mem = _gpu_memory_by_pid() if self.topology.uses_gpu else {}
+        usage = group.memory()
         now = time.time()
         rows = []
         for proc in group.ranks:
             pid = proc.pid  # the rank's Python process on its host
             alive = proc.alive
-            local = not proc.host
             if not alive:
                 state = RankState.DEAD
             elif self.started_at is None:
@@ -267,8 +263,8 @@ class Session:
             rows.append(RankReport(
                 rank=proc.rank, state=state, pid=pid, host=proc.host,
                 device=self.topology.device_label(proc.rank),
-                backend=self.topology.backend, memory_bytes=_rss(pid) if alive and local else None,
-                gpu_memory_bytes=gpu_mem.get(pid) if pid is not None and local else None,
+                backend=self.topology.backend, memory_bytes=usage.get(proc.rank, (None, None))[0] if alive else None,
+                gpu_memory_bytes=usage.get(proc.rank, (None, None))[1] if alive else None,
                 uptime_s=now - proc.started_at if alive else 0.0,
                 exit=proc.exit))
         return rows
@@ -278,7 +274,8 @@ class Session:
         they cost, and whether they are ready (imports done, channels bound)."""
         if self.group is None:
             return []
-        return [(pid, _rss(pid), p.listening) for p in self.group.spares if p.alive and (pid := p.pid) is not None]
+        return [(pid, procs.tree_rss(pid), p.listening) for p in self.group.spares
+                if p.alive and (pid := p.pid) is not None]
 
     def logs(self, rank: int, tail: int | None) -> str:
         group, _ = self._require()
@@ -299,34 +296,3 @@ class Session:
         if self.group is None or self.relay is None:
             raise ConfigError("no ranks are running: run %clorch start first")
         return self.group, self.relay
-
-
-def _rss(pid: int | None) -> int | None:
-    """Resident memory of a rank and its children (DataLoader workers count)."""
-    if pid is None:
-        return None
-    try:
-        root = psutil.Process(pid)
-        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-    except psutil.Error:
-        return None
-
-
-def _gpu_memory_by_pid() -> dict[int, int]:
-    """GPU memory per process from nvidia-smi: the notebook itself must not touch CUDA to ask."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return {}
-    try:
-        out = subprocess.run([exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    usage: dict[int, int] = {}
-    for line in out.splitlines():
-        try:
-            pid, mib = (int(x.strip()) for x in line.split(","))
-        except ValueError:
-            continue
-        usage[pid] = mib * 1024 * 1024
-    return usage
