@@ -16,7 +16,9 @@ variables). This process is the rank's **nanny**; it never runs user code itself
    made here; reports the kernel's connection info;
 5. stays: reports the kernel's exit at once, delivers interrupts, stack dumps, log tails, a fresh
    kernel (``%clorch restart``) and stop on request. It does **not** exit because its kernel
-   died, so srun or torchrun do not tear the allocation down; it exits when the notebook says
+   died, so srun or torchrun do not tear the allocation down (when asked, it keeps a warm spare
+   kernel beside the rank's, which a restart makes the rank's kernel; see
+   clorch_repl.launchers.local on spares); it exits when the notebook says
    stop, or, after ``--orphan-timeout`` seconds without a word from the notebook (its kernel
    gone, its host cut off), after ending its kernel and everything below it.
 
@@ -48,9 +50,10 @@ from .errors import ClorchError
 from .launchers import supervisor
 from .launchers.base import ORPHAN_TIMEOUT_S
 from .launchers.callback import HEARTBEAT_S, ConnectInfo, decode, encode, route_address
-from .launchers.rankfiles import RankFiles, kernel_pid
-from .procs import describe_exit, free_port, tree_rss
-from .rank_env import Identity, RankPlace, rank_environment, read_identity
+from .atomic import remove_quietly
+from .launchers.rankfiles import RankFiles, kernel_pid, private_file
+from .procs import TAIL_MAX_BYTES, describe_exit, free_port, tree_rss
+from .rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger("clorch_repl.rank")
 
@@ -106,6 +109,10 @@ class Nanny:
         self.config: dict[str, Any] | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self.pid_file = os.path.join(self.dir, "kernel.pid")
+        #: the warm spare: (its supervisor, connection file, pid file, its own log), or None
+        self.spare: tuple[subprocess.Popen[bytes], str, str, str] | None = None
+        #: the log of a spare made the rank's kernel, copied into the rank's once it listens
+        self.spare_log = ""
         self.exit_reported = True
         #: (connection file, deadline) while a kernel is starting
         self.starting: tuple[str, float] | None = None
@@ -143,7 +150,11 @@ class Nanny:
                    "master_port": free_port(self.address) if ident.rank == 0 else None})
 
     # ------------------------------------------------------------------------ the kernel
-    def start_kernel(self) -> None:
+    def _spawn(self, spare: bool) -> tuple[subprocess.Popen[bytes], str, str, str]:
+        """Start a kernel below a supervisor: the rank's (output to the rank's log, whose banner
+        this writes), or a warm spare (output to a log of its own until it is made the rank's
+        kernel; imports done, no CUDA; see clorch_repl.launchers.local). Returns the supervisor's
+        process, the connection file, the pid file and the spare's log ("" for the rank's)."""
         assert self.config is not None
         cfg = self.config
         place = RankPlace(rank=self.identity.rank, local_rank=self.identity.local_rank,
@@ -158,30 +169,83 @@ class Nanny:
         # as the local launcher does: debugpy's frozen-modules warning would fill a death report
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         env.update(cfg.get("env", {}))
-        connection_file = os.path.join(self.dir, f"kernel-{secrets.token_hex(4)}.json")
+        tag = secrets.token_hex(4)
+        connection_file = os.path.join(self.dir, f"{'spare' if spare else 'kernel'}-{tag}.json")
+        pid_file = os.path.join(self.dir, f"{'spare' if spare else 'kernel'}-{tag}.pid")
         public, secret = zmq.curve_keypair()
         fd = os.open(connection_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump({"transport": "tcp", "ip": self.address, "key": secrets.token_hex(32),
                        "signature_scheme": "hmac-sha256", "curve_publickey": public.decode(),
                        "curve_secretkey": secret.decode(), **{p: 0 for p in KERNEL_PORTS}}, fh)
-        if os.path.exists(self.pid_file):
-            os.unlink(self.pid_file)
         cmd = supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
                                  [sys.executable, "-m", "clorch_repl.session.worker", "-f", connection_file],
-                                 pid_file=self.pid_file)
-        log_fd = self.files.open_log()
+                                 pid_file=pid_file)
+        spare_log = ""
+        if spare:
+            env[SPARE_ENV] = "1"
+            env[RANK_LOG_ENV] = self.files.log_path
+            spare_log = os.path.join(self.dir, f"spare-{tag}.log")
+            log_fd = private_file(spare_log)
+            os.write(log_fd, f"--- clorch_repl: spare for rank {self.identity.rank} starting at {time.ctime()} ---\n".encode())
+        else:
+            log_fd = self.files.open_log()
         try:
             # its own process group: an interrupt (SIGINT to the group) reaches this rank only
-            self.child = subprocess.Popen(cmd, env=env, stdout=log_fd, stderr=log_fd, stdin=subprocess.DEVNULL,
-                                          cwd=cfg.get("cwd") if os.path.isdir(cfg.get("cwd") or "") else None,
-                                          process_group=0)
+            child = subprocess.Popen(cmd, env=env, stdout=log_fd, stderr=log_fd, stdin=subprocess.DEVNULL,
+                                     cwd=cfg.get("cwd") if os.path.isdir(cfg.get("cwd") or "") else None,
+                                     process_group=0)
         finally:
             os.close(log_fd)
+        return child, connection_file, pid_file, spare_log
+
+    def start_kernel(self) -> None:
+        """A fresh kernel for the rank: the warm spare when there is one (its start-up output goes
+        into the rank's log), else a new process."""
+        spare, self.spare = self.spare, None
+        if spare is not None and spare[0].poll() is None:
+            child, connection_file, self.pid_file, self.spare_log = spare
+            os.close(self.files.open_log())  # the banner; the spare's start-up follows once it listens
+        else:
+            if spare is not None:
+                logger.warning("rank %d's warm spare ended before it was needed (%s); starting its kernel cold",
+                               self.identity.rank, describe_exit(spare[0].returncode))
+                remove_quietly(spare[3])
+            child, connection_file, self.pid_file, _ = self._spawn(spare=False)
+        self.child = child
         self.exit_reported = False
         # The main loop reports the kernel once it has bound its ports (_report_started): the
         # nanny keeps answering and sending heartbeats meanwhile, however long the start takes.
         self.starting = (connection_file, time.monotonic() + KERNEL_START_S)
+
+    def _copy_spare_log(self) -> None:
+        """A spare made the rank's kernel, now listening (its imports done, writing nothing until
+        it joins and moves its output to the rank's log): its start-up goes into the rank's log."""
+        spare_log, self.spare_log = self.spare_log, ""
+        if not spare_log:
+            return
+        fd = private_file(self.files.log_path)
+        try:
+            with open(spare_log, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - TAIL_MAX_BYTES))
+                os.write(fd, fh.read())
+        except OSError as exc:
+            os.write(fd, f"(the warm spare's start-up output could not be read: {exc})\n".encode())
+        finally:
+            os.close(fd)
+        remove_quietly(spare_log)
+
+    def start_spare(self) -> None:
+        """Keep a warm spare for the next restart (the notebook asks once the group formed)."""
+        if self.config is not None and (self.spare is None or self.spare[0].poll() is not None):
+            self.spare = self._spawn(spare=True)
+
+    def end_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._end(spare[0], 1.0)
+            remove_quietly(spare[3])
 
     def _report_started(self) -> None:
         """Once the starting kernel has bound its ports and written them back to its connection
@@ -190,7 +254,8 @@ class Nanny:
             return
         path, deadline = self.starting
         if self.child is None or self.child.poll() is not None:
-            self.starting = None  # its exit is reported by _check_kernel
+            self.starting = None  # its exit is reported by _check_kernel, with what it wrote
+            self._copy_spare_log()
             return
         try:
             with open(path) as fh:
@@ -199,6 +264,7 @@ class Nanny:
             info = {}  # not written yet, or half-written
         if all(info.get(p) for p in KERNEL_PORTS):
             self.starting = None
+            self._copy_spare_log()
             self.send({"op": "kernel", "info": info, "pid": kernel_pid(self.pid_file)})
         elif time.monotonic() > deadline:
             logger.warning("rank %d's kernel bound no ports within %.0f s; ending it", self.identity.rank,
@@ -208,7 +274,10 @@ class Nanny:
 
     def stop_kernel(self, grace_s: float = STOP_GRACE_S) -> None:
         """End the kernel and everything below it (the supervisor does the work on SIGTERM)."""
-        child = self.child
+        self._end(self.child, grace_s)
+
+    @staticmethod
+    def _end(child: subprocess.Popen[bytes] | None, grace_s: float) -> None:
         if child is None or child.poll() is not None:
             return
         child.terminate()
@@ -303,6 +372,8 @@ class Nanny:
         elif op == "start_kernel":
             self.stop_kernel()
             self.start_kernel()
+        elif op == "start_spare":
+            self.start_spare()
         elif op == "exit":
             code = message.get("code", 0)
             self.exit_code = code if isinstance(code, int) and 0 <= code < 256 else 1
@@ -329,6 +400,7 @@ class Nanny:
                                      "ending this rank's kernel\n")
                     return 3
         finally:
+            self.end_spare()
             self.stop_kernel()
             self.socket.disable_monitor()
             self.monitor.close(linger=0)

@@ -224,7 +224,6 @@ def test_a_rank_reads_its_place_from_torchrun_or_slurm(env: dict[str, str], expe
     ("--cpu-bind all", "--cpu-bind must be numa or none"),
     ("--spares 2", "--spares must be 0 (no warm spares) or 1 (one per rank); got '2'"),
     ("--spares yes", "--spares must be 0 (no warm spares) or 1"),
-    ("--launcher attach --nproc-per-node 1 --spares 1", "--spares is for --launcher local"),
 ])
 def test_start_refuses_bad_launcher_options_in_one_line(ip, line: str, message: str) -> None:
     from IPython.core.error import UsageError
@@ -270,3 +269,49 @@ def test_a_connect_file_of_another_session_is_named_at_once(tmp_path) -> None:
         assert not server.peers
     finally:
         server.close()
+
+
+def _spare_workers(runner: subprocess.Popen[bytes]) -> set[int]:
+    """The warm spare kernels below torchrun's nannies (their environment says CLORCH_SPARE)."""
+    found = set()
+    for p in psutil.Process(runner.pid).children(recursive=True):
+        try:
+            if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"] and p.environ().get("CLORCH_SPARE"):
+                found.add(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_remote_restart_takes_the_nannies_warm_spares() -> None:
+    nb = NotebookKernel()
+    runner = None
+    try:
+        msg_id, path = begin_start(nb, " --spares 1")
+        runner = torchrun(path)
+        assert nb.collect(msg_id, timeout=120).status == "ok"
+        deadline = time.monotonic() + 60
+        while len(spares := _spare_workers(runner)) != 2:
+            assert time.monotonic() < deadline, "the nannies started no warm spares"
+            time.sleep(0.2)
+        died = nb.run("%%distributed --ranks 1\nimport os; os._exit(3)", timeout=60)
+        assert died.status == "error" and "rank 1" in died.text, died.text
+        t0 = time.monotonic()
+        assert nb.run("%clorch restart", timeout=120).status == "ok"
+        took = time.monotonic() - t0
+        reply = nb.run("%%distributed\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                       "dist.all_reduce(t)\nprint(os.getpid(), 'marker' in globals(), t.item())")
+        assert reply.status == "ok", reply.text
+        lines = [lines_of(reply.text, r)[0].split() for r in (0, 1)]
+        assert {int(pid) for pid, _, _ in lines} == spares, (spares, reply.text)
+        assert all(seen == "False" and total == "2.0" for _, seen, total in lines), reply.text
+        log = nb.run("%clorch logs 1 --tail 0").text
+        assert "--- clorch_repl: spare for rank 1 starting at" in log.rsplit("--- clorch_repl: rank 1 starting at", 1)[1]
+        print(f"restart of 2 called-back ranks from warm spares: {took:.2f} s")
+        assert nb.run("%clorch stop").status == "ok"
+        assert runner.wait(timeout=20) == 0
+    finally:
+        nb.shutdown()
+        if runner is not None and runner.poll() is None:
+            runner.terminate()
+            runner.wait(timeout=30)

@@ -246,6 +246,18 @@ class RemoteLauncher(Launcher):
             return "\n".join(peer.death_report.splitlines()[-lines:])
         return f"(no word from {peer.hello.get('host')}: its log stays there)"
 
+    def group_formed(self) -> None:
+        """Ask every nanny to keep a warm spare kernel for the next restart, where spares are
+        wanted (``--spares``; by default for GPU ranks, as for the local launcher)."""
+        from .local import default_spares
+
+        wanted = default_spares(self.topology) if self.options.spares is None else self.options.spares
+        if wanted:
+            lost = self.lost()
+            for rank in range(self.world_size):
+                if rank not in lost:
+                    self.server.send(rank, {"op": "start_spare"})
+
     def memory(self) -> dict[int, tuple[int | None, int | None]]:
         """Each live rank's memory as its nanny reads it on its host (all asked at once; a nanny
         that does not answer within 2 s leaves its rank's figures unknown)."""

@@ -65,8 +65,8 @@ launcher_options = _compose(
     argument("--srun-args", metavar="ARGS", default="", dest="srun_args",
              help='slurm: more srun arguments, one quoted string, e.g. "--gres=gpu:8 --exclusive"'),
     argument("--spares", metavar="N", default=None,
-             help="local: 1 keeps a warm spare per rank (torch imported, no GPU touched) so that %%clorch "
-                  "restart takes seconds less, 0 keeps none (default: 1 with GPUs, 0 on CPUs)"),
+             help="1 keeps a warm spare per rank (torch imported, no GPU touched; remote ranks: beside their "
+                  "nanny) so that %%clorch restart takes seconds less, 0 keeps none (default: 1 with GPUs, 0 on CPUs)"),
     argument("--cpu-bind", metavar="MODE", default=None, dest="cpu_bind",
              help="numa: each GPU rank binds itself to the CPU cores of its GPU's NUMA node; none (default)"),
 )

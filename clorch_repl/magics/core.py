@@ -195,9 +195,6 @@ class ClorchMagics(Magics):
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
         hang_notice = parse_hang_notice(args.hang_notice)
-        if options.spares is not None and launcher.name != "local":
-            raise ConfigError(f"--spares is for --launcher local; under {launcher.name} a restart starts fresh "
-                              "kernels below the ranks' nannies, in the same allocation")
         if launcher.name == "local":
             topology = self._local_topology(args.nproc, args.devices, args.backend, args.timeout)
         else:

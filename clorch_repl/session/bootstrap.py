@@ -32,10 +32,10 @@ def join_group(env: dict[str, str] | None = None) -> None:
     """Initialise the default process group from the launcher's environment (see API.md).
 
     ``env``: variables a warm spare learns only now (the group's rendezvous file and port); they
-    are set first, and a spare then moves its output to its rank's log."""
+    are set first. A spare (local or a remote rank's) then moves its output to its rank's log."""
     if env:
         os.environ.update(env)
-        _move_output_to_rank_log()
+    _move_output_to_rank_log()
     import torch
     import torch.distributed as dist
 
