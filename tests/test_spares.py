@@ -100,6 +100,7 @@ def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
         restarted = nb.run("%clorch restart", timeout=120)
         assert "the environment changed since the warm spares started (CLORCH_PROBE); starting the ranks cold" \
             in restarted.text, restarted.text
+        assert restarted.text.count("the environment changed") == 1, restarted.text  # said once
         probe = nb.run("%%distributed\nimport os\nprint(os.environ.get('CLORCH_PROBE'))")
         assert lines_of(probe.text, 0) == lines_of(probe.text, 1) == ["new"], probe.text
 
@@ -198,6 +199,9 @@ def test_loading_warms_spares_that_the_first_start_takes() -> None:
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
         warm = wait_for_workers(nb, 2)
+        status = nb.run("%clorch status")
+        assert status.status == "ok" and "no ranks are running; warm spares for the first %clorch start: 2" \
+            in status.text, status.text
         started = nb.run("%clorch start")  # 2 CPU ranks: the topology the spares were warmed for
         assert started.status == "ok" and "2 warm spare rank(s) taken" in started.text, started.text
         after = rank_pids(nb)
@@ -222,7 +226,8 @@ def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None
         assert nb.run("%unload_ext clorch_repl\n%load_ext clorch_repl").status == "ok"
         warm = wait_for_workers(nb, 2)
         started = nb.run("%clorch start --nproc 1 --spares 0")
-        assert started.status == "ok" and "warm spare" not in started.text, started.text
+        assert started.status == "ok" and "ended the 2 warm spare(s) made when the extension loaded (--spares 0)" \
+            in started.text and "taken" not in started.text, started.text
         assert wait_gone(warm, 10) == [], "spares warmed for 2 ranks outlived a start of 1"
         assert nb.run("%clorch stop").status == "ok"
         assert nb.run("%unload_ext clorch_repl\n%load_ext clorch_repl").status == "ok"
@@ -274,5 +279,17 @@ def test_a_failed_restart_after_a_warm_start_does_not_break_the_next_one() -> No
         again = nb.run("%clorch restart", timeout=120)
         assert again.status == "ok", again.text
         assert nb.run(GROUP).status == "ok"
+    finally:
+        nb.shutdown()
+
+
+def test_a_bad_clorch_spares_is_refused_and_leaves_no_file(tmp_path) -> None:
+    nb = NotebookKernel(env={"CLORCH_SPARES": "x", "TMPDIR": str(tmp_path)})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"  # loading never fails for it
+        started = nb.run("%clorch start")
+        assert started.status == "error" and "CLORCH_SPARES='x' in the environment must be 0" in started.text
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("clorch-")] == []
+        assert below(nb.pid) == []
     finally:
         nb.shutdown()

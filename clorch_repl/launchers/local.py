@@ -157,6 +157,9 @@ class LocalLauncher(Launcher):
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         super().__init__(topology, options)
+        wanted = self.options.spares
+        #: warm spare sets to keep (0 or 1); first: a bad $CLORCH_SPARES refuses before any file exists
+        self.spares_wanted = default_spares(topology) if wanted is None else wanted
         self.dir = tempfile.mkdtemp(prefix="clorch-")
         os.chmod(self.dir, 0o700)
         self.ranks: list[LocalRank] = []  # type: ignore[assignment]
@@ -164,9 +167,6 @@ class LocalLauncher(Launcher):
         self.store_file = ""
         self.master_port = 0
         self._spec_manager = self._write_kernelspec()
-        wanted = self.options.spares
-        #: warm spare sets to keep (0 or 1)
-        self.spares_wanted = default_spares(topology) if wanted is None else wanted
         self.spares: list[LocalRank] = []  # type: ignore[assignment]
         #: what the current ranks learn when they join (spares made ranks); see join_environment
         self._joining: dict[str, str] = {}
@@ -238,7 +238,7 @@ class LocalLauncher(Launcher):
             progress(f"{len(spares)} warm spare rank(s) taken")
             return
         if spares:
-            logger.warning("clorch_repl: %s; starting the ranks cold", stale)
+            logger.info("%s; starting the ranks cold", stale)  # the user sees it as progress
             progress(f"{stale}; starting the ranks cold")
             self._end(spares, 1.0, polite=False)
         self.ranks = []

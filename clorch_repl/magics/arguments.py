@@ -64,7 +64,7 @@ launcher_options = _compose(
     argument("--time", metavar="T", default=None, help="slurm: the time limit (outside an allocation)"),
     argument("--srun-args", metavar="ARGS", default="", dest="srun_args",
              help='slurm: more srun arguments, one quoted string, e.g. "--gres=gpu:8 --exclusive"'),
-    argument("--spares", metavar="N", default=None,
+    argument("--spares", metavar="0|1", default=None,
              help="1 keeps a warm spare per rank (torch imported, no GPU touched; remote ranks: beside their "
                   "nanny) so that %%clorch restart takes seconds less, 0 keeps none (default: 1 with GPUs, 0 on CPUs)"),
     argument("--cpu-bind", metavar="MODE", default=None, dest="cpu_bind",

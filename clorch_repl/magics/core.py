@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
+from .. import procs
 from ..errors import ClorchError, ConfigError
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
@@ -121,7 +122,12 @@ class ClorchMagics(Magics):
             warm.options = options
             warm.spares_wanted = wanted
             return warm
+        count, made_for = len(warm.spares), warm.topology
         warm.close()
+        why = ("--spares 0" if not wanted else f"--launcher {launcher}" if launcher != "local" else
+               f"they were made for {made_for.nproc} {made_for.backend} rank(s) on "
+               f"{', '.join(made_for.device_label(r) for r in range(made_for.nproc))}")
+        print(f"clorch: ended the {count} warm spare(s) made when the extension loaded ({why}); starting cold")
         return None
 
     def shutdown(self) -> None:
@@ -218,6 +224,11 @@ class ClorchMagics(Magics):
     def _status(self, line: str) -> None:
         """Every rank: state, pid, device, backend, memory, uptime."""
         if parse(self._status, line) is None:
+            return
+        if (self.session is None or not self.session.running) and self.warm is not None:
+            warm = self.warm  # no ranks yet, only what the load warmed: say so, no error
+            spares = [(pid, procs.tree_rss(pid), p.listening) for p in warm.spares if p.alive and (pid := p.pid)]
+            print(f"clorch: no ranks are running; {views.spares_line(spares, 'the first %clorch start')}")
             return
         session = self._session()
         header, body = views.status_rows(session.status())
