@@ -96,7 +96,8 @@ FRESH = ("%%distributed\nimport os, torch.distributed as dist\nassert 'clorch_ma
 
 
 def wait_for_spares(nb: NotebookKernel, timeout_s: float = 120.0) -> None:
-    """Until ``%clorch status`` says the warm spares are ready (returns at once without spares)."""
+    """Until ``%clorch status`` says the warm spares (the session's, or before a start those the
+    load warmed) are ready; returns at once without spares."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = nb.run("%clorch status").text
@@ -104,6 +105,11 @@ def wait_for_spares(nb: NotebookKernel, timeout_s: float = 120.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"the warm spares were not ready within {timeout_s:.0f} s")
+
+
+def printed_pids(text: str, nproc: int) -> set[str]:
+    """The pids the ranks printed (one line each) in :data:`FRESH`'s output."""
+    return {line for r in range(nproc) for line in lines_of(text, r)}
 
 
 def restart_times(nb: NotebookKernel, nproc: int, repeats: int) -> dict[str, list[float]]:
@@ -119,19 +125,15 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int) -> dict[str, lis
             if before is not None:
                 nb.run(before.format(last=nproc - 1), timeout=120)  # fails, as it should
             t0 = time.perf_counter()
-            restarted, status = round_trip(nb, "%clorch restart")
+            _, status = round_trip(nb, "%clorch restart")
             assert status == "ok", f"%clorch restart {name} failed"
             fresh = nb.run(FRESH, timeout=120)
             elapsed = fresh.idle_at - t0
             assert fresh.status == "ok", fresh.text
-            pids = lambda text: {line for r in range(nproc) for line in lines_of(text, r)}  # noqa: E731
-            assert len(pids(fresh.text)) == nproc and not pids(fresh.text) & pids(old), (old, fresh.text)
+            now = printed_pids(fresh.text, nproc)
+            assert len(now) == nproc and not now & printed_pids(old, nproc), (old, fresh.text)
             times[name].append(elapsed)
     return times
-
-
-WARM_READY = ("from clorch_repl.magics import magics_for\nm = magics_for(get_ipython())\n"
-              "print('WARM', bool(m.warm and m.warm.spares and all(s.listening for s in m.warm.spares)))")
 
 
 def warm_start(nproc: int, backend: str) -> float:
@@ -140,10 +142,7 @@ def warm_start(nproc: int, backend: str) -> float:
     nb = NotebookKernel(env={"CLORCH_SPARES": "1", "CLORCH_NPROC": str(nproc)})
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
-        deadline = time.monotonic() + 120
-        while "WARM True" not in nb.run(WARM_READY).text:
-            assert time.monotonic() < deadline, "the spares warmed at load were not ready within 120 s"
-            time.sleep(0.2)
+        wait_for_spares(nb)
         t0 = time.perf_counter()
         reply = nb.collect(nb.send(f"%clorch start{backend}"), timeout=300)
         assert reply.status == "ok" and "warm spare rank(s) taken" in reply.text, reply.text

@@ -78,6 +78,15 @@ def available() -> bool:
     return device_count() > 0
 
 
+def device_nodes() -> bool:
+    """Whether this host has an NVIDIA GPU device node (/dev/nvidiaN): a cheap first look that
+    imports nothing, for callers that would otherwise import torch only to learn there is no GPU."""
+    try:
+        return any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev"))
+    except OSError:
+        return False
+
+
 def memory_by_pid() -> dict[int, int]:
     """GPU memory in bytes per process on this host, from nvidia-smi (so that the asking process
     never touches CUDA itself); empty without nvidia-smi or when it fails."""

@@ -46,13 +46,13 @@ from typing import Any, Mapping
 import zmq
 
 from . import cuda
+from .atomic import remove_quietly
 from .errors import ClorchError
 from .launchers import supervisor
 from .launchers.base import ORPHAN_TIMEOUT_S
 from .launchers.callback import HEARTBEAT_S, ConnectInfo, decode, encode, route_address
-from .atomic import remove_quietly
-from .launchers.rankfiles import RankFiles, kernel_pid, private_file
-from .procs import TAIL_MAX_BYTES, describe_exit, free_port, tree_rss
+from .launchers.rankfiles import RankFiles, kernel_pid
+from .procs import describe_exit, free_port, tree_rss
 from .rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger("clorch_repl.rank")
@@ -186,8 +186,7 @@ class Nanny:
             env[SPARE_ENV] = "1"
             env[RANK_LOG_ENV] = self.files.log_path
             spare_log = os.path.join(self.dir, f"spare-{tag}.log")
-            log_fd = private_file(spare_log)
-            os.write(log_fd, f"--- clorch_repl: spare for rank {self.identity.rank} starting at {time.ctime()} ---\n".encode())
+            log_fd = self.files.open_spare_log(spare_log)
         else:
             log_fd = self.files.open_log()
         try:
@@ -222,19 +221,8 @@ class Nanny:
         """A spare made the rank's kernel, now listening (its imports done, writing nothing until
         it joins and moves its output to the rank's log): its start-up goes into the rank's log."""
         spare_log, self.spare_log = self.spare_log, ""
-        if not spare_log:
-            return
-        fd = private_file(self.files.log_path)
-        try:
-            with open(spare_log, "rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, size - TAIL_MAX_BYTES))
-                os.write(fd, fh.read())
-        except OSError as exc:
-            os.write(fd, f"(the warm spare's start-up output could not be read: {exc})\n".encode())
-        finally:
-            os.close(fd)
-        remove_quietly(spare_log)
+        if spare_log:
+            self.files.take_spare_log(spare_log)
 
     def start_spare(self) -> None:
         """Keep a warm spare for the next restart (the notebook asks once the group formed)."""

@@ -5,6 +5,7 @@ hosts (network namespaces) and under a real Slurm cluster: tests/test_multihost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,12 +59,14 @@ class Attached:
         self.nb, self.runner, self.connect_file, self.token = nb, runner, connect_file, token
 
 
-@pytest.fixture()
-def attached() -> Iterator[Attached]:
+@contextlib.contextmanager
+def attached_session(extra: str = "") -> Iterator[Attached]:
+    """A notebook kernel whose attach start (with ``extra`` options) was answered by the printed
+    torchrun command on this host; afterwards the kernel's shutdown and torchrun's end."""
     nb = NotebookKernel()
     runner = None
     try:
-        msg_id, path = begin_start(nb)
+        msg_id, path = begin_start(nb, extra)
         with open(path) as fh:
             token = json.load(fh)["token"]
         assert os.stat(path).st_mode & 0o777 == 0o600
@@ -76,6 +79,12 @@ def attached() -> Iterator[Attached]:
         if runner is not None and runner.poll() is None:
             runner.terminate()  # torchrun passes it on to the nannies
             runner.wait(timeout=30)
+
+
+@pytest.fixture()
+def attached() -> Iterator[Attached]:
+    with attached_session() as session:
+        yield session
 
 
 def test_attach_runs_cells_across_the_called_back_ranks_and_stop_ends_torchrun(attached: Attached) -> None:
@@ -172,12 +181,8 @@ def test_a_forged_registration_fails_the_start_naming_the_host(tmp_path) -> None
 
 
 def test_nannies_end_their_kernels_when_the_notebook_is_killed() -> None:
-    nb = NotebookKernel()
-    runner = None
-    try:
-        msg_id, path = begin_start(nb, " --orphan-timeout 3")
-        runner = torchrun(path)
-        assert nb.collect(msg_id, timeout=120).status == "ok"
+    with attached_session(" --orphan-timeout 3") as session:
+        nb, runner, path = session.nb, session.runner, session.connect_file
         below = [p.pid for p in psutil.Process(runner.pid).children(recursive=True)]
         assert len(below) >= 6  # 2 nannies, their supervisors and kernels
         t0 = time.monotonic()
@@ -195,11 +200,6 @@ def test_nannies_end_their_kernels_when_the_notebook_is_killed() -> None:
         remove_stale(tempfile.gettempdir(), "clorch")
         assert not os.path.exists(os.path.join(tempfile.gettempdir(), left[0]))
         print(f"every rank process gone {time.monotonic() - t0:.1f} s after the notebook's SIGKILL")
-    finally:
-        nb.shutdown()
-        if runner is not None and runner.poll() is None:
-            runner.terminate()
-            runner.wait(timeout=30)
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -284,12 +284,8 @@ def _spare_workers(runner: subprocess.Popen[bytes]) -> set[int]:
 
 
 def test_a_remote_restart_takes_the_nannies_warm_spares() -> None:
-    nb = NotebookKernel()
-    runner = None
-    try:
-        msg_id, path = begin_start(nb, " --spares 1")
-        runner = torchrun(path)
-        assert nb.collect(msg_id, timeout=120).status == "ok"
+    with attached_session(" --spares 1") as session:
+        nb, runner = session.nb, session.runner
         deadline = time.monotonic() + 60
         while len(spares := _spare_workers(runner)) != 2:
             assert time.monotonic() < deadline, "the nannies started no warm spares"
@@ -310,8 +306,3 @@ def test_a_remote_restart_takes_the_nannies_warm_spares() -> None:
         print(f"restart of 2 called-back ranks from warm spares: {took:.2f} s")
         assert nb.run("%clorch stop").status == "ok"
         assert runner.wait(timeout=20) == 0
-    finally:
-        nb.shutdown()
-        if runner is not None and runner.poll() is None:
-            runner.terminate()
-            runner.wait(timeout=30)

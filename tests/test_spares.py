@@ -17,7 +17,7 @@ import time
 import psutil
 
 from clorch_repl.procs import wait_gone
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, clorch_session
 from rank_text import lines_of
 
 WHO = "%%distributed\nimport os\nprint(os.getpid(), 'marker' in globals())\nmarker = rank"
@@ -54,10 +54,7 @@ def below(pid: int) -> list[int]:
 
 
 def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
-    nb = NotebookKernel()
-    try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+    with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
         first = rank_pids(nb)
         spares = spare_pids(nb)
         assert not set(spares) & {pid for pid, _ in first.values()}
@@ -119,15 +116,10 @@ def test_restarts_after_a_death_and_a_hang_take_the_warm_spares() -> None:
         assert stopped.status == "ok", stopped.text
         assert wait_gone(everything, 15) == [], "a rank or spare outlived %clorch stop"
         assert wait_gone([third[1]], 5) == [], "the surviving spare of the dead one's set was left"
-    finally:
-        nb.shutdown()
 
 
 def test_an_interrupted_restart_leaves_no_spare_or_rank_behind() -> None:
-    nb = NotebookKernel()
-    try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+    with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
         spare_pids(nb)
         # the ranks take their time to leave (a polite stop waits for them), and Ctrl-C lands then
         assert nb.run("%%distributed\nimport atexit, time\natexit.register(time.sleep, 8)").status == "ok"
@@ -142,29 +134,19 @@ def test_an_interrupted_restart_leaves_no_spare_or_rank_behind() -> None:
         assert nb.run("%clorch stop").text.strip() == "clorch: no ranks are running"
         assert nb.run("%clorch start --nproc 2 --spares 0").status == "ok"
         assert nb.run(GROUP).status == "ok"
-    finally:
-        nb.shutdown()
 
 
 def test_no_spare_outlives_the_notebook_kernel_even_after_sigkill() -> None:
-    nb = NotebookKernel()
-    try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+    with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
         spares = spare_pids(nb)
         everything = below(nb.pid)
         assert set(spares) <= set(everything) and len(everything) >= 8  # 2 ranks, 2 spares, supervisors
         os.kill(nb.pid, signal.SIGKILL)
         assert wait_gone(everything, 15) == [], "a spare, rank or supervisor outlived the notebook kernel"
-    finally:
-        nb.shutdown()
 
 
 def test_cpu_sessions_keep_no_spares_unless_asked() -> None:
-    nb = NotebookKernel()
-    try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        assert nb.run("%clorch start --nproc 2").status == "ok"
+    with clorch_session("--nproc 2", stop=False) as nb:
         time.sleep(2)  # spares would be starting by now
         status = nb.run("%clorch status").text
         assert "warm spares" not in status, status
@@ -176,8 +158,6 @@ def test_cpu_sessions_keep_no_spares_unless_asked() -> None:
         after = rank_pids(nb)
         assert not {p for p, _ in after.values()} & {p for p, _ in first.values()}
         assert not any(seen for _, seen in after.values())
-    finally:
-        nb.shutdown()
 
 
 def worker_pids(nb: NotebookKernel) -> list[int]:
@@ -247,10 +227,7 @@ def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None
 def test_a_healthy_restart_lets_the_ranks_exit_cleanly(tmp_path) -> None:
     """A restart of an idle, healthy group stops it politely (its atexit handlers and buffered
     files are not lost); only a dead, hung or busy group is ended at once."""
-    nb = NotebookKernel()
-    try:
-        assert nb.run("%load_ext clorch_repl").status == "ok"
-        assert nb.run("%clorch start --nproc 2 --spares 1").status == "ok"
+    with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
         spare_pids(nb)
         marks = [tmp_path / f"exit-{r}" for r in (0, 1)]
         code = (f"%%distributed\nimport atexit, pathlib\nf = open(r'{tmp_path}/buffered-' + str(rank), 'w')\n"
@@ -261,8 +238,6 @@ def test_a_healthy_restart_lets_the_ranks_exit_cleanly(tmp_path) -> None:
         assert restarted.status == "ok" and "warm spare rank(s) taken" in restarted.text, restarted.text
         assert all(m.exists() for m in marks), "a healthy restart skipped the ranks' atexit handlers"
         assert [(tmp_path / f"buffered-{r}").read_text() for r in (0, 1)] == ["kept", "kept"]
-    finally:
-        nb.shutdown()
 
 
 def test_a_failed_restart_after_a_warm_start_does_not_break_the_next_one() -> None:

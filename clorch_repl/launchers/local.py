@@ -22,7 +22,7 @@ ranks (they learn the new group's rendezvous file and port from the join request
 group has formed, starts the next set. What remains of a restart is ending the old ranks and
 forming the group (CUDA and NCCL set-up on GPUs). A spare costs what an idle rank without CUDA
 costs: an interpreter with torch and ipykernel imported (measured: docs/PERFORMANCE.md, "Restart").
-By default (:func:`default_spares`) GPU sessions keep a set, where a cold start of a rank
+By default (:func:`wanted_spares`) GPU sessions keep a set, where a cold start of a rank
 (interpreter, imports, then CUDA) is most of a restart, and CPU sessions do not. A spare is below a
 supervisor that watches the notebook kernel like any rank's, so no spare outlives it. Where spares
 are the default, loading the extension warms a set for the first start too
@@ -45,6 +45,7 @@ import time
 from typing import Any
 
 from jupyter_client import KernelManager
+from jupyter_client.connect import port_names
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import procs
@@ -54,7 +55,7 @@ from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_
 from ..topology import Topology
 from . import supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .rankfiles import RankFiles, kernel_pid, private_file
+from .rankfiles import RankFiles, kernel_pid
 
 logger = logging.getLogger(__name__)
 
@@ -72,19 +73,21 @@ SPARE_READY_S = 120.0
 SPARES_ENV = "CLORCH_SPARES"
 
 
-def default_spares(topology: Topology) -> int:
-    """Warm spare sets when ``--spares`` is not given: ``$CLORCH_SPARES`` when set, else one for
-    GPU ranks and none for CPU ranks.
+def wanted_spares(topology: Topology, given: int | None = None) -> int:
+    """Warm spare sets to keep: ``given`` (``--spares``) when not None, else ``$CLORCH_SPARES``
+    when set, else one for GPU ranks and none for CPU ranks.
 
     On GPUs a cold rank start (interpreter, imports, then CUDA) made most of a 7 s restart; on CPU
     ranks a restart took about 2 s in all, and spares there would hold memory and, on a small
     machine, take CPU from the user's first cells while they start."""
-    given = os.environ.get(SPARES_ENV, "").strip()
-    if given:
-        if given not in ("0", "1"):
-            raise ConfigError(f"{SPARES_ENV}={given!r} in the environment must be 0 (no warm spares) or 1 "
+    if given is not None:
+        return given
+    env = os.environ.get(SPARES_ENV, "").strip()
+    if env:
+        if env not in ("0", "1"):
+            raise ConfigError(f"{SPARES_ENV}={env!r} in the environment must be 0 (no warm spares) or 1 "
                               "(one per rank); fix or unset it")
-        return int(given)
+        return int(env)
     return 1 if topology.uses_gpu else 0
 
 
@@ -131,8 +134,7 @@ class LocalRank(RankHandle):
         """Whether the kernel has bound its channels (its IPC socket files exist): for a warm
         spare, that its imports are done and it can be made a rank without waiting."""
         info = self.manager.get_connection_info()
-        ports = [info[f"{name}_port"] for name in ("shell", "iopub", "stdin", "control", "hb")]
-        return all(os.path.exists(f"{info['ip']}-{port}") for port in ports)
+        return all(os.path.exists(f"{info['ip']}-{info[name]}") for name in port_names)
 
     def poll(self) -> int | None:
         """The exit status once the process has ended (negative: killed by that signal)."""
@@ -157,9 +159,8 @@ class LocalLauncher(Launcher):
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         super().__init__(topology, options)
-        wanted = self.options.spares
         #: warm spare sets to keep (0 or 1); first: a bad $CLORCH_SPARES refuses before any file exists
-        self.spares_wanted = default_spares(topology) if wanted is None else wanted
+        self.spares_wanted = wanted_spares(topology, self.options.spares)
         self.dir = tempfile.mkdtemp(prefix="clorch-")
         os.chmod(self.dir, 0o700)
         self.ranks: list[LocalRank] = []  # type: ignore[assignment]
@@ -292,18 +293,9 @@ class LocalLauncher(Launcher):
         spare wrote while it waited (its start-up: imports, CPU binding), and the spare moves its
         output there as it joins (bootstrap.join_group)."""
         files = self.files[spare.rank]
-        fd = files.open_log()
-        try:
-            with open(spare.log_path, "rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, size - procs.TAIL_MAX_BYTES))
-                os.write(fd, fh.read())
-        except OSError as exc:  # the rank's log says so; the rank itself is fine
-            os.write(fd, f"(the warm spare's start-up output could not be read: {exc})\n".encode())
-        finally:
-            os.close(fd)
-        remove_quietly(spare.log_path)
-        spare.files, spare.started_at = files, time.time()
+        os.close(files.open_log())
+        files.take_spare_log(spare.log_path)
+        spare.files, spare.started_at, spare.log_path = files, time.time(), ""
 
     def _spare_env(self, rank: int, log_path: str) -> dict[str, str]:
         env = self.rank_env(rank, 0)
@@ -332,10 +324,9 @@ class LocalLauncher(Launcher):
         try:
             for rank in range(self.topology.nproc):
                 log_path = os.path.join(self.dir, f"spare{rank}-{tag}.log")
-                log_fd = private_file(log_path)
-                os.write(log_fd, f"--- clorch_repl: spare for rank {rank} starting at {time.ctime()} ---\n".encode())
-                spare = self._start_kernel(f"spare{rank}-{tag}", self._spare_env(rank, self.files[rank].log_path),
-                                           self.files[rank], log_fd)
+                files = self.files[rank]
+                spare = self._start_kernel(f"spare{rank}-{tag}", self._spare_env(rank, files.log_path), files,
+                                           files.open_spare_log(log_path))
                 spare.log_path = log_path
                 spares.append(spare)
         except BaseException:

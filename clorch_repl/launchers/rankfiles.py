@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from .. import procs
+from ..atomic import remove_quietly
 from . import supervisor
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,31 @@ class RankFiles:
             log.write(f"--- clorch_repl: rank {self.rank} starting at {time.ctime()} ---\n".encode())
         self.log_start = os.fstat(fd).st_size
         return fd
+
+    def open_spare_log(self, path: str) -> int:
+        """A warm spare for this rank starts: its own log at ``path`` (the rank's log belongs to
+        the rank's current kernel until the spare is made the rank), with a banner; returns the
+        descriptor for the spare's stdout and stderr (the caller closes it)."""
+        fd = private_file(path)
+        os.write(fd, f"--- clorch_repl: spare for rank {self.rank} starting at {time.ctime()} ---\n".encode())
+        return fd
+
+    def take_spare_log(self, path: str) -> None:
+        """A spare was made this rank's kernel (after :meth:`open_log` wrote its banner): what the
+        spare wrote while it waited (its start-up: imports, CPU binding; at most the last
+        ``procs.TAIL_MAX_BYTES``) goes into the rank's log, part of the current kernel's, and its
+        own log is removed."""
+        fd = private_file(self.log_path)
+        try:
+            with open(path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - procs.TAIL_MAX_BYTES))
+                os.write(fd, fh.read())
+        except OSError as exc:  # the rank's log says so; the rank itself is fine
+            os.write(fd, f"(the warm spare's start-up output could not be read: {exc})\n".encode())
+        finally:
+            os.close(fd)
+        remove_quietly(path)
 
     def log_tail(self, lines: int | None = 200) -> str:
         """The last ``lines`` lines of the whole log (earlier kernels of the rank included, each

@@ -27,6 +27,7 @@ from ..topology import BACKENDS, Topology
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
                        default_listen_address, owned_prefix, remove_stale, remove_stale_connect_files)
+from .local import wanted_spares
 
 logger = logging.getLogger(__name__)
 
@@ -249,10 +250,7 @@ class RemoteLauncher(Launcher):
     def group_formed(self) -> None:
         """Ask every nanny to keep a warm spare kernel for the next restart, where spares are
         wanted (``--spares``; by default for GPU ranks, as for the local launcher)."""
-        from .local import default_spares
-
-        wanted = default_spares(self.topology) if self.options.spares is None else self.options.spares
-        if wanted:
+        if wanted_spares(self.topology, self.options.spares):
             lost = self.lost()
             for rank in range(self.world_size):
                 if rank not in lost:

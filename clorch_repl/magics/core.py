@@ -18,13 +18,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .. import procs
+from .. import cuda
 from ..errors import ClorchError, ConfigError
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
-from ..session.session import Session
+from ..session.session import Session, spare_usage
 from ..launchers.base import LaunchOptions
-from ..launchers.local import SPARES_ENV, LocalLauncher, default_spares
+from ..launchers.local import SPARES_ENV, LocalLauncher, wanted_spares
 from ..launchers.registry import launcher_class
 from ..topology import NPROC_ENV, Topology, parse_timeout, remote_topology, resolve_topology
 from . import views
@@ -65,14 +65,6 @@ class _Progress:
             self.handle.update(bundle, raw=True)
 
 
-def _nvidia_devices() -> bool:
-    """Whether this host has an NVIDIA GPU device node: a look at /dev, without importing torch."""
-    try:
-        return any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev"))
-    except OSError:
-        return False
-
-
 @magics_class
 class ClorchMagics(Magics):
     """Holds the notebook's one session of ranks."""
@@ -92,11 +84,11 @@ class ClorchMagics(Magics):
         stop, an unload or the kernel's exit ends them. A problem is a warning: loading never
         fails because of it."""
         wanted = os.environ.get(SPARES_ENV, "").strip()
-        if wanted == "0" or (wanted != "1" and not _nvidia_devices()):
+        if wanted == "0" or (wanted != "1" and not cuda.device_nodes()):
             return  # no spares by default here: nothing to do, and torch need not be imported for it
         try:
             topology = self._local_topology(None, None, None, None)
-            if not default_spares(topology):
+            if not wanted_spares(topology):
                 return
             launcher = LocalLauncher(topology, LaunchOptions())
         except (ClorchError, OSError) as exc:
@@ -117,7 +109,7 @@ class ClorchMagics(Magics):
         warm, self.warm = self.warm, None
         if warm is None:
             return None
-        wanted = default_spares(topology) if options.spares is None else options.spares
+        wanted = wanted_spares(topology, options.spares)
         if launcher == "local" and warm.topology == topology and wanted:
             warm.options = options
             warm.spares_wanted = wanted
@@ -227,8 +219,8 @@ class ClorchMagics(Magics):
             return
         if (self.session is None or not self.session.running) and self.warm is not None:
             warm = self.warm  # no ranks yet, only what the load warmed: say so, no error
-            spares = [(pid, procs.tree_rss(pid), p.listening) for p in warm.spares if p.alive and (pid := p.pid)]
-            print(f"clorch: no ranks are running; {views.spares_line(spares, 'the first %clorch start')}")
+            line = views.spares_line(spare_usage(warm.spares), "the first %clorch start")
+            print(f"clorch: no ranks are running; {line}")
             return
         session = self._session()
         header, body = views.status_rows(session.status())

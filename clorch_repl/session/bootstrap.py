@@ -16,16 +16,13 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 BOOT_CODE = "from clorch_repl.session.bootstrap import join_group as _clorch_join; _clorch_join(); del _clorch_join"
+LEAVE_CODE = "from clorch_repl.session.bootstrap import leave_group as _clorch_leave; _clorch_leave(); del _clorch_leave"
 
 
 def boot_code(env: dict[str, str] | None = None) -> str:
-    """The code each rank runs to join its group; with ``env`` (the launcher's
-    ``join_environment()``), it first sets those variables in its own environment."""
-    if not env:
-        return BOOT_CODE
-    return (f"from clorch_repl.session.bootstrap import join_group as _clorch_join; _clorch_join({env!r}); "
-            "del _clorch_join")
-LEAVE_CODE = "from clorch_repl.session.bootstrap import leave_group as _clorch_leave; _clorch_leave(); del _clorch_leave"
+    """:data:`BOOT_CODE`; with ``env`` (the launcher's ``join_environment()``) the rank first
+    sets those variables in its own environment."""
+    return BOOT_CODE.replace("_clorch_join()", f"_clorch_join({env!r})") if env else BOOT_CODE
 
 
 def join_group(env: dict[str, str] | None = None) -> None:

@@ -15,7 +15,7 @@ from typing import Callable
 from .. import procs
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError
-from ..launchers.base import Launcher
+from ..launchers.base import Launcher, RankHandle
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import LEAVE_CODE, boot_code
@@ -254,6 +254,7 @@ class Session:
         for proc in group.ranks:
             pid = proc.pid  # the rank's Python process on its host
             alive = proc.alive
+            rss, gpu = usage.get(proc.rank, (None, None)) if alive else (None, None)
             if not alive:
                 state = RankState.DEAD
             elif self.started_at is None:
@@ -263,19 +264,14 @@ class Session:
             rows.append(RankReport(
                 rank=proc.rank, state=state, pid=pid, host=proc.host,
                 device=self.topology.device_label(proc.rank),
-                backend=self.topology.backend, memory_bytes=usage.get(proc.rank, (None, None))[0] if alive else None,
-                gpu_memory_bytes=usage.get(proc.rank, (None, None))[1] if alive else None,
+                backend=self.topology.backend, memory_bytes=rss, gpu_memory_bytes=gpu,
                 uptime_s=now - proc.started_at if alive else 0.0,
                 exit=proc.exit))
         return rows
 
     def spares(self) -> list[tuple[int, int | None, bool]]:
-        """(pid, resident bytes, ready) of each warm spare's process (``%clorch status``): what
-        they cost, and whether they are ready (imports done, channels bound)."""
-        if self.group is None:
-            return []
-        return [(pid, procs.tree_rss(pid), p.listening) for p in self.group.spares
-                if p.alive and (pid := p.pid) is not None]
+        """:func:`spare_usage` of this session's warm spares."""
+        return spare_usage(self.group.spares) if self.group is not None else []
 
     def logs(self, rank: int, tail: int | None) -> str:
         group, _ = self._require()
@@ -296,3 +292,9 @@ class Session:
         if self.group is None or self.relay is None:
             raise ConfigError("no ranks are running: run %clorch start first")
         return self.group, self.relay
+
+
+def spare_usage(spares: list[RankHandle]) -> list[tuple[int, int | None, bool]]:
+    """(pid, resident bytes, ready) of each live warm spare (``%clorch status``): what they cost,
+    and whether they are ready (imports done, channels bound)."""
+    return [(pid, procs.tree_rss(pid), p.listening) for p in spares if p.alive and (pid := p.pid) is not None]
