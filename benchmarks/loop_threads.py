@@ -1,10 +1,12 @@
 """Where a launch-bound training loop's time goes in a rank, beside the same loop under torchrun.
 
-    python benchmarks/loop_threads.py [--nproc 2] [--rounds 3] [--epochs 30] [--start-args "--spares 0"]
-                                      [--torchrun-one-gpu]
+    python benchmarks/loop_threads.py [--nproc 2] [--rounds 3] [--epochs 8] [--start-args "--spares 0"]
+                                      [--torchrun-one-gpu] [--py-spy DIR]
 
 The loop is the example's (``clorch_repl.examples.distributed_training.train``: a tiny MLP, a
-``loss.item()`` every micro-step), the one of ``benchmarks/training.py``'s launch-bound case. Each
+``loss.item()`` every micro-step) with ``benchmarks/training.py``'s options for its launch-bound
+case (``LAUNCH_LOOP``: no checkpoint; before 2026-12-01 this harness left the example's default,
+a checkpoint written and fsynced every 8 steps, inside the timed loop). Each
 round runs it in a ``%%distributed`` cell of a real notebook kernel and in a torchrun launch (who
 goes first alternates), and both sides report, measured inside rank 0 around the loop itself:
 steps per second; the CPU time (clock ticks, 10 ms each) and the voluntary/involuntary context
@@ -14,12 +16,16 @@ so the comparison says whether the rank's own threads (ipykernel's control, IOPu
 threads, clorch's watchdog) cost the loop anything, rather than inferring it from rates that swing
 from round to round. To test one difference between the two sides at a time:
 ``CLORCH_FLIGHT_RECORDER=0`` in the environment turns the ranks' recording off (torchrun's workers
-keep torch's default), and ``--torchrun-one-gpu`` shows each torchrun worker only its own GPU.
+keep torch's default), and ``--torchrun-one-gpu`` shows each torchrun worker only its own GPU. ``--py-spy DIR`` samples rank
+0's Python stacks during each loop on both sides (py-spy on PATH) and prints the frames whose share
+of the samples differs most between the sides: where the rank's main thread spends what it does
+not spend under torchrun.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import os
@@ -55,8 +61,47 @@ def _threads() -> dict[str, tuple[str, int, int, int]]:
     return out
 
 
-def probe(rank: int, world_size: int, device: Any, epochs: int) -> dict[str, Any]:
-    """Run the loop once in this rank and report what happened around it (see the docstring)."""
+def _start_profile(output: str) -> subprocess.Popen | None:
+    """py-spy sampling this process's Python stacks into ``output`` (collapsed form), or None without py-spy.
+
+    ``--nonblocking`` reads the stacks without stopping the process, so the profile does not slow
+    the loop it describes; idle threads are left out, so what shows is where CPU went.
+    """
+    import shutil
+    spy = shutil.which("py-spy")
+    if spy is None:
+        print("py-spy is not on PATH: no profile", file=sys.stderr)
+        return None
+    try:  # Yama's ptrace_scope 1 lets only a process's ancestors read it; py-spy is its child
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, ANY
+    except (OSError, AttributeError) as exc:
+        print(f"could not allow py-spy to read this process ({exc}); it may fail", file=sys.stderr)
+    proc = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", "250", "--format", "raw",
+                             "--nonblocking", "--output", output], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches before the loop starts
+    return proc
+
+
+def _stop_profile(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(2)  # py-spy writes its file on SIGINT
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    if proc.returncode:
+        print(f"py-spy exited {proc.returncode}: {err.decode(errors='replace')[-1000:]}", file=sys.stderr)
+
+
+def probe(rank: int, world_size: int, device: Any, epochs: int, profile: str = "") -> dict[str, Any]:
+    """Run the loop once in this rank and report what happened around it (see the docstring).
+
+    ``profile``: a file for rank 0's py-spy profile of the loop (``--py-spy``), or empty for none.
+    """
+    from benchmarks.training import LAUNCH_LOOP
     from clorch_repl.examples.distributed_training import train
 
     pauses = [0.0]
@@ -68,13 +113,15 @@ def probe(rank: int, world_size: int, device: Any, epochs: int) -> dict[str, Any
         else:
             pauses[0] += time.perf_counter() - started[0]
 
+    spy = _start_profile(profile) if profile and rank == 0 else None
     gc.callbacks.append(on_gc)
     try:
         before = _threads()
-        record = train(rank, world_size, device, {"epochs": epochs}, log=lambda s: None)
+        record = train(rank, world_size, device, dict(LAUNCH_LOOP, epochs=epochs), log=lambda s: None)
         after = _threads()
     finally:
         gc.callbacks.remove(on_gc)
+        _stop_profile(spy)
     threads = {}
     for tid, (name, ticks, vol, invol) in after.items():
         _, t0, v0, i0 = before.get(tid, (name, 0, 0, 0))
@@ -98,19 +145,19 @@ TORCHRUN = textwrap.dedent("""
     dist.init_process_group("nccl" if nccl else "gloo")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if nccl else torch.device("cpu")
     probe(dist.get_rank(), dist.get_world_size(), device, 1)  # warm-up: the process is new
-    result = probe(dist.get_rank(), dist.get_world_size(), device, {epochs})
+    result = probe(dist.get_rank(), dist.get_world_size(), device, {epochs}, {profile!r})
     if dist.get_rank() == 0:
         print("RESULT", json.dumps(result), flush=True)
     dist.destroy_process_group()
 """)
 
 CELL = ("%%distributed\nimport json, sys\nsys.path.insert(0, {root!r})\nfrom benchmarks.loop_threads import probe\n"
-        "result = probe(rank, world_size, device, {epochs})\nif rank == 0: print('RESULT', json.dumps(result))")
+        "result = probe(rank, world_size, device, {epochs}, {profile!r})\nif rank == 0: print('RESULT', json.dumps(result))")
 
 
-def torchrun_round(nproc: int, epochs: int, one_gpu: bool = False) -> dict[str, Any]:
+def torchrun_round(nproc: int, epochs: int, one_gpu: bool = False, profile: str = "") -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
-        fh.write(TORCHRUN.format(root=ROOT, epochs=epochs, one_gpu=one_gpu))
+        fh.write(TORCHRUN.format(root=ROOT, epochs=epochs, one_gpu=one_gpu, profile=profile))
     try:
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                               f"--nproc-per-node={nproc}", fh.name], capture_output=True, text=True)
@@ -120,6 +167,54 @@ def torchrun_round(nproc: int, epochs: int, one_gpu: bool = False) -> dict[str, 
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"torchrun failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+def read_profile(path: str) -> tuple[collections.Counter, collections.Counter, int]:
+    """py-spy's collapsed stacks -> (samples by innermost frame, samples by any frame, all samples).
+
+    Only the stacks under :func:`probe` count, cut there: what calls it (ipykernel's dispatch and
+    IPython's run_cell in a rank, a script's top level under torchrun) differs by construction and
+    costs nothing per step; anything else the process sampled is not the loop.
+    """
+    own: collections.Counter = collections.Counter()
+    anywhere: collections.Counter = collections.Counter()
+    total = 0
+    with open(path) as fh:
+        for line in fh:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            frames = stack.split(";")
+            cut = [i for i, frame in enumerate(frames) if frame.startswith("probe (")]
+            if not cut:
+                continue
+            frames = frames[cut[0] + 1:] or ["probe itself"]
+            total += int(count)
+            own[frames[-1]] += int(count)
+            for frame in set(frames):
+                anywhere[frame] += int(count)
+    return own, anywhere, total
+
+
+def compare_profiles(folder: str, top: int = 25) -> None:
+    """Print where rank 0's CPU went on each side, as shares of its samples, the largest differences first."""
+    sides = {}
+    for side in ("notebook", "torchrun"):
+        own, anywhere, total = collections.Counter(), collections.Counter(), 0
+        for name in sorted(os.listdir(folder)):
+            if name.startswith(side + "-"):
+                o, a, t = read_profile(os.path.join(folder, name))
+                own.update(o), anywhere.update(a)
+                total += t
+        sides[side] = (own, anywhere, max(total, 1))
+    for label, index in (("innermost frame (self time)", 0), ("anywhere on the stack (inclusive)", 1)):
+        print(f"\nrank 0's samples by {label}, % of its samples: notebook / torchrun (samples: "
+              f"{sides['notebook'][2]} / {sides['torchrun'][2]})")
+        frames = set(sides["notebook"][index]) | set(sides["torchrun"][index])
+        share = {f: (100 * sides["notebook"][index][f] / sides["notebook"][2],
+                     100 * sides["torchrun"][index][f] / sides["torchrun"][2]) for f in frames}
+        for frame in sorted(frames, key=lambda f: -abs(share[f][0] - share[f][1]))[:top]:
+            print(f"  {share[frame][0]:6.2f} / {share[frame][1]:6.2f}  {frame}")
 
 
 def summary(side: str, result: dict[str, Any]) -> str:
@@ -136,11 +231,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--start-args", default="", help="more options for %%clorch start")
     parser.add_argument("--torchrun-one-gpu", action="store_true",
                         help="give each torchrun worker only its own GPU (CUDA_VISIBLE_DEVICES), as clorch's ranks have")
+    parser.add_argument("--py-spy", metavar="DIR", default="", dest="py_spy",
+                        help="profile rank 0's loop on both sides with py-spy (on PATH) into DIR, and compare them")
     args = parser.parse_args()
+    if args.py_spy:
+        os.makedirs(args.py_spy, exist_ok=True)
+        args.py_spy = os.path.abspath(args.py_spy)
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from notebook_kernel import NotebookKernel
 
@@ -150,15 +250,15 @@ def main() -> None:
         assert nb.run("%load_ext clorch_repl").status == "ok"
         start = nb.run(f"%clorch start --nproc {args.nproc} {args.start_args}".rstrip(), timeout=300)
         assert start.status == "ok", start.text
-        cell = CELL.format(root=ROOT, epochs=args.epochs)
-        assert nb.run(CELL.format(root=ROOT, epochs=1), timeout=300).status == "ok"  # warm-up
+        assert nb.run(CELL.format(root=ROOT, epochs=1, profile=""), timeout=300).status == "ok"  # warm-up
         for i in range(args.rounds):
             got = {}
             for side in (("notebook", "torchrun") if i % 2 == 0 else ("torchrun", "notebook")):
+                profile = os.path.join(args.py_spy, f"{side}-{i + 1}.txt") if args.py_spy else ""
                 if side == "torchrun":
-                    got[side] = torchrun_round(args.nproc, args.epochs, args.torchrun_one_gpu)
+                    got[side] = torchrun_round(args.nproc, args.epochs, args.torchrun_one_gpu, profile)
                 else:
-                    reply = nb.run(cell, timeout=600)
+                    reply = nb.run(CELL.format(root=ROOT, epochs=args.epochs, profile=profile), timeout=600)
                     assert reply.status == "ok", reply.text
                     got[side] = json.loads(reply.text.split("RESULT ", 1)[1].splitlines()[0])
             ratios.append(got["notebook"]["steps_per_s"] / got["torchrun"]["steps_per_s"])
@@ -170,6 +270,8 @@ def main() -> None:
         nb.shutdown()
     print(f"\nnotebook/torchrun steps/s, rank 0: median {statistics.median(ratios):.3f} "
           f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds")
+    if args.py_spy:
+        compare_profiles(args.py_spy)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 CASES = ("launch", "gpu")
+#: The launch-bound loop's options for the example's ``train`` (epochs apart): no checkpoint, so
+#: the loop times the host's launching of work and not the disk (benchmarks/loop_threads.py too).
+LAUNCH_LOOP: dict[str, Any] = {"sample_count": 4096, "batch_size": 32, "accumulation": 2, "precision": "bfloat16",
+                               "checkpoint_path": None}
 CASE_TITLES = {"launch": "launch-bound loop (the example's tiny MLP)",
                "gpu": "GPU-bound loop (transformer layers)"}
 #: The GPU-bound model on GPUs (bf16) and, scaled down so that a round takes seconds, on CPUs (fp32).
@@ -380,9 +384,9 @@ def main() -> int:
                         help="the notebook ranks' CPU binding: numa, none, or both (two sessions in the same "
                              "rounds); default: %%clorch start's own default")
     parser.add_argument("--epochs", type=int, default=12, help="launch-bound loop: epochs a round")
-    parser.add_argument("--sample-count", type=int, default=4096)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--precision", default="bfloat16", help="launch-bound loop's autocast precision")
+    parser.add_argument("--sample-count", type=int, default=LAUNCH_LOOP["sample_count"])
+    parser.add_argument("--batch-size", type=int, default=LAUNCH_LOOP["batch_size"])
+    parser.add_argument("--precision", default=LAUNCH_LOOP["precision"], help="launch-bound loop's autocast precision")
     parser.add_argument("--gpu-steps", type=int, default=None,
                         help="GPU-bound loop: steps a round (default 60 on GPUs, 20 on CPUs)")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -405,8 +409,8 @@ def main() -> int:
                   "the --cpu-bind numa session is left out")
             binds = [b for b in binds if b != "numa"] or ["none"]
         spec = {"cases": cases, "gpu_steps": ns.gpu_steps or (60 if on_gpu else 20),
-                "launch": {"epochs": ns.epochs, "sample_count": ns.sample_count, "batch_size": ns.batch_size,
-                           "accumulation": 2, "precision": ns.precision, "checkpoint_path": None}}
+                "launch": dict(LAUNCH_LOOP, epochs=ns.epochs, sample_count=ns.sample_count, batch_size=ns.batch_size,
+                               precision=ns.precision)}
         bench_training(ns.nproc, rounds, spec, binds, ns.max_seconds)
 
     if not ns.skip_checkpoint:
