@@ -51,6 +51,17 @@ def user_errors() -> Iterator[None]:
         raise UsageError(str(exc)) from None
 
 
+def _notebook_cell_number(shell: Any) -> int:
+    """The number the notebook shows for the cell running now (``[12]``), which the ranks give
+    their run of a ``%%distributed`` cell: a rank's traceback then says ``Cell In[12]`` where the
+    notebook shows ``[12]``. Numbering on the rank, rather than rewriting the traceback text
+    afterwards, keeps every place that shows it right (tracebacks, the rank's ``In``/``Out``,
+    ``%clorch why`` stacks) without parsing text."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return int(count if count is not None else shell.execution_count)
+
+
 class _Progress:
     """One line that updates in place while ranks start (a new line per update in a terminal)."""
 
@@ -439,12 +450,9 @@ class ClorchMagics(Magics):
             gather = None if args.gather is None else transfer.check_name(args.gather, "--gather")
             limit = parse_max_mb(args.max_mb)
             session = self._session()
-            count = transfer.notebook_cell_number(self.shell)
-            transfer.number_cells(session, ranks, count)
             display_ = NotebookDisplay(session.chosen(ranks), merge=not args.no_merge, hosts=session.hosts())
             outcome = session.run(cell, ranks, timeout, display_, hang_notice_s=hang_notice,
-                                  stdin_ranks=stdin_ranks)
-            transfer.cell_ran(session, outcome, count)
+                                  stdin_ranks=stdin_ranks, cell_number=_notebook_cell_number(self.shell))
             if outcome.ok and gather is not None:
                 self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,
                                                            what=f"--gather {gather}")

@@ -2,7 +2,8 @@
 
 One thread (the caller's) polls every rank's iopub, shell and stdin sockets (a rank's prompts,
 see :mod:`.stdin`) with a single ``zmq.Poller``, so output streams live from all ranks at once
-with no relay threads to leak. A cell's wait always ends: when every rank is idle, when a rank's process dies (seen within a
+with no relay threads to leak. A cell's wait always ends: when every rank has finished (its reply read, and every
+iopub message the reply counts, see ``wire.IOPUB_COUNT_KEY``), when a rank's process dies (seen within a
 fraction of a second), at the cell's time limit, or after an interrupt plus a grace period, after
 which a rank that has not returned is reported as stuck together with its Python stack.
 """
@@ -29,7 +30,7 @@ from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from ..errors import SignatureError
-from .wire import LEAN_KEY, MessageDecoder, MessageEncoder
+from .wire import CELL_NUMBER_KEY, IOPUB_COUNT_KEY, LEAN_KEY, MessageDecoder, MessageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +44,16 @@ INTERRUPT_GRACE_S = 5.0
 FAILURE_GRACE_S = 2.0
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
-#: A rank's part of a cell ends on its idle status (iopub), or, once its execute_reply (shell)
-#: has come, when nothing more of the cell arrived from it for REPLY_QUIET_S: iopub drops
-#: messages past ZeroMQ's high-water mark, the idle status included, while the shell reply is
-#: never dropped. Output still in flight when the reply comes is ordered before the idle status,
-#: so it is read while it keeps coming (a finished cell's backlog is finite); an idle that never
-#: comes no longer wedges the cell. The quiet period is generous because a rank's display output
+#: A rank's part of a cell ends once its execute_reply (shell) and every iopub message the reply
+#: counts (wire.IOPUB_COUNT_KEY) have been read, or on its idle status (a request ipykernel's own
+#: path answered); failing both, once the reply has come, when nothing more of the cell arrived
+#: from it for REPLY_QUIET_S: iopub drops messages past ZeroMQ's high-water mark, while the shell
+#: reply is never dropped. Output still in flight when the reply comes is counted by it, so it is
+#: read while it keeps coming (a finished cell's backlog is finite); a message that never comes
+#: no longer wedges the cell. The quiet period is generous because a rank's display output
 #: leaves through its IOPub thread, which a loaded machine can hold back behind the reply (the
 #: reply comes from the main thread): a short one would drop the end of a cell that succeeded.
-#: It costs nothing when the idle status arrives, which is every time but after a flood.
+#: It costs nothing when every counted message arrives, which is every time but after a flood.
 REPLY_QUIET_S = 3.0
 #: A cell cut short (time limit, interrupt) is not drained further: it ends this long after the
 #: reply, whatever is still queued (see ``_drop``).
@@ -63,8 +65,9 @@ REPLY_DRAIN_MAX_S = 10.0
 #: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
 PUMP_BATCH = 256
 #: Per rank, how many abandoned requests are remembered so that their late output is dropped. An
-#: entry goes when its idle status comes; one whose idle was lost (the flood case) would stay for
-#: ever, so only the most recent are kept: a backlog older than that many cells is long gone.
+#: entry goes once its reply and every message the reply counts (or its idle status) came; one
+#: whose messages were lost (the flood case) would stay for ever, so only the most recent are
+#: kept: a backlog older than that many cells is long gone.
 ABANDONED_KEPT = 64
 #: While a collective is pending but younger than the hang notice, how often to look again.
 HANG_RECHECK_S = 1.0
@@ -107,7 +110,11 @@ class _Wait:
     diagnosis: str | None = None           # taken before the first interrupt, for the report
     hurry: bool = False                    # interrupted twice: ask the ranks nothing more
     replied_at: dict[int, float] = field(default_factory=dict)  # execute_reply arrival, per rank
-    idle: set[int] = field(default_factory=set)  # ranks whose idle status arrived
+    #: ranks whose end of the cell was confirmed: their reply and every iopub message it counts
+    #: read (wire.IOPUB_COUNT_KEY), or their idle status
+    finished: set[int] = field(default_factory=set)
+    expected: dict[int, int] = field(default_factory=dict)  # iopub messages the reply counted, per rank
+    received: dict[int, int] = field(default_factory=dict)  # iopub messages of the cell read, per rank
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
     stdin: StdinBroker | None = None       # the ranks' prompts (see clorch_repl.session.stdin)
 
@@ -128,9 +135,10 @@ class Relay:
         self._decoders: dict[int, MessageDecoder] = {}
         self._encoders: dict[int, MessageEncoder] = {}
         self._rejected = 0
-        #: per rank, msg_ids of cells whose wait ended before their idle status (timed out,
-        #: stuck, drained after the reply): their later output is dropped, not shown elsewhere
-        self._abandoned: dict[int, dict[str, None]] = {}  # insertion-ordered, see ABANDONED_KEPT
+        #: per rank, msg_ids of cells whose wait ended before they were finished (timed out,
+        #: stuck, drained after the reply): their later output is dropped, not shown elsewhere.
+        #: Each with [iopub messages read, the count its reply gave or None] (see _Wait.finished)
+        self._abandoned: dict[int, dict[str, list[int | None]]] = {}  # insertion-ordered, see ABANDONED_KEPT
         #: per rank, [messages, bytes] of such output dropped since the last notice
         self._dropped: dict[int, list[int]] = {}
         self.prober = Prober()
@@ -252,6 +260,8 @@ class Relay:
         content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                        allow_stdin=allowed, stop_on_error=False)
         metadata: dict[str, Any] = {LEAN_KEY: True}
+        if request.cell_number is not None and not silent:
+            metadata[CELL_NUMBER_KEY] = int(request.cell_number)
         if not allowed:
             why = no_front if not front else (
                 f"only rank(s) {', '.join(map(str, request.stdin_ranks or ()))} may read input in this cell "
@@ -399,14 +409,35 @@ class Relay:
         if msg["msg_type"] != "execute_reply":
             return
         parent_id = msg["parent_header"].get("msg_id")
-        if wait is not None and wait.msg_ids.get(rank) == parent_id and rank in wait.pending:
+        count = msg["metadata"].get(IOPUB_COUNT_KEY)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            count = None  # ipykernel's own path answered: its idle status ends the rank's part
+        mine = wait is not None and wait.msg_ids.get(rank) == parent_id
+        if mine and count is not None:
+            wait.expected[rank] = count  # also for a rank no longer waited for: see _finish
+        if mine and rank in wait.pending:
             wait.replied_at.setdefault(rank, time.monotonic())
             content = msg["content"]
             result = wait.outcome.ranks[rank]
             if content.get("status") == "error" and result.error is None:
                 self._record_error(wait, rank, content)
-        elif parent_id is not None and parent_id == self.running.get(rank):
+            if count is not None and wait.received.get(rank, 0) >= count:
+                self._finished(wait, rank, parent_id)
+            return
+        if parent_id is not None and parent_id == self.running.get(rank):
             self.running[rank] = None  # an abandoned cell's request is done: the rank is free
+        entry = self._abandoned.get(rank, {}).get(parent_id or "")
+        if entry is not None and count is not None:
+            entry[1] = count
+            if entry[0] >= count:  # nothing more comes of it
+                del self._abandoned[rank][parent_id]
+
+    def _finished(self, wait: _Wait, rank: int, msg_id: str | None) -> None:
+        """``rank`` has sent all it will of the cell: its part is over (see _Wait.finished)."""
+        if msg_id == self.running.get(rank):
+            self.running[rank] = None
+        wait.pending.discard(rank)
+        wait.finished.add(rank)
 
     def _on_input_request(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
         """A rank asks for a line: the running cell's broker serves it. With no cell running (a
@@ -437,13 +468,13 @@ class Relay:
                     self.running[rank] = None
 
     def _finish(self, wait: _Wait) -> None:
-        """The cell's wait is over: requests whose idle status did not come are abandoned (their
+        """The cell's wait is over: requests that did not finish are abandoned (their
         later output is dropped and counted, see :meth:`_drop`); say once what was dropped."""
         self.debug_paused.difference_update(wait.msg_ids)  # a rank whose cell ended is not paused in it
         for rank, msg_id in wait.msg_ids.items():
-            if rank not in wait.idle:
+            if rank not in wait.finished:
                 abandoned = self._abandoned.setdefault(rank, {})
-                abandoned[msg_id] = None
+                abandoned[msg_id] = [wait.received.get(rank, 0), wait.expected.get(rank)]
                 while len(abandoned) > ABANDONED_KEPT:  # the idle of the oldest was lost: forget it
                     del abandoned[next(iter(abandoned))]
         for rank in sorted(self._dropped):
@@ -474,16 +505,31 @@ class Relay:
             wait.failed_at = time.monotonic()
 
     def _route(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
+        """One iopub message: routed (:meth:`_route_one`), and counted against the count its
+        request's reply gives (wire.IOPUB_COUNT_KEY), which ends the rank's part once reached."""
+        parent_id = msg["parent_header"].get("msg_id")
+        self._route_one(rank, msg, wait)
+        if wait is not None and parent_id is not None and wait.msg_ids.get(rank) == parent_id:
+            wait.received[rank] = got = wait.received.get(rank, 0) + 1
+            if rank in wait.pending and got >= wait.expected.get(rank, got + 1):
+                self._finished(wait, rank, parent_id)
+            return
+        entry = self._abandoned.get(rank, {}).get(parent_id or "")
+        if entry is not None:
+            entry[0] = (entry[0] or 0) + 1
+            if entry[1] is not None and entry[0] >= entry[1]:  # nothing more comes of it
+                del self._abandoned[rank][parent_id]
+
+    def _route_one(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
         msg_type = msg["header"]["msg_type"]
         parent_id = msg["parent_header"].get("msg_id")
         content = msg["content"]
         if msg_type == "status":
             if content.get("execution_state") == "idle":
-                if parent_id == self.running.get(rank):
-                    self.running[rank] = None
                 if wait is not None and wait.msg_ids.get(rank) == parent_id:
-                    wait.pending.discard(rank)
-                    wait.idle.add(rank)
+                    self._finished(wait, rank, parent_id)
+                elif parent_id == self.running.get(rank):
+                    self.running[rank] = None
                 self._abandoned.get(rank, {}).pop(parent_id, None)  # nothing more comes of it
                 if self._settling.get(rank) == parent_id:
                     del self._settling[rank]

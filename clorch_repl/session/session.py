@@ -170,10 +170,11 @@ class Session:
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
             sink: OutputSink | None, *, silent: bool = False, hang_notice_s: float | None = None,
-            stdin_ranks: list[int] | None = None) -> CellOutcome:
+            stdin_ranks: list[int] | None = None, cell_number: int | None = None) -> CellOutcome:
         """Run ``code`` on the chosen ranks; ``silent`` runs it as clorch's own request (not in
-        the ranks' history or cell count: value transfers, cell numbering). ``stdin_ranks``: the
-        ranks whose prompts reach the front end (every rank by default)."""
+        the ranks' history or cell count: value transfers). ``stdin_ranks``: the ranks whose
+        prompts reach the front end (every rank by default). ``cell_number``: the number the
+        notebook shows for the cell, which the ranks give their run of it."""
         group, relay = self._require()
         chosen = self.chosen(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
@@ -189,7 +190,8 @@ class Session:
             check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
         request = CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
-                              stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks))
+                              stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
+                              cell_number=cell_number)
         return relay.execute(request, sink, silent=silent)
 
     def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Values between the notebook and its ranks, and the ranks' cell numbers, on the notebook's side.
+"""Values between the notebook and its ranks, on the notebook's side.
 
 Everything here runs as silent requests through the session (:meth:`Session.run` with
 ``silent=True``): the relay's plumbing is unchanged, the requests get the same checks as a cell
@@ -12,11 +12,6 @@ session's private directory with their digest on the signed channel.
   ``torch.load(weights_only=True)``.
 * ``push``: the notebook writes the value once; every chosen rank checks the digest and reads it.
 * ``gather``: ``pull`` of the value the cell just shown on each rank (its ``Out`` entry).
-* Cell numbers: before a ``%%distributed`` cell the ranks' next cell number is set to the
-  notebook's (one silent request, only when they differ), so that a rank's traceback says
-  ``Cell In[12]`` where the notebook shows ``[12]``. Setting the number on the rank, rather than
-  rewriting ``In[n]`` in the traceback text afterwards, keeps every place that shows it right
-  (tracebacks, the rank's ``In``/``Out``, ``%clorch why`` stacks) without parsing text.
 """
 
 from __future__ import annotations
@@ -27,15 +22,13 @@ import logging
 import os
 import pickle
 import secrets
-import weakref
 from typing import Any
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from . import values
 from .display import NotebookDisplay
-from .protocol import CellOutcome, RankOutput, Status
-from .relay import Relay
+from .protocol import CellOutcome, RankOutput
 from .session import Session
 
 logger = logging.getLogger(__name__)
@@ -44,8 +37,6 @@ logger = logging.getLogger(__name__)
 #: limit takes a few seconds; an interrupt stops it earlier).
 TRANSFER_TIMEOUT_S = 600.0
 _MODULE = "__import__('clorch_repl.session.values', fromlist=['_'])"
-#: per relay (a restart makes a new one): the number each rank will give its next cell
-_next_count: weakref.WeakKeyDictionary[Relay, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
 def check_name(name: str, what: str = "NAME") -> str:
@@ -132,41 +123,3 @@ def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit
         return chosen
     finally:
         remove_quietly(path)
-
-
-# ------------------------------------------------------------------------------ cell numbers
-def number_cells(session: Session, ranks: list[int] | None, count: int) -> None:
-    """Make the chosen ranks give their next cell the number ``count`` (the notebook's)."""
-    relay = session.relay
-    if relay is None:
-        return
-    known = _next_count.setdefault(relay, {})
-    stale = [r for r in session.chosen(ranks) if known.get(r) != count]
-    if not stale:
-        return  # the usual case when %%distributed cells follow each other
-    outcome = session.run(f"{_MODULE}.set_execution_count({int(count)})", stale, 30.0, None, silent=True)
-    for rank in stale:
-        if outcome.ranks[rank].status is Status.OK:
-            known[rank] = count
-        else:  # shown by the cell itself, which meets the same dead or busy rank
-            logger.info("could not number cell %s on rank %s: %s", count, rank, outcome.ranks[rank])
-
-
-def cell_ran(session: Session, outcome: CellOutcome, count: int) -> None:
-    """After a cell: ranks that ran it (even with an error) number their next cell ``count + 1``."""
-    relay = session.relay
-    if relay is None:
-        return
-    known = _next_count.setdefault(relay, {})
-    for rank, result in outcome.ranks.items():
-        if known.get(rank) == count and result.status in (Status.OK, Status.ERROR, Status.INTERRUPTED):
-            known[rank] = count + 1
-        else:
-            known.pop(rank, None)  # unknown (died, stuck): number it again before the next cell
-
-
-def notebook_cell_number(shell: Any) -> int:
-    """The number the notebook shows for the cell running now (``[12]``)."""
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    count = getattr(result, "execution_count", None)
-    return int(count if count is not None else shell.execution_count)

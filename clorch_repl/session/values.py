@@ -207,8 +207,3 @@ def import_value(name: str, path: str, sha256: str) -> None:
     shell = _shell()
     shell.user_ns[name] = load(path, sha256, name)
 
-
-def set_execution_count(count: int) -> None:
-    """Number the rank's next cell like the notebook's, so that its tracebacks say ``Cell In[12]``
-    where the notebook shows ``[12]``."""
-    _shell().execution_count = int(count)

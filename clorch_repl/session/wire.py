@@ -31,6 +31,16 @@ from ..errors import SignatureError
 #: the code it was sent) and reads the request without jupyter_client's date parsing. Requests
 #: without it (another client's) take ipykernel's own path.
 LEAN_KEY = "clorch_lean"
+#: In the metadata of a relay's execute request: the number the notebook shows for the cell, which
+#: the rank gives its run of it (``Cell In[12]`` in its traceback, ``In[12]`` in its history).
+#: Carried by the request itself: a separate request to renumber the ranks cost a whole round trip
+#: before every ``%%distributed`` cell that followed a notebook-only cell.
+CELL_NUMBER_KEY = "clorch_cell"
+#: In the metadata of a rank's reply to such a request: how many iopub messages the request sent
+#: (streams, displays, errors, comms) before the reply. The relay ends the rank's part of the cell
+#: once it has read the reply and that many, instead of waiting for an idle status, which the
+#: lean path no longer sends (see ``worker.RankKernel._lean_execute``).
+IOPUB_COUNT_KEY = "clorch_iopub"
 
 
 def _pack(obj: Any) -> bytes:
