@@ -1,7 +1,7 @@
 """Where a launch-bound training loop's time goes in a rank, beside the same loop under torchrun.
 
     python benchmarks/loop_threads.py [--nproc 2] [--rounds 3] [--epochs 8] [--start-args "--spares 0"]
-                                      [--torchrun-one-gpu] [--py-spy DIR]
+                                      [--torchrun-one-gpu] [--py-spy DIR [--native]]
 
 The loop is the example's (``clorch_repl.examples.distributed_training.train``: a tiny MLP, a
 ``loss.item()`` every micro-step) with ``benchmarks/training.py``'s options for its launch-bound
@@ -61,6 +61,10 @@ def _threads() -> dict[str, tuple[str, int, int, int]]:
     return out
 
 
+#: Set to 1 (``--native``) for profiles with C/C++ frames; read in each side's process.
+NATIVE_ENV = "LOOP_THREADS_NATIVE"
+
+
 def _start_profile(output: str) -> subprocess.Popen | None:
     """py-spy sampling this process's Python stacks into ``output`` (collapsed form), or None without py-spy.
 
@@ -77,8 +81,10 @@ def _start_profile(output: str) -> subprocess.Popen | None:
         ctypes.CDLL(None, use_errno=True).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, ANY
     except (OSError, AttributeError) as exc:
         print(f"could not allow py-spy to read this process ({exc}); it may fail", file=sys.stderr)
-    proc = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", "250", "--format", "raw",
-                             "--nonblocking", "--output", output], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # --native (NATIVE_ENV=1) unwinds C/C++ frames too, which needs the process stopped for each sample
+    mode = ["--native"] if os.environ.get(NATIVE_ENV) == "1" else ["--nonblocking"]
+    proc = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", "250", "--format", "raw", *mode,
+                             "--output", output], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # py-spy attaches before the loop starts
     return proc
 
@@ -237,7 +243,11 @@ def main() -> None:
                         help="give each torchrun worker only its own GPU (CUDA_VISIBLE_DEVICES), as clorch's ranks have")
     parser.add_argument("--py-spy", metavar="DIR", default="", dest="py_spy",
                         help="profile rank 0's loop on both sides with py-spy (on PATH) into DIR, and compare them")
+    parser.add_argument("--native", action="store_true",
+                        help="with --py-spy: C/C++ frames too (py-spy stops the process for each sample)")
     args = parser.parse_args()
+    if args.native:
+        os.environ[NATIVE_ENV] = "1"  # both sides inherit it: the notebook kernel's ranks and torchrun
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
         args.py_spy = os.path.abspath(args.py_spy)
