@@ -104,6 +104,28 @@ def test_last_expression_is_shown_per_rank(ip: Any) -> None:
     assert shown == ["[rank 0] 7", "[rank 1] 107"]
 
 
+def test_every_output_of_a_cell_lands_in_that_cell_and_the_cell_ends_at_once(ip: Any) -> None:
+    """A rank's reply counts what its cell sent on iopub (wire.IOPUB_COUNT_KEY) and the relay ends
+    the rank's part once it has read that many. A count too low would let a display sent by the
+    rank's IOPub thread after the reply slip into the next cell; one too high would hold every cell
+    until the relay's quiet period (REPLY_QUIET_S) gave up on the missing messages."""
+    from clorch_repl.session.relay import REPLY_QUIET_S
+
+    for i in range(12):
+        code = (f"from IPython.display import HTML, display\nprint('text {i}', flush=True)\n"
+                f"display(HTML(f'<i>shown {i} on {{rank}}</i>'))\nprint('after {i}')\n{i} * 10 + rank")
+        t0 = time.monotonic()
+        res, cap = run(ip, code)
+        took = time.monotonic() - t0
+        assert res.success, cap.stdout
+        for r in (0, 1):  # the empty line is the label above the rank's display
+            assert lines_of(cap.stdout, r) == [f"text {i}", "", f"after {i}"], cap.stdout
+        shown = sorted(o.data.get("text/html") or o.data["text/plain"] for o in cap.outputs)
+        assert shown == sorted([f"<i>shown {i} on 0</i>", f"<i>shown {i} on 1</i>", f"[rank 0] {i * 10}",
+                                f"[rank 1] {i * 10 + 1}"])
+        assert took < REPLY_QUIET_S, f"cell {i} took {took:.1f} s: its end was not confirmed by the count"
+
+
 def test_an_error_on_one_rank_fails_the_cell_with_that_ranks_traceback(ip: Any) -> None:
     res, cap = run(ip, "if rank == 1:\n    raise ValueError('boom on one')\nprint('fine', rank)")
     assert not res.success
