@@ -159,12 +159,17 @@ class DistributedCellError(Exception):
             elif result.error is not None:
                 parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
         if self.outcome.timed_out:
-            parts.insert(0, f"the cell timed out after {self.timeout_s:g} s")
+            parts.insert(0, f"the cell timed out after {self.timeout_s:g} s{self._grace_said()}")
         elif self.outcome.interrupted and not parts:
             parts.append("interrupted")
         if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this
             parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
         return "; ".join(parts) or "the cell failed"
+
+    def _grace_said(self) -> str:
+        """Why a cell with ``--timeout 2`` can end seconds later: the interrupt's grace period."""
+        grace = self.outcome.interrupt_grace_s
+        return f" and given {grace:g} s more to return" if grace > 0 else ""
 
     def _render_traceback_(self) -> list[str]:
         from .session.display import ranks_text
@@ -172,7 +177,8 @@ class DistributedCellError(Exception):
 
         lines: list[str] = []
         if self.outcome.timed_out:
-            lines.append(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted.")
+            lines.append(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted"
+                         f"{self._grace_said()}.")
         if self.outcome.diagnosis:  # why the ranks were stuck: the verdict, then each rank's evidence
             verdict, *evidence = self.outcome.diagnosis.splitlines()
             lines.append(f"{_BOLD}Why:{_RESET} {verdict}")

@@ -33,7 +33,6 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch start --timeout 0", "timeout must be a positive number of seconds"),
     ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
-    ("%clorch status", "no ranks are running: run %clorch start first"),
     ("%clorch logs 0", "no ranks are running: run %clorch start first"),
     ("%clorch interrupt", "no ranks are running"),
     ("%clorch restart", "nothing to restart: run %clorch start first"),
@@ -74,6 +73,13 @@ def test_start_twice_and_logs_of_a_missing_rank_are_refused(ip: Any, magics: Any
 def test_stop_without_ranks_says_so(no_session: Any) -> None:
     result, out = say(no_session, "%clorch stop")
     assert result.success and "no ranks are running" in out
+
+
+def test_status_without_ranks_answers_and_does_not_fail(no_session: Any) -> None:
+    """A question, not a failed command: Run All goes on past it before a start or after a stop."""
+    result, out = say(no_session, "%clorch status")
+    assert result.success, out
+    assert out.strip() == "clorch: no ranks are running; %clorch start starts them"
 
 
 def test_unloading_the_extension_stops_the_ranks(ip: Any, magics: Any) -> None:

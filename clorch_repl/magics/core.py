@@ -225,13 +225,18 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch status")
     def _status(self, line: str) -> None:
-        """Every rank: state, pid, device, backend, memory, uptime."""
+        """Every rank: state, pid, device, backend, memory, uptime.
+
+        With no ranks running it says so and succeeds: a question, not a command that failed, so
+        a notebook's Run All goes on past it (before a start, after a stop)."""
         if parse(self._status, line) is None:
             return
-        if (self.session is None or not self.session.running) and self.warm is not None:
-            warm = self.warm  # no ranks yet, only what the load warmed: say so, no error
-            line = views.spares_line(spare_usage(warm.spares), "the first %clorch start")
-            print(f"clorch: no ranks are running; {line}")
+        if self.session is None or not self.session.running:
+            if self.warm is not None:  # only what the load warmed: say so
+                line = views.spares_line(spare_usage(self.warm.spares), "the first %clorch start")
+                print(f"clorch: no ranks are running; {line}")
+            else:
+                print("clorch: no ranks are running; %clorch start starts them")
             return
         session = self._session()
         header, body = views.status_rows(session.status())

@@ -94,6 +94,8 @@ class CellOutcome:
     timed_out: bool = False
     #: why ranks were stuck, when they were: the verdict sentence, then each rank's evidence
     diagnosis: str | None = None
+    #: how long interrupted ranks were given to return before they were reported stuck
+    interrupt_grace_s: float = 0.0
 
     @property
     def failed(self) -> list[RankOutcome]:

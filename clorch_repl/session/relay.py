@@ -223,7 +223,7 @@ class Relay:
         for item in self._late:
             sink.output(item)
         self._late.clear()
-        outcome = CellOutcome(ranks={r: RankOutcome(r) for r in request.ranks})
+        outcome = CellOutcome(ranks={r: RankOutcome(r) for r in request.ranks}, interrupt_grace_s=interrupt_grace_s)
         wait = _Wait(msg_ids={}, pending=set(request.ranks), outcome=outcome, sink=sink)
         if request.timeout_s is not None:
             wait.deadline = time.monotonic() + request.timeout_s
