@@ -79,22 +79,28 @@ def test_a_progress_flood_ends_and_the_next_cell_runs(nb: NotebookKernel) -> Non
     assert "DONE" in logs.text
 
 
-def test_a_lost_idle_status_does_not_wedge_the_cell(nb: NotebookKernel) -> None:
-    # The wedge's mechanism, made deterministic: rank 0's kernel drops this cell's idle status,
-    # as ZeroMQ's high-water mark did under the flood (which did not always reproduce on 2 cores
-    # here: the notebook got 153,496 of 300,000 updates and still saw the idle). The relay must
-    # end the cell on the execute_reply, which nothing drops, and keep the cell's output.
-    code = ("%%distributed --ranks 0\nk = get_ipython().kernel\n_orig = k._publish_status\n"
-            "def _drop_idle(status, *args, **kwargs):\n"
-            "    if status == 'idle':\n        del k._publish_status\n        return None\n"
-            "    return _orig(status, *args, **kwargs)\n"
-            "k._publish_status = _drop_idle\nprint('before the lost idle')")
+def test_a_lost_message_does_not_wedge_the_cell(nb: NotebookKernel) -> None:
+    # The wedge's mechanism, made deterministic: under a flood ZeroMQ's high-water mark drops iopub
+    # messages (it did not always reproduce on 2 cores here: the notebook got 153,496 of 300,000
+    # updates). A rank's reply counts what its cell sent (wire.IOPUB_COUNT_KEY), so a dropped
+    # message is one the relay waits for in vain: rank 0's kernel counts this cell's second line
+    # but never sends it. The relay must end the cell after the reply's quiet period and keep
+    # the output that came.
+    code = ("%%distributed --ranks 0\nk = get_ipython().kernel\n_send = k.session.send\n"
+            "def _lose(stream, msg_or_type, content=None, *args, **kwargs):\n"
+            "    if isinstance(msg_or_type, dict) and 'lost on the way' in str(msg_or_type['content'].get('text')):\n"
+            "        k._counting[1].append(None)  # counted, then dropped as the high-water mark does\n"
+            "        k.session.send = _send\n        return None\n"
+            "    return _send(stream, msg_or_type, content, *args, **kwargs)\n"
+            "k.session.send = _lose\nprint('before the lost message', flush=True)\nprint('lost on the way')")
     t0 = time.monotonic()
     reply = nb.run(code, timeout=60)
-    assert reply.status == "ok" and "before the lost idle" in reply.text, reply.text
+    assert reply.status == "ok" and "before the lost message" in reply.text, reply.text
+    assert "lost on the way" not in reply.text
     assert time.monotonic() - t0 < 10
     after = nb.run("%%distributed\nprint('next', rank)", timeout=60)
     assert after.status == "ok" and "next 0" in after.text and "next 1" in after.text, after.text
+    assert "lost on the way" not in after.text and "dropped" not in after.text, after.text
 
 
 def test_the_end_of_an_endless_line_is_read_at_once(nb: NotebookKernel) -> None:
