@@ -1,7 +1,7 @@
 """Where a launch-bound training loop's time goes in a rank, beside the same loop under torchrun.
 
     python benchmarks/loop_threads.py [--nproc 2] [--rounds 3] [--epochs 8] [--start-args "--spares 0"]
-                                      [--torchrun-one-gpu] [--py-spy DIR [--native]]
+                                      [--torchrun-one-gpu] [--plain-ipykernel] [--py-spy DIR [--native]]
 
 The loop is the example's (``clorch_repl.examples.distributed_training.train``: a tiny MLP, a
 ``loss.item()`` every micro-step) with ``benchmarks/training.py``'s options for its launch-bound
@@ -16,7 +16,9 @@ so the comparison says whether the rank's own threads (ipykernel's control, IOPu
 threads, clorch's watchdog) cost the loop anything, rather than inferring it from rates that swing
 from round to round. To test one difference between the two sides at a time:
 ``CLORCH_FLIGHT_RECORDER=0`` in the environment turns the ranks' recording off (torchrun's workers
-keep torch's default), and ``--torchrun-one-gpu`` shows each torchrun worker only its own GPU. ``--py-spy DIR`` samples rank
+keep torch's default), and ``--torchrun-one-gpu`` shows each torchrun worker only its own GPU. ``--plain-ipykernel`` adds a third
+side: plain ipykernels without clorch_repl, one per rank under torchrun, driven over jupyter_client,
+which tells what running the loop in a kernel costs apart from what clorch adds to the kernel. ``--py-spy DIR`` samples rank
 0's Python stacks during each loop on both sides (py-spy on PATH) and prints the frames whose share
 of the samples differs most between the sides: where the rank's main thread spends what it does
 not spend under torchrun.
@@ -157,6 +159,30 @@ TORCHRUN = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
+#: A torchrun worker that is a plain ipykernel (no clorch_repl): the third side, ``--plain-ipykernel``.
+PLAIN_KERNEL = textwrap.dedent("""
+    import os, sys
+    if {one_gpu!r}:
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LOCAL_RANK"]
+        os.environ["LOCAL_RANK"] = "0"
+    sys.argv = ["ipykernel", "-f", os.path.join({folder!r}, "kernel-%s.json" % os.environ["RANK"])]
+    from ipykernel.kernelapp import launch_new_instance
+    launch_new_instance()
+""")
+PLAIN_SETUP = textwrap.dedent("""
+    import json, os, sys, torch, torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from benchmarks.loop_threads import probe
+    nccl = torch.cuda.is_available()
+    if nccl:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if nccl else "gloo")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if nccl else torch.device("cpu")
+    probe(dist.get_rank(), dist.get_world_size(), device, 1)
+""")
+PLAIN_CELL = ("result = probe(dist.get_rank(), dist.get_world_size(), device, {epochs}, {profile!r})\n"
+              "if dist.get_rank() == 0: print('RESULT', json.dumps(result))")
+
 CELL = ("%%distributed\nimport json, sys\nsys.path.insert(0, {root!r})\nfrom benchmarks.loop_threads import probe\n"
         "result = probe(rank, world_size, device, {epochs}, {profile!r})\nif rank == 0: print('RESULT', json.dumps(result))")
 
@@ -223,6 +249,77 @@ def compare_profiles(folder: str, top: int = 25) -> None:
             print(f"  {share[frame][0]:6.2f} / {share[frame][1]:6.2f}  {frame}")
 
 
+def _run_everywhere(clients: list[Any], code: str, timeout_s: float = 600.0) -> str:
+    """Execute ``code`` in every kernel at once (collectives need them all) and return what they printed."""
+    ids = [c.execute(code) for c in clients]
+    text = []
+    for client, msg_id in zip(clients, ids):
+        reply = client.get_shell_msg(timeout=timeout_s)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = client.get_shell_msg(timeout=timeout_s)
+        while True:
+            msg = client.get_iopub_msg(timeout=timeout_s)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                text.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                text.append("\n".join(msg["content"]["traceback"]))
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"a plain ipykernel failed: {''.join(text)[-2000:]}")
+    return "".join(text)
+
+
+def plain_ipykernel_round(nproc: int, epochs: int, one_gpu: bool = False, profile: str = "") -> dict[str, Any]:
+    """The loop in plain ipykernels (no clorch_repl) that torchrun started, one per rank, driven
+    over jupyter_client: what a kernel costs the loop, apart from what clorch adds to one."""
+    import shutil
+    from jupyter_client import BlockingKernelClient
+
+    folder = tempfile.mkdtemp(prefix="loop-ipykernel-")
+    script = os.path.join(folder, "kernel.py")
+    with open(script, "w") as fh:
+        fh.write(PLAIN_KERNEL.format(one_gpu=one_gpu, folder=folder))
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc-per-node={nproc}", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    clients: list[Any] = []
+    try:
+        for rank in range(nproc):
+            path = os.path.join(folder, f"kernel-{rank}.json")
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with open(path) as fh:
+                        if "key" in json.load(fh):
+                            break
+                except (OSError, ValueError):  # not written yet, or half written
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"plain ipykernel {rank} did not start: {proc.stderr.read().decode()[-2000:]}")
+                time.sleep(0.1)
+            client = BlockingKernelClient()
+            client.load_connection_file(path)
+            client.start_channels()
+            client.wait_for_ready(timeout=120)
+            clients.append(client)
+        _run_everywhere(clients, PLAIN_SETUP.format(root=ROOT))
+        out = _run_everywhere(clients, PLAIN_CELL.format(epochs=epochs, profile=profile))
+        return json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    finally:
+        for client in clients:
+            client.shutdown()
+            client.stop_channels()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def summary(side: str, result: dict[str, Any]) -> str:
     threads = result["threads"]
     main = threads.get("MainThread", [0, 0, 0])
@@ -243,6 +340,8 @@ def main() -> None:
                         help="give each torchrun worker only its own GPU (CUDA_VISIBLE_DEVICES), as clorch's ranks have")
     parser.add_argument("--py-spy", metavar="DIR", default="", dest="py_spy",
                         help="profile rank 0's loop on both sides with py-spy (on PATH) into DIR, and compare them")
+    parser.add_argument("--plain-ipykernel", action="store_true", dest="plain",
+                        help="a third side each round: plain ipykernels (no clorch_repl) under torchrun")
     parser.add_argument("--native", action="store_true",
                         help="with --py-spy: C/C++ frames too (py-spy stops the process for each sample)")
     args = parser.parse_args()
@@ -255,7 +354,8 @@ def main() -> None:
     from notebook_kernel import NotebookKernel
 
     nb = NotebookKernel()
-    ratios = []
+    ratios: list[float] = []
+    plain_ratios: list[float] = []
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
         start = nb.run(f"%clorch start --nproc {args.nproc} {args.start_args}".rstrip(), timeout=300)
@@ -263,23 +363,31 @@ def main() -> None:
         assert nb.run(CELL.format(root=ROOT, epochs=1, profile=""), timeout=300).status == "ok"  # warm-up
         for i in range(args.rounds):
             got = {}
-            for side in (("notebook", "torchrun") if i % 2 == 0 else ("torchrun", "notebook")):
+            sides = ["notebook", "torchrun"] + (["ipykernel"] if args.plain else [])
+            for side in (sides if i % 2 == 0 else sides[::-1]):
                 profile = os.path.join(args.py_spy, f"{side}-{i + 1}.txt") if args.py_spy else ""
                 if side == "torchrun":
                     got[side] = torchrun_round(args.nproc, args.epochs, args.torchrun_one_gpu, profile)
+                elif side == "ipykernel":
+                    got[side] = plain_ipykernel_round(args.nproc, args.epochs, args.torchrun_one_gpu, profile)
                 else:
                     reply = nb.run(CELL.format(root=ROOT, epochs=args.epochs, profile=profile), timeout=600)
                     assert reply.status == "ok", reply.text
                     got[side] = json.loads(reply.text.split("RESULT ", 1)[1].splitlines()[0])
             ratios.append(got["notebook"]["steps_per_s"] / got["torchrun"]["steps_per_s"])
+            if args.plain:
+                plain_ratios.append(got["ipykernel"]["steps_per_s"] / got["torchrun"]["steps_per_s"])
             print(f"round {i + 1}:")
-            for side in ("torchrun", "notebook"):
+            for side in [s for s in ("torchrun", "ipykernel", "notebook") if s in got]:
                 print("  " + summary(side, got[side]))
         nb.run("%clorch stop")
     finally:
         nb.shutdown()
     print(f"\nnotebook/torchrun steps/s, rank 0: median {statistics.median(ratios):.3f} "
           f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds")
+    if plain_ratios:
+        print(f"plain ipykernel/torchrun steps/s, rank 0: median {statistics.median(plain_ratios):.3f} "
+              f"[{min(plain_ratios):.3f}-{max(plain_ratios):.3f}]")
     if args.py_spy:
         compare_profiles(args.py_spy)
 
