@@ -159,7 +159,8 @@ class DistributedCellError(Exception):
             elif result.error is not None:
                 parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
         if self.outcome.timed_out:
-            parts.insert(0, f"the cell timed out after {self.timeout_s:g} s{self._grace_said()}")
+            parts.insert(0, f"the cell timed out after {self.timeout_s:g} s (the ranks were interrupted"
+                            f"{self._grace_said()})")
         elif self.outcome.interrupted and not parts:
             parts.append("interrupted")
         if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this

@@ -126,6 +126,37 @@ def test_every_output_of_a_cell_lands_in_that_cell_and_the_cell_ends_at_once(ip:
         assert took < REPLY_QUIET_S, f"cell {i} took {took:.1f} s: its end was not confirmed by the count"
 
 
+def test_output_of_forked_children_does_not_end_the_cell_early(ip: Any) -> None:
+    """A forked child's output (a multiprocessing pool, a DataLoader's workers) reaches iopub
+    through ipykernel's pipe, which the rank does not count: it must not complete the relay's count
+    before the rank's own messages arrived (a review found the cell's result in the next cell in 6
+    runs of 15 before counted messages were marked)."""
+    code = ("import multiprocessing as mp\ndef f(x):\n    print('worker', x, flush=True)\n    return x\n"
+            "with mp.get_context('fork').Pool(2) as pool:\n    pool.map(f, range(4))\nf'result of {rank}'")
+    for _ in range(8):
+        res, cap = run(ip, code)
+        assert res.success, cap.stdout
+        shown = sorted(o.data["text/plain"] for o in cap.outputs)
+        assert shown == ["[rank 0] 'result of 0'", "[rank 1] 'result of 1'"], (shown, cap.stdout)
+        res, cap = run(ip, "print('next', rank)")
+        assert res.success and not cap.outputs and "result of" not in cap.stdout, cap.stdout
+
+
+def test_a_display_that_cannot_be_sent_is_not_waited_for(ip: Any) -> None:
+    """A display of what JSON cannot hold fails in the rank's Session.send; the cell that catches
+    the error must end at once, not after the relay's quiet period for a message never sent."""
+    from clorch_repl.session.relay import REPLY_QUIET_S
+
+    t0 = time.monotonic()
+    res, cap = run(ip, "from IPython.display import display\ntry:\n"
+                       "    display({'application/json': {'a': object()}}, raw=True)\n"
+                       "except (TypeError, ValueError) as exc:\n    print('refused', type(exc).__name__)")
+    took = time.monotonic() - t0
+    assert res.success, cap.stdout
+    assert lines_of(cap.stdout, 0)[0].startswith("refused") and lines_of(cap.stdout, 1)[0].startswith("refused")
+    assert took < REPLY_QUIET_S, f"the cell took {took:.1f} s: a message never sent was counted"
+
+
 def test_an_error_on_one_rank_fails_the_cell_with_that_ranks_traceback(ip: Any) -> None:
     res, cap = run(ip, "if rank == 1:\n    raise ValueError('boom on one')\nprint('fine', rank)")
     assert not res.success

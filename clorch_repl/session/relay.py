@@ -30,7 +30,7 @@ from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from ..errors import SignatureError
-from .wire import CELL_NUMBER_KEY, IOPUB_COUNT_KEY, LEAN_KEY, MessageDecoder, MessageEncoder
+from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, LEAN_KEY, MessageDecoder, MessageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class _Wait:
     #: read (wire.IOPUB_COUNT_KEY), or their idle status
     finished: set[int] = field(default_factory=set)
     expected: dict[int, int] = field(default_factory=dict)  # iopub messages the reply counted, per rank
-    received: dict[int, int] = field(default_factory=dict)  # iopub messages of the cell read, per rank
+    received: dict[int, int] = field(default_factory=dict)  # counted iopub messages read, per rank
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
     stdin: StdinBroker | None = None       # the ranks' prompts (see clorch_repl.session.stdin)
 
@@ -505,10 +505,13 @@ class Relay:
             wait.failed_at = time.monotonic()
 
     def _route(self, rank: int, msg: dict[str, Any], wait: _Wait | None) -> None:
-        """One iopub message: routed (:meth:`_route_one`), and counted against the count its
-        request's reply gives (wire.IOPUB_COUNT_KEY), which ends the rank's part once reached."""
+        """One iopub message: routed (:meth:`_route_one`), and, when the rank counted it
+        (wire.COUNTED_KEY), counted against the count its request's reply gives
+        (wire.IOPUB_COUNT_KEY), which ends the rank's part once reached."""
         parent_id = msg["parent_header"].get("msg_id")
         self._route_one(rank, msg, wait)
+        if not msg["metadata"].get(COUNTED_KEY):
+            return
         if wait is not None and parent_id is not None and wait.msg_ids.get(rank) == parent_id:
             wait.received[rank] = got = wait.received.get(rank, 0) + 1
             if rank in wait.pending and got >= wait.expected.get(rank, got + 1):

@@ -41,6 +41,10 @@ CELL_NUMBER_KEY = "clorch_cell"
 #: once it has read the reply and that many, instead of waiting for an idle status, which the
 #: lean path no longer sends (see ``worker.RankKernel._lean_execute``).
 IOPUB_COUNT_KEY = "clorch_iopub"
+#: In the metadata of each iopub message a rank counted for that number: the relay counts only
+#: these, so a message the rank did not count (a forked child's output, forwarded through
+#: ipykernel's pipe) cannot end the rank's part before the counted ones arrived.
+COUNTED_KEY = "clorch_counted"
 
 
 def _pack(obj: Any) -> bytes:

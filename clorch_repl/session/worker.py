@@ -42,7 +42,7 @@ import types
 
 from .. import numa
 from ..procs import end_own_group, watch_parent
-from .wire import CELL_NUMBER_KEY, IOPUB_COUNT_KEY, read_lean_execute
+from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, read_lean_execute
 
 logger = logging.getLogger(__name__)
 
@@ -202,23 +202,42 @@ def _kernel_class() -> type:
         def _count_iopub(self) -> None:
             """Count the iopub messages each lean request sends (wire.IOPUB_COUNT_KEY), at the one
             place every one of them passes: the kernel's Session.send, shared by its streams
-            (from the IOPub thread), display publisher, display hook, errors and comms. A list's
-            append is atomic under the GIL, which the two threads need; len() is read on the
-            main thread once the streams' flush has waited for their sends."""
+            (from the IOPub thread), display publisher, display hook, errors and comms.
+
+            Each counted message is marked (wire.COUNTED_KEY in its metadata) and the relay
+            counts only marked ones: the cell's forked children (a multiprocessing pool, a
+            DataLoader's workers) print through ipykernel's pipe, whose messages the rank's IOPub
+            thread forwards as they are, and a child (which inherits this wrapper) marks nothing,
+            so neither side counts them, and they cannot complete the count before the rank's
+            own messages came. A message is
+            counted once it was sent: one that failed to serialise (a display of an object JSON
+            cannot hold) is not waited for. A list's append is atomic under the GIL, which the
+            two threads need; len() is read on the main thread once the streams' flush has
+            waited for their sends."""
             from jupyter_client.session import extract_header
 
             send = self.session.send
             kernel = self
+            own = os.getpid()  # a forked child inherits this wrapper and the count: it counts nothing
 
             def counted(stream, msg_or_type, content=None, parent=None, *args, **kwargs):  # type: ignore[no-untyped-def]
                 counting = kernel._counting
-                if counting is not None and (stream is kernel.iopub_socket or stream is kernel.iopub_thread):
-                    # a whole message (the display hook's execute_result) carries its own parent
-                    header = (msg_or_type.get("parent_header") if isinstance(msg_or_type, dict)
-                              else extract_header(parent))
-                    if (header or {}).get("msg_id") == counting[0]:
-                        counting[1].append(None)
-                return send(stream, msg_or_type, content, parent, *args, **kwargs)
+                if (counting is None or os.getpid() != own
+                        or not (stream is kernel.iopub_socket or stream is kernel.iopub_thread)):
+                    return send(stream, msg_or_type, content, parent, *args, **kwargs)
+                whole = isinstance(msg_or_type, dict)  # the display hook's execute_result, streams
+                header = msg_or_type.get("parent_header") if whole else extract_header(parent)
+                if (header or {}).get("msg_id") != counting[0]:
+                    return send(stream, msg_or_type, content, parent, *args, **kwargs)
+                if whole:
+                    msg_or_type["metadata"] = {**(msg_or_type.get("metadata") or {}), COUNTED_KEY: True}
+                elif len(args) >= 5:  # metadata given by position (ident, buffers, track, header, metadata)
+                    args = (*args[:4], {**(args[4] or {}), COUNTED_KEY: True}, *args[5:])
+                else:
+                    kwargs["metadata"] = {**(kwargs.get("metadata") or {}), COUNTED_KEY: True}
+                sent = send(stream, msg_or_type, content, parent, *args, **kwargs)
+                counting[1].append(None)
+                return sent
 
             self.session.send = counted
 
