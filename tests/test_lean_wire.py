@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jupyter_client.session import Session
 
-from clorch_repl.session.wire import LEAN_KEY, MessageEncoder, read_lean_execute
+from clorch_repl.session.wire import LEAN_KEY, LEAN_MAGIC, SEPARATOR, MessageEncoder, read_lean_execute
 
 KEY = b"0123456789abcdef0123456789abcdef"
 CONTENT = {"code": "print('é')", "silent": False, "store_history": True, "user_expressions": {},
@@ -29,8 +29,10 @@ def test_a_request_reads_back_as_jupyter_client_would_have_read_it() -> None:
     assert idents == [b"router-id"]
     assert msg["msg_id"] == msg_id and msg["msg_type"] == "execute_request"
     assert msg["content"] == CONTENT and msg["metadata"] == {LEAN_KEY: True}
-    # what jupyter_client itself makes of the same frames: the same message, dates aside
-    theirs = Session(key=KEY).deserialize(frames[1:])
+    # one frame holding the Jupyter message's parts: jupyter_client takes those parts as a message
+    # it signed itself (signature, header, parent, metadata, content), dates aside
+    assert len(frames) == 1 and frames[0].startswith(LEAN_MAGIC)
+    theirs = Session(key=KEY).deserialize(frames[0][len(LEAN_MAGIC):].split(SEPARATOR))
     assert theirs["content"] == msg["content"] and theirs["header"]["msg_id"] == msg_id
     assert theirs["header"]["session"] == msg["header"]["session"]
 
@@ -49,3 +51,8 @@ def test_forged_replayed_and_foreign_requests_are_not_taken() -> None:
     _, plain = request(metadata={})
     assert read_lean_execute(rank, plain) is None
     assert read_lean_execute(rank, [b"stop aborting"]) is None
+    # a Jupyter message, even one whose metadata asks for the lean path, is ipykernel's to read
+    jupyter = Session(key=KEY)
+    msg = jupyter.msg("execute_request", CONTENT, metadata={LEAN_KEY: True})
+    assert read_lean_execute(rank, [b"router-id", *jupyter.serialize(msg)]) is None
+    assert read_lean_execute(rank, [LEAN_MAGIC + b"only\x00three\x00parts"]) is None

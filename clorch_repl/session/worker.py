@@ -242,9 +242,13 @@ def _kernel_class() -> type:
             self.session.send = counted
 
         async def dispatch_shell(self, msg, /, subshell_id=None, *, concurrent=False):  # type: ignore[no-untyped-def]
-            """The relay's execute requests take :meth:`_lean_execute`; everything else ipykernel's path."""
+            """The relay's execute requests take :meth:`_lean_execute`; everything else ipykernel's path.
+
+            Also while ipykernel aborts queued requests after another client's failed cell: the
+            relay never asks for that (stop_on_error is off in its requests), and ipykernel's path
+            could not read a lean request's frame (wire.LEAN_MAGIC)."""
             lean = None
-            if not concurrent and subshell_id is None and not self._aborting and self.session:
+            if not concurrent and subshell_id is None and self.session:
                 try:
                     lean = read_lean_execute(self.session, msg)
                 except (ValueError, TypeError, KeyError, UnicodeError) as exc:  # ipykernel's path refuses it
