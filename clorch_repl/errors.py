@@ -194,15 +194,21 @@ class DistributedCellError(Exception):
                     lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
             elif result.status is Status.STUCK:
                 lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period "
-                             "after being interrupted (blocked in native code, e.g. a collective "
-                             "waiting for another rank).")
+                             "after being interrupted: blocked in native code (e.g. a collective "
+                             "waiting for another rank), or its code caught the KeyboardInterrupt "
+                             "and went on.")
                 if result.stack:
                     lines.append("Where it is now:")
                     lines.extend("    " + line for line in result.stack.rstrip().splitlines())
             elif result.error is not None:
                 lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
-        dead_or_stuck = [o.rank for o in self.outcome.failed if o.status in (Status.DIED, Status.STUCK)]
-        if dead_or_stuck:
-            lines.append(f"The process group is broken or busy on rank(s) {dead_or_stuck}: "
-                         "run %clorch restart for a fresh group (%clorch status shows each rank).")
+        dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
+        stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]
+        if dead:
+            lines.append(f"The process group is broken: rank(s) {dead} died. Run %clorch restart for a "
+                         "fresh group (%clorch status shows each rank).")
+        if stuck:
+            lines.append(f"Rank(s) {stuck} are still running this cell, so they take no other: wait, "
+                         "%clorch interrupt again, or %clorch restart for a fresh group (%clorch status "
+                         "shows each rank).")
         return lines

@@ -70,3 +70,17 @@ def test_a_failed_cell_shows_each_rank_once_per_distinct_traceback() -> None:
 ])
 def test_cascade_or_cause(kind: str, message: str, cascade: bool) -> None:
     assert looks_like_cascade(kind, message) is cascade
+
+
+def test_a_dead_rank_and_a_stuck_one_are_told_apart() -> None:
+    """A died rank broke the group (restart); a stuck one is still busy with the cell, maybe in
+    code that caught the interrupt: the report says which is which and what to do for each."""
+    outcome = CellOutcome(ranks={0: _failed(0, Status.STUCK), 1: _failed(1, Status.DIED)}, timed_out=True,
+                          interrupt_grace_s=5.0)
+    err = errors.DistributedCellError(outcome, timeout_s=2.0)
+    text = "\n".join(err._render_traceback_()).replace("\x1b[31m", "").replace("\x1b[1m", "").replace("\x1b[0m", "")
+    assert "Timed out after 2 s; the ranks were interrupted and given 5 s more to return." in text
+    assert "or its code caught the KeyboardInterrupt and went on" in text
+    assert "The process group is broken: rank(s) [1] died. Run %clorch restart" in text
+    assert "Rank(s) [0] are still running this cell, so they take no other" in text
+    assert str(err).startswith("the cell timed out after 2 s (the ranks were interrupted and given 5 s more to return)")
