@@ -139,37 +139,14 @@ def probe(rank: int, world_size: int, device: Any, epochs: int, profile: str = "
             "gc_ms": pauses[0] * 1e3, "threads": threads}
 
 
-TORCHRUN = textwrap.dedent("""
-    import json, os, sys
+#: Pieces of the code each side runs (formatted with root, one_gpu, epochs, profile, folder).
+ONE_GPU = textwrap.dedent("""
+    import os, sys
     if {one_gpu!r}:  # as a clorch rank sees it: its own GPU only, as cuda:0
         os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LOCAL_RANK"]
         os.environ["LOCAL_RANK"] = "0"
-    import torch, torch.distributed as dist
-    sys.path.insert(0, {root!r})
-    from benchmarks.loop_threads import probe
-    nccl = torch.cuda.is_available()
-    if nccl:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if nccl else "gloo")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if nccl else torch.device("cpu")
-    probe(dist.get_rank(), dist.get_world_size(), device, 1)  # warm-up: the process is new
-    result = probe(dist.get_rank(), dist.get_world_size(), device, {epochs}, {profile!r})
-    if dist.get_rank() == 0:
-        print("RESULT", json.dumps(result), flush=True)
-    dist.destroy_process_group()
 """)
-
-#: A torchrun worker that is a plain ipykernel (no clorch_repl): the third side, ``--plain-ipykernel``.
-PLAIN_KERNEL = textwrap.dedent("""
-    import os, sys
-    if {one_gpu!r}:
-        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LOCAL_RANK"]
-        os.environ["LOCAL_RANK"] = "0"
-    sys.argv = ["ipykernel", "-f", os.path.join({folder!r}, "kernel-%s.json" % os.environ["RANK"])]
-    from ipykernel.kernelapp import launch_new_instance
-    launch_new_instance()
-""")
-PLAIN_SETUP = textwrap.dedent("""
+JOIN = textwrap.dedent("""
     import json, os, sys, torch, torch.distributed as dist
     sys.path.insert(0, {root!r})
     from benchmarks.loop_threads import probe
@@ -178,13 +155,30 @@ PLAIN_SETUP = textwrap.dedent("""
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if nccl else "gloo")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if nccl else torch.device("cpu")
-    probe(dist.get_rank(), dist.get_world_size(), device, 1)
+    probe(dist.get_rank(), dist.get_world_size(), device, 1)  # warm-up: the process is new
 """)
-PLAIN_CELL = ("result = probe(dist.get_rank(), dist.get_world_size(), device, {epochs}, {profile!r})\n"
-              "if dist.get_rank() == 0: print('RESULT', json.dumps(result))")
+MEASURE = textwrap.dedent("""
+    result = probe(dist.get_rank(), dist.get_world_size(), device, {epochs}, {profile!r})
+    if dist.get_rank() == 0:
+        print("RESULT", json.dumps(result), flush=True)
+""")
+TORCHRUN = ONE_GPU + JOIN + MEASURE + "dist.destroy_process_group()\n"
+#: A torchrun worker that is a plain ipykernel (no clorch_repl): the third side, ``--plain-ipykernel``,
+#: which then runs JOIN and MEASURE as cells.
+PLAIN_KERNEL = ONE_GPU + textwrap.dedent("""
+    sys.argv = ["ipykernel", "-f", os.path.join({folder!r}, "kernel-%s.json" % os.environ["RANK"])]
+    from ipykernel.kernelapp import launch_new_instance
+    launch_new_instance()
+""")
+
 
 CELL = ("%%distributed\nimport json, sys\nsys.path.insert(0, {root!r})\nfrom benchmarks.loop_threads import probe\n"
         "result = probe(rank, world_size, device, {epochs}, {profile!r})\nif rank == 0: print('RESULT', json.dumps(result))")
+
+
+def _result(text: str) -> dict[str, Any]:
+    """Rank 0's RESULT line in what a side printed (a notebook's lines carry a rank label first)."""
+    return json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
 
 
 def torchrun_round(nproc: int, epochs: int, one_gpu: bool = False, profile: str = "") -> dict[str, Any]:
@@ -304,9 +298,9 @@ def plain_ipykernel_round(nproc: int, epochs: int, one_gpu: bool = False, profil
             client.start_channels()
             client.wait_for_ready(timeout=120)
             clients.append(client)
-        _run_everywhere(clients, PLAIN_SETUP.format(root=ROOT))
-        out = _run_everywhere(clients, PLAIN_CELL.format(epochs=epochs, profile=profile))
-        return json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+        _run_everywhere(clients, JOIN.format(root=ROOT))
+        out = _run_everywhere(clients, MEASURE.format(epochs=epochs, profile=profile))
+        return _result(out)
     finally:
         for client in clients:
             client.shutdown()
@@ -373,7 +367,7 @@ def main() -> None:
                 else:
                     reply = nb.run(CELL.format(root=ROOT, epochs=args.epochs, profile=profile), timeout=600)
                     assert reply.status == "ok", reply.text
-                    got[side] = json.loads(reply.text.split("RESULT ", 1)[1].splitlines()[0])
+                    got[side] = _result(reply.text)
             ratios.append(got["notebook"]["steps_per_s"] / got["torchrun"]["steps_per_s"])
             if args.plain:
                 plain_ratios.append(got["ipykernel"]["steps_per_s"] / got["torchrun"]["steps_per_s"])

@@ -30,8 +30,9 @@ from ..errors import SignatureError
 
 #: Set in the metadata of the relay's execute requests: the rank's kernel may run them on its lean
 #: path (``worker.RankKernel``), which sends no ``execute_input`` (nothing reads a rank's copy of
-#: the code it was sent) and reads the request without jupyter_client's date parsing. Requests
-#: without it (another client's) take ipykernel's own path.
+#: the code it was sent) and reads the request without jupyter_client's date parsing. A request
+#: must be in the lean frame (:data:`LEAN_MAGIC`) and say this too; any other (another client's,
+#: a Jupyter message that only claims it) takes ipykernel's own path.
 LEAN_KEY = "clorch_lean"
 #: In the metadata of a relay's execute request: the number the notebook shows for the cell, which
 #: the rank gives its run of it (``Cell In[12]`` in its traceback, ``In[12]`` in its history).
