@@ -142,6 +142,38 @@ def test_computing_and_busy_collectives_get_no_notice() -> None:
         nb.shutdown()
 
 
+def test_a_quiet_loop_is_not_asked_for_its_whole_flight_record_every_check() -> None:
+    """The notice's periodic check first asks the ranks for their groups' status only; a rank's
+    whole flight record (2,000 entries with their stacks: 20-30 ms of its CPU, GIL held) is read
+    only while its collectives stand still. A training loop that prints nothing for minutes
+    used to pay that every few seconds."""
+    nb = start(2, pg_timeout=60, notice=2)
+    try:
+        reply = nb.run("%%distributed\nimport time, torch, torch.distributed as dist\n"
+                       "from clorch_repl.diagnosis import record\n"
+                       "calls, read = [], record.read\n"
+                       "def counted(collectives=True):\n"
+                       "    calls.append(collectives)\n"
+                       "    return read(collectives)\n"
+                       "record.read = counted\n"
+                       "try:\n"
+                       "    end, t = time.monotonic() + 7, torch.ones(4)\n"
+                       "    while time.monotonic() < end:\n"
+                       "        dist.all_reduce(t)\n"
+                       "finally:\n"
+                       "    record.read = read\n"
+                       "print('whole', calls.count(True), 'status', calls.count(False))\n", timeout=90)
+        assert reply.status == "ok", reply.text
+        assert NOTICE not in reply.text
+        counts = re.findall(r"whole (\d+) status (\d+)", reply.text)
+        assert counts, reply.text  # one line per rank, or one "[ranks 0-1]" line where they agree
+        for whole, status in counts:
+            assert int(status) >= 3, reply.text  # checked every second after 2 s of quiet
+            assert int(whole) <= 1, reply.text  # at most the first check, which saw one pending
+    finally:
+        nb.shutdown()
+
+
 def test_hang_notice_zero_is_off_and_a_timeout_report_carries_the_verdict(nb2: NotebookKernel) -> None:
     reply = nb2.run("%%distributed --hang-notice 0 --timeout 6\nimport time, torch.distributed as dist\n"
                     "if rank == 1:\n    time.sleep(30)\nelse:\n    dist.barrier()\n", timeout=90)

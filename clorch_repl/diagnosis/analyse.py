@@ -155,6 +155,35 @@ def _in_the_call(raws: list[dict[str, Any]], status: dict[str, Any],
     return last if int(last.get("collective_seq_id", 0)) > enqueued else None
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a rank's collectives stand, from its light answer (the flight recorder's group
+    status, no entries): the notebook's periodic hang check compares two of these some seconds
+    apart, and a rank whose collectives moved on is not hung, whatever one of them took."""
+
+    #: (recorder/group, last enqueued, last completed collective), per group
+    marks: tuple[tuple[str, int, int], ...]
+    #: the main thread is inside torch.distributed: NCCL's first collective of a communicator
+    #: waits there for its peers before the status counts it (see :func:`_in_the_call`)
+    calling: bool
+
+    @property
+    def pending(self) -> bool:
+        """A collective may be pending: enqueued and not completed, or being called."""
+        return self.calling or any(enqueued > completed for _, enqueued, completed in self.marks)
+
+
+def progress(answer: dict[str, Any]) -> Progress | None:
+    """A rank's :class:`Progress`, or None when its answer is an error."""
+    if "error" in answer:
+        return None
+    status = (answer.get("fr") or {}).get("pg_status") or {}
+    marks = tuple(sorted((str(key), int(v.get("last_enqueued_collective", -1)),
+                          int(v.get("last_completed_collective", -1))) for key, v in status.items()))
+    stack = answer.get("stack") or []
+    return Progress(marks, any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:]))
+
+
 def _is_torch_distributed(path: str) -> bool:
     return f"{os.sep}torch{os.sep}distributed{os.sep}" in path
 

@@ -42,8 +42,11 @@ _LIBRARY_DIRS = tuple({os.path.realpath(p) for p in (
 
 # ------------------------------------------------------------------------------- rank side
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    """This rank's state, as plain JSON data (called on the control thread, never the main one)."""
-    fr, fr_missing = record.read()
+    """This rank's state, as plain JSON data (called on the control thread, never the main one).
+
+    ``request["light"]``: the flight recorder's group status without its entries (the notebook's
+    periodic hang check; see :func:`record.read`)."""
+    fr, fr_missing = record.read(collectives=not request.get("light"))
     if fr is not None:
         fr["entries"] = recent(fr["entries"], ENTRIES_SENT)
     main = threading.main_thread()
@@ -170,15 +173,16 @@ class Prober:
         self._poller.register(socket, zmq.POLLIN)
         self._ranks[rank] = (socket, client.session, decoder)
 
-    def ask(self, ranks: list[int], *, all_threads: bool = False,
+    def ask(self, ranks: list[int], *, all_threads: bool = False, light: bool = False,
             timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, dict[str, Any] | None]:
-        """Every rank's answer; None for a rank that did not answer within ``timeout_s``."""
+        """Every rank's answer; None for a rank that did not answer within ``timeout_s``.
+        ``light``: the flight recorder's group status, not its entries (see :func:`answer`)."""
         waiting: dict[str, int] = {}
         for rank in ranks:
             if rank not in self._ranks:
                 continue
             socket, session, _ = self._ranks[rank]
-            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads})
+            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads, "light": light})
             session.send(socket, msg)
             waiting[msg["header"]["msg_id"]] = rank
         answers: dict[int, dict[str, Any] | None] = {r: None for r in ranks}

@@ -72,13 +72,19 @@ def _buffer_env() -> str:
 DUMPERS = (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))
 
 
-def read() -> tuple[dict[str, Any] | None, str | None]:
+def read(collectives: bool = True) -> tuple[dict[str, Any] | None, str | None]:
     """This process's flight-recorder dumps as plain JSON data, or ``(None, why not)``.
 
     The result holds ``entries`` (one dict per collective, each tagged with the ``recorder`` it
     came from) and ``pg_status`` (per recorder and process group id, ``"nccl/0"``: the last
     enqueued, started and completed collective sequence numbers; the recorders number their
     groups independently, so the ids alone would collide).
+
+    ``collectives=False``: ``pg_status`` only (torch's ``includeCollectives``), no entries. A
+    full buffer (2,000 entries, each with its Python stack: about 0.9 MB of JSON) costs a rank
+    20-30 ms of CPU with its GIL held to dump and parse, over 100 ms when that sets off a full
+    garbage collection; the status alone 0.05 ms. The notebook's periodic hang check asks for
+    the status first (:func:`clorch_repl.diagnosis.analyse.progress`).
     """
     import sys
 
@@ -96,7 +102,11 @@ def read() -> tuple[dict[str, Any] | None, str | None]:
         if dump is None:
             continue
         try:
-            data = json.loads(dump())
+            try:
+                text = dump() if collectives else dump(False)
+            except TypeError:  # a torch whose dump takes no includeCollectives: everything
+                text = dump()
+            data = json.loads(text)
         except (RuntimeError, ValueError) as exc:
             logger.debug("flight recorder dump %s failed: %s", name, exc)
             continue
