@@ -1,11 +1,18 @@
 """Cost of torch's flight recorder (on in every rank, for hang diagnosis), recording on vs off.
 
     python benchmarks/recording.py [--rounds 7] [--cells 40] [--sizes-mb 1,4,16] [--round-s 0.5]
+                                   [--parts collectives,cells,answer] [--entries 2500]
 
 1. gloo all_reduce of 1 MB and up between 2 plain rank processes: one pair records, one pair does
    not (CLORCH_FLIGHT_RECORDER=0), driven in alternating rounds so both see the same machine.
 2. The empty ``%%distributed`` cell's round trip, as a Jupyter client sees it: two notebook
    kernels, each with a 2-rank session, one recording and one not, again in alternating rounds.
+
+3. What the notebook's hang check costs a rank (``--parts answer``): ``probe.answer`` as the
+   check asks it, whole (every flight-recorder entry) and light (the groups' status only), in a
+   1-rank group (NCCL where CUDA is visible, else gloo) after ``--entries`` all_reduces, so the
+   recorder's buffer (2,000 entries) is full. The check asks the light question every few seconds
+   of a quiet cell and the whole one only while a rank's collectives stand still.
 
 Prints, per case, the median time on and off and the ratio on/off (the median over rounds of
 each round's ratio, with the lowest and highest round), and the ratio of the best rounds.
@@ -52,6 +59,53 @@ for line in sys.stdin:
     print(json.dumps({"s": (time.perf_counter() - t0) / iters}), flush=True)
 dist.destroy_process_group()
 """
+
+
+ANSWER_COST = r"""
+import json, sys, time
+from clorch_repl.diagnosis import probe, record
+record.enable()
+import torch, torch.distributed as dist
+nccl = torch.cuda.is_available()
+if nccl:
+    torch.cuda.set_device(0)
+dist.init_process_group("nccl" if nccl else "gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1],
+                        **({"device_id": torch.device("cuda", 0)} if nccl else {}))
+t = torch.ones(4, device="cuda" if nccl else "cpu")
+for _ in range(int(sys.argv[2])):
+    dist.all_reduce(t)
+if nccl:
+    torch.cuda.synchronize()
+time.sleep(1.0)  # NCCL's watchdog marks the last ones completed
+out = {"backend": "nccl" if nccl else "gloo", "entries": len(record.read()[0]["entries"])}
+for name, request in (("whole", {}), ("light", {"light": True})):
+    out[name] = []
+    for _ in range(int(sys.argv[3])):
+        t0 = time.perf_counter()
+        probe.answer(request)
+        out[name].append(time.perf_counter() - t0)
+print(json.dumps(out), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def answer_cost(entries: int, repeats: int) -> None:
+    """Part 3: the hang check's two questions, timed in a rank's process (see the docstring)."""
+    from clorch_repl.procs import free_port
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CLORCH_FLIGHT_RECORDER", None)
+    out = subprocess.run([sys.executable, "-c", ANSWER_COST, str(free_port()), str(entries), str(repeats)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise RuntimeError(f"the answer-cost process failed:\n{out.stderr[-3000:]}")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\nhang check's answer, 1-rank {got['backend']} group, {got['entries']} recorded entries, {repeats} each "
+          f"(median [min-max]):")
+    for name in ("whole", "light"):
+        ms = [x * 1e3 for x in got[name]]
+        print(f"  {name:<6} {statistics.median(ms):8.2f} ms [{min(ms):.2f}-{max(ms):.2f}]")
+    print(f"  whole/light: {statistics.median(got['whole']) / statistics.median(got['light']):.0f}x")
 
 
 def summary(on: list[float], off: list[float]) -> str:
@@ -182,9 +236,20 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=40)
     parser.add_argument("--sizes-mb", default="1,4,16")
     parser.add_argument("--round-s", type=float, default=0.5, help="seconds of collectives per round and case")
+    parser.add_argument("--parts", default="collectives,cells,answer",
+                        help="which parts to run (see above), comma-separated")
+    parser.add_argument("--entries", type=int, default=2500, help="answer: all_reduces recorded before timing")
     args = parser.parse_args()
-    collectives([int(s) for s in args.sizes_mb.split(",")], args.rounds, args.round_s)
-    cells(args.cells, args.rounds)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    unknown = parts - {"collectives", "cells", "answer"}
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}; the parts are collectives, cells, answer")
+    if "collectives" in parts:
+        collectives([int(s) for s in args.sizes_mb.split(",")], args.rounds, args.round_s)
+    if "cells" in parts:
+        cells(args.cells, args.rounds)
+    if "answer" in parts:
+        answer_cost(args.entries, args.rounds)
 
 
 if __name__ == "__main__":
