@@ -157,9 +157,12 @@ def test_a_quiet_loop_is_not_asked_for_its_whole_flight_record_every_check() -> 
                        "    return read(collectives)\n"
                        "record.read = counted\n"
                        "try:\n"
-                       "    end, t = time.monotonic() + 7, torch.ones(4)\n"
-                       "    while time.monotonic() < end:\n"
+                       "    end = time.monotonic() + 7\n"
+                       "    while True:  # until both ranks agree it is time: no rank left alone in one\n"
+                       "        t = torch.tensor([float(time.monotonic() >= end)])\n"
                        "        dist.all_reduce(t)\n"
+                       "        if t.item() > 0:\n"
+                       "            break\n"
                        "finally:\n"
                        "    record.read = read\n"
                        "print('whole', calls.count(True), 'status', calls.count(False))\n", timeout=90)
@@ -170,6 +173,34 @@ def test_a_quiet_loop_is_not_asked_for_its_whole_flight_record_every_check() -> 
         for whole, status in counts:
             assert int(status) >= 3, reply.text  # checked every second after 2 s of quiet
             assert int(whole) <= 1, reply.text  # at most the first check, which saw one pending
+    finally:
+        nb.shutdown()
+
+
+def test_a_stuck_collective_is_named_while_another_group_keeps_moving() -> None:
+    """The check's light question compares each group's progress on its own: both ranks keep a
+    second group busy (a loop on ``new_group``; a thread's collectives would do the same) while
+    rank 0 alone waits in an all_reduce of the default group, which a comparison of the ranks'
+    whole status would have taken for progress (an independent review's reproduction)."""
+    nb = start(2, pg_timeout=60, notice=2)
+    try:
+        reply = nb.run("%%distributed\nimport time, torch, torch.distributed as dist\n"
+                       "sub = dist.new_group([0, 1])\n"
+                       "start, stuck = time.monotonic(), None\n"
+                       "while True:  # until both ranks agree it is time, so that none is left alone in one\n"
+                       "    t = torch.tensor([float(time.monotonic() >= start + 12)])\n"
+                       "    dist.all_reduce(t, group=sub)\n"
+                       "    if t.item() > 0:\n"
+                       "        break\n"
+                       "    time.sleep(0.05)\n"
+                       "    if rank == 0 and stuck is None and time.monotonic() > start + 4:\n"
+                       "        stuck = dist.all_reduce(torch.ones(4), async_op=True)  # rank 1 never calls it\n"
+                       "print('loop done')\n", timeout=90)
+        assert reply.status == "ok", reply.text
+        notices = notice_of(reply.text)
+        assert len(notices) == 1, reply.text
+        assert notices[0].startswith("all_reduce #2 (float32[4], default group): rank 0 waits in it; "
+                                     "rank 1 never called it"), notices[0]
     finally:
         nb.shutdown()
 

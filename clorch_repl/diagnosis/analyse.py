@@ -159,7 +159,8 @@ def _in_the_call(raws: list[dict[str, Any]], status: dict[str, Any],
 class Progress:
     """Where a rank's collectives stand, from its light answer (the flight recorder's group
     status, no entries): the notebook's periodic hang check compares two of these some seconds
-    apart, and a rank whose collectives moved on is not hung, whatever one of them took."""
+    apart (:meth:`stood_still`), and a rank whose pending collectives moved on is not hung,
+    whatever one of them took."""
 
     #: (recorder/group, last enqueued, last completed collective), per group
     marks: tuple[tuple[str, int, int], ...]
@@ -171,6 +172,24 @@ class Progress:
     def pending(self) -> bool:
         """A collective may be pending: enqueued and not completed, or being called."""
         return self.calling or any(enqueued > completed for _, enqueued, completed in self.marks)
+
+    def stood_still(self, before: Progress | None) -> bool:
+        """Whether a collective may have been pending since ``before`` (None: no earlier look):
+        a group with one enqueued and not completed whose last completed one is the same as
+        then, or the main thread inside torch.distributed both times while some group's status
+        did not move. Group by group: a group that keeps moving (a second group's loop, a
+        thread's collectives) says nothing about a stuck one, and a group's enqueued count may
+        grow behind a stuck collective (async ops), so only its completed count is compared."""
+        if before is None:
+            return self.pending
+        then = {key: (enqueued, completed) for key, enqueued, completed in before.marks}
+        for key, enqueued, completed in self.marks:
+            if enqueued > completed and key in then and then[key][1] == completed:
+                return True
+        if self.calling and before.calling:
+            return not self.marks or any(then.get(key) == (enqueued, completed)
+                                         for key, enqueued, completed in self.marks)
+        return False
 
 
 def progress(answer: dict[str, Any]) -> Progress | None:

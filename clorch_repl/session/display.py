@@ -261,8 +261,8 @@ class NotebookDisplay:
 
     def _emit(self, ranks: tuple[int, ...], unit: _Unit) -> None:
         if unit.kind == "line":
-            name, text = unit.payload
-            self._write(group_label(ranks, self.hosts), name, text)
+            name, text, *rest = unit.payload
+            self._write(group_label(ranks, self.hosts), name, text, continuation=bool(rest and rest[0]))
         elif unit.kind == "progress":
             name, text = unit.payload
             self._rewrite(ranks[0], name, text)
@@ -297,16 +297,23 @@ class NotebookDisplay:
                 self._enqueue(rank, "progress", (name, piece), None)
             elif piece.endswith("\n"):
                 merge_key = None
-                if key in self._continuing:
+                continuation = key in self._continuing
+                if continuation:
                     self._continuing.discard(key)  # the rest of a line already shown in part
                 elif self._mergeable(rank):
                     merge_key = ("line", name, piece)
-                self._enqueue(rank, "line", (name, piece), merge_key)
+                self._enqueue(rank, "line", (name, piece, continuation), merge_key)
             else:
                 self._partial[key] = (piece, since)
 
-    def _write(self, who: str, name: str, piece: str) -> None:
+    def _write(self, who: str, name: str, piece: str, continuation: bool = False) -> None:
+        """``piece`` of a line, under the label ``who``; ``continuation``: the rest of a line
+        of which a part was already shown (an unfinished line released after its hold)."""
         state = self._streams[name]
+        if continuation and piece == "\n" and state.open_line != who:
+            # Only the newline of a line that another label's output has ended on screen since:
+            # nothing left to end (it would show as an empty labelled line).
+            return
         out = getattr(sys, name)
         self._dirty.add(name)
         if state.open_line != who:

@@ -612,13 +612,15 @@ class Relay:
 
     # ----------------------------------------------------------------------------- diagnosis
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,
-                 fallback: bool = True, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[Verdict, list[RankState]]:
+                 fallback: bool = True, timeout_s: float = PROBE_TIMEOUT_S,
+                 unanswered: set[int] | None = None) -> tuple[Verdict, list[RankState]]:
         """Ask the ranks where they are (over control, while they run) and line the answers up.
 
         A rank that does not answer within ``timeout_s`` (native code holding its GIL) is shown
-        with its faulthandler stack when ``fallback`` is set."""
+        with its faulthandler stack when ``fallback`` is set. Ranks in ``unanswered`` have just
+        failed to answer a question: they are not asked again (each would cost the wait again)."""
         ranks = [p.rank for p in self.group.ranks] if ranks is None else ranks
-        alive = [r for r in ranks if self.group.ranks[r].alive]
+        alive = [r for r in ranks if self.group.ranks[r].alive and r not in (unanswered or ())]
         answers = self.prober.ask(alive, all_threads=all_threads, timeout_s=timeout_s)
         states = []
         for rank in ranks:
@@ -643,11 +645,13 @@ class Relay:
         now = time.monotonic()
         if now - wait.last_progress < notice_s:
             wait.next_hang_check = wait.last_progress + notice_s
+            wait.collectives_seen.clear()  # output came: the next check starts a quiet stretch afresh
             return
-        if not self._may_hang(wait):
+        may_hang, silent = self._may_hang(wait)
+        if not may_hang:
             wait.next_hang_check = time.monotonic() + max(HANG_RECHECK_S, notice_s / 4)
             return
-        verdict, states = self.diagnose(fallback=False)
+        verdict, states = self.diagnose(fallback=False, unanswered=silent)
         if verdict.stuck and (verdict.pending_s or 0.0) >= notice_s:
             silent = [s for s in states if not s.answered and s.dead is None]
             if silent:
@@ -667,25 +671,30 @@ class Relay:
             return
         wait.next_hang_check = time.monotonic() + max(HANG_RECHECK_S, notice_s / 4)
 
-    def _may_hang(self, wait: _Wait) -> bool:
+    def _may_hang(self, wait: _Wait) -> tuple[bool, set[int]]:
         """The periodic check's first question, for the flight recorder's group status only
-        (``light``): whether some rank has a collective pending and its collectives stood still
-        since the last check (analyse.Progress; at a cell's first check, pending is enough, so
-        that check answers as fully as before). A training loop that is merely quiet keeps
-        moving, so its ranks are not asked for their whole flight record every few seconds:
-        that costs each rank 20-30 ms of CPU with its GIL held (over 100 ms with a full garbage
-        collection), the status about 0.5 ms."""
+        (``light``): whether some rank may have had a collective pending since the last check
+        (analyse.Progress.stood_still; at the first check of a quiet stretch, pending is
+        enough, so that check answers as fully as before). A training loop that is merely quiet
+        keeps moving, so its ranks are not asked for their whole flight record every few
+        seconds: that costs each rank 20-30 ms of CPU with its GIL held on gloo, 70 ms and more
+        on NCCL (over 100 ms with a full garbage collection), the status well under 1 ms.
+        Also returns the ranks that did not answer (native code holding their GIL), so that
+        the whole question does not wait for them a second time."""
         alive = [p.rank for p in self.group.ranks if p.alive]
         answers = self.prober.ask(alive, light=True)
         still = False
+        silent = set()
         for rank, answer in answers.items():
+            if answer is None:
+                silent.add(rank)
             now = progress(answer) if answer is not None else None
             before = wait.collectives_seen.pop(rank, None)
             if now is None:
                 continue
             wait.collectives_seen[rank] = now
-            still = still or (now.pending and (before is None or before == now))
-        return still
+            still = still or now.stood_still(before)
+        return still, silent
 
     def close(self) -> None:
         self.prober.close()
