@@ -205,6 +205,40 @@ def test_a_stuck_collective_is_named_while_another_group_keeps_moving() -> None:
         nb.shutdown()
 
 
+def test_a_stuck_collective_is_named_while_a_thread_floods_another_group() -> None:
+    """A rank's answer keeps the last entries of each group, not of the whole recorder: a thread
+    running a second group's collectives every few milliseconds used to push the main thread's
+    pending all_reduce out of the answer within a second, and the check said nothing was
+    pending (a new user's try-out)."""
+    nb = start(2, pg_timeout=60, notice=2)
+    try:
+        reply = nb.run("%%distributed\nimport threading, time, torch, torch.distributed as dist\n"
+                       "g = dist.new_group([0, 1])\n"
+                       "stop = False\n"
+                       "def flood():\n"
+                       "    while True:  # ends when both ranks agree, so that none is left alone in one\n"
+                       "        t = torch.tensor([float(stop)])\n"
+                       "        dist.all_reduce(t, group=g)\n"
+                       "        if t.item() > 0:\n"
+                       "            return\n"
+                       "        time.sleep(0.005)\n"
+                       "thread = threading.Thread(target=flood)\n"
+                       "thread.start()\n"
+                       "if rank == 1:\n"
+                       "    time.sleep(8)  # late: rank 0 waits alone meanwhile\n"
+                       "dist.all_reduce(torch.ones(4))\n"
+                       "stop = True\n"
+                       "thread.join()\n"
+                       "print('done')\n", timeout=90)
+        assert reply.status == "ok", reply.text
+        notices = notice_of(reply.text)
+        assert len(notices) == 1, reply.text
+        assert re.match(r"all_reduce #\d+ \(float32\[4\], default group\): rank 0 waits in it; "
+                        r"rank 1 never called it", notices[0]), notices[0]
+    finally:
+        nb.shutdown()
+
+
 def test_hang_notice_zero_is_off_and_a_timeout_report_carries_the_verdict(nb2: NotebookKernel) -> None:
     reply = nb2.run("%%distributed --hang-notice 0 --timeout 6\nimport time, torch.distributed as dist\n"
                     "if rank == 1:\n    time.sleep(30)\nelse:\n    dist.barrier()\n", timeout=90)

@@ -66,14 +66,15 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def recent(entries: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
-    """The last ``keep`` entries of each recorder, in their order: a busy NCCL buffer must not
-    push a gloo group's pending collective out of the answer, nor the other way round."""
-    seen: dict[str, int] = {}
+    """The last ``keep`` entries of each process group of each recorder, in their order: a busy
+    group (a second group's loop, a thread's collectives) must not push another group's pending
+    collective out of the answer, nor a busy NCCL buffer a gloo group's."""
+    seen: dict[tuple[str, str], int] = {}
     out = []
     for entry in reversed(entries):
-        name = str(entry.get("recorder"))
-        if seen.get(name, 0) < keep:
-            seen[name] = seen.get(name, 0) + 1
+        key = (str(entry.get("recorder")), str(entry.get("pg_id")))
+        if seen.get(key, 0) < keep:
+            seen[key] = seen.get(key, 0) + 1
             out.append(entry)
     out.reverse()
     return out
