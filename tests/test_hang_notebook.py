@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from notebook_kernel import NotebookKernel
+from notebook_kernel import NotebookKernel, Reply
 
 NOTICE = "clorch: no progress on any rank; "
 
@@ -44,6 +44,22 @@ def nb2() -> Iterator[NotebookKernel]:
 
 def notice_of(text: str) -> list[str]:
     return [line[len(NOTICE):] for line in text.splitlines() if line.startswith(NOTICE)]
+
+
+def until_agreed(done: str, indent: str, group: str = "", leave: str = "break") -> str:
+    """Cell lines for the inside of a ``while True:`` loop: all-reduce the flag ``done`` and
+    ``leave`` once any rank has set it, so that all ranks leave in the same iteration and none is
+    left alone in a collective the others never call (which would be a real hang)."""
+    return "".join(f"{indent}{line}\n" for line in (
+        f"t = torch.tensor([float({done})])", f"dist.all_reduce(t{', group=' + group if group else ''})",
+        "if t.item() > 0:", f"    {leave}"))
+
+
+def the_notice(reply: Reply) -> str:
+    """The cell's one live notice (failing when there is none, or more than one)."""
+    notices = notice_of(reply.text)
+    assert len(notices) == 1, reply.text
+    return notices[0]
 
 
 def test_a_rank_that_skips_an_all_reduce_is_named_live_with_its_line() -> None:
@@ -158,11 +174,8 @@ def test_a_quiet_loop_is_not_asked_for_its_whole_flight_record_every_check() -> 
                        "record.read = counted\n"
                        "try:\n"
                        "    end = time.monotonic() + 7\n"
-                       "    while True:  # until both ranks agree it is time: no rank left alone in one\n"
-                       "        t = torch.tensor([float(time.monotonic() >= end)])\n"
-                       "        dist.all_reduce(t)\n"
-                       "        if t.item() > 0:\n"
-                       "            break\n"
+                       "    while True:\n"
+                       + until_agreed("time.monotonic() >= end", " " * 8) +
                        "finally:\n"
                        "    record.read = read\n"
                        "print('whole', calls.count(True), 'status', calls.count(False))\n", timeout=90)
@@ -187,20 +200,16 @@ def test_a_stuck_collective_is_named_while_another_group_keeps_moving() -> None:
         reply = nb.run("%%distributed\nimport time, torch, torch.distributed as dist\n"
                        "sub = dist.new_group([0, 1])\n"
                        "start, stuck = time.monotonic(), None\n"
-                       "while True:  # until both ranks agree it is time, so that none is left alone in one\n"
-                       "    t = torch.tensor([float(time.monotonic() >= start + 12)])\n"
-                       "    dist.all_reduce(t, group=sub)\n"
-                       "    if t.item() > 0:\n"
-                       "        break\n"
+                       "while True:\n"
+                       + until_agreed("time.monotonic() >= start + 12", " " * 4, group="sub") +
                        "    time.sleep(0.05)\n"
                        "    if rank == 0 and stuck is None and time.monotonic() > start + 4:\n"
                        "        stuck = dist.all_reduce(torch.ones(4), async_op=True)  # rank 1 never calls it\n"
                        "print('loop done')\n", timeout=90)
         assert reply.status == "ok", reply.text
-        notices = notice_of(reply.text)
-        assert len(notices) == 1, reply.text
-        assert notices[0].startswith("all_reduce #2 (float32[4], default group): rank 0 waits in it; "
-                                     "rank 1 never called it"), notices[0]
+        notice = the_notice(reply)
+        assert notice.startswith("all_reduce #2 (float32[4], default group): rank 0 waits in it; "
+                                 "rank 1 never called it"), notice
     finally:
         nb.shutdown()
 
@@ -216,11 +225,8 @@ def test_a_stuck_collective_is_named_while_a_thread_floods_another_group() -> No
                        "g = dist.new_group([0, 1])\n"
                        "stop = False\n"
                        "def flood():\n"
-                       "    while True:  # ends when both ranks agree, so that none is left alone in one\n"
-                       "        t = torch.tensor([float(stop)])\n"
-                       "        dist.all_reduce(t, group=g)\n"
-                       "        if t.item() > 0:\n"
-                       "            return\n"
+                       "    while True:\n"
+                       + until_agreed("stop", " " * 8, group="g", leave="return") +
                        "        time.sleep(0.005)\n"
                        "thread = threading.Thread(target=flood)\n"
                        "thread.start()\n"
@@ -231,10 +237,9 @@ def test_a_stuck_collective_is_named_while_a_thread_floods_another_group() -> No
                        "thread.join()\n"
                        "print('done')\n", timeout=90)
         assert reply.status == "ok", reply.text
-        notices = notice_of(reply.text)
-        assert len(notices) == 1, reply.text
+        notice = the_notice(reply)
         assert re.match(r"all_reduce #\d+ \(float32\[4\], default group\): rank 0 waits in it; "
-                        r"rank 1 never called it", notices[0]), notices[0]
+                        r"rank 1 never called it", notice), notice
     finally:
         nb.shutdown()
 

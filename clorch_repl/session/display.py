@@ -219,7 +219,7 @@ class NotebookDisplay:
         """An unfinished line waited long enough: show it as it is, never merged."""
         text, _ = self._partial.pop(key)
         self._continuing.add(key)
-        self._enqueue(key[0], "line", (key[1], text), None)
+        self._enqueue(key[0], "line", (key[1], text, False), None)
 
     def _drain(self, now: float, final: bool) -> None:
         """Show every unit whose turn has come; see the module docstring for the rule."""
@@ -261,8 +261,8 @@ class NotebookDisplay:
 
     def _emit(self, ranks: tuple[int, ...], unit: _Unit) -> None:
         if unit.kind == "line":
-            name, text, *rest = unit.payload
-            self._write(group_label(ranks, self.hosts), name, text, continuation=bool(rest and rest[0]))
+            name, text, continuation = unit.payload
+            self._write(group_label(ranks, self.hosts), name, text, continuation)
         elif unit.kind == "progress":
             name, text = unit.payload
             self._rewrite(ranks[0], name, text)

@@ -647,11 +647,11 @@ class Relay:
             wait.next_hang_check = wait.last_progress + notice_s
             wait.collectives_seen.clear()  # output came: the next check starts a quiet stretch afresh
             return
-        may_hang, silent = self._may_hang(wait)
+        may_hang, unanswered = self._may_hang(wait)
         if not may_hang:
             wait.next_hang_check = time.monotonic() + max(HANG_RECHECK_S, notice_s / 4)
             return
-        verdict, states = self.diagnose(fallback=False, unanswered=silent)
+        verdict, states = self.diagnose(fallback=False, unanswered=unanswered)
         if verdict.stuck and (verdict.pending_s or 0.0) >= notice_s:
             silent = [s for s in states if not s.answered and s.dead is None]
             if silent:
@@ -684,17 +684,13 @@ class Relay:
         alive = [p.rank for p in self.group.ranks if p.alive]
         answers = self.prober.ask(alive, light=True)
         still = False
-        silent = set()
         for rank, answer in answers.items():
-            if answer is None:
-                silent.add(rank)
-            now = progress(answer) if answer is not None else None
             before = wait.collectives_seen.pop(rank, None)
-            if now is None:
-                continue
-            wait.collectives_seen[rank] = now
-            still = still or now.stood_still(before)
-        return still, silent
+            now = progress(answer) if answer is not None else None
+            if now is not None:
+                wait.collectives_seen[rank] = now
+                still = still or now.stood_still(before)
+        return still, {rank for rank, answer in answers.items() if answer is None}
 
     def close(self) -> None:
         self.prober.close()
