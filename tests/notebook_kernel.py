@@ -27,6 +27,8 @@ class Reply:
     idle_at: float = 0.0  # time.perf_counter() when the kernel reported idle for this request
     #: the input_request prompts the front end was asked, in order (see NotebookKernel.collect)
     prompts: list[str] = field(default_factory=list)
+    #: the number the front end shows for the cell (``[12]``), from the execute_reply
+    execution_count: int | None = None
 
     @property
     def text(self) -> str:
@@ -160,6 +162,7 @@ class NotebookKernel:
         while shell["parent_header"].get("msg_id") != msg_id:
             shell = self.kc.get_shell_msg(timeout=10)
         reply.status = shell["content"]["status"]
+        reply.execution_count = shell["content"].get("execution_count")
         if msg_id in self._pending:
             self._pending.remove(msg_id)
         return reply

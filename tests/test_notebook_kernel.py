@@ -64,8 +64,11 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert "rank 0 did not return" in reply.text
     assert "barrier" in reply.text  # rank 0's stack shows where it waits
     assert "kernel's own frames" in reply.text and "kernelbase.py" not in reply.text  # the cell's frames only
-    assert "line 5 in <module>" in reply.text  # rank 1 is at its sleep, line 5 of the cell
-    assert "line 6 in <module>" in reply.text  # rank 0 is at its barrier, line 6
+    # faulthandler's stacks, the cell's file named as the notebook shows the cell
+    cell = f'File "Cell In[{reply.execution_count}]"'
+    assert f"{cell}, line 5 in <module>" in reply.text  # rank 1 is at its sleep, line 5 of the cell
+    assert f"{cell}, line 6 in <module>" in reply.text  # rank 0 is at its barrier, line 6
+    assert "ipykernel_" not in reply.text
     assert "%clorch restart" in reply.text
     busy = nb.run("%%distributed\nprint('queued?')")
     assert busy.status == "error" and "still running an earlier cell" in busy.text

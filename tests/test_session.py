@@ -277,6 +277,8 @@ def test_a_segfault_names_the_rank_and_shows_where_it_crashed(ip: Any, magics: A
     assert not res.success
     assert "rank 0 died" in cap.stdout and "SIGSEGV" in cap.stdout
     assert "Segmentation fault" in cap.stdout and "crash_here" in cap.stdout  # faulthandler, via the log
+    # the crashing line, its cell named as the notebook names it (faulthandler wrote the file's path)
+    assert re.search(r'File "Cell In\[\d+\]", line 3 in crash_here', cap.stdout), cap.stdout
     assert "---- rank 1 ----" in cap.stdout and "KeyboardInterrupt" in cap.stdout  # the survivor was interrupted
     ip.run_line_magic("clorch", "restart")
     res, cap = run(ip, "print('fresh', rank)")

@@ -323,12 +323,23 @@ def _short(path: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
+#: a faulthandler frame: ``File "/path/x.py", line 3 in step`` (the notebook has named cells'
+#: files ``Cell In[12]`` by then: clorch_repl.session.cell_files)
+_FAULTHANDLER_FRAME = re.compile(r'File "(.+)", line (\d+) in (.+)$')
+
+
 def _fallback_line(stack: str | None) -> str | None:
-    """The innermost line of a faulthandler stack (most recent call first)."""
+    """The innermost line of a faulthandler stack (most recent call first), named as
+    :func:`frame_label` names a frame."""
     for line in (stack or "").splitlines():
         line = line.strip()
         if line.startswith("File "):
-            return line
+            match = _FAULTHANDLER_FRAME.match(line)
+            if match is None:
+                return line
+            path, number, function = match.groups()
+            cell = path if path.startswith("Cell In[") else None
+            return frame_label({"file": path, "line": number, "function": function, "cell": cell})
     return None
 
 

@@ -25,6 +25,7 @@ from ..diagnosis import render
 from ..diagnosis.analyse import Progress, RankState, Verdict, analyse, progress
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
+from .cell_files import CellNames
 from .comms import COMM_TYPES
 from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
@@ -154,6 +155,8 @@ class Relay:
         self.debug_paused: set[int] = set()
         #: the running cell's prompts (clorch_repl.session.stdin); the diagnosis names ranks at one
         self._stdin: StdinBroker | None = None
+        #: the notebook's cells, to name them in the ranks' faulthandler stacks (see stack_of)
+        self.cell_names = CellNames()
 
     # ----------------------------------------------------------------- connection and readiness
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
@@ -222,6 +225,8 @@ class Relay:
         and keeps waiting for the grace period; a second one stops waiting at once.
         """
         sink = sink or _Discard()
+        if request.cell_number is not None and not silent:
+            self.cell_names.add(request.code, request.cell_number)
         for item in self._late:
             sink.output(item)
         self._late.clear()
@@ -353,7 +358,7 @@ class Relay:
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
             result.status = Status.STUCK
-            result.stack = "" if wait.hurry else self.group.dump_stack(rank)
+            result.stack = "" if wait.hurry else self.stack_of(rank)
         wait.pending.clear()
 
     def _check_deaths(self, wait: _Wait, now: float) -> None:
@@ -365,7 +370,7 @@ class Relay:
             result = wait.outcome.ranks[rank]
             result.status = Status.DIED
             result.exit = proc.exit if not proc.host or proc.host in (proc.exit or "") else f"{proc.exit}, on {proc.host}"
-            result.log_tail = self.group.death_report(rank)
+            result.log_tail = self.cell_names.name(self.group.death_report(rank))
             wait.pending.discard(rank)
             self.running[rank] = None
             if wait.failed_at is None:
@@ -632,9 +637,14 @@ class Relay:
                               prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
                               paused=rank in self.debug_paused)
             if not state.answered and fallback:
-                state.fallback_stack = self.group.dump_stack(rank)
+                state.fallback_stack = self.stack_of(rank)
             states.append(state)
         return analyse(states), states
+
+    def stack_of(self, rank: int) -> str:
+        """Where ``rank``'s main thread is now, from its faulthandler (answers while native code
+        holds its GIL), its cells named as the notebook shows them (``Cell In[12], line 3``)."""
+        return self.cell_names.name(self.group.dump_stack(rank))
 
     def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
         verdict, states = self.diagnose(timeout_s=timeout_s)
@@ -659,7 +669,7 @@ class Relay:
                 # answer; the others' records still show the collective it is not in. Name it from
                 # its faulthandler stack, without asking everyone again.
                 for state in silent:
-                    state.fallback_stack = self.group.dump_stack(state.rank)
+                    state.fallback_stack = self.stack_of(state.rank)
                 verdict = analyse(states)
             text = render.notice(verdict)
             wait.next_hang_check = None  # first: an interrupt landing while it prints must not repeat it

@@ -244,7 +244,7 @@ class Session:
         while busy and time.monotonic() < deadline:
             time.sleep(0.05)
             busy = [r for r in relay.busy() if group.ranks[r].alive]
-        return {r: group.dump_stack(r) for r in busy if group.ranks[r].alive}
+        return {r: relay.stack_of(r) for r in busy if group.ranks[r].alive}
 
     # ------------------------------------------------------------------------------- views
     def status(self) -> list[RankReport]:

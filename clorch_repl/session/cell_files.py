@@ -1,0 +1,78 @@
+"""Name a rank's cell files in faulthandler's stacks as the notebook names the cells: ``Cell In[12]``.
+
+A rank's kernel compiles each cell into a file named by ipykernel's compiler: a hash of the cell's
+text under ``<tmp>/ipykernel_<pid>/`` (``/tmp/ipykernel_4711/2936192014.py``). IPython's own
+tracebacks, and the hang check's stacks (taken by the rank itself, see
+:mod:`clorch_repl.diagnosis.probe`), turn that back into ``Cell In[12]``. faulthandler cannot: it
+writes from a C signal handler, the only stack a rank gives while native code holds its Python
+lock (a stuck rank's report, the hang check's fallback) or as it crashes (a death report). Those
+texts reach the notebook, which knows what it sent as each cell, so it names them there.
+
+The hash is computed only when a stack names such a file (rarely), newest cell first; a cell run
+again under a new number takes the newer one, as IPython's own naming does.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+
+logger = logging.getLogger(__name__)
+
+#: Cells remembered (their text is held, hashed only when a stack needs a name): a stack names the
+#: cell that runs and those whose functions it calls, seldom one from hundreds of cells ago.
+KEPT = 300
+
+#: faulthandler's frame line: ``  File "/tmp/ipykernel_4711/2936192014.py", line 3 in <module>``
+_CELL_FILE = re.compile(r'File "([^"]*ipykernel_\d+[/\\](\d+)\.py)", line (\d+)')
+
+
+def _cell_hash(code: str) -> int | None:
+    """The number ipykernel's compiler names the cell's file by (see ``ipykernel.compiler``)."""
+    try:
+        from ipykernel.compiler import get_tmp_hash_seed, murmur2_x86
+    except ImportError as exc:  # an ipykernel that names cells otherwise: paths stay as they are
+        logger.debug("cannot name cell files: %s", exc)
+        return None
+    return murmur2_x86(code, get_tmp_hash_seed())
+
+
+class CellNames:
+    """The notebook's recent cells (text and number), to name their files in a rank's stacks."""
+
+    def __init__(self, kept: int = KEPT) -> None:
+        self._kept = kept
+        self._cells: OrderedDict[str, int] = OrderedDict()   # text -> newest number, oldest first
+        self._hashes: dict[str, int | None] = {}
+
+    def add(self, code: str, number: int) -> None:
+        """``code`` ran as cell ``number`` (called per cell: a dict update, nothing hashed)."""
+        self._cells[code] = number
+        self._cells.move_to_end(code)
+        while len(self._cells) > self._kept:
+            old, _ = self._cells.popitem(last=False)
+            self._hashes.pop(old, None)
+
+    def number_of(self, file_hash: int) -> int | None:
+        """The number of the newest remembered cell whose file carries ``file_hash``."""
+        for code in reversed(self._cells):
+            if code not in self._hashes:
+                self._hashes[code] = _cell_hash(code)
+            if self._hashes[code] == file_hash:
+                return self._cells[code]
+        return None
+
+    def name(self, text: str) -> str:
+        """``text`` (a faulthandler stack or a log's tail) with each known cell file named
+        ``Cell In[N]`` as the notebook shows it; unknown files (cells of another client, of
+        clorch itself) keep their path."""
+        if "ipykernel_" not in text:
+            return text
+
+        def named(match: re.Match[str]) -> str:
+            number = self.number_of(int(match.group(2)))
+            if number is None:
+                return match.group(0)
+            return f'File "Cell In[{number}]", line {match.group(3)}'
+        return _CELL_FILE.sub(named, text)

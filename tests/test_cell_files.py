@@ -1,0 +1,42 @@
+"""A rank's faulthandler stack names its cells as the notebook shows them (clorch_repl.session.cell_files).
+
+The end-to-end cases (a rank holding its GIL, a crash, a rank ignoring the interrupt) are in
+test_hang_notebook.py, test_session.py and test_notebook_kernel.py; these pin down which cell a
+file is named after. The file names are made by ipykernel's own compiler, as a rank's kernel does.
+"""
+
+from __future__ import annotations
+
+from ipykernel.compiler import get_file_name
+
+from clorch_repl.session.cell_files import CellNames
+
+
+def frame(code: str, line: int, function: str = "<module>") -> str:
+    return f'  File "{get_file_name(code)}", line {line} in {function}\n'
+
+
+def test_a_cell_file_is_named_after_the_newest_run_of_that_cell() -> None:
+    names = CellNames()
+    names.add("step()", 3)
+    names.add("def step():\n    sleep()", 4)
+    names.add("step()", 7)  # the same cell run again
+    text = frame("def step():\n    sleep()", 2, "step") + frame("step()", 1)
+    assert names.name(text) == ('  File "Cell In[4]", line 2 in step\n'
+                                '  File "Cell In[7]", line 1 in <module>\n')
+
+
+def test_files_of_cells_it_did_not_send_keep_their_path() -> None:
+    names = CellNames()
+    names.add("x = 1", 1)
+    foreign = frame("print('from another client')", 5)
+    library = '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+    assert names.name(foreign + library) == foreign + library
+
+
+def test_only_the_recent_cells_are_kept() -> None:
+    names = CellNames(kept=2)
+    for number, code in enumerate(["a = 1", "b = 2", "c = 3"], start=1):
+        names.add(code, number)
+    assert names.name(frame("a = 1", 1)) == frame("a = 1", 1)  # forgotten
+    assert names.name(frame("c = 3", 1)) == '  File "Cell In[3]", line 1 in <module>\n'
