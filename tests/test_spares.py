@@ -258,6 +258,43 @@ def test_a_failed_restart_after_a_warm_start_does_not_break_the_next_one() -> No
         nb.shutdown()
 
 
+#: In the notebook kernel: the first warm spare made rank 1 is SIGKILLed just after the launcher
+#: found it alive, before it joins. The window (between the launcher's look and the join) is too
+#: short to hit from outside, so the launcher's own step is wrapped; the process and its death are real.
+KILL_SPARE_ON_PROMOTION = """
+import os, signal
+from clorch_repl.launchers.local import LocalLauncher
+_promote = LocalLauncher._promote
+def _promote_and_kill(self, spare, _done=[]):
+    _promote(self, spare)
+    if spare.rank == 1 and not _done:
+        _done.append(spare.pid)
+        os.kill(spare.pid, signal.SIGKILL)
+LocalLauncher._promote = _promote_and_kill
+"""
+
+
+def test_a_spare_that_dies_while_joining_is_replaced_by_a_cold_start() -> None:
+    with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
+        rank_pids(nb)
+        spares = spare_pids(nb)
+        assert nb.run(KILL_SPARE_ON_PROMOTION).status == "ok"
+        restarted = nb.run("%clorch restart", timeout=120)
+        assert restarted.status == "ok", restarted.text
+        assert re.search(r"the warm spare made rank 1 \(killed by signal SIGKILL.*\) ended while joining; "
+                         r"starting the ranks cold", restarted.text), restarted.text
+        after = rank_pids(nb)
+        assert not {pid for pid, _ in after.values()} & set(spares), "cold ranks, not the spares"
+        assert not any(seen for _, seen in after.values())
+        group = nb.run(GROUP)
+        assert group.status == "ok" and lines_of(group.text, 0) == lines_of(group.text, 1) == ["3.0"], group.text
+        assert wait_gone(spares, 10) == [], "the other spare of the broken set was left"
+        spare_pids(nb)  # the next set is warmed as after any start
+        everything = below(nb.pid)
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone(everything, 15) == [], "a rank or spare outlived %clorch stop"
+
+
 def test_a_bad_clorch_spares_is_refused_and_leaves_no_file(tmp_path) -> None:
     nb = NotebookKernel(env={"CLORCH_SPARES": "x", "TMPDIR": str(tmp_path)})
     try:

@@ -128,6 +128,9 @@ class Launcher(abc.ABC):
         #: warm spare kernels, one per rank, waiting to be made the ranks of the next start (see
         #: :mod:`.local`); empty for launchers that keep none
         self.spares: list[RankHandle] = []
+        #: whether :meth:`launch` made warm spares the current ranks (a start whose spare dies
+        #: while joining is then retried cold; see Session.start)
+        self.from_spares = False
         #: a private directory (0700) on the notebook's host for the session's own files
         #: (transfers, connect file); removed by close()
         self.dir = ""

@@ -226,6 +226,7 @@ class LocalLauncher(Launcher):
         self.master_port = master_port = procs.free_port()
         spares, self.spares = self.spares, []
         self._joining = {}
+        self.from_spares = False
         try:
             stale = self._stale(spares) or self._wait_until_listening(spares, progress)
         except BaseException:  # Ctrl-C while waiting for them: they are nobody's now
@@ -235,6 +236,7 @@ class LocalLauncher(Launcher):
             for spare in spares:
                 self._promote(spare)
             self.ranks = spares
+            self.from_spares = True
             self._joining = {STORE_FILE_ENV: self.store_file, "MASTER_PORT": str(master_port)}
             progress(f"{len(spares)} warm spare rank(s) taken")
             return

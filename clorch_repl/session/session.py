@@ -77,26 +77,25 @@ class Session:
     def start(self, progress: Progress = lambda _: None) -> float:
         """Start every rank and form the process group; returns the seconds it took.
 
-        On any failure, or a KeyboardInterrupt, every rank already started is stopped again.
+        On any failure, or a KeyboardInterrupt, every rank already started is stopped again. A
+        warm spare can die between the launcher's last look at it and the group's forming (the
+        out-of-memory killer, a user's kill): the start then ends those ranks and starts them
+        cold, once, rather than fail a restart that a cold start would have made.
         """
         t0 = time.monotonic()
         if self.group is None:
             self.group = self._make_launcher(self.topology)
         try:
-            self.group.launch(progress)
-            self.topology = self.group.topology  # a remote launcher learns devices and backend
-            n = self.topology.nproc
-            self.relay = Relay(self.group)
-            self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
-            self.relay.comm_sink = self.comms.from_rank
-            self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
-            progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
-            # Bounded: the process group's own timeout, plus time to import torch.
-            join = CellRequest(boot_code(self.group.join_environment()), tuple(range(n)),
-                               timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
-            outcome = self.relay.execute(join, silent=True)
-            if not outcome.ok:
-                raise StartupError("the ranks could not form their process group", outcome)
+            try:
+                self._form_group(progress)
+            except ClorchError as exc:
+                lost = self._lost_spares()
+                if not lost:
+                    raise
+                logger.warning("clorch_repl: %s while joining (%s); starting the ranks cold", lost, exc)
+                progress(f"{lost} while joining; starting the ranks cold")
+                self.stop(keep_logs=True, polite=False)
+                self._form_group(progress)
         except BaseException:
             self.stop()
             raise
@@ -109,8 +108,38 @@ class Session:
             raise
         self.started_at = time.time()
         elapsed = time.monotonic() - t0
+        n = self.topology.nproc
         progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
         return elapsed
+
+    def _form_group(self, progress: Progress) -> None:
+        """Launch the ranks, open their channels and have them join the process group."""
+        assert self.group is not None
+        self.group.launch(progress)
+        self.topology = self.group.topology  # a remote launcher learns devices and backend
+        n = self.topology.nproc
+        self.relay = Relay(self.group)
+        self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
+        self.relay.comm_sink = self.comms.from_rank
+        self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
+        progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
+        # Bounded: the process group's own timeout, plus time to import torch.
+        join = CellRequest(boot_code(self.group.join_environment()), tuple(range(n)),
+                           timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
+        outcome = self.relay.execute(join, silent=True)
+        if not outcome.ok:
+            raise StartupError("the ranks could not form their process group", outcome)
+
+    def _lost_spares(self) -> str:
+        """"the warm spare made rank 1 ended (killed by signal SIGKILL)" when this start's ranks
+        were warm spares and one of them is gone; "" otherwise (a cold start's failure stands)."""
+        group = self.group
+        if group is None or not group.from_spares:
+            return ""
+        dead = [f"rank {p.rank} ({p.exit or 'gone'})" for p in group.ranks if not p.alive]
+        if not dead:
+            return ""
+        return f"the warm spare made {', '.join(dead)} ended"
 
     def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
