@@ -17,6 +17,8 @@ import time
 
 #: Seconds the probe thread waits before reading: every rank is where the scenario leaves it.
 SETTLE_S = 1.5
+#: "evicted": the second group's collectives, past the recorder size the test gives that scenario
+EVICTING_CALLS = 100
 
 
 def load_batch() -> None:
@@ -51,6 +53,16 @@ def scenario(name: str, rank: int) -> None:
         if rank == 0:
             dist.all_reduce(torch.ones(2), group=sub)
         elif rank == 1:
+            load_batch()
+    elif name == "evicted":                   # rank 1 skips all_reduce #3 while a thread on each
+        other = dist.new_group([0, 1])        # rank floods a second group past the recorder's size
+        flood = threading.Thread(target=lambda: [dist.all_reduce(torch.ones(1), group=other)
+                                                 for _ in range(EVICTING_CALLS)])
+        flood.start()
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            flood.join()
             load_batch()
     elif name == "compute":                   # nothing pending: every rank computes
         end = time.monotonic() + 3
@@ -94,10 +106,11 @@ def main() -> None:
     os._exit(0)  # gloo's teardown of a timed-out group can block; nothing is left to flush
 
 
-def record(name: str, world: int, out_dir: str, backend: str = "gloo") -> list:
+def record(name: str, world: int, out_dir: str, backend: str = "gloo", env: dict | None = None) -> list:
     """Run scenario ``name`` on ``world`` real ranks (this file as a script, one process each;
     with ``nccl`` one GPU each) and return their answers as the probe gave them while the ranks
-    were blocked, one ``RankState`` per rank. The tests' way to get recorded answers."""
+    were blocked, one ``RankState`` per rank. The tests' way to get recorded answers. ``env``:
+    more variables for the ranks (a smaller flight recorder, say)."""
     import subprocess
 
     from clorch_repl.diagnosis.analyse import RankState
@@ -110,11 +123,11 @@ def record(name: str, world: int, out_dir: str, backend: str = "gloo") -> list:
     procs = []
     try:
         for r in range(world):
-            env = dict(os.environ, PYTHONPATH=path)
+            rank_env = dict(os.environ, PYTHONPATH=path, **(env or {}))
             if backend == "nccl":
-                env["CUDA_VISIBLE_DEVICES"] = str(r)
+                rank_env["CUDA_VISIBLE_DEVICES"] = str(r)
             procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), name, str(r), str(world),
-                                           port, outs[r], backend], env=env))
+                                           port, outs[r], backend], env=rank_env))
         for p in procs:
             assert p.wait(timeout=60 if backend == "gloo" else 90) == 0
     finally:

@@ -52,6 +52,23 @@ def test_a_subgroup_is_named_with_its_members_and_outsiders_are_not_blamed(tmp_p
                         verdict.sentence), verdict.sentence
 
 
+def test_a_pending_collective_pushed_out_of_the_recorder_is_still_named(tmp_path: Any) -> None:
+    # Rank 0 waits in all_reduce #3 while a thread on each rank runs 100 collectives of a second
+    # group through a recorder of 32 entries: rank 0's entry for #3 is gone; its group's status
+    # still counts it. (Before: "no collective is pending: rank 0 is at ... inside all_reduce()".)
+    states = hang_scenarios.record("evicted", 2, str(tmp_path), env={"TORCH_FR_BUFFER_SIZE": "32"})
+    assert not any(e["collective_seq_id"] == 3 and e["pg_id"] == 0 for e in states[0].answer["fr"]["entries"])
+    verdict = analyse(states)
+    assert verdict.stuck and verdict.seq == 3 and verdict.waiting == [0] and verdict.missing == [1]
+    assert re.fullmatch(r"collective #3 \(default group\): rank 0 waits in it; rank 1 never called it and is at "
+                        r"\S*hang_scenarios\.py:\d+ in load_batch\(\); its entry is gone from torch's flight "
+                        r"recorder, pushed out by later collectives of other groups \(op and tensors unknown; "
+                        r"clorch keeps 2000, TORCH_FR_BUFFER_SIZE sets more\)", verdict.sentence), verdict.sentence
+    assert verdict.pending_s is not None and verdict.pending_s >= 1.0  # at least as old as the oldest entry kept
+    text = render.report(verdict, states)
+    assert "collective #3 (no tensor) group 0: pending (counted by its group; its entry is gone" in text
+
+
 def test_computing_ranks_are_not_a_hang(tmp_path: Any) -> None:
     verdict = analyse(hang_scenarios.record("compute", 2, str(tmp_path)))
     assert not verdict.hang

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .record import BUFFER_ENTRIES
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -123,6 +125,41 @@ def entries_of(state: RankState) -> list[Entry]:
             raw = dict(raw, state="scheduled")  # recorded, not yet launched: the call has not returned
             completed = False
         out.append(Entry(state.rank, pg, seq, op_name(raw), raw, completed, str(recorder or "")))
+    return out + _unrecorded_pending(raws, status, state.rank, {(_status_key(e.raw), e.seq) for e in out})
+
+
+#: Pending collectives of one group stood in for when their entries are gone (see below): enough
+#: for the first disagreement, which is all the analysis needs of a group.
+UNRECORDED_KEPT = 8
+
+
+def _unrecorded_pending(raws: list[dict[str, Any]], status: dict[str, Any], rank: int,
+                        recorded: set[tuple[str, int]]) -> list[Entry]:
+    """Pending collectives whose entries torch's ring buffer no longer holds.
+
+    The buffer (2,000 entries by default) is shared by every group of a recorder: while one
+    group's collective is stuck, another group (a second stream of work, a thread) may run
+    enough collectives to push it out, and the rank's records then show nothing pending. The
+    group's status still counts it (enqueued past completed), so it is stood in for by an entry
+    with no op and no tensors (``op`` "collective"), marked ``unrecorded``, dated by the oldest
+    entry the rank still holds: it was created before that one, so its age is at least as given.
+    """
+    oldest = min((int(r["time_created_ns"]) for r in raws if r.get("time_created_ns")), default=0)
+    names = {_status_key(raw): str((raw.get("process_group") or [raw.get("pg_id")])[0]) for raw in raws}
+    out = []
+    for key, values in status.items():
+        completed = int(values.get("last_completed_collective", -1))
+        enqueued = int(values.get("last_enqueued_collective", -1))
+        recorder, _, pg_id = key.rpartition("/")
+        pg = names.get(key, pg_id)
+        first = max(completed + 1, 1)  # sequence numbers start at 1; a new group's status says -1
+        for seq in range(first, min(enqueued, first + UNRECORDED_KEPT - 1) + 1):
+            if (key, seq) in recorded:
+                continue
+            raw = {"pg_id": pg_id, "process_group": [pg, ""], "collective_seq_id": seq, "recorder": recorder,
+                   "profiling_name": "collective", "state": "scheduled", "unrecorded": True,
+                   "time_created_ns": oldest}
+            out.append(Entry(rank, pg, seq, "collective", raw, False, recorder))
     return out
 
 
@@ -472,6 +509,10 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
             clauses.append(f"rank {r} never called it and waits in {elsewhere}")
         else:
             clauses.append(f"rank {r} never called it and {where(state)}")
+    if pending and all(present[r].raw.get("unrecorded") for r in pending):
+        clauses.append("its entry is gone from torch's flight recorder, pushed out by later collectives of "
+                       f"other groups (op and tensors unknown; clorch keeps {BUFFER_ENTRIES}, "
+                       "TORCH_FR_BUFFER_SIZE sets more)")
     ages = [(by_rank[r].answer["now_ns"] - int(present[r].raw.get("time_created_ns") or 0)) / 1e9
             for r in pending if by_rank.get(r) is not None and by_rank[r].answered
             and "now_ns" in by_rank[r].answer]

@@ -47,6 +47,8 @@ def evidence(states: list[RankState], *, all_threads: bool = False, recent: int 
             lines.append("  last collectives:" if entries else "  no collective recorded")
             for e in entries:
                 state_word = "completed" if e.completed else (e.raw.get("state") or "scheduled")
+                if e.raw.get("unrecorded"):
+                    state_word = "pending (counted by its group; its entry is gone from the recorder)"
                 lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                              f"group {e.pg}: {state_word}")
         if ans.get("in_cell"):
