@@ -209,3 +209,14 @@ def test_recorded_nccl_ranks_with_different_sizes() -> None:
     assert verdict.stuck and verdict.mismatch
     assert verdict.sentence == ("all_reduce #3 (float32[4], default group): rank 0 passed float32[4], "
                                 "rank 1 passed float32[1048576]; ranks 0, 1 wait in it")
+
+
+def test_a_rank_in_library_code_only_shows_two_frames_not_a_dozen() -> None:
+    # A survivor formatting its cell's traceback (IPython, then pygments) when it was asked.
+    stack = [frame("/x/site-packages/IPython/core/interactiveshell.py", 2279, "showtraceback")]
+    stack += [frame("/x/site-packages/pygments/lexer.py", 565 + i, "_process_state") for i in range(14)]
+    state = RankState(1, answer={"fr": None, "fr_missing": "off", "stack": stack, "in_cell": True})
+    text = "\n".join(render.evidence([state]))
+    assert text.endswith("  in library code outside its cell's lines: IPython/core/interactiveshell.py:2279 in "
+                         "showtraceback() ... pygments/lexer.py:578 in _process_state()"), text
+    assert "pygments/lexer.py:570" not in text

@@ -271,6 +271,19 @@ def test_a_rank_killed_mid_cell_fails_the_cell_and_restart_recovers(ip: Any, mag
     assert lines_of(cap.stdout, 0) == ["3.0 False"] and lines_of(cap.stdout, 1) == ["3.0 False"]
 
 
+def test_a_rank_aborted_by_a_cpp_exception_shows_what_it_was(ip: Any, magics: Any) -> None:
+    # gloo finds the sizes differ on rank 0 and throws in its own thread: std::terminate, SIGABRT.
+    # What it was is written before faulthandler's report, and belongs in the death report.
+    res, cap = run(ip, "import torch, torch.distributed as dist\n"
+                       "dist.all_reduce(torch.ones(4 if rank == 0 else 8))", "--timeout 60")
+    assert not res.success
+    report = cap.stdout.split("rank 0 died", 1)[-1]
+    assert "SIGABRT" in report and "Fatal Python error: Aborted" in report, cap.stdout
+    assert "terminate called after throwing an instance of 'gloo::EnforceNotMet'" in report, cap.stdout
+    assert "Received data size doesn't match expected size" in report, cap.stdout
+    ip.run_line_magic("clorch", "restart")
+
+
 def test_a_segfault_names_the_rank_and_shows_where_it_crashed(ip: Any, magics: Any) -> None:
     res, cap = run(ip, "import ctypes, time\ndef crash_here():\n    ctypes.string_at(0)\n"
                        "if rank == 0:\n    crash_here()\ntime.sleep(30)")

@@ -51,8 +51,14 @@ def evidence(states: list[RankState], *, all_threads: bool = False, recent: int 
                     state_word = "pending (counted by its group; its entry is gone from the recorder)"
                 lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                              f"group {e.pg}: {state_word}")
-        if ans.get("in_cell"):
-            lines.extend(_stack_lines("  stack (most recent call last):", ans.get("stack") or []))
+        stack = ans.get("stack") or []
+        if ans.get("in_cell") and stack and all(f.get("library") for f in stack):
+            # IPython formatting the cell's traceback, say: a dozen frames of pygments or
+            # stack_data would bury the other ranks' evidence; the two ends say where it is.
+            inner = f" ... {frame_label(stack[-1])}" if len(stack) > 1 else ""
+            lines.append(f"  in library code outside its cell's lines: {frame_label(stack[0])}{inner}")
+        elif ans.get("in_cell"):
+            lines.extend(_stack_lines("  stack (most recent call last):", stack))
         else:
             lines.append("  idle: not running a cell")
         if ans.get("cuda_busy") is not None:

@@ -56,6 +56,12 @@ def trim_kernel_frames(lines: list[str]) -> list[str]:
     return lines
 
 
+#: How far before faulthandler's report a C++ exception's ``terminate called`` line is looked for.
+ABORT_CAUSE_LINES = 40
+#: Lines of a c10 exception's C++ stack (``Exception raised from ...``, ``frame #3: ...``).
+_CPP_FRAME_LINES = ("Exception raised from", "frame #")
+
+
 def _clip(line: str, rank: int) -> str:
     if len(line) <= REPORT_LINE_CHARS:
         return line
@@ -133,13 +139,20 @@ class RankFiles:
 
     def death_report(self, lines: int = 15) -> str:
         """What the dead kernel's log says about its end: the faulthandler report of a crash (its
-        first, most recent frames, which are the user's) when there is one, else the last lines."""
+        first, most recent frames, which are the user's) when there is one, else the last lines.
+        A C++ exception that aborted the process (``terminate called after throwing ...``, as
+        gloo's size checks and NCCL's watchdog end a rank) wrote what it was just before: that
+        comes first, without the C++ frames torch appends to it."""
         tail = self.current_log_tail(400).splitlines()
         starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
         if not starts:
             return "\n".join(_clip(line, self.rank) for line in tail[-lines:])
-        report = [line for line in tail[starts[-1]:] if not line.startswith("Extension modules")]
-        return "\n".join(_clip(line, self.rank) for line in trim_kernel_frames(report)[:lines])
+        fatal = starts[-1]
+        cause = next((tail[j:fatal] for j in range(fatal - 1, max(fatal - ABORT_CAUSE_LINES, 0) - 1, -1)
+                      if tail[j].startswith("terminate called")), [])
+        cause = [line for line in cause if line.strip() and not line.startswith(_CPP_FRAME_LINES)]
+        report = [line for line in tail[fatal:] if not line.startswith("Extension modules")]
+        return "\n".join(_clip(line, self.rank) for line in (cause + trim_kernel_frames(report))[:lines])
 
     def dump_stack(self, pid: int | None, wait_s: float = 0.5) -> str:
         """Where the kernel's main thread is right now: SIGUSR1 makes its faulthandler write every
