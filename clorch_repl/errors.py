@@ -32,11 +32,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from collections.abc import Iterable
+
     from .session.protocol import CellOutcome, RankOutcome
 
 __all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
            "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CheckpointError",
            "SignatureError", "DistributedCellError"]
+
+
+def rank_words(ranks: "Iterable[int]") -> str:
+    """``rank 1``, ``ranks 0,2`` or ``ranks 0-7``: how messages name ranks (never a Python list)."""
+    from .session.display import ranks_text
+
+    ordered = sorted(set(ranks))
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {ranks_text(ordered)}"
 
 
 class ClorchError(RuntimeError):
@@ -192,6 +202,9 @@ class DistributedCellError(Exception):
                 if result.log_tail:
                     lines.append("Last lines of its log:")
                     lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
+            elif result.status is Status.STUCK and self.outcome.cut_short:
+                lines.append(f"{_RED}rank {result.rank} had not returned{_RESET} when a second interrupt "
+                             "ended the wait, before the first one's grace period was over.")
             elif result.status is Status.STUCK:
                 lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period "
                              "after being interrupted: blocked in native code (e.g. a collective "
@@ -205,10 +218,11 @@ class DistributedCellError(Exception):
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
         stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]
         if dead:
-            lines.append(f"The process group is broken: rank(s) {dead} died. Run %clorch restart for a "
+            lines.append(f"The process group is broken: {rank_words(dead)} died. Run %clorch restart for a "
                          "fresh group (%clorch status shows each rank).")
         if stuck:
-            lines.append(f"Rank(s) {stuck} are still running this cell, so they take no other: wait, "
-                         "%clorch interrupt again, or %clorch restart for a fresh group (%clorch status "
-                         "shows each rank).")
+            one = len(stuck) == 1
+            lines.append(f"{rank_words(stuck).capitalize()} {'is' if one else 'are'} still running this cell, so "
+                         f"{'it takes' if one else 'they take'} no other: wait, %clorch interrupt again, or "
+                         "%clorch restart for a fresh group (%clorch status shows each rank).")
         return lines

@@ -76,7 +76,7 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert "busy" in status.text
     again = nb.run("%clorch interrupt")  # rank 1 still ignores SIGINT: named again, with its stack
     assert again.status == "error"
-    assert "rank 1 did not return after the interrupt" in again.text and "are stuck" in again.text
+    assert "rank 1 did not return after the interrupt" in again.text and "ranks 0-1 are stuck" in again.text
     restarted = nb.run("%clorch restart")
     assert restarted.status == "ok", restarted.text
     ok = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"

@@ -355,6 +355,7 @@ class Relay:
         """Stop waiting for ranks that did not return; say where each one is stuck."""
         if wait.pending and wait.outcome.diagnosis is None and not wait.hurry:
             wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
+        wait.outcome.cut_short = wait.outcome.cut_short or (wait.hurry and bool(wait.pending))
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
             result.status = Status.STUCK

@@ -14,7 +14,7 @@ from typing import Callable
 
 from .. import procs
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
-from ..errors import ClorchError, ConfigError, StartupError
+from ..errors import ClorchError, ConfigError, StartupError, rank_words
 from ..launchers.base import Launcher, RankHandle
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
@@ -213,7 +213,7 @@ class Session:
             raise ClorchError(f"{what} is dead: run %clorch restart for a fresh group")
         busy = [r for r in relay.busy() if r in chosen]
         if busy:
-            raise ClorchError(f"rank(s) {busy} are still running an earlier cell: wait, run "
+            raise ClorchError(f"{rank_words(busy)} {'is' if len(busy) == 1 else 'are'} still running an earlier cell: wait, run "
                               "%clorch interrupt, or %clorch restart")
         if stdin_ranks is not None:
             check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
