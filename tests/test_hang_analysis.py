@@ -34,6 +34,17 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_its_line(tmp_path: Any) -
     assert "time.sleep(4)" in text  # rank 1's stack shows the line
 
 
+def test_ranks_on_other_hosts_are_named_with_their_host(tmp_path: Any) -> None:
+    states = hang_scenarios.record("skip", 2, str(tmp_path))
+    for state, host in zip(states, ("hostA", "hostB")):
+        state.host = host  # as the relay fills it in for a session that spans hosts
+    verdict = analyse(states)
+    assert verdict.sentence.startswith("all_reduce #3 (float32[1024], default group): rank 0 waits in it; "
+                                       "rank 1 on hostB never called it and is at "), verdict.sentence
+    text = render.report(verdict, states)
+    assert "---- rank 0 on hostA ----" in text and "---- rank 1 on hostB ----" in text
+
+
 def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: Any) -> None:
     verdict = analyse(hang_scenarios.record("mismatch", 2, str(tmp_path)))
     # gloo completes a broadcast of unequal sizes (#3) and hangs in all_reduce vs broadcast (#4).

@@ -40,6 +40,13 @@ class RankState:
     prompt: str | None = None
     #: paused by JupyterLab's debugger panel (a breakpoint or a step; clorch_repl.session.debugger)
     paused: bool = False
+    #: the rank's host when the session spans hosts ("" on the notebook's own)
+    host: str = ""
+
+    @property
+    def name(self) -> str:
+        """``rank 1``, or ``rank 1 on hostB``: as death reports and errors name a remote rank."""
+        return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
 
     @property
     def answered(self) -> bool:
@@ -499,16 +506,16 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
         if state is None:
             continue
         if state.dead is not None:
-            clauses.append(f"rank {r} died ({state.dead})")
+            clauses.append(f"{state.name} died ({state.dead})")
             continue
         if not state.answered:
-            clauses.append(f"rank {r} {where(state)}")
+            clauses.append(f"{state.name} {where(state)}")
             continue
         elsewhere = _pending_elsewhere(state, pg)
         if elsewhere is not None:
-            clauses.append(f"rank {r} never called it and waits in {elsewhere}")
+            clauses.append(f"{state.name} never called it and waits in {elsewhere}")
         else:
-            clauses.append(f"rank {r} never called it and {where(state)}")
+            clauses.append(f"{state.name} never called it and {where(state)}")
     if pending and all(present[r].raw.get("unrecorded") for r in pending):
         clauses.append("its entry is gone from torch's flight recorder, pushed out by later collectives of "
                        f"other groups (op and tensors unknown; clorch keeps {BUFFER_ENTRIES}, "
@@ -535,7 +542,7 @@ def _no_collective(states: list[RankState]) -> Verdict:
     if dead:
         # A dead peer ends gloo's collectives at once (they fail on the survivors), so nothing is
         # pending any more: name the death, and the last collective the survivors entered.
-        parts = [f"rank {s.rank} died ({s.dead})" for s in dead]
+        parts = [f"{s.name} died ({s.dead})" for s in dead]
         last: dict[tuple[str, int, str, str], list[int]] = {}
         for state in states:
             entries = entries_of(state)
@@ -551,5 +558,5 @@ def _no_collective(states: list[RankState]) -> Verdict:
         text = where(state)
         if state.answered and state.answer.get("in_cell") and state.answer.get("cuda_busy"):
             text = "is in native code outside any collective, " + text.removeprefix("is ")
-        parts.append(f"rank {state.rank} {text}")
+        parts.append(f"{state.name} {text}")
     return Verdict(sentence="no collective is pending: " + "; ".join(parts), hang=False)

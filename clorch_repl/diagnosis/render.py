@@ -28,7 +28,7 @@ def evidence(states: list[RankState], *, all_threads: bool = False, recent: int 
     """Per rank: its last collectives (op, sequence number, tensors, state) and its stack."""
     lines: list[str] = []
     for state in states:
-        lines.append(f"---- rank {state.rank} ----")
+        lines.append(f"---- {state.name} ----")
         if state.dead is not None:
             lines.append(f"  died ({state.dead})")
             continue

@@ -632,9 +632,9 @@ class Relay:
         for rank in ranks:
             proc = self.group.ranks[rank]
             if not proc.alive:
-                states.append(RankState(rank, dead=proc.exit))
+                states.append(RankState(rank, dead=proc.exit, host=proc.host))
                 continue
-            state = RankState(rank, answer=answers.get(rank),
+            state = RankState(rank, answer=answers.get(rank), host=proc.host,
                               prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
                               paused=rank in self.debug_paused)
             if not state.answered and fallback:
