@@ -47,6 +47,7 @@ atexit.register(shutil.rmtree, _CONNECT_DIR, True)
 FAST = frozenset({
     "test_amp.py",
     "test_atomic.py",
+    "test_cell_files.py",
     "test_data.py",
     "test_procs.py",
     "test_topology.py",
@@ -67,8 +68,10 @@ FAST = frozenset({
     "test_errors.py::test_the_api_names_reach_the_same_classes",
     "test_errors.py::test_a_failed_cell_shows_each_rank_once_per_distinct_traceback",
     "test_errors.py::test_cascade_or_cause",
+    "test_errors.py::test_a_dead_rank_and_a_stuck_one_are_told_apart",
     # hang analysis of recorded and hand-written rank states (the live hangs start ranks)
     "test_hang_analysis.py::test_a_dead_rank_is_named",
+    "test_hang_analysis.py::test_a_rank_in_library_code_only_shows_two_frames_not_a_dozen",
     "test_hang_analysis.py::test_nccl_first_barrier_still_connecting_is_pending_not_completed",
     "test_hang_analysis.py::test_nccl_entries_launched_and_done_are_not_pending",
     "test_hang_analysis.py::test_both_recorders_are_read_and_kept_apart",
