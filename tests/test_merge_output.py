@@ -130,6 +130,13 @@ def test_a_line_written_in_pieces_merges_when_whole() -> None:
     assert cap.stdout == "[ranks 0-1] abc\n"
 
 
+def test_the_same_unfinished_last_line_is_merged_at_the_cells_end() -> None:
+    cap = feed([out(0, "done\n"), out(1, "done\n"), out(0, "tail"), out(1, "tail")])
+    assert cap.stdout == "[ranks 0-1] done\n[ranks 0-1] tail", cap.stdout  # unfinished, as printed
+    cap = feed([out(0, "tail 0"), out(1, "tail 1")])  # different: each rank's own
+    assert cap.stdout == "[rank 0] tail 0\n[rank 1] tail 1", cap.stdout
+
+
 def test_a_line_ended_late_after_another_ranks_line_adds_no_empty_line(monkeypatch: Any) -> None:
     """``print`` writes a line and its newline apart; a loaded rank can flush between them and
     send the newline later than the unfinished line's hold. The line is then shown unfinished,

@@ -157,6 +157,8 @@ class NotebookDisplay:
     def flush(self, final: bool = False) -> None:
         """Push output to the notebook; ``final`` (the cell's end) also shows what is held."""
         now = time.monotonic()
+        if final:
+            self._merge_last_partials()
         for key, (text, since) in list(self._partial.items()):
             if final or now - since >= PARTIAL_LINE_HOLD_S:
                 self._release_partial(key)
@@ -214,6 +216,21 @@ class NotebookDisplay:
         if unit.key is not None:
             self._keys[rank][unit.key] -= 1
         return unit
+
+    def _merge_last_partials(self) -> None:
+        """At the cell's end, the same unfinished last line on every rank (``print(x, end='')``)
+        is one line like any other, labelled once."""
+        if not self.merge:
+            return
+        for name in self._streams:
+            keys = [(r, name) for r in self.ranks]
+            texts = {self._partial[k][0] for k in keys if k in self._partial and k not in self._continuing}
+            if len(texts) != 1 or not all(k in self._partial for k in keys):
+                continue
+            text = texts.pop()
+            for key in keys:
+                del self._partial[key]
+                self._enqueue(key[0], "line", (name, text, False), ("line", name, text))
 
     def _release_partial(self, key: tuple[int, str]) -> None:
         """An unfinished line waited long enough: show it as it is, never merged."""
