@@ -64,6 +64,17 @@ def scenario(name: str, rank: int) -> None:
         else:
             flood.join()
             load_batch()
+    elif name == "p2p_skip":                  # two sends from rank 0 to rank 1, all_reduce #3, then
+        for _ in range(2):                    # rank 1 skips #4: gloo's group status numbers the sends
+            if rank == 0:                     # too (#3 is operation 5, #4 operation 6)
+                dist.send(torch.ones(8), 1)
+            else:
+                dist.recv(torch.empty(8), 0)
+        dist.all_reduce(t)
+        if rank == 1:
+            load_batch()
+        else:
+            dist.all_reduce(t)
     elif name == "compute":                   # nothing pending: every rank computes
         end = time.monotonic() + 3
         while time.monotonic() < end:

@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .record import BUFFER_ENTRIES
 
 logger = logging.getLogger(__name__)
 
@@ -127,46 +126,70 @@ def entries_of(state: RankState) -> list[Entry]:
         seq = int(raw.get("collective_seq_id", 0))
         recorder = raw.get("recorder")
         done_upto = status.get(_status_key(raw), {}).get("last_completed_collective", -1)
-        completed = raw.get("state") == "completed" or bool(raw.get("retired")) or seq <= done_upto
+        completed = raw.get("state") == "completed" or bool(raw.get("retired")) or _status_number(raw) <= done_upto
         if raw is calling:
             raw = dict(raw, state="scheduled")  # recorded, not yet launched: the call has not returned
             completed = False
         out.append(Entry(state.rank, pg, seq, op_name(raw), raw, completed, str(recorder or "")))
-    return out + _unrecorded_pending(raws, status, state.rank, {(_status_key(e.raw), e.seq) for e in out})
+    return out
 
 
-#: Pending collectives of one group stood in for when their entries are gone (see below): enough
-#: for the first disagreement, which is all the analysis needs of a group.
-UNRECORDED_KEPT = 8
+def _status_number(raw: dict[str, Any]) -> int:
+    """The entry's number as its group's status counts: the generic recorder (gloo) counts every
+    operation of a group, sends and receives too (the entry's ``op_id``); NCCL's counts its
+    collectives (``collective_seq_id``). After a send, a gloo all_reduce is collective #3 and
+    operation #5, and the status says 5 (torch 2.13)."""
+    if raw.get("recorder") != "nccl" and raw.get("op_id") is not None:
+        return int(raw["op_id"])
+    return int(raw.get("collective_seq_id", 0))
 
 
-def _unrecorded_pending(raws: list[dict[str, Any]], status: dict[str, Any], rank: int,
-                        recorded: set[tuple[str, int]]) -> list[Entry]:
-    """Pending collectives whose entries torch's ring buffer no longer holds.
+@dataclass(frozen=True)
+class Unrecorded:
+    """A group with an operation pending on a rank whose entry torch's ring no longer holds."""
 
-    The buffer (2,000 entries by default) is shared by every group of a recorder: while one
-    group's collective is stuck, another group (a second stream of work, a thread) may run
-    enough collectives to push it out, and the rank's records then show nothing pending. The
-    group's status still counts it (enqueued past completed), so it is stood in for by an entry
-    with no op and no tensors (``op`` "collective"), marked ``unrecorded``, dated by the oldest
-    entry the rank still holds: it was created before that one, so its age is at least as given.
+    pg: str
+    #: the group's status: last enqueued and last completed operation, in its own numbering
+    enqueued: int
+    completed: int
+    #: entries the ring keeps (TORCH_FR_BUFFER_SIZE on the rank)
+    capacity: int
+    #: the group ran sends or receives: the pending operation may be one of them
+    p2p: bool
+
+
+def unrecorded_pending(state: RankState) -> list[Unrecorded]:
+    """Groups with an operation pending whose entry is gone from the rank's flight recorder.
+
+    The ring (2,000 entries by default) is shared by every group of a recorder: while one
+    group's collective is stuck, another group (a second stream of work, a thread) may run enough
+    collectives to push it out, and the rank's records then show nothing pending. Said only when
+    the evidence is whole: the ring is full (it has dropped entries), the group's status has an
+    operation enqueued and not completed, no recorded entry of the group is pending, and the
+    newest operation the status counts has no entry. Its collective number cannot be known then
+    (the status numbers every operation on gloo), so it is never lined up with other ranks'
+    entries: :func:`analyse` names the group and which ranks have nothing pending in it.
     """
-    oldest = min((int(r["time_created_ns"]) for r in raws if r.get("time_created_ns")), default=0)
-    names = {_status_key(raw): str((raw.get("process_group") or [raw.get("pg_id")])[0]) for raw in raws}
+    if not state.answered or not state.answer.get("fr"):
+        return []
+    fr = state.answer["fr"]
     out = []
-    for key, values in status.items():
-        completed = int(values.get("last_completed_collective", -1))
-        enqueued = int(values.get("last_enqueued_collective", -1))
+    for key, values in (fr.get("pg_status") or {}).items():
         recorder, _, pg_id = key.rpartition("/")
-        pg = names.get(key, pg_id)
-        first = max(completed + 1, 1)  # sequence numbers start at 1; a new group's status says -1
-        for seq in range(first, min(enqueued, first + UNRECORDED_KEPT - 1) + 1):
-            if (key, seq) in recorded:
-                continue
-            raw = {"pg_id": pg_id, "process_group": [pg, ""], "collective_seq_id": seq, "recorder": recorder,
-                   "profiling_name": "collective", "state": "scheduled", "unrecorded": True,
-                   "time_created_ns": oldest}
-            out.append(Entry(rank, pg, seq, "collective", raw, False, recorder))
+        if not (fr.get("full") or {}).get(recorder):
+            continue
+        enqueued = int(values.get("last_enqueued_collective", -1))
+        completed = int(values.get("last_completed_collective", -1))
+        if enqueued <= completed:
+            continue
+        mine = [raw for raw in fr.get("entries", []) if _status_key(raw) == key]
+        if any(_status_number(raw) == enqueued or raw.get("op_id") == enqueued for raw in mine):
+            continue  # its newest operation is recorded: the entries tell the story
+        if any(_status_key(e.raw) == key and not e.completed for e in entries_of(state)):
+            continue
+        pg = next((str((raw.get("process_group") or [pg_id])[0]) for raw in mine), pg_id)
+        out.append(Unrecorded(pg, enqueued, completed, int(fr.get("capacity") or 0),
+                              any(raw.get("is_p2p") for raw in mine)))
     return out
 
 
@@ -399,6 +422,7 @@ def analyse(states: list[RankState]) -> Verdict:
         found = _first_disagreement(pg, per_rank, states)
         if found is not None:
             problems.append(found)
+    problems.extend(_pushed_out(states))
     if problems:
         # The oldest pending collective is the cause; the others usually wait behind it.
         problems.sort(key=lambda p: (not p.hang, p.entered_ns or 0))
@@ -412,6 +436,62 @@ def analyse(states: list[RankState]) -> Verdict:
         verdict.sentence += (f" (no collective record from {_ranks_word([s.rank for s in unrecorded])}: "
                              f"{why}; judged from stacks)")
     return verdict
+
+
+def _pushed_out(states: list[RankState]) -> list[Verdict]:
+    """A verdict per group whose pending operation some rank's ring no longer holds (see
+    :func:`unrecorded_pending`): the ranks where it is pending, and the group's other ranks, which
+    have nothing pending in it, with where they are. Dated by the oldest entry the waiting ranks
+    still hold: the pending one was created before it, so its age is at least that."""
+    waiting: dict[str, dict[int, Unrecorded]] = {}
+    for state in states:
+        for item in unrecorded_pending(state):
+            waiting.setdefault(item.pg, {})[state.rank] = item
+    by_rank = {s.rank: s for s in states}
+    out = []
+    for pg, items in waiting.items():
+        first = items[min(items)]
+        what = "operation (a collective, or a send or receive)" if any(i.p2p for i in items.values()) else "collective"
+        clauses = [f"{_ranks_word(sorted(items))} {'waits' if len(items) == 1 else 'wait'} in it"]
+        missing = []
+        for r in _members(pg, states):
+            state = by_rank.get(r)
+            if r in items or state is None:
+                continue
+            if state.dead is not None:
+                clauses.append(f"{state.name} died ({state.dead})")
+            elif not state.answered:
+                clauses.append(f"{state.name} {where(state)}")
+            elif _nothing_pending(state, pg):
+                missing.append(r)
+                clauses.append(f"{state.name} is in no operation of that group and {where(state)}")
+            else:
+                continue  # something of that group pending there too, unrecorded or not: no verdict on it
+        clauses.append(f"its entry is gone from torch's flight recorder, pushed out by later entries "
+                       f"(TORCH_FR_BUFFER_SIZE={first.capacity} on rank {min(items)}; a larger one keeps more)")
+        oldest = [int(raw["time_created_ns"]) for r in items for raw in by_rank[r].answer["fr"].get("entries", [])
+                  if raw.get("time_created_ns")]
+        ages = [(by_rank[r].answer["now_ns"] - min(oldest)) / 1e9 for r in items if oldest and "now_ns" in by_rank[r].answer]
+        label = group_label(pg, states)
+        out.append(Verdict(sentence=f"a {what} of {'the ' if label == 'default group' else ''}{label}: "
+                           + "; ".join(clauses), hang=True,
+                           op=None, seq=None, group=label, waiting=sorted(items), missing=missing,
+                           pending_s=min(ages) if ages else None, entered_ns=min(oldest) if oldest else None))
+    return out
+
+
+def _nothing_pending(state: RankState, pg: str) -> bool:
+    """Whether ``state``'s status says every operation of group ``pg`` it enqueued has completed."""
+    fr = (state.answer or {}).get("fr") or {}
+    names = {_status_key(raw): str((raw.get("process_group") or [raw.get("pg_id")])[0]) for raw in fr.get("entries", [])}
+    found = False
+    for key, values in (fr.get("pg_status") or {}).items():
+        if names.get(key, key.rpartition("/")[2]) != pg:
+            continue
+        found = True
+        if int(values.get("last_enqueued_collective", -1)) > int(values.get("last_completed_collective", -1)):
+            return False
+    return found
 
 
 def _first_disagreement(pg: str, per_rank: dict[int, dict[int, Entry]],
@@ -516,10 +596,6 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
             clauses.append(f"{state.name} never called it and waits in {elsewhere}")
         else:
             clauses.append(f"{state.name} never called it and {where(state)}")
-    if pending and all(present[r].raw.get("unrecorded") for r in pending):
-        clauses.append("its entry is gone from torch's flight recorder, pushed out by later collectives of "
-                       f"other groups (op and tensors unknown; clorch keeps {BUFFER_ENTRIES}, "
-                       "TORCH_FR_BUFFER_SIZE sets more)")
     ages = [(by_rank[r].answer["now_ns"] - int(present[r].raw.get("time_created_ns") or 0)) / 1e9
             for r in pending if by_rank.get(r) is not None and by_rank[r].answered
             and "now_ns" in by_rank[r].answer]

@@ -44,6 +44,19 @@ def enable(environ: Any = None) -> bool:
     return not _switched_off(env)
 
 
+def buffer_size(env: Any = None) -> int:
+    """Entries torch's ring keeps per recorder here: the variable's value, else the default that
+    :func:`enable` sets (torch 2.13's own default is the same)."""
+    env = os.environ if env is None else env
+    for name in BUFFER_ENVS:
+        if name in env:
+            try:
+                return int(env[name])
+            except ValueError:
+                return BUFFER_ENTRIES
+    return BUFFER_ENTRIES
+
+
 def _switched_off(env: Any = None) -> bool:
     """Whether the buffer size was set to 0 (unset means torch's default, on in recent torch)."""
     env = os.environ if env is None else env
@@ -111,11 +124,15 @@ def read(collectives: bool = True) -> tuple[dict[str, Any] | None, str | None]:
             logger.debug("flight recorder dump %s failed: %s", name, exc)
             continue
         part = normalise(data, recorder)
+        if collectives:
+            # A full ring has dropped its oldest entries (analyse.unrecorded_pending needs to know)
+            part["full"] = {recorder: len(part["entries"]) >= buffer_size()}
         if merged is None:
             merged = part
         else:
             merged["entries"].extend(part["entries"])
             merged["pg_status"].update(part["pg_status"])
+            merged.setdefault("full", {}).update(part.get("full", {}))
     if merged is None:
         return None, ("this torch build has no flight recorder (neither _dump_fr_trace_json nor "
                       "_dump_nccl_trace_json); showing stacks only")
@@ -129,7 +146,7 @@ def normalise(data: dict[str, Any], recorder: str = "fr") -> dict[str, Any]:
     for pg_id, values in (data.get("pg_status") or {}).items():
         status[f"{recorder}/{pg_id}"] = {k: _int(v) for k, v in values.items()}
     entries = [dict(e, recorder=recorder) for e in (data.get("entries") or [])]
-    return {"entries": entries, "pg_status": status, "version": data.get("version")}
+    return {"entries": entries, "pg_status": status, "version": data.get("version"), "capacity": buffer_size()}
 
 
 def _int(value: Any) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .analyse import RankState, Verdict, describe_tensors, entries_of, frame_label
+from .analyse import RankState, Verdict, describe_tensors, entries_of, frame_label, unrecorded_pending
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,11 @@ def evidence(states: list[RankState], *, all_threads: bool = False, recent: int 
             lines.append("  last collectives:" if entries else "  no collective recorded")
             for e in entries:
                 state_word = "completed" if e.completed else (e.raw.get("state") or "scheduled")
-                if e.raw.get("unrecorded"):
-                    state_word = "pending (counted by its group; its entry is gone from the recorder)"
                 lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                              f"group {e.pg}: {state_word}")
+            for gone in unrecorded_pending(state):
+                lines.append(f"    group {gone.pg}: operation {gone.enqueued} (the group's own count) pending, "
+                             f"its entry gone from the recorder (last completed: {gone.completed})")
         stack = ans.get("stack") or []
         if ans.get("in_cell") and stack and all(f.get("library") for f in stack):
             # IPython formatting the cell's traceback, say: a dozen frames of pygments or
