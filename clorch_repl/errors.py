@@ -203,8 +203,8 @@ class DistributedCellError(Exception):
                     lines.append("Last lines of its log:")
                     lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
             elif result.status is Status.STUCK and self.outcome.cut_short:
-                lines.append(f"{_RED}rank {result.rank} had not returned{_RESET} when a second interrupt "
-                             "ended the wait, before the first one's grace period was over.")
+                lines.append(f"{_RED}rank {result.rank} had not returned{_RESET} when an interrupt from the "
+                             "notebook ended the wait early, before the grace period was over.")
             elif result.status is Status.STUCK:
                 lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period "
                              "after being interrupted: blocked in native code (e.g. a collective "

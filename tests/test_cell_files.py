@@ -18,25 +18,35 @@ def frame(code: str, line: int, function: str = "<module>") -> str:
 
 def test_a_cell_file_is_named_after_the_newest_run_of_that_cell() -> None:
     names = CellNames()
-    names.add("step()", 3)
-    names.add("def step():\n    sleep()", 4)
-    names.add("step()", 7)  # the same cell run again
+    names.add("step()", 3, [0, 1])
+    names.add("def step():\n    sleep()", 4, [0, 1])
+    names.add("step()", 7, [0, 1])  # the same cell run again
     text = frame("def step():\n    sleep()", 2, "step") + frame("step()", 1)
-    assert names.name(text) == ('  File "Cell In[4]", line 2 in step\n'
-                                '  File "Cell In[7]", line 1 in <module>\n')
+    assert names.name(text, 1) == ('  File "Cell In[4]", line 2 in step\n'
+                                   '  File "Cell In[7]", line 1 in <module>\n')
+
+
+def test_a_cell_is_named_as_each_rank_ran_it() -> None:
+    names = CellNames()
+    names.add("def work():\n    wait()", 3, [0, 1])
+    names.add("def work():\n    wait()", 4, [1])  # the same text again, %%distributed --ranks 1
+    text = frame("def work():\n    wait()", 2, "work")
+    assert names.name(text, 0) == '  File "Cell In[3]", line 2 in work\n'
+    assert names.name(text, 1) == '  File "Cell In[4]", line 2 in work\n'
+    assert names.name(text, 2) == text  # a rank that never ran it
 
 
 def test_files_of_cells_it_did_not_send_keep_their_path() -> None:
     names = CellNames()
-    names.add("x = 1", 1)
+    names.add("x = 1", 1, [0])
     foreign = frame("print('from another client')", 5)
     library = '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
-    assert names.name(foreign + library) == foreign + library
+    assert names.name(foreign + library, 0) == foreign + library
 
 
 def test_only_the_recent_cells_are_kept() -> None:
     names = CellNames(kept=2)
     for number, code in enumerate(["a = 1", "b = 2", "c = 3"], start=1):
-        names.add(code, number)
-    assert names.name(frame("a = 1", 1)) == frame("a = 1", 1)  # forgotten
-    assert names.name(frame("c = 3", 1)) == '  File "Cell In[3]", line 1 in <module>\n'
+        names.add(code, number, [0])
+    assert names.name(frame("a = 1", 1), 0) == frame("a = 1", 1)  # forgotten
+    assert names.name(frame("c = 3", 1), 0) == '  File "Cell In[3]", line 1 in <module>\n'

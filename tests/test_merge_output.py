@@ -137,6 +137,21 @@ def test_the_same_unfinished_last_line_is_merged_at_the_cells_end() -> None:
     assert cap.stdout == "[rank 0] tail 0\n[rank 1] tail 1", cap.stdout
 
 
+def test_the_rest_of_a_line_already_shown_in_part_stays_that_ranks(monkeypatch: Any) -> None:
+    import clorch_repl.session.display as display
+
+    monkeypatch.setattr(display, "PARTIAL_LINE_HOLD_S", 0.0)  # "step " is shown before the rest comes
+    with capture_output() as cap:
+        sink = NotebookDisplay(ranks=(0, 1))
+        sink.output(out(0, "step "))
+        sink.flush()
+        monkeypatch.setattr(display, "PARTIAL_LINE_HOLD_S", 60.0)
+        sink.output(out(0, "def"))
+        sink.output(out(1, "def"))
+        sink.flush(final=True)
+    assert cap.stdout == "[rank 0] step def\n[rank 1] def", cap.stdout
+
+
 def test_a_line_ended_late_after_another_ranks_line_adds_no_empty_line(monkeypatch: Any) -> None:
     """``print`` writes a line and its newline apart; a loaded rank can flush between them and
     send the newline later than the unfinished line's hold. The line is then shown unfinished,

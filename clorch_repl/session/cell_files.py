@@ -9,7 +9,8 @@ lock (a stuck rank's report, the hang check's fallback) or as it crashes (a deat
 texts reach the notebook, which knows what it sent as each cell, so it names them there.
 
 The hash is computed only when a stack names such a file (rarely), newest cell first; a cell run
-again under a new number takes the newer one, as IPython's own naming does.
+again under a new number takes the newer one, as IPython's own naming does. Per rank: the same
+text run as cell 3 on every rank and as cell 4 on rank 1 alone (``--ranks 1``) is cell 3 on rank 0.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 
 logger = logging.getLogger(__name__)
 
@@ -39,39 +41,43 @@ def _cell_hash(code: str) -> int | None:
 
 
 class CellNames:
-    """The notebook's recent cells (text and number), to name their files in a rank's stacks."""
+    """The notebook's recent cells (text, number, ranks), to name their files in a rank's stacks."""
 
     def __init__(self, kept: int = KEPT) -> None:
         self._kept = kept
-        self._cells: OrderedDict[str, int] = OrderedDict()   # text -> newest number, oldest first
+        #: text -> rank -> the newest number that rank ran it as; oldest text first
+        self._cells: OrderedDict[str, dict[int, int]] = OrderedDict()
         self._hashes: dict[str, int | None] = {}
 
-    def add(self, code: str, number: int) -> None:
-        """``code`` ran as cell ``number`` (called per cell: a dict update, nothing hashed)."""
-        self._cells[code] = number
+    def add(self, code: str, number: int, ranks: Iterable[int]) -> None:
+        """``code`` ran as cell ``number`` on ``ranks`` (called per cell: no hashing here)."""
+        self._cells.setdefault(code, {}).update(dict.fromkeys(ranks, number))
         self._cells.move_to_end(code)
         while len(self._cells) > self._kept:
             old, _ = self._cells.popitem(last=False)
             self._hashes.pop(old, None)
 
-    def number_of(self, file_hash: int) -> int | None:
-        """The number of the newest remembered cell whose file carries ``file_hash``."""
+    def number_of(self, file_hash: int, rank: int) -> int | None:
+        """The number of the newest cell ``rank`` ran whose file carries ``file_hash``."""
         for code in reversed(self._cells):
+            numbers = self._cells[code]
+            if rank not in numbers:
+                continue
             if code not in self._hashes:
                 self._hashes[code] = _cell_hash(code)
             if self._hashes[code] == file_hash:
-                return self._cells[code]
+                return numbers[rank]
         return None
 
-    def name(self, text: str) -> str:
-        """``text`` (a faulthandler stack or a log's tail) with each known cell file named
-        ``Cell In[N]`` as the notebook shows it; unknown files (cells of another client, of
-        clorch itself) keep their path."""
+    def name(self, text: str, rank: int) -> str:
+        """``text`` (a faulthandler stack or a log's tail of ``rank``) with each cell file it
+        ran named ``Cell In[N]`` as the notebook shows it; unknown files (cells of another
+        client, of clorch itself) keep their path."""
         if "ipykernel_" not in text:
             return text
 
         def named(match: re.Match[str]) -> str:
-            number = self.number_of(int(match.group(2)))
+            number = self.number_of(int(match.group(2)), rank)
             if number is None:
                 return match.group(0)
             return f'File "Cell In[{number}]", line {match.group(3)}'

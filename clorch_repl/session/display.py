@@ -224,8 +224,10 @@ class NotebookDisplay:
             return
         for name in self._streams:
             keys = [(r, name) for r in self.ranks]
-            texts = {self._partial[k][0] for k in keys if k in self._partial and k not in self._continuing}
-            if len(texts) != 1 or not all(k in self._partial for k in keys):
+            if not all(k in self._partial for k in keys) or any(k in self._continuing for k in keys):
+                continue  # one rank's text is the rest of a line already shown in part: its own
+            texts = {self._partial[k][0] for k in keys}
+            if len(texts) != 1:
                 continue
             text = texts.pop()
             for key in keys:

@@ -96,7 +96,8 @@ class CellOutcome:
     diagnosis: str | None = None
     #: how long interrupted ranks were given to return before they were reported stuck
     interrupt_grace_s: float = 0.0
-    #: a second interrupt ended the wait at once, before that grace was over
+    #: an interrupt from the notebook ended the wait at once, before that grace was over (a
+    #: second one, or one during the grace that a timeout or a death had started)
     cut_short: bool = False
 
     @property

@@ -226,7 +226,7 @@ class Relay:
         """
         sink = sink or _Discard()
         if request.cell_number is not None and not silent:
-            self.cell_names.add(request.code, request.cell_number)
+            self.cell_names.add(request.code, request.cell_number, request.ranks)
         for item in self._late:
             sink.output(item)
         self._late.clear()
@@ -371,7 +371,7 @@ class Relay:
             result = wait.outcome.ranks[rank]
             result.status = Status.DIED
             result.exit = proc.exit if not proc.host or proc.host in (proc.exit or "") else f"{proc.exit}, on {proc.host}"
-            result.log_tail = self.cell_names.name(self.group.death_report(rank))
+            result.log_tail = self.cell_names.name(self.group.death_report(rank), rank)
             wait.pending.discard(rank)
             self.running[rank] = None
             if wait.failed_at is None:
@@ -645,7 +645,7 @@ class Relay:
     def stack_of(self, rank: int) -> str:
         """Where ``rank``'s main thread is now, from its faulthandler (answers while native code
         holds its GIL), its cells named as the notebook shows them (``Cell In[12], line 3``)."""
-        return self.cell_names.name(self.group.dump_stack(rank))
+        return self.cell_names.name(self.group.dump_stack(rank), rank)
 
     def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
         verdict, states = self.diagnose(timeout_s=timeout_s)

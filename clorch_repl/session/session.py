@@ -89,7 +89,8 @@ class Session:
             try:
                 self._form_group(progress)
             except ClorchError as exc:
-                lost = self._lost_spares()
+                interrupted = isinstance(exc, StartupError) and exc.outcome is not None and exc.outcome.interrupted
+                lost = "" if interrupted else self._lost_spares()  # the user's Ctrl-C is no cue to retry
                 if not lost:
                     raise
                 logger.warning("clorch_repl: %s while joining (%s); starting the ranks cold", lost, exc)
