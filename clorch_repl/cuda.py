@@ -4,6 +4,12 @@ The notebook's own process must stay CUDA-free: a CUDA context there would pin m
 and any later ``fork`` (DataLoader workers, multiprocessing) would inherit a broken context. So
 the count comes from NVML (which reads the driver, not the runtime) and, where NVML is not
 usable, from a short-lived child process.
+
+Nor need it import torch: a CUDA build of torch takes seconds to import (4.5 s on the H200 box),
+and ``%load_ext`` asks for the count to warm spares for the first start, which then waited as
+long again for the spares' own imports. Which build is installed is read from its files
+(``torch/lib/libtorch_cuda.so``), and NVML is called through ctypes, as torch itself does in
+``torch.cuda._device_count_nvml``; torch is imported only where that cannot answer.
 """
 
 from __future__ import annotations
@@ -36,14 +42,63 @@ def _visible_limit() -> int | None:
     return count
 
 
+def _torch_build() -> str:
+    """"cuda", "rocm", "cpu" or "" (no torch): from the imported module if it is, else from the
+    installed files, without importing it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "version"):
+        if getattr(torch.version, "hip", None):
+            return "rocm"
+        return "cuda" if torch.version.cuda else "cpu"
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    lib = os.path.join(next(iter(spec.submodule_search_locations)), "lib")
+    try:
+        names = os.listdir(lib)
+    except OSError:
+        return "cuda"  # an unusual layout: let torch itself say (below)
+    if any(n.startswith("libtorch_hip") for n in names):
+        return "rocm"
+    return "cuda" if any(n.startswith("libtorch_cuda") for n in names) else "cpu"
+
+
+def _nvml_count() -> int:
+    """The driver's device count through NVML (libnvidia-ml, ctypes), or -1 when NVML cannot
+    say. Creates no CUDA context."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return -1
+    if nvml.nvmlInit_v2() != 0:
+        return -1
+    try:
+        count = ctypes.c_uint()
+        return int(count.value) if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else -1
+    finally:
+        nvml.nvmlShutdown()
+
+
 @functools.lru_cache(maxsize=None)
 def _count_for(visible: str | None) -> int:
+    build = _torch_build()
+    if build in ("", "cpu"):
+        return 0  # no torch, or a CPU build of it: no GPU can be used, whatever the machine has
+    count = _nvml_count() if build == "cuda" else -1
+    if count >= 0:
+        limit = _visible_limit()
+        return max(min(count, limit) if limit is not None else count, 0)
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
         return 0
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return 0  # a CPU build of torch: no GPU can be used, whatever the machine has
     count = -1
     nvml_count = getattr(torch.cuda, "_device_count_nvml", None)
     if nvml_count is not None:

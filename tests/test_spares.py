@@ -184,6 +184,8 @@ def test_loading_warms_spares_that_the_first_start_takes() -> None:
             in status.text, status.text
         started = nb.run("%clorch start")  # 2 CPU ranks: the topology the spares were warmed for
         assert started.status == "ok" and "2 warm spare rank(s) taken" in started.text, started.text
+        # finding the topology imported no torch into the notebook kernel (seconds with a CUDA build)
+        assert nb.run("import sys\nprint('torch' in sys.modules)").text.strip() == "False"
         after = rank_pids(nb)
         assert sorted(pid for pid, _ in after.values()) == warm and not any(seen for _, seen in after.values())
         assert nb.run(GROUP).status == "ok"
