@@ -99,6 +99,7 @@ FAST = frozenset({
     "test_merge_output.py::test_output_of_a_rank_outside_the_cell_is_shown_unmerged",
     "test_merge_output.py::test_a_line_written_in_pieces_merges_when_whole",
     "test_merge_output.py::test_the_same_unfinished_last_line_is_merged_at_the_cells_end",
+    "test_spares.py::test_the_status_line_counts_a_spare_not_yet_forked_as_starting",
     "test_merge_output.py::test_the_rest_of_a_line_already_shown_in_part_stays_that_ranks",
     "test_merge_output.py::test_rich_output_keeps_its_place_in_each_ranks_order",
     "test_merge_output.py::test_progress_lines_stay_per_rank",

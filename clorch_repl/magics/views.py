@@ -38,10 +38,10 @@ def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]
     return header, body
 
 
-def spares_line(spares: Sequence[tuple[int, int | None, bool]], purpose: str = "the next %clorch restart") -> str:
+def spares_line(spares: Sequence[tuple[int | None, int | None, bool]], purpose: str = "the next %clorch restart") -> str:
     """One line under the status table: the warm spares, whether they are ready, the memory they hold."""
     known = [rss for _, rss, _ in spares if rss is not None]
-    pids = ", ".join(str(pid) for pid, _, _ in spares)
+    pids = ", ".join("?" if pid is None else str(pid) for pid, _, _ in spares)
     ready = sum(1 for *_, up in spares if up)
     state = "ready" if ready == len(spares) else f"{ready} ready, the others starting"
     return (f"warm spares for {purpose}: {len(spares)} (pids {pids}), {state}, "

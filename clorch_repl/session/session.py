@@ -326,7 +326,9 @@ class Session:
         return self.group, self.relay
 
 
-def spare_usage(spares: list[RankHandle]) -> list[tuple[int, int | None, bool]]:
+def spare_usage(spares: list[RankHandle]) -> list[tuple[int | None, int | None, bool]]:
     """(pid, resident bytes, ready) of each live warm spare (``%clorch status``): what they cost,
-    and whether they are ready (imports done, channels bound)."""
-    return [(pid, procs.tree_rss(pid), p.listening) for p in spares if p.alive and (pid := p.pid) is not None]
+    and whether they are ready (imports done, channels bound). A spare whose kernel has not
+    been forked yet (no pid) is listed as not ready: left out, a set of one read "0, ready"."""
+    return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.listening)
+            for p in spares if p.alive for pid in (p.pid,)]
