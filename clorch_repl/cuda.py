@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,31 @@ def _torch_build() -> str:
     return "cuda" if any(n.startswith("libtorch_cuda") for n in names) else "cpu"
 
 
+def _visible_count(physical: int) -> int | None:
+    """How many of ``physical`` devices CUDA_VISIBLE_DEVICES lets a process use, read as CUDA
+    reads it (torch's ``_parse_visible_devices`` rules): ordinals up to the first invalid or
+    absent one, and none at all if one repeats. None for UUIDs and MIG names, which only NVML's
+    device list (torch's own path, below) can resolve."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return physical
+    seen: list[int] = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if entry.startswith(("GPU-", "MIG-")):
+            return None
+        number = re.match(r"[+-]?\d+", entry)  # CUDA reads the leading number: "1abc" is 1
+        if number is None:
+            break
+        ordinal = int(number.group())
+        if ordinal < 0 or ordinal >= physical:
+            break
+        if ordinal in seen:
+            return 0
+        seen.append(ordinal)
+    return len(seen)
+
+
 def _nvml_count() -> int:
     """The driver's device count through NVML (libnvidia-ml, ctypes), or -1 when NVML cannot
     say. Creates no CUDA context."""
@@ -75,9 +101,9 @@ def _nvml_count() -> int:
 
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return -1
-    if nvml.nvmlInit_v2() != 0:
+        if nvml.nvmlInit_v2() != 0:
+            return -1
+    except (OSError, AttributeError):  # no driver library, or one too old to have nvmlInit_v2
         return -1
     try:
         count = ctypes.c_uint()
@@ -92,9 +118,9 @@ def _count_for(visible: str | None) -> int:
     if build in ("", "cpu"):
         return 0  # no torch, or a CPU build of it: no GPU can be used, whatever the machine has
     count = _nvml_count() if build == "cuda" else -1
-    if count >= 0:
-        limit = _visible_limit()
-        return max(min(count, limit) if limit is not None else count, 0)
+    visible = _visible_count(count) if count >= 0 else None
+    if visible is not None:
+        return visible
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency

@@ -71,6 +71,7 @@ FAST = frozenset({
     "test_errors.py::test_a_dead_rank_and_a_stuck_one_are_told_apart",
     # hang analysis of recorded and hand-written rank states (the live hangs start ranks)
     "test_hang_analysis.py::test_a_dead_rank_is_named",
+    "test_hang_analysis.py::test_a_full_ring_of_a_healthy_loop_is_no_hang",
     "test_hang_analysis.py::test_a_rank_in_library_code_only_shows_two_frames_not_a_dozen",
     "test_hang_analysis.py::test_nccl_first_barrier_still_connecting_is_pending_not_completed",
     "test_hang_analysis.py::test_nccl_entries_launched_and_done_are_not_pending",

@@ -65,19 +65,33 @@ def test_a_subgroup_is_named_with_its_members_and_outsiders_are_not_blamed(tmp_p
 
 def test_a_pending_collective_pushed_out_of_the_recorder_is_still_named(tmp_path: Any) -> None:
     # Rank 0 waits in all_reduce #3 while a thread on each rank runs 100 collectives of a second
-    # group through a recorder of 32 entries: rank 0's entry for #3 is gone; its group's status
-    # still counts it. (Before: "no collective is pending: rank 0 is at ... inside all_reduce()".)
+    # group through a recorder of 32 entries: every entry of the default group is gone; its
+    # status still counts the pending one. (Before: "no collective is pending: rank 0 is at ...
+    # inside all_reduce()".) Which group it is cannot be read back, so no rank is blamed.
     states = hang_scenarios.record("evicted", 2, str(tmp_path), env={"TORCH_FR_BUFFER_SIZE": "32"})
-    assert not any(e["collective_seq_id"] == 3 and e["pg_id"] == 0 for e in states[0].answer["fr"]["entries"])
+    assert not any(e["pg_id"] == 0 for e in states[0].answer["fr"]["entries"])
     verdict = analyse(states)
-    assert verdict.stuck and verdict.waiting == [0] and verdict.missing == [1]
-    assert re.fullmatch(r"a collective of the default group: rank 0 waits in it; rank 1 is in no operation of that "
-                        r"group and is at \S*hang_scenarios\.py:\d+ in load_batch\(\); its entry is gone from "
-                        r"torch's flight recorder, pushed out by later entries \(TORCH_FR_BUFFER_SIZE=32 on rank 0; "
-                        r"a larger one keeps more\)", verdict.sentence), verdict.sentence
+    assert verdict.hang and not verdict.stuck and verdict.waiting == [0] and verdict.missing == []
+    assert re.fullmatch(r"rank 0 waits in an operation whose entries torch's flight recorder no longer holds: later "
+                        r"entries pushed out every entry of its group \(fr/0; TORCH_FR_BUFFER_SIZE=32 on rank 0, a "
+                        r"larger one keeps more\); rank 1 is at \S*hang_scenarios\.py:\d+ in load_batch\(\)",
+                        verdict.sentence), verdict.sentence
     assert verdict.pending_s is not None and verdict.pending_s >= 1.0  # at least as old as the oldest entry kept
     text = render.report(verdict, states)
-    assert re.search(r"group 0: operation \d+ \(the group's own count\) pending, its entry gone", text), text
+    assert re.search(r"fr/0: operation \d+ \(its group's own count\) pending, every entry of the group gone", text), text
+
+
+def test_a_full_ring_of_a_healthy_loop_is_no_hang() -> None:
+    # The reviewer's cases: a status whose "last completed" lags (operations seen to finish out of
+    # order, NCCL numbering sends apart) under a full ring that still holds the group's entries;
+    # and a side group whose entries are all gone while the rank computes outside torch.distributed.
+    entries = [nccl_entry(seq, "nccl:all_reduce", [[4]], "completed", 1.0) for seq in range(1, 2001)]
+    answer = nccl_answer(entries, enqueued=6000, completed=3000, stack=[frame("/tmp/ipykernel_1/2.py", 4, "<module>",
+                                                                              "Cell In[3]")])
+    answer["fr"]["full"] = {"nccl": True}
+    assert not analyse([RankState(0, answer=answer), RankState(1, answer=answer)]).hang
+    answer["fr"]["pg_status"]["nccl/7"] = {"last_enqueued_collective": 6, "last_completed_collective": 5}
+    assert not analyse([RankState(0, answer=answer), RankState(1, answer=answer)]).hang  # computing in the cell
 
 
 def test_sends_before_a_skipped_collective_do_not_hide_it(tmp_path: Any) -> None:

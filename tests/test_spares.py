@@ -315,6 +315,6 @@ def test_the_status_line_counts_a_spare_not_yet_forked_as_starting() -> None:
     from clorch_repl.magics.views import spares_line
 
     line = spares_line([(None, None, False)], "the first %clorch start")
-    assert line.startswith("warm spares for the first %clorch start: 1 (pids ?), 0 ready, the others starting, "), line
+    assert line.startswith("warm spares for the first %clorch start: 1 (pids ?), starting, "), line
     line = spares_line([(41, 2**20, True), (42, 2**20, True)])
     assert ": 2 (pids 41, 42), ready, 2.0 MiB resident in all" in line, line

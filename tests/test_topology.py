@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,22 @@ def test_session_ranks_get_the_translated_device(monkeypatch: pytest.MonkeyPatch
 def test_bad_layouts_are_refused_in_one_line(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve_topology(**kwargs)
+
+
+@pytest.mark.parametrize("visible, count", [
+    (None, 2), ("0,1", 2), ("1", 1), ("1,0", 2), (" 0 , 1 ", 2), ("1abc", 1),
+    ("2,3", 0), ("3", 0), ("0,0", 0), ("0,abc,1", 1), ("", 0), ("-1", 0),
+    ("GPU-5f3d1a2b", None), ("MIG-a,MIG-b", None),
+])
+def test_visible_devices_are_counted_as_cuda_counts_them(monkeypatch: Any, visible: str | None,
+                                                        count: int | None) -> None:
+    # The GPU count from NVML (no torch import) on a 2-GPU host, filtered by CUDA_VISIBLE_DEVICES as
+    # CUDA reads it: ordinals up to the first invalid or absent one, none if one repeats; UUIDs
+    # and MIG names are left to torch's own path (None).
+    from clorch_repl import cuda
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert cuda._visible_count(2) == count

@@ -146,50 +146,47 @@ def _status_number(raw: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class Unrecorded:
-    """A group with an operation pending on a rank whose entry torch's ring no longer holds."""
+    """An operation a rank waits in whose group's entries torch's ring no longer holds."""
 
-    pg: str
+    #: the recorder's own key of the group ("fr/1"): its local id, which names no group reliably
+    #: (it counts the groups this rank built a backend for, not the groups' names)
+    key: str
     #: the group's status: last enqueued and last completed operation, in its own numbering
     enqueued: int
     completed: int
     #: entries the ring keeps (TORCH_FR_BUFFER_SIZE on the rank)
     capacity: int
-    #: the group ran sends or receives: the pending operation may be one of them
-    p2p: bool
 
 
 def unrecorded_pending(state: RankState) -> list[Unrecorded]:
-    """Groups with an operation pending whose entry is gone from the rank's flight recorder.
+    """Operations a rank waits in whose entries are gone from its flight recorder.
 
-    The ring (2,000 entries by default) is shared by every group of a recorder: while one
-    group's collective is stuck, another group (a second stream of work, a thread) may run enough
-    collectives to push it out, and the rank's records then show nothing pending. Said only when
-    the evidence is whole: the ring is full (it has dropped entries), the group's status has an
-    operation enqueued and not completed, no recorded entry of the group is pending, and the
-    newest operation the status counts has no entry. Its collective number cannot be known then
-    (the status numbers every operation on gloo), so it is never lined up with other ranks'
-    entries: :func:`analyse` names the group and which ranks have nothing pending in it.
+    The ring (2,000 entries by default) is shared by every group of a recorder: while one group's
+    collective is stuck, another group (a second stream of work, a thread) may run enough
+    collectives to push out every entry of the stuck group, and the records then show nothing
+    pending. Said only when nothing else can explain it: the ring is full, it holds no entry of
+    that group at all, the group's status has an operation enqueued past the last one completed,
+    and the rank's main thread is inside torch.distributed. A group's status alone is no proof:
+    its "last completed" is the last one seen to finish (async operations can end out of order),
+    and NCCL numbers sends and receives apart from collectives; hence nothing is concluded about
+    other ranks (:func:`_pushed_out`), and the sentence only replaces "no collective is pending".
     """
     if not state.answered or not state.answer.get("fr"):
         return []
     fr = state.answer["fr"]
+    stack = state.answer.get("stack") or []
+    if not any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:]):
+        return []
+    keys = {_status_key(raw) for raw in fr.get("entries", [])}
     out = []
     for key, values in (fr.get("pg_status") or {}).items():
-        recorder, _, pg_id = key.rpartition("/")
-        if not (fr.get("full") or {}).get(recorder):
+        recorder = key.rpartition("/")[0]
+        if not (fr.get("full") or {}).get(recorder) or key in keys:
             continue
         enqueued = int(values.get("last_enqueued_collective", -1))
         completed = int(values.get("last_completed_collective", -1))
-        if enqueued <= completed:
-            continue
-        mine = [raw for raw in fr.get("entries", []) if _status_key(raw) == key]
-        if any(_status_number(raw) == enqueued or raw.get("op_id") == enqueued for raw in mine):
-            continue  # its newest operation is recorded: the entries tell the story
-        if any(_status_key(e.raw) == key and not e.completed for e in entries_of(state)):
-            continue
-        pg = next((str((raw.get("process_group") or [pg_id])[0]) for raw in mine), pg_id)
-        out.append(Unrecorded(pg, enqueued, completed, int(fr.get("capacity") or 0),
-                              any(raw.get("is_p2p") for raw in mine)))
+        if enqueued > completed:
+            out.append(Unrecorded(key, enqueued, completed, int(fr.get("capacity") or 0)))
     return out
 
 
@@ -422,13 +419,12 @@ def analyse(states: list[RankState]) -> Verdict:
         found = _first_disagreement(pg, per_rank, states)
         if found is not None:
             problems.append(found)
-    problems.extend(_pushed_out(states))
     if problems:
         # The oldest pending collective is the cause; the others usually wait behind it.
         problems.sort(key=lambda p: (not p.hang, p.entered_ns or 0))
         verdict = problems[0]
     else:
-        verdict = _no_collective(states)
+        verdict = _pushed_out(states) or _no_collective(states)
     unrecorded = [s for s in states if s.answered and s.answer.get("fr") is None]
     if unrecorded:
         # Said with every verdict it weakens: the rest stands on the ranks' stacks alone.
@@ -438,60 +434,28 @@ def analyse(states: list[RankState]) -> Verdict:
     return verdict
 
 
-def _pushed_out(states: list[RankState]) -> list[Verdict]:
-    """A verdict per group whose pending operation some rank's ring no longer holds (see
-    :func:`unrecorded_pending`): the ranks where it is pending, and the group's other ranks, which
-    have nothing pending in it, with where they are. Dated by the oldest entry the waiting ranks
-    still hold: the pending one was created before it, so its age is at least that."""
-    waiting: dict[str, dict[int, Unrecorded]] = {}
-    for state in states:
-        for item in unrecorded_pending(state):
-            waiting.setdefault(item.pg, {})[state.rank] = item
+def _pushed_out(states: list[RankState]) -> Verdict | None:
+    """Instead of "no collective is pending", when ranks wait in operations whose entries are gone
+    from their flight recorders (see :func:`unrecorded_pending`): which ranks, and where every
+    other rank is. No rank is said to be missing from it: which group it is, and so who belongs
+    to it, cannot be read back. A hang, but not a sure one (``stuck`` stays false: no live
+    notice is given for it); the report of a cell that ends stuck, and ``%clorch why``, say it."""
+    waiting = {s.rank: items for s in states if (items := unrecorded_pending(s))}
+    if not waiting:
+        return None
+    first = waiting[min(waiting)][0]
+    verb = "waits" if len(waiting) == 1 else "wait"
+    clauses = [f"{_ranks_word(sorted(waiting))} {verb} in an operation whose entries torch's flight recorder no "
+               f"longer holds: later entries pushed out every entry of its group ({first.key}; "
+               f"TORCH_FR_BUFFER_SIZE={first.capacity} on rank {min(waiting)}, a larger one keeps more)"]
+    clauses += [f"{s.name} {where(s)}" for s in states if s.rank not in waiting]
     by_rank = {s.rank: s for s in states}
-    out = []
-    for pg, items in waiting.items():
-        first = items[min(items)]
-        what = "operation (a collective, or a send or receive)" if any(i.p2p for i in items.values()) else "collective"
-        clauses = [f"{_ranks_word(sorted(items))} {'waits' if len(items) == 1 else 'wait'} in it"]
-        missing = []
-        for r in _members(pg, states):
-            state = by_rank.get(r)
-            if r in items or state is None:
-                continue
-            if state.dead is not None:
-                clauses.append(f"{state.name} died ({state.dead})")
-            elif not state.answered:
-                clauses.append(f"{state.name} {where(state)}")
-            elif _nothing_pending(state, pg):
-                missing.append(r)
-                clauses.append(f"{state.name} is in no operation of that group and {where(state)}")
-            else:
-                continue  # something of that group pending there too, unrecorded or not: no verdict on it
-        clauses.append(f"its entry is gone from torch's flight recorder, pushed out by later entries "
-                       f"(TORCH_FR_BUFFER_SIZE={first.capacity} on rank {min(items)}; a larger one keeps more)")
-        oldest = [int(raw["time_created_ns"]) for r in items for raw in by_rank[r].answer["fr"].get("entries", [])
-                  if raw.get("time_created_ns")]
-        ages = [(by_rank[r].answer["now_ns"] - min(oldest)) / 1e9 for r in items if oldest and "now_ns" in by_rank[r].answer]
-        label = group_label(pg, states)
-        out.append(Verdict(sentence=f"a {what} of {'the ' if label == 'default group' else ''}{label}: "
-                           + "; ".join(clauses), hang=True,
-                           op=None, seq=None, group=label, waiting=sorted(items), missing=missing,
-                           pending_s=min(ages) if ages else None, entered_ns=min(oldest) if oldest else None))
-    return out
-
-
-def _nothing_pending(state: RankState, pg: str) -> bool:
-    """Whether ``state``'s status says every operation of group ``pg`` it enqueued has completed."""
-    fr = (state.answer or {}).get("fr") or {}
-    names = {_status_key(raw): str((raw.get("process_group") or [raw.get("pg_id")])[0]) for raw in fr.get("entries", [])}
-    found = False
-    for key, values in (fr.get("pg_status") or {}).items():
-        if names.get(key, key.rpartition("/")[2]) != pg:
-            continue
-        found = True
-        if int(values.get("last_enqueued_collective", -1)) > int(values.get("last_completed_collective", -1)):
-            return False
-    return found
+    oldest = [int(raw["time_created_ns"]) for r in waiting for raw in by_rank[r].answer["fr"].get("entries", [])
+              if raw.get("time_created_ns")]
+    ages = [(by_rank[r].answer["now_ns"] - min(oldest)) / 1e9 for r in waiting
+            if oldest and "now_ns" in by_rank[r].answer]
+    return Verdict(sentence="; ".join(clauses), hang=True, waiting=sorted(waiting),
+                   pending_s=min(ages) if ages else None, entered_ns=min(oldest) if oldest else None)
 
 
 def _first_disagreement(pg: str, per_rank: dict[int, dict[int, Entry]],

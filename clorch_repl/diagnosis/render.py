@@ -50,8 +50,8 @@ def evidence(states: list[RankState], *, all_threads: bool = False, recent: int 
                 lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                              f"group {e.pg}: {state_word}")
             for gone in unrecorded_pending(state):
-                lines.append(f"    group {gone.pg}: operation {gone.enqueued} (the group's own count) pending, "
-                             f"its entry gone from the recorder (last completed: {gone.completed})")
+                lines.append(f"    {gone.key}: operation {gone.enqueued} (its group's own count) pending, every "
+                             f"entry of the group gone from the recorder (last completed: {gone.completed})")
         stack = ans.get("stack") or []
         if ans.get("in_cell") and stack and all(f.get("library") for f in stack):
             # IPython formatting the cell's traceback, say: a dozen frames of pygments or

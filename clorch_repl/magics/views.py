@@ -43,7 +43,7 @@ def spares_line(spares: Sequence[tuple[int | None, int | None, bool]], purpose: 
     known = [rss for _, rss, _ in spares if rss is not None]
     pids = ", ".join("?" if pid is None else str(pid) for pid, _, _ in spares)
     ready = sum(1 for *_, up in spares if up)
-    state = "ready" if ready == len(spares) else f"{ready} ready, the others starting"
+    state = "ready" if ready == len(spares) else "starting" if not ready else f"{ready} ready, the others starting"
     return (f"warm spares for {purpose}: {len(spares)} (pids {pids}), {state}, "
             f"{_bytes(sum(known)) if known else '-'} resident in all; %clorch start --spares 0 keeps none")
 
