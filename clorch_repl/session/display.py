@@ -34,7 +34,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from IPython.display import DisplayHandle, clear_output, display, publish_display_data
 
-from .protocol import CellOutcome, RankOutcome, RankOutput, Status
+from .protocol import RankOutput
 
 logger = logging.getLogger(__name__)
 
