@@ -44,8 +44,8 @@ def _visible_limit() -> int | None:
 
 
 def _torch_build() -> str:
-    """"cuda", "rocm", "cpu" or "" (no torch): from the imported module if it is, else from the
-    installed files, without importing it."""
+    """"cuda", "rocm", "cpu", "" (no torch) or "unknown": from the imported module if it is,
+    else from the installed files, without importing it."""
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "version"):
         if getattr(torch.version, "hip", None):
@@ -63,7 +63,7 @@ def _torch_build() -> str:
     try:
         names = os.listdir(lib)
     except OSError:
-        return "cuda"  # an unusual layout: let torch itself say (below)
+        return "unknown"  # an unusual layout: torch itself says (see _count_for)
     if any(n.startswith("libtorch_hip") for n in names):
         return "rocm"
     return "cuda" if any(n.startswith("libtorch_cuda") for n in names) else "cpu"
@@ -125,6 +125,8 @@ def _count_for(visible: str | None) -> int:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
         return 0
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return 0  # a CPU build after all (its files did not say)
     count = -1
     nvml_count = getattr(torch.cuda, "_device_count_nvml", None)
     if nvml_count is not None:

@@ -49,6 +49,12 @@ def rank_words(ranks: "Iterable[int]") -> str:
     return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {ranks_text(ordered)}"
 
 
+def ranks_are(ranks: "Iterable[int]") -> str:
+    """``rank 1 is`` or ``ranks 0,2 are``: :func:`rank_words` with its verb."""
+    words = rank_words(ranks)
+    return f"{words} {'are' if words.startswith('ranks') else 'is'}"
+
+
 class ClorchError(RuntimeError):
     """Base class of every error clorch_repl raises on purpose."""
 
@@ -221,8 +227,7 @@ class DistributedCellError(Exception):
             lines.append(f"The process group is broken: {rank_words(dead)} died. Run %clorch restart for a "
                          "fresh group (%clorch status shows each rank).")
         if stuck:
-            one = len(stuck) == 1
-            lines.append(f"{rank_words(stuck).capitalize()} {'is' if one else 'are'} still running this cell, so "
-                         f"{'it takes' if one else 'they take'} no other: wait, %clorch interrupt again, or "
-                         "%clorch restart for a fresh group (%clorch status shows each rank).")
+            lines.append(f"{ranks_are(stuck).capitalize()} still running this cell, so "
+                         f"{'it takes' if len(set(stuck)) == 1 else 'they take'} no other: wait, %clorch interrupt "
+                         "again, or %clorch restart for a fresh group (%clorch status shows each rank).")
         return lines

@@ -142,9 +142,8 @@ def test_computing_and_busy_collectives_get_no_notice() -> None:
         reply = nb.run("%%distributed\nimport time, torch, torch.distributed as dist\n"
                        "end = time.monotonic() + 3\nn = 0\n"
                        "while True:\n"
-                       "    t = torch.tensor([float(time.monotonic() >= end)])\n"
-                       "    dist.all_reduce(t)\n    n += 1\n"
-                       "    if t.item() > 0:\n        break\n"
+                       "    n += 1\n"
+                       + until_agreed("time.monotonic() >= end", " " * 4) +
                        "end = time.monotonic() + 3\n"
                        "while time.monotonic() < end:\n    sum(range(1000))\n"
                        "print('done', n > 10)\n", timeout=90)

@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -174,8 +173,7 @@ def unrecorded_pending(state: RankState) -> list[Unrecorded]:
     if not state.answered or not state.answer.get("fr"):
         return []
     fr = state.answer["fr"]
-    stack = state.answer.get("stack") or []
-    if not any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:]):
+    if not _inside_torch_distributed(state.answer.get("stack") or []):
         return []
     keys = {_status_key(raw) for raw in fr.get("entries", [])}
     out = []
@@ -210,7 +208,7 @@ def _in_the_call(raws: list[dict[str, Any]], status: dict[str, Any],
     """
     nccl = [raw for raw in raws if raw.get("recorder") == "nccl"
             or str(raw.get("profiling_name", "")).startswith("nccl:")]
-    if not nccl or not any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:]):
+    if not nccl or not _inside_torch_distributed(stack):
         return None
     last = nccl[-1]
     if last.get("is_p2p"):
@@ -263,12 +261,16 @@ def progress(answer: dict[str, Any]) -> Progress | None:
     status = (answer.get("fr") or {}).get("pg_status") or {}
     marks = tuple(sorted((str(key), int(v.get("last_enqueued_collective", -1)),
                           int(v.get("last_completed_collective", -1))) for key, v in status.items()))
-    stack = answer.get("stack") or []
-    return Progress(marks, any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:]))
+    return Progress(marks, _inside_torch_distributed(answer.get("stack") or []))
 
 
 def _is_torch_distributed(path: str) -> bool:
     return f"{os.sep}torch{os.sep}distributed{os.sep}" in path
+
+
+def _inside_torch_distributed(stack: list[dict[str, Any]]) -> bool:
+    """Whether the main thread is inside a torch.distributed call (one of its innermost frames)."""
+    return any(_is_torch_distributed(f.get("file", "")) for f in stack[-8:])
 
 
 #: torch's profiling names that mean another op: NCCL's barrier is an all_reduce of one element,

@@ -19,7 +19,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from .. import cuda
-from ..errors import ClorchError, ConfigError, rank_words
+from ..errors import ClorchError, ConfigError, ranks_are
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session, spare_usage
@@ -280,7 +280,7 @@ class ClorchMagics(Magics):
             print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
         verdict = self._session().why().splitlines()[0]  # the first collective the ranks disagree on
         print(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)")
-        raise ClorchError(f"{rank_words(stuck)} {'is' if len(stuck) == 1 else 'are'} stuck: run %clorch restart for a fresh group")
+        raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
 
     @magic_arguments(name="clorch restart")
     def _restart(self, line: str) -> None:

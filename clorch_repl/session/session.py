@@ -14,7 +14,7 @@ from typing import Callable
 
 from .. import procs
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
-from ..errors import ClorchError, ConfigError, StartupError, rank_words
+from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..launchers.base import Launcher, RankHandle
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
@@ -214,8 +214,8 @@ class Session:
             raise ClorchError(f"{what} is dead: run %clorch restart for a fresh group")
         busy = [r for r in relay.busy() if r in chosen]
         if busy:
-            raise ClorchError(f"{rank_words(busy)} {'is' if len(busy) == 1 else 'are'} still running an earlier cell: wait, run "
-                              "%clorch interrupt, or %clorch restart")
+            raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run %clorch interrupt, "
+                              "or %clorch restart")
         if stdin_ranks is not None:
             check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
