@@ -1,0 +1,97 @@
+"""Copying a checkpoint's state to host memory, so an asynchronous save can write it while
+training changes the weights.
+
+The copy is the only part of an asynchronous save that training waits for: once it is done the
+optimizer may step again. Two things keep it short. The host buffers are kept between saves (a
+second save of the same state reuses them: allocating pinned memory costs about as much as
+filling it), and GPU tensors go to pinned memory with non-blocking copies, all queued before one
+synchronisation, so the copies run at the link's bandwidth.
+
+A DTensor (FSDP2, tensor parallel) is staged as a DTensor of the same mesh and placements whose
+local shard is the host buffer: what DCP writes of it is the shard, and where it belongs. That is
+how torch's own stager stages them (``torch.distributed._state_dict_utils``); it is done here so
+the buffers are reused and never alias the live tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Stager"]
+
+
+def _layout(obj: Any) -> Any:
+    """What must be equal for the buffers of one staging to serve another."""
+    if isinstance(obj, DTensor):
+        local = obj.to_local()
+        return ("D", tuple(obj.shape), obj.dtype, tuple(local.shape), str(obj.placements), id(obj.device_mesh))
+    if isinstance(obj, torch.Tensor):
+        return ("T", tuple(obj.shape), obj.dtype, obj.device.type)
+    if isinstance(obj, dict):
+        return ("d", tuple((k, _layout(v)) for k, v in obj.items()))
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, tuple(_layout(v) for v in obj))
+    return ("v",)
+
+
+def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    pin = tensor.device.type == "cuda"
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+
+
+class Stager:
+    """Stages nested state dicts into host buffers kept for the next staging of the same layout."""
+
+    def __init__(self) -> None:
+        self._layout: Any = None
+        self._buffers: Any = None
+
+    @torch.no_grad()
+    def stage(self, state: Any) -> Any:
+        """A copy of ``state`` in host memory, finished (GPU copies synchronised) on return."""
+        layout = _layout(state)
+        if layout != self._layout:
+            self._buffers = self._allocate(state)
+            self._layout = layout
+        staged = self._copy(state, self._buffers)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return staged
+
+    def release(self) -> None:
+        """Drop the kept buffers (the next staging allocates them again)."""
+        self._layout = self._buffers = None
+
+    def _allocate(self, obj: Any) -> Any:
+        if isinstance(obj, DTensor):
+            staged = obj.to("cpu", copy=True)  # same spec, a new host local tensor (as torch's stager)
+            if obj.to_local().device.type == "cuda":
+                staged._local_tensor = _host_buffer(obj.to_local())  # pinned, for non-blocking copies
+            return staged
+        if isinstance(obj, torch.Tensor):
+            return _host_buffer(obj)
+        if isinstance(obj, dict):
+            return {k: self._allocate(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._allocate(v) for v in obj)
+        return None
+
+    def _copy(self, obj: Any, buffer: Any) -> Any:
+        if isinstance(obj, DTensor):
+            buffer.to_local().copy_(obj.to_local(), non_blocking=True)
+            return buffer
+        if isinstance(obj, torch.Tensor):
+            buffer.copy_(obj.detach(), non_blocking=True)
+            return buffer
+        if isinstance(obj, dict):
+            return {k: self._copy(v, buffer[k]) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v, b) for v, b in zip(obj, buffer))
+        return copy.deepcopy(obj)
