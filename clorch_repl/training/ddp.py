@@ -33,7 +33,7 @@ from torch import nn
 from ..distributed import _c10d
 from ..errors import ClorchError, ConfigError
 
-__all__ = ["distributed_data_parallel", "no_sync", "optimizer_step", "unwrap", "parameter_signature"]
+__all__ = ["distributed_data_parallel", "no_sync", "optimizer_step", "unwrap", "parameter_signature", "is_fsdp"]
 
 _DDP = nn.parallel.DistributedDataParallel
 _DDP_PARAMS = frozenset(inspect.signature(_DDP.__init__).parameters) - {"self", "module"}
@@ -201,16 +201,53 @@ def distributed_data_parallel(model: nn.Module, bucket_cap_mb: float = 25.0,
             pmodel.forward = _closed_forward  # type: ignore[method-assign]
 
 
+def _fsdp_module_class() -> type | None:
+    """FSDP2's module class (``fully_shard`` turns a module into one), where torch has it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule  # torch < 2.6
+        except ImportError:
+            return None
+    return FSDPModule
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether ``model`` was sharded with FSDP2's ``fully_shard``."""
+    cls = _fsdp_module_class()
+    return cls is not None and isinstance(model, cls)
+
+
+_NO_SYNC_ATTR = "_clorch_in_no_sync"
+
+
+def _record_fsdp_sync(module: nn.Module, _inputs: Any) -> None:
+    if torch.is_grad_enabled():
+        setattr(module, _SYNC_ATTR, not getattr(module, _NO_SYNC_ATTR, False))
+
+
 @contextlib.contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
-    """Skip the gradient all-reduce for micro-batches before the last one of an accumulation step.
+    """Skip the gradient reduction for micro-batches before the last one of an accumulation step.
 
-    Forward and backward must both run inside. A plain (unwrapped) model is accepted, so the same
-    loop runs in a single process.
+    Forward and backward must both run inside. DDP models skip their all-reduce; FSDP2 models
+    (``fully_shard``) their reduce-scatter (``set_requires_gradient_sync(False)``, restored on
+    exit). A plain (unwrapped) model is accepted, so the same loop runs in a single process.
     """
     if isinstance(model, _DDP):
         with model.no_sync():
             yield
+    elif is_fsdp(model):
+        if not hasattr(model, "_clorch_sync_hook"):  # records whether each forward ran inside no_sync
+            model._clorch_sync_hook = model.register_forward_pre_hook(_record_fsdp_sync)
+        model.set_requires_gradient_sync(False)
+        setattr(model, _NO_SYNC_ATTR, True)
+        try:
+            yield
+        finally:
+            setattr(model, _NO_SYNC_ATTR, False)
+            model.set_requires_gradient_sync(True)
     else:
         yield
 
@@ -259,14 +296,24 @@ def _agree_on_overflow(scaler: Any, optimizer: torch.optim.Optimizer, group: Any
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
     """Step the optimizer once the gradients are reduced; returns False when the step was skipped.
 
-    DDP's backward returns only after its all-reduce finished, so what this adds is the checks a
-    plain ``optimizer.step()`` lacks: refusing to step on gradients that were never reduced (the
-    last forward ran inside ``no_sync``), and, with a scaler, making every rank agree on overflow so
-    that either all ranks step or all skip, and the scale backs off the same everywhere.
+    DDP's backward returns only after its all-reduce finished (FSDP2's after its reduce-scatter),
+    so what this adds is the checks a plain ``optimizer.step()`` lacks: refusing to step on
+    gradients that were never reduced (the last forward ran inside ``no_sync``), and, with a
+    scaler, making every rank agree on overflow so that either all ranks step or all skip, and the scale backs off the same everywhere. With FSDP2
+    each rank holds other gradient shards, so an inf in one rank's shard is seen by that rank
+    alone: the agreement over the model's group (every rank) is what skips the step everywhere.
     """
     if getattr(model, _CLOSED_ATTR, False):
         raise ClorchError("optimizer_step got a DDP model whose `with distributed_data_parallel(...)` "
                           "block has ended; pass the model yielded by a live block")
+    if is_fsdp(model) and getattr(model, _NO_SYNC_ATTR, False):
+        raise ClorchError(f"optimizer_step was called inside no_sync on rank {_c10d.rank()}: the gradient shards "
+                          "are not reduced across ranks, so stepping would make the ranks diverge; step after "
+                          "the last micro-batch, outside no_sync")
+    if is_fsdp(model) and getattr(model, _SYNC_ATTR, None) is False:
+        raise ClorchError(f"the last forward on rank {_c10d.rank()} ran inside no_sync, so its gradients were "
+                          "never reduced across ranks; run the last micro-batch of each step (forward and "
+                          "backward) outside no_sync")
     if isinstance(model, _DDP):
         if not model.require_backward_grad_sync:
             raise ClorchError(f"optimizer_step was called inside no_sync on rank {_c10d.rank()}: the gradients "

@@ -21,6 +21,7 @@ is gone, before the next save starts.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import logging
@@ -28,8 +29,9 @@ import os
 import secrets
 import shutil
 import socket
+import threading
 
-from ...atomic import fsync_dir
+from ...atomic import fsync_dir, remove_quietly
 from ...errors import CheckpointError, ConfigError
 from ...procs import pid_running
 from .safe_dcp import METADATA_FILE
@@ -155,10 +157,31 @@ def commit(temp: str, target: str) -> None:
         os.rename(temp, target)
         temp = aside
     fsync_dir(folder)
-    if os.path.isdir(temp):
-        shutil.rmtree(temp, ignore_errors=True)
+    # Freeing a large checkpoint's blocks takes about as long as writing a good part of it and is
+    # not needed for the new one to be durable: it runs on a thread; a killed process leaves it to
+    # the next save's remove_leftovers (the name carries this host and pid).
+    old = temp
+    thread = threading.Thread(target=_remove, args=(old,), name="clorch-checkpoint-unlink", daemon=True)
+    thread.start()
+    _DELETING.append(thread)
+
+
+_DELETING: list[threading.Thread] = []
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
     else:
-        os.unlink(temp)
+        remove_quietly(path)
+
+
+def _finish_deleting() -> None:
+    while _DELETING:
+        _DELETING.pop().join()
+
+
+atexit.register(_finish_deleting)
 
 
 def missing_files(folder: str, metadata: object) -> list[str]:

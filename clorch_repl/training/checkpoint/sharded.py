@@ -29,13 +29,14 @@ own state (resharding to however it is sharded now) and ``set_state_dict`` appli
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import json
 import logging
 import os
 import shutil
 import time
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -63,11 +64,15 @@ EXTRAS_FILE = "clorch.pt"
 _STAGER = Stager()
 
 
-def _alone_options() -> dict[str, Any]:
-    """``no_dist=True`` without a process group, where dcp.load takes it (it then warns otherwise)."""
-    if _c10d.active() or "no_dist" not in inspect.signature(dcp.load).parameters:
-        return {}
-    return {"no_dist": True}
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """Without a process group DCP runs in one process and warns that it assumes so: loading into
+    the notebook's own kernel is what this package means to do, so that warning is dropped."""
+    with warnings.catch_warnings():
+        if not _c10d.active():
+            warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable or uninitialized",
+                                    category=UserWarning)
+        yield
 
 
 def holds_dtensors(model: Any, optimizer: Any) -> bool:
@@ -162,7 +167,8 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
 def _write_and_commit(dcp_state: dict[str, Any], temp: str, target: str, group: Any) -> None:
     error: str | None = None
     try:
-        dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True), process_group=group)
+        with _single_process_quiet():
+            dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True), process_group=group)
     except Exception as exc:  # noqa: BLE001 - DCP raises on every rank; the ranks agree below
         logger.debug("dcp.save into %s failed", temp, exc_info=True)
         error = f"writing the shards failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -250,8 +256,9 @@ def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, res
     try:
         dcp_state = _dcp_state(model, optimizer)
         if dcp_state:
-            dcp.load(dcp_state, storage_reader=SafeReader(source), planner=SafeLoadPlanner(), process_group=group,
-                     **_alone_options())
+            with _single_process_quiet():
+                dcp.load(dcp_state, storage_reader=SafeReader(source), planner=SafeLoadPlanner(),
+                         process_group=group)
             if optimizer is not None:
                 set_state_dict(model, optimizer, model_state_dict=dcp_state["model"],
                                optim_state_dict=dcp_state["optimizer"])
