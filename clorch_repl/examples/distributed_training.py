@@ -1,9 +1,13 @@
-"""DDP training with gradient accumulation, mixed precision and resumable checkpoints.
+"""DDP or FSDP2 training with gradient accumulation, mixed precision and resumable checkpoints.
 
 ``run_local([0, 1])`` launches one rank per device with :func:`clorch_repl.distributed.launch`,
 each running :func:`train_worker`: a small regression MLP trained on synthetic data (generated
 from the seed, identically on every rank) with DDP, the distributed sampler, ``no_sync``
 accumulation, autocast (and a loss scaler for float16) and a checkpoint after every epoch.
+
+``strategy="fsdp"`` shards the same model with FSDP2 instead (``fully_shard`` per layer and at the
+root; bfloat16 and float16 through its ``MixedPrecisionPolicy`` rather than autocast) and saves
+sharded checkpoints (a folder, every rank writing its shards) that it resumes from.
 
 On a machine without a GPU, ``devices`` only sets the number of ranks: ``run_local([0, 1])`` runs
 two CPU ranks joined with gloo, so the example runs anywhere (on CPU, bfloat16 and float16 autocast
@@ -46,7 +50,9 @@ DEFAULTS: dict[str, Any] = {
     "epochs": 4, "sample_count": 1024, "batch_size": 32, "accumulation": 2, "precision": "bfloat16",
     "checkpoint_path": "/tmp/clorch-ddp.pt", "resume": False, "seed": 1337, "lr": 3e-3,
     "features": 16, "hidden": 64, "checkpoint_every": None, "stop_after_steps": None, "log_every": None,
+    "strategy": "ddp",
 }
+STRATEGIES = ("ddp", "fsdp")
 
 
 @dataclass
@@ -87,10 +93,31 @@ def make_model(features: int = 16, hidden: int = 64, seed: int = 1337) -> nn.Mod
 
 
 def _param_digest(model: nn.Module) -> str:
+    """A digest of the full parameters (an FSDP2 model's gathered from its shards: a collective)."""
     h = hashlib.sha256()
     for p in parallel.unwrap(model).parameters():
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        h.update(full.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _fully_shard(model: nn.Module, precision: str) -> None:
+    """Shard ``model`` in place with FSDP2: each Linear layer, then the root (one mesh of every
+    rank); bfloat16/float16 through FSDP2's own policy (parameters cast for compute, gradients
+    reduced in float32)."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device_type = next(model.parameters()).device.type
+    mesh = init_device_mesh(device_type, (tdist.get_world_size(),))
+    dtype = amp.resolve_dtype(precision)
+    policy = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32
+              else MixedPrecisionPolicy())
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def _resolve(args: dict[str, Any] | None) -> dict[str, Any]:
@@ -104,6 +131,8 @@ def _resolve(args: dict[str, Any] | None) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be a whole number >= 1; got {value!r}")
     amp.resolve_dtype(merged["precision"])
+    if merged["strategy"] not in STRATEGIES:
+        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}; got {merged['strategy']!r}")
     return merged
 
 
@@ -111,15 +140,20 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """The training loop of one rank inside an initialised process group; returns its record.
 
-    Resumes from ``checkpoint_path`` when ``resume`` is true and the file exists: mid-epoch
-    checkpoints (``checkpoint_every`` steps) continue with the very next micro-batch.
+    Resumes from ``checkpoint_path`` when ``resume`` is true and the checkpoint exists: mid-epoch
+    checkpoints (``checkpoint_every`` steps) continue with the very next micro-batch. With
+    ``strategy="fsdp"`` the model is sharded before the checkpoint is loaded into it, so the
+    checkpoint (a sharded folder) is read shard by shard, however many ranks saved it.
     """
     cfg = _resolve(args)
     device = torch.device(device)
     precision = str(cfg["precision"])
     x_all, y_all = make_data(cfg["sample_count"], cfg["features"], cfg["seed"])
     x_all, y_all = x_all.to(device), y_all.to(device)
+    strategy = str(cfg["strategy"])
     model = make_model(cfg["features"], cfg["hidden"], cfg["seed"]).to(device)
+    if strategy == "fsdp":
+        _fully_shard(model, precision)  # before the optimizer, which then holds the shards
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
     sampler = data.distributed_sampler(cfg["sample_count"], num_replicas=world_size, rank=rank, seed=cfg["seed"])
     scaler = amp.grad_scaler(device=device.type) if amp.needs_scaler(precision) else None
@@ -152,7 +186,9 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
 
     stopped = False
     state = {"epoch": start_epoch, "global_step": global_step}
-    with parallel.distributed_data_parallel(model) as pmodel:
+    autocast = strategy == "ddp"  # FSDP2 casts through its MixedPrecisionPolicy
+    wrapped = parallel.distributed_data_parallel(model) if strategy == "ddp" else contextlib.nullcontext(model)
+    with wrapped as pmodel:
         for epoch in range(start_epoch, cfg["epochs"]):
             sampler.set_epoch(epoch)
             micro = sampler.position // batch
@@ -164,7 +200,7 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
                 micro += 1
                 sync = contextlib.nullcontext() if last else parallel.no_sync(pmodel)
                 with sync:
-                    with amp.autocast(device=device.type, dtype=precision):
+                    with amp.autocast(device=device.type, dtype=precision, enabled=autocast):
                         prediction = pmodel(x_all[indices])
                     loss = F.mse_loss(prediction.float(), y_all[indices]) / group_len
                     amp.backward(scaler, loss)
@@ -219,10 +255,12 @@ _MODULE = "clorch_repl.examples.distributed_training"
 
 def run_local(devices: list[int], epochs: int = 4, sample_count: int = 1024, batch_size: int = 32,
               accumulation: int = 2, precision: str = "bfloat16", checkpoint_path: str = "/tmp/clorch-ddp.pt",
-              resume: bool = False, timeout_ms: int = 600_000, **options: Any) -> TrainingResult:
+              resume: bool = False, timeout_ms: int = 600_000, strategy: str = "ddp",
+              **options: Any) -> TrainingResult:
     """Train on one rank per entry of ``devices`` and wait; returns losses, logs and the checkpoint path.
 
     Without a GPU, ``len(devices)`` CPU ranks run with gloo (the device numbers are not used).
+    ``strategy``: ``"ddp"`` or ``"fsdp"`` (FSDP2; the checkpoint is then a sharded folder).
     ``options`` are the other keys of :data:`DEFAULTS` (``seed``, ``lr``, ``checkpoint_every``,
     ``stop_after_steps``, ...). Raises :class:`clorch_repl.errors.RankFailure` naming the rank that
     failed.
@@ -235,7 +273,7 @@ def run_local(devices: list[int], epochs: int = 4, sample_count: int = 1024, bat
         raise ConfigError("devices is empty: give one device per rank, e.g. run_local([0, 1])")
     args = _resolve({"epochs": epochs, "sample_count": sample_count, "batch_size": batch_size,
                      "accumulation": accumulation, "precision": precision, "checkpoint_path": checkpoint_path,
-                     "resume": resume, **options})
+                     "resume": resume, "strategy": strategy, **options})
     if args["checkpoint_path"]:
         args["checkpoint_path"] = os.path.abspath(args["checkpoint_path"])
     gpu = cuda.device_count() > 0
@@ -269,11 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--checkpoint-path", default="/tmp/clorch-ddp.pt")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-path")
+    parser.add_argument("--strategy", default="ddp", choices=list(STRATEGIES),
+                        help="ddp (replicas) or fsdp (FSDP2 shards; sharded checkpoints)")
     ns = parser.parse_args(argv)
     devices = [int(d) for d in ns.devices.split(",") if d.strip()]
     result = run_local(devices, epochs=ns.epochs, sample_count=ns.sample_count, batch_size=ns.batch_size,
                        accumulation=ns.accumulation, precision=ns.precision, checkpoint_path=ns.checkpoint_path,
-                       resume=ns.resume)
+                       resume=ns.resume, strategy=ns.strategy)
     for text in result.logs.values():
         print(text, end="")
     print(f"loss of the last step {result.final_loss:.5f}; checkpoint at {result.checkpoint_path}")
