@@ -56,13 +56,20 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     reply: dict[str, Any] = {
         "pid": os.getpid(), "host": os.uname().nodename, "now_ns": time.time_ns(),
         "fr": fr, "fr_missing": fr_missing, "groups": record.group_members(),
-        "stack": stack, "in_cell": in_cell, "cuda_busy": cuda_busy(),
+        "stack": stack, "in_cell": in_cell, "cuda_busy": cuda_busy(), "saves": saves_in_flight(),
     }
     if request.get("all_threads"):
         names = {t.ident: t.name for t in threading.enumerate()}
         reply["threads"] = [{"name": names.get(ident, str(ident)), "stack": _frames(frame)}
                             for ident, frame in frames.items() if ident != main.ident]
     return reply
+
+
+def saves_in_flight() -> list[dict[str, Any]]:
+    """This rank's asynchronous checkpoint save still writing (path, seconds); read only where the
+    checkpoint package is already imported, so a probe never imports it (or torch's DCP) itself."""
+    module = sys.modules.get("clorch_repl.training.checkpoint.in_flight")
+    return module.in_flight() if module is not None else []
 
 
 def recent(entries: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:

@@ -244,6 +244,9 @@ class ClorchMagics(Magics):
         spares = session.spares()
         if spares:
             print(views.spares_line(spares))
+        saves = views.saves_line(session.saves_in_flight())
+        if saves:
+            print(saves)
 
     @magic_arguments(name="clorch logs")
     @argument("rank", type=int, help="the rank whose log to show")

@@ -48,6 +48,20 @@ def spares_line(spares: Sequence[tuple[int | None, int | None, bool]], purpose: 
             f"{_bytes(sum(known)) if known else '-'} resident in all; %clorch start --spares 0 keeps none")
 
 
+def saves_line(saves: dict[int, list[dict[str, object]]]) -> str | None:
+    """One line under the status table per checkpoint path an asynchronous save is writing."""
+    from ..errors import rank_words
+
+    by_path: dict[str, list[tuple[int, float]]] = {}
+    for rank, entries in saves.items():
+        for entry in entries:
+            by_path.setdefault(str(entry.get("path")), []).append((rank, float(entry.get("for_s", 0.0))))
+    lines = [f"checkpoint save in flight: {path} ({rank_words(r for r, _ in ranks)}, writing for "
+             f"{max(s for _, s in ranks):.0f} s); its handle's wait() returns when it is committed"
+             for path, ranks in sorted(by_path.items())]
+    return "\n".join(lines) if lines else None
+
+
 def table_text(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)

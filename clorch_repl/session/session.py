@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .. import procs
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
@@ -300,6 +300,14 @@ class Session:
                 uptime_s=now - proc.started_at if alive else 0.0,
                 exit=proc.exit))
         return rows
+
+    def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
+        """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
+        ranks over their control channels, so it answers while a save's thread writes."""
+        group, relay = self._require()
+        answers = relay.prober.ask([p.rank for p in group.ranks if p.alive], light=True)
+        return {rank: answer["saves"] for rank, answer in answers.items()
+                if answer is not None and answer.get("saves")}
 
     def spares(self) -> list[tuple[int, int | None, bool]]:
         """:func:`spare_usage` of this session's warm spares."""

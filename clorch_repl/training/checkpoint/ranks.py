@@ -74,8 +74,7 @@ def raise_if_any(errors: list[str | None], doing: str, *, changed: bool = False)
         raise CheckpointError(failed[0][1])
     after = ("the ranks may now differ, so load it again (or restart the ranks)" if changed
              else "nothing was changed on any rank")
-    if len(failed) == 1:
-        rank, message = failed[0]
-        raise CheckpointError(f"{doing} failed on rank {rank}: {message}; {after}")
+    if len({message for _, message in failed}) == 1:  # one cause seen by every failed rank
+        raise CheckpointError(f"{doing} failed on {rank_words(r for r, _ in failed)}: {failed[0][1]}; {after}")
     lines = "; ".join(f"rank {r}: {e}" for r, e in failed)
     raise CheckpointError(f"{doing} failed on {rank_words(r for r, _ in failed)} ({lines}); {after}")

@@ -73,9 +73,12 @@ class MetadataUnpickler(pickle.Unpickler):
                               "Only load checkpoints written by save_checkpoint or torch.distributed.checkpoint")
 
 
-def read_metadata(folder: str) -> Any:
-    """The DCP ``Metadata`` of ``folder``, unpickled through :class:`MetadataUnpickler`."""
+def read_metadata(folder: str, name: str | None = None) -> Any:
+    """The DCP ``Metadata`` of ``folder``, unpickled through :class:`MetadataUnpickler`; messages
+    name the folder as ``name`` (the user's path, where ``folder`` is a pinned alias of it)."""
     path = os.path.join(folder, METADATA_FILE)
+    if name is not None:
+        return _renamed(lambda: read_metadata(folder), folder, name)
     try:
         with open(path, "rb") as handle:
             metadata = MetadataUnpickler(handle, path).load()
@@ -90,6 +93,13 @@ def read_metadata(folder: str) -> Any:
     if type(metadata).__name__ != "Metadata" or not hasattr(metadata, "state_dict_metadata"):
         raise CheckpointError(f"{path} is not a torch.distributed.checkpoint metadata file")
     return metadata
+
+
+def _renamed(read: Any, folder: str, name: str) -> Any:
+    try:
+        return read()
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc).replace(folder, name)) from None
 
 
 class SafeReader(FileSystemReader):

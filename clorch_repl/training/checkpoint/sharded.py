@@ -40,7 +40,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 from torch.distributed.tensor import DTensor
@@ -52,7 +52,7 @@ from .commit import check_replaceable, commit, leftover_of, missing_files, remov
 from .container import FORMAT, FORMAT_VERSION, is_torch_file, read_container, write_container
 from .extras import apply_extras, check_extras, local_extras, payload_extras, saved_state
 from .ranks import checkpoint_group, gather, raise_if_any
-from .safe_dcp import SafeLoadPlanner, SafeReader, read_metadata
+from .safe_dcp import METADATA_FILE, SafeLoadPlanner, SafeReader, read_metadata
 from .single_file import check_model_shapes, check_optimizer_class, model_signature
 from .staging import Stager
 
@@ -96,6 +96,28 @@ def _dcp_state(model: Any, optimizer: Any) -> dict[str, Any]:
         return {"model": get_model_state_dict(model)}
     model_state, optimizer_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _dcp_error_text(exc: BaseException) -> str:
+    """One line per rank of what DCP raised (its CheckpointException carries every rank's failure,
+    the first of which may be a CheckpointError of :mod:`.safe_dcp`)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for rank, failure in sorted(failures.items()):
+            cause = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback)
+            if isinstance(cause, CheckpointError):
+                return str(cause)
+            parts.append(f"rank {rank}: {type(cause).__name__}: {_first_line(cause)}")
+        return "; ".join(parts)
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
 
 
 # -- save ----------------------------------------------------------------------------------------
@@ -169,9 +191,9 @@ def _write_and_commit(dcp_state: dict[str, Any], temp: str, target: str, group: 
     try:
         with _single_process_quiet():
             dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True), process_group=group)
-    except Exception as exc:  # noqa: BLE001 - DCP raises on every rank; the ranks agree below
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises on every rank; agreed below
         logger.debug("dcp.save into %s failed", temp, exc_info=True)
-        error = f"writing the shards failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        error = f"writing the shards failed ({_dcp_error_text(exc)})"
     if error is None and _c10d.rank() == 0:
         try:
             missing = missing_files(temp, read_metadata(temp))
@@ -210,7 +232,7 @@ def _saved_shapes(metadata: Any, top: str) -> dict[str, list[int]]:
     return shapes
 
 
-def _check(source: str, metadata: Any, extras: dict[str, Any], model: Any, optimizer: Any) -> None:
+def _check(source: str, folder: str, metadata: Any, extras: dict[str, Any], model: Any, optimizer: Any) -> None:
     if model is not None:
         saved = _saved_shapes(metadata, "model")
         if not saved:
@@ -225,14 +247,37 @@ def _check(source: str, metadata: Any, extras: dict[str, Any], model: Any, optim
         if not _saved_shapes(metadata, "optimizer"):
             raise CheckpointError(f"the checkpoint {source} holds no optimizer state; leave out optimizer=")
         check_optimizer_class(source, extras.get("metadata", {}).get("optimizer_class"), optimizer)
-    missing = missing_files(source, metadata)
+    missing = missing_files(folder, metadata)
     if missing:
         raise CheckpointError(f"the checkpoint {source} lacks {', '.join(missing[:4])}"
                               f"{' ...' if len(missing) > 4 else ''}: it is incomplete; use an earlier checkpoint")
 
 
+@contextlib.contextmanager
+def _pinned(folder: str) -> Iterator[str]:
+    """A path that names this very folder for the whole load, even if a save swaps another in at
+    ``folder`` meanwhile (Linux: through an open descriptor of it); the metadata and the shards
+    then always come from one checkpoint. Elsewhere, ``folder`` itself."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield folder
+        return
+    try:
+        alias = f"/proc/self/fd/{fd}"
+        yield alias if os.path.isfile(os.path.join(alias, METADATA_FILE)) else folder
+    finally:
+        os.close(fd)
+
+
 def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, restore_rng: bool) -> dict[str, Any]:
     """Restore a sharded checkpoint on every rank (or in one process); returns its ``state`` map."""
+    with _pinned(source) as folder:
+        return _load(source, folder, model, optimizer, sampler, scaler, restore_rng)
+
+
+def _load(source: str, folder: str, model: Any, optimizer: Any, sampler: Any, scaler: Any,
+          restore_rng: bool) -> dict[str, Any]:
     in_flight.wait_for_previous()
     group = checkpoint_group()
     rank = _c10d.rank()
@@ -240,11 +285,11 @@ def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, res
     extras: dict[str, Any] = {"metadata": {}}
     sampler_entry = None
     try:
-        metadata = read_metadata(source)
-        extras_path = os.path.join(source, EXTRAS_FILE)
+        metadata = read_metadata(folder, name=source)
+        extras_path = os.path.join(folder, EXTRAS_FILE)
         if os.path.exists(extras_path):
             extras = read_container(extras_path, torch.device("cpu"))
-        _check(source, metadata, extras, model, optimizer)
+        _check(source, folder, metadata, extras, model, optimizer)
         sampler_entry = check_extras(source, extras, sampler, scaler, restore_rng, rank)
     except ClorchError as exc:
         error = str(exc)
@@ -257,7 +302,7 @@ def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, res
         dcp_state = _dcp_state(model, optimizer)
         if dcp_state:
             with _single_process_quiet():
-                dcp.load(dcp_state, storage_reader=SafeReader(source), planner=SafeLoadPlanner(),
+                dcp.load(dcp_state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
                          process_group=group)
             if optimizer is not None:
                 set_state_dict(model, optimizer, model_state_dict=dcp_state["model"],
@@ -266,11 +311,10 @@ def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, res
                 set_model_state_dict(model, dcp_state["model"])
         apply_extras(extras, sampler, scaler, sampler_entry, restore_rng, rank)
         error = None
-    except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported to every rank below
         logger.debug("applying the checkpoint %s failed", source, exc_info=True)
-        text = str(exc).splitlines()[0] if str(exc) else ""
         error = (str(exc) if isinstance(exc, CheckpointError)
-                 else f"applying the checkpoint {source} failed: {type(exc).__name__}: {text}")
+                 else f"applying the checkpoint {source} failed: {_dcp_error_text(exc)}")
     raise_if_any(gather(error, group), "loading the checkpoint", changed=True)
     return saved_state(extras)
 
