@@ -285,3 +285,43 @@ def save_versions(ctx: dict[str, Any]) -> dict[str, Any]:
             print(f"saved {version}", flush=True)
         if version >= args.get("until", 10 ** 9):
             return {"version": version}
+
+
+def fsdp_scaled_steps(ctx: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2 with a MixedPrecisionPolicy and a float16 grad scaler through ``optimizer_step``: an
+    inf in rank 1's gradient shard skips the step on every rank; ``no_sync`` holds the reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from clorch_repl import amp
+    from clorch_repl import parallel as ddp
+
+    args, rank, world = ctx["args"], ctx["rank"], ctx["world_size"]
+    dtype = getattr(torch, args["dtype"])
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = Transformer()
+    _init(model, 0)
+    mesh = init_device_mesh("cpu", (world,))
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = amp.grad_scaler(device="cpu", initial_scale=1024.0)
+    out: dict[str, Any] = {"rank": rank, "stepped": [], "changed": [], "scales": []}
+    for step in range(3):
+        before = digest(model)
+        loss = model(batch("fsdp", step)).float().pow(2).mean()
+        amp.backward(scaler, loss)
+        if step == 1 and rank == 1:
+            model.head.weight.grad.to_local().view(-1)[0] = float("inf")  # only rank 1's shard
+        out["stepped"].append(ddp.optimizer_step(model, opt, scaler=scaler))
+        out["changed"].append(digest(model) != before)
+        out["scales"].append(scaler.get_scale())
+        opt.zero_grad()
+    with ddp.no_sync(model):
+        model(batch("fsdp", 9)).float().sum().backward()
+    out["inside_no_sync"] = _error(lambda: ddp.optimizer_step(model, opt))
+    model(batch("fsdp", 9)).float().sum().backward()
+    out["after_no_sync"] = ddp.optimizer_step(model, opt)
+    return out

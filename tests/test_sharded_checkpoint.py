@@ -237,3 +237,14 @@ def test_a_single_file_replaced_by_a_sharded_save_and_back(tmp_path) -> None:
     assert os.path.isdir(path) and load_checkpoint(path, model=model) == {"v": 2}
     with pytest.raises(ClorchError, match="is a folder"):
         save_checkpoint(path, model=model, state={"v": 3})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fsdp_overflow_in_one_shard_skips_the_step_everywhere(dtype) -> None:
+    results = train_helpers.run_ranks("tests.sharded_helpers:fsdp_scaled_steps", nproc=2, args={"dtype": dtype})
+    for r in results:
+        assert r["stepped"] == [True, False, True], r
+        assert r["changed"] == [True, False, True], r  # the skipped step left every shard as it was
+        assert r["scales"] == [1024.0, 512.0, 512.0], r  # the scale backed off the same everywhere
+        assert r["inside_no_sync"] and "ran inside no_sync" in r["inside_no_sync"]
+        assert r["after_no_sync"] is True

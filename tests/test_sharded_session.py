@@ -1,0 +1,94 @@
+"""FSDP2 in the notebook: a sharded model trained in ``%%distributed`` cells on a real 2-rank gloo
+session, saved asynchronously while ``%clorch status`` shows the save in flight, loaded back on
+the ranks and into an unsharded model in the notebook kernel itself; and the notebook SIGKILLed
+in the middle of a save loop, after which the checkpoint at the path is whole."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import psutil
+import torch
+
+from clorch_repl.distributed import load_checkpoint
+from clorch_repl.procs import wait_gone
+from tests import sharded_helpers as sh
+from notebook_kernel import clorch_session
+
+BUILD = """%%distributed
+import torch
+from tests import sharded_helpers as sh
+model = sh.build("fsdp", 0, world_size)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sh.train_step(model, opt, "fsdp")
+saved, weights = sh.digest(model, opt), sh.digest(model)
+print(weights)
+"""
+
+# the write is slowed (4 s per rank) so that the save is still in flight when the status is asked
+SAVE_ASYNC = """%%distributed
+import time, torch.distributed.checkpoint.filesystem as fs
+from clorch_repl import distributed as cdist
+_write = fs.FileSystemWriter.write_data
+def _slow(self, plan, planner):
+    time.sleep(4)
+    return _write(self, plan, planner)
+fs.FileSystemWriter.write_data = _slow
+handle = cdist.save_checkpoint(PATH, model=model, optimizer=opt, state={"epoch": 1}, async_save=True)
+sh.train_step(model, opt, "fsdp", seed=1)  # training goes on while the save writes
+print("returned", handle.done())
+"""
+
+WAIT_AND_LOAD = """%%distributed
+fs.FileSystemWriter.write_data = _write
+print("committed", handle.wait() == PATH)
+fresh = sh.build("fsdp", 9, world_size)
+fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+print(cdist.load_checkpoint(PATH, model=fresh, optimizer=fresh_opt), sh.digest(fresh, fresh_opt) == saved)
+"""
+
+
+def test_fsdp_in_cells_async_save_status_and_load_in_the_notebook(tmp_path) -> None:
+    path = str(tmp_path / "fsdp-ckpt")
+    with clorch_session() as nb:
+        built = nb.run(BUILD)
+        assert built.status == "ok", built.text
+        weights = re.search(r"\[ranks 0-1\] ([0-9a-f]{64})", built.text)
+        assert weights, built.text  # the same full weights on both ranks
+        saving = nb.run(SAVE_ASYNC.replace("PATH", repr(path)))
+        assert saving.status == "ok" and "[ranks 0-1] returned False" in saving.text, saving.text
+        status = nb.run("%clorch status")
+        assert f"checkpoint save in flight: {path} (ranks 0-1, writing for" in status.text, status.text
+        loaded = nb.run(WAIT_AND_LOAD.replace("PATH", repr(path)))
+        assert loaded.status == "ok", loaded.text
+        assert "[ranks 0-1] committed True" in loaded.text, loaded.text
+        assert "[ranks 0-1] {'epoch': 1} True" in loaded.text, loaded.text
+        assert "checkpoint save in flight" not in nb.run("%clorch status").text
+        # the notebook kernel has no process group: the checkpoint loads into the plain model there
+        here = nb.run("from tests import sharded_helpers as sh\nfrom clorch_repl.distributed import "
+                      f"load_checkpoint\nm = sh.build('plain', 5)\nprint(load_checkpoint({path!r}, model=m), "
+                      "sh.digest(m))")
+        assert here.status == "ok", here.text
+        assert f"{{'epoch': 1}} {weights.group(1)}" in here.text, here.text
+
+
+SAVE_LOOP = """%%distributed
+from tests import sharded_helpers as sh
+sh.save_versions({"rank": rank, "world_size": world_size, "args": {"path": PATH}})
+"""
+
+
+def test_the_notebook_killed_mid_save_leaves_a_whole_checkpoint(tmp_path) -> None:
+    path = str(tmp_path / "ckpt")
+    with clorch_session(stop=False) as nb:
+        msg_id = nb.send(SAVE_LOOP.replace("PATH", repr(path)))
+        nb.wait_for_output(msg_id, "saved", count=3, timeout=120)
+        ranks = [c.pid for c in psutil.Process(nb.pid).children(recursive=True)]
+        os.kill(nb.pid, signal.SIGKILL)
+        assert wait_gone(ranks, 30) == [], "a rank outlived the notebook"
+    model = sh.build("plain", 3)
+    version = load_checkpoint(path, model=model, restore_rng=False)["version"]
+    assert version >= 3
+    assert all(torch.all(p == float(version)) for p in model.parameters()), version
