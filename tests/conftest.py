@@ -48,6 +48,7 @@ FAST = frozenset({
     "test_amp.py",
     "test_atomic.py",
     "test_cell_files.py",
+    "test_checkpoint_parts.py",
     "test_data.py",
     "test_procs.py",
     "test_topology.py",
