@@ -2,6 +2,7 @@
 
     python benchmarks/training.py [--nproc 2] [--rounds N] [--cases launch,gpu] [--cpu-bind none|numa|both]
                                   [--epochs 12] [--gpu-steps N] [--max-seconds S] [--skip-checkpoint]
+                                  [--strategy ddp|fsdp]
 
 1. Steps per second of two training loops, each run in a ``%%distributed`` cell of a real notebook
    kernel driven by jupyter_client and, in the same run, by a script under ``torchrun``,
@@ -9,6 +10,8 @@
    GPUs and 5 on CPUs (a CPU round is slower and the CPU box is shared). The two loops:
    * launch-bound: the example's loop (``clorch_repl.examples.distributed_training.train``, a tiny MLP, a
      ``loss.item()`` every micro-step), where the host's speed at launching kernels decides;
+     ``--strategy fsdp`` runs it with the model sharded by FSDP2 (its all-gathers and
+     reduce-scatters each step) instead of DDP;
    * GPU-bound: a stack of transformer encoder layers (d_model 2048, 16 heads, FFN 8192, 4
      layers, batch 8 x 1024 tokens) in bf16 under DDP with fused AdamW, about 10 TFLOP a step,
      where the GPU decides. On CPUs the same code runs a small fp32 version (d_model 128).
@@ -387,6 +390,8 @@ def main() -> int:
     parser.add_argument("--sample-count", type=int, default=LAUNCH_LOOP["sample_count"])
     parser.add_argument("--batch-size", type=int, default=LAUNCH_LOOP["batch_size"])
     parser.add_argument("--precision", default=LAUNCH_LOOP["precision"], help="launch-bound loop's autocast precision")
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"),
+                        help="launch-bound loop: DDP replicas, or the model sharded with FSDP2 (issue 22)")
     parser.add_argument("--gpu-steps", type=int, default=None,
                         help="GPU-bound loop: steps a round (default 60 on GPUs, 20 on CPUs)")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -410,7 +415,9 @@ def main() -> int:
             binds = [b for b in binds if b != "numa"] or ["none"]
         spec = {"cases": cases, "gpu_steps": ns.gpu_steps or (60 if on_gpu else 20),
                 "launch": dict(LAUNCH_LOOP, epochs=ns.epochs, sample_count=ns.sample_count, batch_size=ns.batch_size,
-                               precision=ns.precision)}
+                               precision=ns.precision, strategy=ns.strategy)}
+        if ns.strategy != "ddp":
+            CASE_TITLES["launch"] = f"launch-bound loop (the example's tiny MLP, {ns.strategy})"
         bench_training(ns.nproc, rounds, spec, binds, ns.max_seconds)
 
     if not ns.skip_checkpoint:

@@ -1,0 +1,249 @@
+"""Sharded checkpoints against torch.distributed.checkpoint itself, and the asynchronous save's stall.
+
+    python benchmarks/checkpoint.py [--nproc 2] [--params-m 40] [--rounds 5] [--dir DIR]
+
+Starts ``--nproc`` ranks under torchrun (NCCL on GPUs, one per GPU; gloo on CPUs), each holding
+an FSDP2-sharded stack of transformer layers (``--params-m`` million parameters in all, bf16
+parameters on GPUs, fp32 on CPUs) and its AdamW state, then runs ``--rounds`` interleaved rounds
+(who goes first alternates) of:
+
+1. save: ``dcp.save`` of the same ``get_state_dict`` state into a folder (the baseline: every rank
+   writes its shards, fsynced, no commit) against ``dist.save_checkpoint`` (the same write, plus
+   the RNG and sampler part, the check that rank zero sees every file, the atomic commit).
+   Ratio = baseline seconds / ours (throughput ratio); target >= 0.95.
+2. load: ``dcp.load`` + ``set_state_dict`` of that folder against ``dist.load_checkpoint`` (which
+   also checks names, shapes and files first and reads the metadata through its allow-list).
+   Ratio as above; target >= 0.95.
+3. stall: how long an asynchronous save keeps training from changing the weights, against a
+   blocking save of the same state: ``save_checkpoint(..., async_save=True)`` returns once the
+   state is in host memory, and from then on the optimizer may step; the stall is that call.
+   Ratio = stall / blocking save; target <= 0.1. The training step run right after it, while
+   the save writes, is timed beside a normal step (on a 2-core machine the writer's thread and
+   the step share the cores). torch's own ``dcp.async_save`` call is timed beside it (the
+   anchor), on the checkpoint's gloo group. The first asynchronous save of a process allocates its
+   host buffers and is reported apart; the rounds reuse them.
+
+Every figure is the median over the rounds with its spread [min-max], taken as the slowest
+rank's time between two barriers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def _model(params_m: float, device: Any, world: int) -> Any:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    d_model = 1024 if device.type == "cuda" else 512
+    per_layer = 12 * d_model * d_model  # attention 4 d^2 + FFN 8 d^2
+    layers = max(1, round(params_m * 1e6 / per_layer))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.TransformerEncoderLayer(d_model, 8, 4 * d_model, dropout=0.0,
+                                                                   batch_first=True, device=device, dtype=dtype)
+                                  for _ in range(layers)])
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    x = torch.randn(2, 16, d_model, device=device, dtype=dtype)
+    return model, x
+
+
+def _timed(fn: Any, device: Any) -> float:
+    """The slowest rank's seconds for ``fn`` between two barriers."""
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took.item())
+
+
+def worker(spec: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from clorch_repl.distributed import load_checkpoint, save_checkpoint
+    from clorch_repl.training.checkpoint.ranks import checkpoint_group
+
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if gpu else "gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, x = _model(spec["params_m"], device, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if gpu else {}))
+
+    def step() -> None:
+        model(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    folder = spec["dir"]
+    raw, ours = os.path.join(folder, "raw"), os.path.join(folder, "ours")
+    group = checkpoint_group()  # made once, outside the timings, as a session's first save would
+    params = sum(p.numel() for p in model.parameters())
+    state_mib = sum(t.numel() * t.element_size() for t in
+                    [*(p.to_local() for p in model.parameters()),
+                     *(v.to_local() for s in opt.state.values() for v in s.values() if hasattr(v, "to_local"))])
+    sizes = torch.tensor([state_mib], dtype=torch.float64, device=device)
+    dist.all_reduce(sizes)
+    out: dict[str, list[float]] = {k: [] for k in ("raw_save", "save", "raw_load", "load", "blocking",
+                                                     "stall", "torch_async_call", "step", "step_while_writing")}
+
+    def clear_raw() -> None:  # dcp.save writes into a folder as it is: start it empty, untimed
+        if rank == 0:
+            shutil.rmtree(raw, ignore_errors=True)
+        dist.barrier()
+
+    def raw_save() -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=raw, process_group=group)
+
+    def our_save() -> None:
+        save_checkpoint(ours, model=model, optimizer=opt, state={"bench": True})
+
+    def raw_load() -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=raw, process_group=group)
+        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+
+    def our_load() -> None:
+        load_checkpoint(ours, model=model, optimizer=opt, restore_rng=False)
+
+    first_async = None
+    for r in range(spec["rounds"]):
+        pairs = [("raw_save", raw_save), ("save", our_save)]
+        for name, fn in (pairs if r % 2 == 0 else pairs[::-1]):
+            if name == "raw_save":
+                clear_raw()
+            out[name].append(_timed(fn, device))
+        pairs = [("raw_load", raw_load), ("load", our_load)]
+        for name, fn in (pairs if r % 2 == 0 else pairs[::-1]):
+            out[name].append(_timed(fn, device))
+        out["step"].append(_timed(step, device))
+        out["blocking"].append(_timed(our_save, device))
+        handle: list[Any] = []
+
+        def async_call() -> None:
+            handle.append(save_checkpoint(ours, model=model, optimizer=opt, state={"round": r}, async_save=True))
+
+        stall = _timed(async_call, device)  # training may change the weights once the call returned
+        out["step_while_writing"].append(_timed(step, device))  # it does, at once, while the save writes
+        handle[-1].wait()
+        if first_async is None:  # the process's first asynchronous save allocated the host buffers
+            first_async = stall
+            stall = _timed(async_call, device)
+            handle[-1].wait()
+        out["stall"].append(stall)
+        futures: list[Any] = []
+
+        def torch_async() -> None:
+            msd, osd = get_state_dict(model, opt)
+            futures.append(dcp.async_save({"model": msd, "optimizer": osd},
+                                          checkpoint_id=os.path.join(folder, f"torch-async-{r}"), process_group=group))
+
+        out["torch_async_call"].append(_timed(torch_async, device))
+        result = futures[0].result() if hasattr(futures[0], "result") else futures[0].upload_completion.result()
+        del result
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(os.path.join(folder, f"torch-async-{r}"), ignore_errors=True)
+    if rank == 0:
+        print("RESULT", json.dumps({"out": out, "first_async": first_async, "params": params,
+                                    "mib": float(sizes.item()) / 2 ** 20, "world": world,
+                                    "device": torch.cuda.get_device_name() if gpu else "cpu"}), flush=True)
+    dist.destroy_process_group()
+
+
+def spread(values: list[float], unit: str = "s", fmt: str = ".3f") -> str:
+    return f"{statistics.median(values):{fmt}} {unit} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--params-m", type=float, default=40.0, help="millions of model parameters in all")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dir", default=None, help="where the checkpoints go (default: a temp folder)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    if ns.worker:
+        worker(json.loads(ns.worker))
+        return 0
+    folder = tempfile.mkdtemp(prefix="clorch-bench-dcp-", dir=ns.dir)
+    spec = {"params_m": ns.params_m, "rounds": ns.rounds, "dir": folder}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ns.nproc),
+                               "--master-port", str(_free_port()), os.path.abspath(__file__),
+                               "--worker", json.dumps(spec)], env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=3000)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
+        return 1
+    res = json.loads(line[len("RESULT "):])
+    out = res["out"]
+    print(f"{res['world']} ranks on {res['device']}, FSDP2, {res['params'] / 1e6:.0f}M parameters, "
+          f"{res['mib']:.0f} MiB of model and AdamW state in all; {len(out['save'])} rounds, median [min-max]")
+    ratio = [a / b for a, b in zip(out["raw_save"], out["save"])]
+    print(f"  save   dcp.save {spread(out['raw_save'])}   save_checkpoint {spread(out['save'])}   "
+          f"throughput ratio {spread(ratio, '', '.3f')} (target >= 0.95)")
+    ratio = [a / b for a, b in zip(out["raw_load"], out["load"])]
+    print(f"  load   dcp.load {spread(out['raw_load'])}   load_checkpoint {spread(out['load'])}   "
+          f"throughput ratio {spread(ratio, '', '.3f')} (target >= 0.95)")
+    ratio = [a / b for a, b in zip(out["stall"], out["blocking"])]
+    print(f"  async  stall {spread(out['stall'])} (first save of the process {res['first_async']:.3f} s, "
+          f"allocating its host buffers)   blocking save {spread(out['blocking'])}   stall / blocking "
+          f"{spread(ratio, '', '.3f')} (target <= 0.1)")
+    ratio = [a / b for a, b in zip(out["torch_async_call"], out["blocking"])]
+    print(f"  anchor torch dcp.async_save call {spread(out['torch_async_call'])}, / blocking {spread(ratio, '', '.3f')}")
+    print(f"  a training step {spread(out['step'])}; the step right after the asynchronous call, while the save "
+          f"writes, {spread(out['step_while_writing'])}")
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
