@@ -4,8 +4,8 @@
 
 It runs what a user's first notebook session would run, on real ranks, and prints one line per
 check: collectives, DDP backward, gradient accumulation, AMP overflow handling (and, on GPU,
-float16/bfloat16 autocast and fused attention), checkpoints, a worker failure, and that no process
-is left behind. The exit status is non-zero when anything failed, so CI can run ``--mode cpu``
+float16/bfloat16 autocast and fused attention), checkpoints, an FSDP2 model's sharded checkpoint,
+a worker failure, and that no process is left behind. The exit status is non-zero when anything failed, so CI can run ``--mode cpu``
 (two gloo ranks, well under a minute) and a GPU host ``--mode gpu`` (one NCCL rank per GPU).
 
 The rank-side checks run in a single launched job, each guarded on its own, so one failing check
@@ -224,12 +224,59 @@ def _check_checkpoint(ctx: dict[str, Any], device: Any) -> str:
     return "rank-zero atomic save, load on every rank, truncated file refused"
 
 
+def _check_fsdp_checkpoint(ctx: dict[str, Any], device: Any) -> str:
+    """FSDP2 (bf16 parameters on GPU) trained a step, saved sharded and asynchronously, loaded into
+    a freshly sharded model: the full tensors must come back bit for bit."""
+    import hashlib
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from . import parallel
+    from .distributed import load_checkpoint, save_checkpoint
+
+    path = os.path.join(ctx["args"]["folder"], "fsdp-check")
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+                                  reduce_dtype=torch.float32)
+
+    def sharded(seed: int) -> Any:
+        model = _model(device, seed)
+        mesh = init_device_mesh(device.type, (ctx["world_size"],))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+        return fully_shard(model, mesh=mesh, mp_policy=policy)
+
+    def digest(model: Any) -> str:
+        h = hashlib.sha256()
+        for p in model.parameters():
+            h.update(p.full_tensor().detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    model = sharded(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = _batch(device, 8)
+    torch.nn.functional.mse_loss(model(x).float(), y).backward()
+    assert parallel.optimizer_step(model, opt), "the FSDP2 step was skipped"
+    saved = digest(model)
+    handle = save_checkpoint(path, model=model, optimizer=opt, state={"step": 1}, async_save=True)
+    handle.wait()
+    assert os.path.isfile(os.path.join(path, ".metadata")), "the sharded checkpoint has no DCP metadata"
+    fresh = sharded(7)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    assert load_checkpoint(path, model=fresh, optimizer=fresh_opt) == {"step": 1}
+    assert digest(fresh) == saved, "the sharded weights came back different"
+    return "FSDP2 step, asynchronous sharded save, exact load"
+
+
 RANK_CHECKS: list[tuple[str, Callable[[dict[str, Any], Any], str]]] = [
     ("collectives", _check_collectives),
     ("ddp backward", _check_ddp_backward),
     ("gradient accumulation", _check_accumulation),
     ("amp overflow handling", _check_amp_overflow),
     ("checkpoints", _check_checkpoint),
+    ("fsdp2 sharded checkpoint", _check_fsdp_checkpoint),
 ]
 
 
