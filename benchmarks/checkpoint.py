@@ -24,7 +24,9 @@ parameters on GPUs, fp32 on CPUs) and its AdamW state, then runs ``--rounds`` in
    host buffers and is reported apart; the rounds reuse them.
 
 Every figure is the median over the rounds with its spread [min-max], taken as the slowest
-rank's time between two barriers.
+rank's time between two barriers. The previous checkpoint that a save replaces is deleted on a
+thread after the commit; the benchmark lets that finish, untimed, before the next timing (in
+training it overlaps with the steps that follow).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def worker(spec: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     from clorch_repl.distributed import load_checkpoint, save_checkpoint
+    from clorch_repl.training.checkpoint import commit
     from clorch_repl.training.checkpoint.ranks import checkpoint_group
 
     gpu = torch.cuda.is_available()
@@ -131,6 +134,10 @@ def worker(spec: dict[str, Any]) -> None:
     def our_save() -> None:
         save_checkpoint(ours, model=model, optimizer=opt, state={"bench": True})
 
+    def settle() -> None:  # the replaced checkpoint is deleted on a thread: let it finish, untimed
+        commit._finish_deleting()
+        dist.barrier()
+
     def raw_load() -> None:
         msd, osd = get_state_dict(model, opt)
         dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=raw, process_group=group)
@@ -146,11 +153,13 @@ def worker(spec: dict[str, Any]) -> None:
             if name == "raw_save":
                 clear_raw()
             out[name].append(_timed(fn, device))
+            settle()
         pairs = [("raw_load", raw_load), ("load", our_load)]
         for name, fn in (pairs if r % 2 == 0 else pairs[::-1]):
             out[name].append(_timed(fn, device))
         out["step"].append(_timed(step, device))
         out["blocking"].append(_timed(our_save, device))
+        settle()
         handle: list[Any] = []
 
         def async_call() -> None:
@@ -159,10 +168,12 @@ def worker(spec: dict[str, Any]) -> None:
         stall = _timed(async_call, device)  # training may change the weights once the call returned
         out["step_while_writing"].append(_timed(step, device))  # it does, at once, while the save writes
         handle[-1].wait()
+        settle()
         if first_async is None:  # the process's first asynchronous save allocated the host buffers
             first_async = stall
             stall = _timed(async_call, device)
             handle[-1].wait()
+            settle()
         out["stall"].append(stall)
         futures: list[Any] = []
 

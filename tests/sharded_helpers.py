@@ -126,14 +126,14 @@ def digest(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> 
     h = hashlib.sha256()
     for name, t in sorted(get_model_state_dict(model).items()):
         h.update(name.encode())
-        h.update(_full(t).detach().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_full(t).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     if optimizer is not None:
         state = get_optimizer_state_dict(model, optimizer)["state"]
         for name in sorted(state):
             for key in sorted(state[name]):
                 value = _full(state[name][key])
                 h.update(f"{name}.{key}".encode())
-                h.update(value.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                h.update(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
                          if isinstance(value, torch.Tensor) else repr(value).encode())
     return h.hexdigest()
 
