@@ -30,8 +30,10 @@ def env_without_repository() -> dict[str, str]:
 @pytest.mark.parametrize("where", ["notebooks", "root", "copy"])
 def test_training_notebook_trains_checkpoints_and_resumes(where: str, tmp_path) -> None:
     stale = os.path.join(tempfile.gettempdir(), "clorch-notebook-ddp.pt")
+    fsdp = os.path.join(tempfile.gettempdir(), "clorch-notebook-fsdp")  # the sharded checkpoint's folder
     if os.path.exists(stale):
         os.unlink(stale)
+    shutil.rmtree(fsdp, ignore_errors=True)
     path, cwd = NOTEBOOK, os.path.dirname(NOTEBOOK)
     if where == "root":
         cwd = ROOT
@@ -43,7 +45,8 @@ def test_training_notebook_trains_checkpoints_and_resumes(where: str, tmp_path) 
         NotebookClient(nb, timeout=300, kernel_name="python3").execute(cwd=cwd, env=env_without_repository())
     finally:
         if os.path.exists(stale):
-            os.unlink(stale)  # the notebook's checkpoint: leave nothing behind in /tmp
+            os.unlink(stale)  # the notebook's checkpoints: leave nothing behind in /tmp
+        shutil.rmtree(fsdp, ignore_errors=True)
     joined = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert "error" not in [o.output_type for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     for r in (0, 1):
@@ -54,4 +57,6 @@ def test_training_notebook_trains_checkpoints_and_resumes(where: str, tmp_path) 
     resumed = re.findall(r"\[rank (\d)\] rank \d: resumed at epoch 2, step 16, weights ([0-9a-f]{16})", joined)
     assert len(saved) == 2 and sorted(saved) == sorted(resumed)  # the restarted ranks got the saved weights
     assert len({w for _r, w in saved}) == 1  # and the replicas were identical
+    assert re.search(r"\[ranks 0-1\] fsdp: 8 steps, saved \['\.metadata', '__0_0\.distcp', '__1_0\.distcp', "
+                     r"'clorch\.pt'\]; resumed at step 8, 16 steps, weights [0-9a-f]{16}", joined), joined[-2000:]
     assert "stopped 2 rank(s)" in joined

@@ -276,6 +276,7 @@ def test_widget_bars_update_live_and_a_slider_change_reaches_its_rank(lab: tuple
 
 def test_training_notebook_runs_in_jupyterlab(lab: tuple[LabServer, LabPage]) -> None:
     checkpoint = os.path.join(tempfile.gettempdir(), "clorch-notebook-ddp.pt")  # the notebook's own
+    sharded = os.path.join(tempfile.gettempdir(), "clorch-notebook-fsdp")  # and its FSDP2 folder
     if os.path.exists(checkpoint):
         os.unlink(checkpoint)
     try:
@@ -283,6 +284,7 @@ def test_training_notebook_runs_in_jupyterlab(lab: tuple[LabServer, LabPage]) ->
     finally:
         if os.path.exists(checkpoint):
             os.unlink(checkpoint)  # leave nothing behind in /tmp
+        shutil.rmtree(sharded, ignore_errors=True)
     page_text = "\n".join(c["text"] for c in run["cells"])
     assert "ModuleNotFoundError" not in page_text and "Traceback" not in page_text, page_text[-3000:]
     for r in (0, 1):
@@ -291,6 +293,7 @@ def test_training_notebook_runs_in_jupyterlab(lab: tuple[LabServer, LabPage]) ->
     resumed = re.findall(r"rank (\d): resumed at epoch 2, step 16, weights ([0-9a-f]{16})", page_text)
     saved = re.findall(r"rank (\d): weights ([0-9a-f]{16})", page_text)
     assert sorted(resumed) == sorted(saved) and len(saved) == 2
+    assert "fsdp: 8 steps" in page_text and "resumed at step 8, 16 steps" in page_text
     assert "stopped 2 rank(s)" in page_text
 
 
