@@ -60,7 +60,7 @@ def parse_run(parser: Any, line: str) -> RunRequest | None:
     from ..magics.arguments import parse_hang_notice, parse_ranks
     from ..topology import parse_timeout
 
-    args = parser.parse_args(arg_split(line))
+    args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
     if args.help:
         print(parser.format_help())
         return None
