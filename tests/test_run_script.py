@@ -186,6 +186,20 @@ def test_exit_statuses(ip: Any) -> None:
     assert_group_works(ip)
 
 
+def test_exit_and_quit_end_a_script_as_under_python(ip: Any, tmp_path: Any) -> None:
+    """IPython hides the builtins' exit/quit during a cell, and the rank namespace's would shut its
+    kernel down: a script gets python's (SystemExit), with -i too, and the rank's own come back."""
+    script = tmp_path / "ends.py"
+    script.write_text("import os\nprint('ending')\nexit(0) if os.environ['RANK'] == '0' else quit(4)\n")
+    for line in (str(script), f"-i {script}"):
+        res, cap = run(ip, line)
+        assert error_of(res) == "rank 1: ScriptExit: ends.py exited with status 4 (sys.exit at ends.py:3)", line
+        assert all(lines_of(cap.stdout, r) == ["ending"] for r in (0, 1)), cap.stdout
+    res, cap = cell(ip, "print(type(exit).__name__, 'ends' in __file__ if '__file__' in dir() else None)")
+    assert res.success and lines_of(cap.stdout, 0) == ["ZMQExitAutocall None"], cap.stdout
+    assert_group_works(ip)
+
+
 def test_spawn_is_refused_before_any_process_starts(ip: Any, magics: Any, tmp_path: Any) -> None:
     pids = magics.session.pids()
     before = {p: {c.pid for c in psutil.Process(p).children(recursive=True)} for p in pids}

@@ -42,6 +42,24 @@ _OWN_NAMES = frozenset({"__name__", "__file__", "__builtins__", "__spec__", "__l
 _MISSING = object()
 
 
+class _Exit:
+    """``exit``/``quit`` as a script run by python has them: ``SystemExit(code)``. IPython hides
+    the builtins' during a cell, and its own (the rank namespace's) would shut the rank's kernel
+    down; site's closes ``sys.stdin`` first, which a kernel must keep."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() to end the script"
+
+    def __call__(self, code: Any = None) -> None:
+        raise SystemExit(code)
+
+
+_EXITS = {"exit": _Exit("exit"), "quit": _Exit("quit")}
+
+
 @dataclass(frozen=True)
 class Target:
     """What a rank runs: a file, or a module found on its ``sys.path``."""
@@ -131,13 +149,13 @@ def run(script: str, args: list[str], module: bool = False, interactive: bool = 
     if interactive:
         ns = shell.user_ns
         main_mod = shell.user_module
-        saved_file = ns.get("__file__", _MISSING)
+        saved = {name: ns.get(name, _MISSING) for name in ("__file__", *_EXITS)}
     else:
         main_mod = shell.new_main_mod(target.path, "__main__")
         ns = main_mod.__dict__
         ns.update(__builtins__=builtins, __spec__=target.spec, __loader__=getattr(target.spec, "loader", None),
                   __package__=target.module.rpartition(".")[0] if target.module else None, __cached__=None)
-    ns["__name__"], ns["__file__"] = "__main__", target.path
+    ns.update(_EXITS, __name__="__main__", __file__=target.path)
     saved_argv, saved_main = sys.argv, sys.modules.get("__main__")
     sys.argv = [target.argv0, *args]
     sys.modules["__main__"] = main_mod
@@ -160,12 +178,16 @@ def run(script: str, args: list[str], module: bool = False, interactive: bool = 
         except ValueError:
             logger.debug("the script took %s off sys.path itself", target.search_dir)
         if interactive:
-            if saved_file is _MISSING:
-                ns.pop("__file__", None)
-            else:
-                ns["__file__"] = saved_file
+            for name, value in saved.items():
+                if name != "__file__" and ns.get(name) is not _EXITS[name]:
+                    continue  # the script bound the name itself: its value stays, as any global's
+                if value is _MISSING:
+                    ns.pop(name, None)
+                else:
+                    ns[name] = value
         else:
-            shell.user_ns.update({k: v for k, v in ns.items() if k not in _OWN_NAMES})
+            shell.user_ns.update({k: v for k, v in ns.items()
+                                  if k not in _OWN_NAMES and v is not _EXITS.get(k)})
             shell.user_ns["__builtins__"] = builtins  # what IPython's %run restores too
 
 
