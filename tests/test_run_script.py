@@ -235,6 +235,22 @@ def test_timeout_ends_a_script_as_it_ends_a_cell(ip: Any) -> None:
     assert_group_works(ip)
 
 
+def test_a_stall_in_a_script_gets_the_cells_hang_notice(ip: Any, tmp_path: Any) -> None:
+    script = tmp_path / "stalls.py"
+    script.write_text("import os, time, torch, torch.distributed as dist\n"
+                      "def load():\n    time.sleep(7)\n"
+                      "if os.environ['RANK'] == '1':\n    load()\n"
+                      "dist.all_reduce(torch.ones(4))\nprint('joined')\n")
+    res, cap = run(ip, f"--hang-notice 2 {script}")
+    assert res.success, cap.stdout + cap.stderr
+    said = cap.stdout + cap.stderr
+    notice = [line for line in said.splitlines() if line.startswith("clorch: no progress on any rank")]
+    assert len(notice) == 1, said
+    assert "all_reduce" in notice[0] and "rank 1 never called it and is at" in notice[0], notice
+    assert "stalls.py" in notice[0] and "load()" in notice[0], notice
+    assert all(lines_of(cap.stdout, r) == ["joined"] for r in (0, 1)), cap.stdout
+
+
 def test_a_rank_that_dies_in_a_script_is_reported(ip: Any, tmp_path: Any) -> None:
     """Last: the session is broken afterwards (the module's fixture stops it)."""
     script = tmp_path / "dies.py"
