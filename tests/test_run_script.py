@@ -183,6 +183,8 @@ def test_exit_statuses(ip: Any) -> None:
     res, cap = run(ip, f"{EXITS} raise")  # an exception: the script's own frames, none of clorch's
     assert error_of(res) == "rank 0: ValueError: bad value on rank 0; rank 1: ValueError: bad value on rank 1"
     assert "exits.py:16" in cap.stdout and "exits.py:25" in cap.stdout and "clorch_repl" not in cap.stdout
+    res, cap = cell(ip, "print(callable(fail), what)")  # a failed script's globals stay too, for a look
+    assert res.success and all(lines_of(cap.stdout, r) == ["True raise"] for r in (0, 1)), cap.stdout
     assert_group_works(ip)
 
 
@@ -213,6 +215,9 @@ def test_spawn_is_refused_before_any_process_starts(ip: Any, magics: Any, tmp_pa
     assert {p: {c.pid for c in psutil.Process(p).children(recursive=True)} for p in pids} == before
     res, cap = cell(ip, "import torch.multiprocessing as mp\nmp.start_processes(print, nprocs=2)")
     assert "SpawnRefused: torch.multiprocessing.start_processes(print, nprocs=2)" in error_of(res)
+    res, cap = cell(ip, "from torch.utils.data import DataLoader\n"  # worker processes of its own are fine
+                        "print(sorted(int(x) for b in DataLoader(list(range(8)), batch_size=2, num_workers=2) for x in b))")
+    assert res.success and lines_of(cap.stdout, 1) == ["[0, 1, 2, 3, 4, 5, 6, 7]"], cap.stdout + cap.stderr
     assert_group_works(ip)
 
 
