@@ -74,6 +74,8 @@ def test_init_calls_that_agree(facts: GroupFacts, kwargs: dict[str, Any]) -> Non
 @pytest.mark.parametrize("facts, kwargs, words", [
     (CPU, {"backend": "nccl"}, "backend='nccl', but the session's group uses gloo (%clorch start --backend nccl"),
     (GPU, {"backend": "gloo"}, "backend='gloo', but the session's group uses nccl"),
+    (GPU, {"backend": "cpu:gloo,cuda:nccl"}, "backend='cpu:gloo,cuda:nccl', but the session's group uses nccl "
+                                             "(leave backend out, or pass 'nccl')"),
     (CPU, {"world_size": 4}, "world_size=4, but the session's group has 2 rank(s)"),
     (CPU, {"rank": 0}, "rank=0, but this process is rank 1 of the session's group"),
     (CPU, {"init_method": "tcp://10.0.0.1:29500"}, "init_method='tcp://10.0.0.1:29500' would form a second group"),

@@ -57,9 +57,11 @@ def disagreement(facts: GroupFacts, backend: Any = None, init_method: str | None
     agrees). A timeout and a group name are always accepted: the group keeps the session's
     timeout (``%clorch start --timeout``). Each entry says what to do instead."""
     found: list[str] = []
-    if backend is not None and str(backend).strip().lower() not in ("", facts.backend, "undefined"):
-        found.append(f"backend={str(backend)!r}, but the session's group uses {facts.backend} "
-                     f"(%clorch start --backend {str(backend).strip().lower()} starts a session with that backend)")
+    asked = "" if backend is None else str(backend).strip().lower()
+    if asked not in ("", facts.backend, "undefined"):
+        how = (f"%clorch start --backend {asked} starts a session with that backend" if asked in ("gloo", "nccl")
+               else f"leave backend out, or pass {facts.backend!r}")
+        found.append(f"backend={str(backend)!r}, but the session's group uses {facts.backend} ({how})")
     if init_method not in (None, "", "env://"):
         found.append(f"init_method={init_method!r} would form a second group; the session's group is already "
                      "formed: leave init_method out or pass 'env://'")
