@@ -240,6 +240,23 @@ def test_timeout_ends_a_script_as_it_ends_a_cell(ip: Any) -> None:
     assert_group_works(ip)
 
 
+def test_kernel_interrupt_reaches_a_running_script() -> None:
+    """Kernel > Interrupt (SIGINT to a real notebook kernel) during %clorch run: KeyboardInterrupt
+    in the script on every rank, at the script's line, and the session goes on."""
+    from notebook_kernel import clorch_session
+
+    with clorch_session() as nb:
+        msg_id = nb.send(f"%clorch run {os.path.join(SCRIPTS, 'sleeper.py')} 60")
+        nb.wait_for_ranks(msg_id, "sleeping")
+        t0 = time.monotonic()
+        nb.km.interrupt_kernel()
+        reply = nb.collect(msg_id, timeout=60)
+        assert reply.status == "error" and time.monotonic() - t0 < 10, reply.text
+        assert "KeyboardInterrupt" in reply.text and "sleeper.py:6" in reply.text, reply.text
+        after = nb.run("%%distributed\n" + ALL_REDUCE)
+        assert after.status == "ok" and all(lines_of(after.text, r) == ["sum 3.0 2"] for r in (0, 1)), after.text
+
+
 def test_a_stall_in_a_script_gets_the_cells_hang_notice(ip: Any, tmp_path: Any) -> None:
     script = tmp_path / "stalls.py"
     script.write_text("import os, time, torch, torch.distributed as dist\n"
