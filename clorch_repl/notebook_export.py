@@ -223,6 +223,9 @@ def export_notebook(nb: Mapping[str, Any], script_name: str = "OUT.py") -> Expor
         if tree is not None:
             _check_cell(tree, code, where, options, warnings, notebook_names, pushed, on_ranks)
             on_ranks |= _stored(tree)
+        else:
+            warnings.append(f"{where} is not Python that a script can hold (top-level await, a syntax error): "
+                            "the script will not compile until the cell is fixed")
         if "--gather" in options:
             warnings.append(f"{where}: --gather {options['--gather']} gave the notebook each rank's last value; "
                             "the script has no notebook, and gathers nothing")

@@ -221,7 +221,7 @@ def test_spawn_is_refused_before_any_process_starts(ip: Any, magics: Any, tmp_pa
     assert_group_works(ip)
 
 
-def test_a_script_missing_on_the_ranks_is_named_and_nothing_runs(ip: Any) -> None:
+def test_a_script_missing_or_broken_on_the_ranks_is_named_and_nothing_runs(ip: Any, tmp_path: Any) -> None:
     res, cap = run(ip, "no/such/train.py --epochs 1")
     error = error_of(res)
     assert error.startswith("%clorch run no/such/train.py: nothing was run: ranks 0-1: ScriptNotFound: no script "
@@ -229,6 +229,13 @@ def test_a_script_missing_on_the_ranks_is_named_and_nothing_runs(ip: Any) -> Non
     assert "it must exist on every node that runs a rank" in error
     res, cap = run(ip, "-m no_such_module_xyz")
     assert "cannot find module 'no_such_module_xyz'" in error_of(res) or "no module 'no_such_module_xyz'" in error_of(res)
+    broken = os.path.join(str(tmp_path), "broken.py")
+    with open(broken, "w") as fh:
+        fh.write("print('never')\ndef f(:\n    pass\n")
+    res, cap = run(ip, broken)  # python reads the whole script first: nothing of it runs
+    assert error_of(res) == (f"%clorch run {broken}: nothing was run: ranks 0-1: SyntaxError: invalid syntax "
+                             "(broken.py, line 2)"), error_of(res)
+    assert "never" not in cap.stdout
     res, cap = run(ip, "--ranks 5 x.py")
     assert "--ranks" in error_of(res)
 

@@ -188,6 +188,12 @@ def test_export_warns_about_what_the_script_cannot_reproduce() -> None:
     assert "# %time y = 1\nprint(steps)" in result.script
 
 
+def test_export_warns_about_a_cell_that_is_not_python() -> None:
+    result = export_notebook(_notebook(nbformat.v4.new_code_cell("%%distributed\nawait something()")))
+    assert result.warnings == ["cell 0 (%%distributed) is not Python that a script can hold (top-level await, a "
+                               "syntax error): the script will not compile until the cell is fixed"]
+
+
 def test_export_refuses_a_bad_ranks_list() -> None:
     with pytest.raises(ValueError, match="cell 0 .*--ranks"):
         export_notebook(_notebook(nbformat.v4.new_code_cell("%%distributed --ranks a,b\nprint(1)")))

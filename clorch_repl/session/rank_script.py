@@ -120,8 +120,11 @@ def _resolve_module(name: str) -> Target:
 
 
 def check(script: str, module: bool) -> None:
-    """The notebook's pre-flight request: raises on this rank when the script is not here."""
-    resolve(script, module)
+    """The notebook's pre-flight request: raises on this rank when the script is not here, or
+    does not compile (python, too, reads the whole script before it runs a line of it; a
+    SyntaxError is then the notebook's one line, ``SyntaxError: invalid syntax (train.py, line
+    2)``, where the cell's rendering of it would list IPython's and clorch's frames)."""
+    _code(resolve(script, module))
 
 
 def _shell() -> Any:
@@ -145,7 +148,7 @@ def run(script: str, args: list[str], module: bool = False, interactive: bool = 
     """Run the script on this rank (see the module docstring)."""
     shell = _shell()
     target = resolve(script, module)
-    code = _code(target)  # a SyntaxError is shown as python shows it, before anything changes
+    code = _code(target)  # compiled by check() a moment ago: a SyntaxError stopped it there
     if interactive:
         ns = shell.user_ns
         main_mod = shell.user_module

@@ -5,9 +5,9 @@ Options go before the script, the script's own arguments after it, as torchrun t
 ``%clorch run``'s only before the script, and the script's after it.
 
 Two requests, both through :meth:`Session.run` like every request to ranks (the pattern of
-:mod:`.transfer`): a silent pre-flight asks every chosen rank whether it has the script (a file
-missing on one node would otherwise leave the other ranks waiting for it in their first
-collective until the group's timeout), then the run itself is an ordinary cell, so its output,
+:mod:`.transfer`): a silent pre-flight asks every chosen rank whether it has the script and
+whether it compiles (a file missing on one node would otherwise leave the other ranks waiting
+for it in their first collective until the group's timeout), then the run itself is an ordinary cell, so its output,
 interrupts, ``--timeout``, hang notices and death reports are a cell's. The rank's half is
 :mod:`.rank_script`.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from IPython.utils.process import arg_split
 
-from ..errors import ConfigError, DistributedCellError, ScriptNotFound
+from ..errors import ClorchError, ConfigError, DistributedCellError, ScriptNotFound
 from .display import NotebookDisplay
 from .protocol import CellOutcome
 from .session import Session
@@ -81,7 +81,9 @@ def run(session: Session, request: RunRequest, cell_number: int | None = None) -
     check = session.run(request.rank_code(check=True), request.ranks, CHECK_TIMEOUT_S,
                         NotebookDisplay(chosen, hosts=session.hosts()), silent=True)
     if not check.ok:
-        raise ScriptNotFound(f"%clorch run {request.script}: nothing was run: {DistributedCellError(check).summary()}")
+        missing = all(o.error is not None and o.error.ename == "ScriptNotFound" for o in check.failed)
+        error = ScriptNotFound if missing and check.failed else ClorchError
+        raise error(f"%clorch run {request.script}: nothing was run: {DistributedCellError(check).summary()}")
     display = NotebookDisplay(chosen, merge=request.merge, hosts=session.hosts())
     logger.debug("running %s on %s", request.script, chosen)
     return session.run(request.rank_code(), request.ranks, request.timeout_s, display,
