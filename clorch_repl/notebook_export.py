@@ -128,9 +128,12 @@ def _strip_ipython(body: str, where: str, warnings: list[str]) -> str:
 
 
 def _parse(code: str) -> ast.Module | None:
+    """The code's tree, None when a script cannot hold it (compile also refuses a top-level
+    ``await``, which IPython runs and ``ast.parse`` lets pass)."""
     try:
+        compile(code, "<cell>", "exec", dont_inherit=True)
         return ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return None
 
 
