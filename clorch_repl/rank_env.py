@@ -160,7 +160,8 @@ def torchrun_extras(env: Mapping[str, str]) -> dict[str, str]:
     ``GROUP_WORLD_SIZE``, ``TORCHELASTIC_*``), derived from a rank's ``RANK``, ``WORLD_SIZE`` and
     ``LOCAL_WORLD_SIZE``, so that a torchrun script (or a cell pasted from one) that reads them
     finds them in a session's rank. Nodes hold the same number of ranks (``--nproc-per-node``),
-    so the node's index is ``RANK // LOCAL_WORLD_SIZE``. Values already set (a rank started by a
+    so the node's index is ``RANK // LOCAL_WORLD_SIZE`` (left out where LOCAL_WORLD_SIZE does
+    not divide WORLD_SIZE: nodes of different sizes). Values already set (a rank started by a
     real torchrun, under ``--launcher attach``) are kept: they are torchrun's own.
     ``TORCHELASTIC_USE_AGENT_STORE`` is left out on purpose (see ``_AGENT_ONLY``)."""
     try:
@@ -169,10 +170,9 @@ def torchrun_extras(env: Mapping[str, str]) -> dict[str, str]:
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"cannot derive torchrun's variables from this rank's environment ({exc}): "
                           "RANK, WORLD_SIZE and LOCAL_WORLD_SIZE must be whole numbers") from None
-    if local_world < 1 or world % local_world:
-        raise ConfigError(f"LOCAL_WORLD_SIZE={local_world} does not divide WORLD_SIZE={world}")
-    wanted = {"GROUP_RANK": str(rank // local_world), "GROUP_WORLD_SIZE": str(world // local_world),
-              "ROLE_RANK": str(rank), "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world),
+    wanted = {"ROLE_RANK": str(rank), "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world),
               "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
               "TORCHELASTIC_RUN_ID": TORCHRUN_RUN_ID}
+    if local_world >= 1 and world % local_world == 0:  # else the nodes differ: no node index to derive
+        wanted.update(GROUP_RANK=str(rank // local_world), GROUP_WORLD_SIZE=str(world // local_world))
     return {key: value for key, value in wanted.items() if key not in env}

@@ -103,8 +103,8 @@ def test_torchrun_extras() -> None:
         {"GROUP_RANK", "TORCHELASTIC_RUN_ID"})  # a real torchrun's own values stay
     with pytest.raises(ConfigError, match="RANK, WORLD_SIZE and LOCAL_WORLD_SIZE"):
         torchrun_extras({"RANK": "x", "WORLD_SIZE": "2"})
-    with pytest.raises(ConfigError, match="does not divide"):
-        torchrun_extras({"RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "2"})
+    uneven = torchrun_extras({"RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "2"})  # nodes of 2 and 1
+    assert "GROUP_RANK" not in uneven and uneven["ROLE_WORLD_SIZE"] == "3"
 
 
 def test_where_a_rank_looks_for_the_script(tmp_path: Any) -> None:

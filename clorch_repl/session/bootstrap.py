@@ -74,10 +74,14 @@ def _accept_torchrun_code() -> None:
     """What a torchrun script finds in torchrun's workers: the rest of torchrun's variables, and
     its own init_process_group()/destroy_process_group() agreeing with the session's group
     (:mod:`.rank_torchrun`), in %clorch run scripts and cells alike."""
+    from ..errors import ConfigError
     from ..rank_env import torchrun_extras
     from . import rank_torchrun
 
-    os.environ.update(torchrun_extras(os.environ))
+    try:
+        os.environ.update(torchrun_extras(os.environ))
+    except ConfigError as exc:  # a convenience for scripts: the rank works without it
+        logger.warning("rank %s: torchrun's extra variables not set: %s", os.environ.get("RANK", "?"), exc)
     rank_torchrun.install()
 
 
