@@ -143,7 +143,7 @@ def test_a_ddp_script_runs_twice_resuming_and_a_collective_works_after(ip: Any, 
     assert_group_works(ip)
 
 
-def test_the_script_sees_what_torchrun_gives_it_and_leaves_its_globals(ip: Any) -> None:
+def test_the_script_sees_what_torchrun_gives_it_and_leaves_its_globals(ip: Any, tmp_path: Any) -> None:
     res, cap = run(ip, f"{REPORT} a --b 2 --ranks 7")  # after the script: the script's own arguments
     assert res.success, cap.stdout + cap.stderr
     for r in (0, 1):
@@ -156,6 +156,12 @@ def test_the_script_sees_what_torchrun_gives_it_and_leaves_its_globals(ip: Any) 
     assert res.success, cap.stdout
     assert lines_of(cap.stdout, 1) == ["1 ['a', '--b', '2', '--ranks', '7'] False"]  # sys.argv restored
 
+    pickles = tmp_path / "pickles.py"  # what the script defines pickles: it has a __main__ module of its own
+    pickles.write_text("import pickle, sys\nclass Point:\n    pass\n"
+                       "back = pickle.loads(pickle.dumps(Point()))\n"
+                       "print(type(back).__name__, sys.modules['__main__'].__file__ == __file__, sys.path[0])\n")
+    res, cap = run(ip, str(pickles))
+    assert res.success and lines_of(cap.stdout, 0) == [f"Point True {tmp_path}"], cap.stdout + cap.stderr
     res, cap = run(ip, "-m tests.torchrun_scripts.report x")
     assert res.success, cap.stdout + cap.stderr
     assert lines_of(cap.stdout, 0)[1] == "argv report.py x" and lines_of(cap.stdout, 0)[-1] == "sees rank False"
