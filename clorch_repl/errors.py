@@ -13,7 +13,11 @@
     │   ├── CollectiveMismatch          ranks called it with tensors that do not fit together
     │   └── CollectiveTimeout (TimeoutError)
     ├── CheckpointError                 a checkpoint could not be written, read, or does not fit
-    └── SignatureError (ValueError)     a message from a rank was unsigned, wrongly signed or replayed
+    ├── SignatureError (ValueError)     a message from a rank was unsigned, wrongly signed or replayed
+    ├── GroupConflict (ConfigError)     a rank's init_process_group() disagrees with the session's group
+    ├── SpawnRefused                    code on a rank asked torch.multiprocessing to start ranks of its own
+    ├── ScriptNotFound (ConfigError)    %clorch run: the script or module is not there on a rank
+    └── ScriptExit                      %clorch run: the script called sys.exit with a failing status
 
     DistributedCellError (Exception)    a ``%%distributed`` cell failed on one or more ranks
 
@@ -38,7 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
 
 __all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
            "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CheckpointError",
-           "SignatureError", "DistributedCellError"]
+           "SignatureError", "GroupConflict", "SpawnRefused", "ScriptNotFound", "ScriptExit",
+           "DistributedCellError"]
 
 
 def rank_words(ranks: "Iterable[int]") -> str:
@@ -118,6 +123,30 @@ class CheckpointError(ClorchError):
 
 class SignatureError(ClorchError, ValueError):
     """A message from a rank was unsigned, wrongly signed or replayed."""
+
+
+class GroupConflict(ConfigError):
+    """``init_process_group(...)`` on a rank asked for a group other than the session's (a
+    backend, world size, rank, rendezvous or device that differs); the message names each."""
+
+
+class SpawnRefused(ClorchError):
+    """``torch.multiprocessing.spawn``/``start_processes`` on a rank, refused before any process
+    started: the rank already is one of the world's processes."""
+
+
+class ScriptNotFound(ConfigError):
+    """``%clorch run``: the script file or module does not exist on a rank (its host, its working
+    directory); nothing ran on any rank."""
+
+
+class ScriptExit(ClorchError):
+    """``%clorch run``: the script ended with ``sys.exit(status)``, status neither 0 nor None;
+    ``status`` is the process exit status it would have had (1 for a message)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"

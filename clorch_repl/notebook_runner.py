@@ -462,11 +462,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where to write the executed notebook (default: NB.executed.ipynb beside it)")
     run.add_argument("--cwd", default=None, help="the kernel's working directory (default: the notebook's folder)")
     run.add_argument("--kernel", default=None, help="kernel name (default: the notebook's kernelspec, else python3)")
+    from . import notebook_export
+
+    notebook_export.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "export":
+        from . import notebook_export
+
+        return notebook_export.main(args)
     try:
         runner = NotebookRun(args.notebook, nproc=args.nproc, timeout_s=args.timeout, output=args.output,
                              cwd=args.cwd, kernel_name=args.kernel)

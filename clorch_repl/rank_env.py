@@ -149,3 +149,30 @@ def identity_environment(identity: Identity) -> dict[str, str]:
     """torchrun's names for a rank's place, for a process that learnt it from Slurm's."""
     return {"RANK": str(identity.rank), "LOCAL_RANK": str(identity.local_rank),
             "WORLD_SIZE": str(identity.world_size), "LOCAL_WORLD_SIZE": str(identity.local_world_size)}
+
+
+#: torchrun's variables beyond a rank's place, which torchrun scripts read (``%clorch run``)
+TORCHRUN_RUN_ID = "clorch"
+
+
+def torchrun_extras(env: Mapping[str, str]) -> dict[str, str]:
+    """The rest of what torchrun's agent sets in a worker (``GROUP_RANK``, ``ROLE_*``,
+    ``GROUP_WORLD_SIZE``, ``TORCHELASTIC_*``), derived from a rank's ``RANK``, ``WORLD_SIZE`` and
+    ``LOCAL_WORLD_SIZE``, so that a torchrun script (or a cell pasted from one) that reads them
+    finds them in a session's rank. Nodes hold the same number of ranks (``--nproc-per-node``),
+    so the node's index is ``RANK // LOCAL_WORLD_SIZE`` (left out where LOCAL_WORLD_SIZE does
+    not divide WORLD_SIZE: nodes of different sizes). Values already set (a rank started by a
+    real torchrun, under ``--launcher attach``) are kept: they are torchrun's own.
+    ``TORCHELASTIC_USE_AGENT_STORE`` is left out on purpose (see ``_AGENT_ONLY``)."""
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE") or world)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"cannot derive torchrun's variables from this rank's environment ({exc}): "
+                          "RANK, WORLD_SIZE and LOCAL_WORLD_SIZE must be whole numbers") from None
+    wanted = {"ROLE_RANK": str(rank), "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world),
+              "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+              "TORCHELASTIC_RUN_ID": TORCHRUN_RUN_ID}
+    if local_world >= 1 and world % local_world == 0:  # else the nodes differ: no node index to derive
+        wanted.update(GROUP_RANK=str(rank // local_world), GROUP_WORLD_SIZE=str(world // local_world))
+    return {key: value for key, value in wanted.items() if key not in env}

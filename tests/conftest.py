@@ -54,6 +54,8 @@ FAST = frozenset({
     "test_topology.py",
     "test_wire.py",
     "test_lean_wire.py",
+    # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
+    "test_torchrun_units.py",
     # checkpoints in one process (the multi-rank and SIGKILL cases start processes)
     "test_checkpoint.py::test_round_trip_single_process",
     "test_checkpoint.py::test_file_mode_follows_the_umask",

@@ -7,6 +7,7 @@ only validates its input, delegates and renders. Every mistake in the input ends
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import dataclasses
@@ -34,7 +35,7 @@ from .arguments import (argument, hang_notice_option, launcher_options, magic_ar
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "debug",
+COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run", "debug",
             "debugger")
 
 
@@ -386,6 +387,33 @@ class ClorchMagics(Magics):
         if name not in self.shell.user_ns:
             raise ClorchError(f"name {name!r} is not defined in the notebook")
         transfer.push(self._session(), name, self.shell.user_ns[name], ranks, limit)
+
+    @magic_arguments(name="clorch run")
+    @argument("-h", "--help", action="store_true", help="show this help (after SCRIPT, --help is the script's)")
+    @ranks_option
+    @argument("-i", action="store_true", dest="interactive",
+              help="run in each rank's own namespace (it sees rank, device, ...), as %%run -i does")
+    @argument("-m", action="store_true", dest="module", help="SCRIPT is a module name, run as python -m runs it")
+    @timeout_option
+    @hang_notice_option
+    @argument("--no-merge", action="store_true", dest="no_merge", help="show every rank's copy of identical output")
+    @argument("script", nargs="?", metavar="SCRIPT", help="the script's path on the nodes (or the module, with -m)")
+    @argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments (its sys.argv[1:])")
+    def _run(self, line: str) -> None:
+        """Run a torchrun script on every rank (--ranks), as %run runs one: options before SCRIPT, its own after.
+
+        The script runs unchanged in each live rank, inside the session's process group, with
+        __name__ == "__main__", sys.argv and torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE,
+        ...); its globals stay in the rank's namespace. sys.exit(0) ends it cleanly."""
+        from ..session import script_run
+
+        request = script_run.parse_run(self._run.parser, line)  # type: ignore[attr-defined]
+        if request is None:
+            return
+        session = self._session()
+        outcome = script_run.run(session, request, _notebook_cell_number(self.shell))
+        if not outcome.ok:
+            raise DistributedCellError(outcome, request.timeout_s, merge=request.merge)
 
     @magic_arguments(name="clorch debug")
     @argument("rank", help="the rank whose last exception to open")

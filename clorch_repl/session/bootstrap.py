@@ -63,10 +63,26 @@ def join_group(env: dict[str, str] | None = None) -> None:
         dist.init_process_group(**kwargs)
         if backend != "nccl":
             dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
+    _accept_torchrun_code()
     ns = _user_ns()
     ns.update(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
     _answer_probes()
     _quiet_kernel_logger()
+
+
+def _accept_torchrun_code() -> None:
+    """What a torchrun script finds in torchrun's workers: the rest of torchrun's variables, and
+    its own init_process_group()/destroy_process_group() agreeing with the session's group
+    (:mod:`.rank_torchrun`), in %clorch run scripts and cells alike."""
+    from ..errors import ConfigError
+    from ..rank_env import torchrun_extras
+    from . import rank_torchrun
+
+    try:
+        os.environ.update(torchrun_extras(os.environ))
+    except ConfigError as exc:  # a convenience for scripts: the rank works without it
+        logger.warning("rank %s: torchrun's extra variables not set: %s", os.environ.get("RANK", "?"), exc)
+    rank_torchrun.install()
 
 
 def _move_output_to_rank_log() -> None:
@@ -122,8 +138,10 @@ def leave_group() -> None:
     """Destroy the process group before a clean stop (NCCL warns at exit when it was not)."""
     import torch.distributed as dist
 
+    from .rank_torchrun import torch_destroy
+
     if dist.is_initialized():
-        dist.destroy_process_group()
+        torch_destroy()()  # torch's own: the one user code reaches keeps the session's group
 
 
 def _user_ns() -> dict[str, Any]:

@@ -1,0 +1,90 @@
+"""The notebook's half of ``%clorch run SCRIPT [ARGS...]`` / ``%clorch run -m MODULE [ARGS...]``.
+
+Options go before the script, the script's own arguments after it, as torchrun takes them
+(``%clorch run --ranks 0 train.py --ranks 5`` gives the script ``--ranks 5``); so ``--help`` is
+``%clorch run``'s only before the script, and the script's after it.
+
+Two requests, both through :meth:`Session.run` like every request to ranks (the pattern of
+:mod:`.transfer`): a silent pre-flight asks every chosen rank whether it has the script and
+whether it compiles (a file missing on one node would otherwise leave the other ranks waiting
+for it in their first collective until the group's timeout), then the run itself is an ordinary cell, so its output,
+interrupts, ``--timeout``, hang notices and death reports are a cell's. The rank's half is
+:mod:`.rank_script`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from IPython.utils.process import arg_split
+
+from ..errors import ClorchError, ConfigError, DistributedCellError, ScriptNotFound
+from .display import NotebookDisplay
+from .protocol import CellOutcome
+from .session import Session
+
+logger = logging.getLogger(__name__)
+
+#: how long the pre-flight may take (a stat, or a module search on each rank)
+CHECK_TIMEOUT_S = 120.0
+_MODULE = "__import__('clorch_repl.session.rank_script', fromlist=['_'])"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One ``%clorch run`` as typed, validated."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    interactive: bool = False
+    ranks: list[int] | None = None
+    timeout_s: float | None = None
+    hang_notice_s: float | None = None
+    merge: bool = True
+
+    def rank_code(self, check: bool = False) -> str:
+        """The one line each rank runs: the pre-flight check, or the run."""
+        if check:
+            return f"{_MODULE}.check({self.script!r}, {self.module!r})"
+        return (f"{_MODULE}.run({self.script!r}, {list(self.args)!r}, module={self.module!r}, "
+                f"interactive={self.interactive!r})")
+
+
+def parse_run(parser: Any, line: str) -> RunRequest | None:
+    """``%clorch run``'s line as a :class:`RunRequest`; None after printing the help (``--help``
+    before the script). ``parser``: the magic's argparse parser, with ``script`` and a REMAINDER
+    ``args``. Bad input raises :class:`ConfigError` (a ``UsageError`` from the parser itself)."""
+    from ..magics.arguments import parse_hang_notice, parse_ranks
+    from ..topology import parse_timeout
+
+    args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
+    if args.help:
+        print(parser.format_help())
+        return None
+    if not args.script:
+        what = "MODULE" if args.module else "SCRIPT"
+        raise ConfigError(f"%clorch run needs a {what}: %clorch run [options] SCRIPT [ARGS...] or "
+                          "%clorch run [options] -m MODULE [ARGS...] (see --help)")
+    if args.module and not all(part.isidentifier() for part in args.script.split(".")):
+        raise ConfigError(f"-m takes a module name (e.g. pkg.train), got {args.script!r}; to run a file, leave -m out")
+    return RunRequest(script=args.script, args=tuple(args.args), module=args.module, interactive=args.interactive,
+                      ranks=parse_ranks(args.ranks), timeout_s=parse_timeout(args.timeout, "--timeout"),
+                      hang_notice_s=parse_hang_notice(args.hang_notice), merge=not args.no_merge)
+
+
+def run(session: Session, request: RunRequest, cell_number: int | None = None) -> CellOutcome:
+    """Check that every chosen rank has the script, then run it there as a cell."""
+    chosen = session.chosen(request.ranks)
+    check = session.run(request.rank_code(check=True), request.ranks, CHECK_TIMEOUT_S,
+                        NotebookDisplay(chosen, hosts=session.hosts()), silent=True)
+    if not check.ok:
+        missing = all(o.error is not None and o.error.ename == "ScriptNotFound" for o in check.failed)
+        error = ScriptNotFound if missing and check.failed else ClorchError
+        raise error(f"%clorch run {request.script}: nothing was run: {DistributedCellError(check).summary()}")
+    display = NotebookDisplay(chosen, merge=request.merge, hosts=session.hosts())
+    logger.debug("running %s on %s", request.script, chosen)
+    return session.run(request.rank_code(), request.ranks, request.timeout_s, display,
+                       hang_notice_s=request.hang_notice_s, cell_number=cell_number)
