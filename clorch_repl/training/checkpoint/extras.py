@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import CheckpointError, ClorchError, ConfigError
 from .rank_state import entry_for, rng_state, set_rng_state, state_json
 
-__all__ = ["local_extras", "payload_extras", "check_extras", "apply_extras", "saved_state"]
+__all__ = ["local_extras", "checkpoint_metadata", "payload_extras", "check_extras", "apply_extras", "saved_state"]
 
 
 def local_extras(sampler: Any, state: Any) -> tuple[str, dict[str, Any], Any]:
@@ -25,6 +25,29 @@ def local_extras(sampler: Any, state: Any) -> tuple[str, dict[str, Any], Any]:
         raise ConfigError(f"sampler {type(sampler).__name__} has no state_dict(); use "
                           "clorch_repl.data.distributed_sampler, or leave sampler out")
     return metadata_json, rng_state(), sampler.state_dict() if sampler is not None else None
+
+
+def checkpoint_metadata(layout: str, metadata_json: str, model_state: Any, model: Any, optimizer: Any,
+                        sampler: Any, scaler: Any) -> dict[str, Any]:
+    """The JSON metadata of a checkpoint of either ``layout`` ("single-file" or "sharded")."""
+    import time
+
+    import torch
+
+    from ...distributed import _c10d
+    from .container import FORMAT, FORMAT_VERSION
+
+    signature = ([[name, list(t.shape), str(t.dtype).replace("torch.", "")]
+                  for name, t in model_state.items() if isinstance(t, torch.Tensor)]
+                 if model_state is not None else None)
+    return {
+        "format": FORMAT, "version": FORMAT_VERSION, "layout": layout, "state": json.loads(metadata_json),
+        "saved_at": time.time(), "torch": torch.__version__, "world_size": _c10d.world_size(),
+        "model_signature": signature,
+        "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
+        "contents": [name for name, obj in (("model", model), ("optimizer", optimizer),
+                                            ("sampler", sampler), ("scaler", scaler)) if obj is not None],
+    }
 
 
 def payload_extras(meta: dict[str, Any], scaler: Any, sampler: Any,

@@ -30,7 +30,6 @@ own state (resharding to however it is sharded now) and ``set_state_dict`` appli
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -50,10 +49,10 @@ from ...errors import CheckpointError, ClorchError, ConfigError
 from . import in_flight
 from .commit import check_replaceable, commit, leftover_of, missing_files, remove_leftovers, temp_folder
 from .container import FORMAT, FORMAT_VERSION, is_torch_file, read_container, write_container
-from .extras import apply_extras, check_extras, local_extras, payload_extras, saved_state
+from .extras import apply_extras, check_extras, checkpoint_metadata, local_extras, payload_extras, saved_state
 from .ranks import checkpoint_group, gather, raise_if_any
 from .safe_dcp import METADATA_FILE, SafeLoadPlanner, SafeReader, read_metadata
-from .single_file import check_model_shapes, check_optimizer_class, model_signature
+from .single_file import check_model_shapes, check_optimizer_class
 from .staging import Stager
 
 logger = logging.getLogger(__name__)
@@ -157,15 +156,8 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
         try:
             remove_leftovers(target)
             temp = temp_folder(target)
-            meta = {
-                "format": FORMAT, "version": FORMAT_VERSION, "layout": "sharded",
-                "state": json.loads(metadata_json), "saved_at": time.time(), "torch": torch.__version__,
-                "world_size": _c10d.world_size(),
-                "model_signature": model_signature(dcp_state["model"]) if "model" in dcp_state else None,
-                "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
-                "contents": [name for name, obj in (("model", model), ("optimizer", optimizer),
-                                                    ("sampler", sampler), ("scaler", scaler)) if obj is not None],
-            }
+            meta = checkpoint_metadata("sharded", metadata_json, dcp_state.get("model"), model, optimizer, sampler,
+                                       scaler)
             write_container(os.path.join(temp, EXTRAS_FILE), {
                 "format": FORMAT, "version": FORMAT_VERSION, "model": None, "optimizer": None,
                 **payload_extras(meta, scaler, sampler, [g[1] for g in gathered], [g[2] for g in gathered])})

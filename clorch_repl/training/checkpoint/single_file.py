@@ -15,10 +15,8 @@ between the group's own processes.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from typing import Any
 
 import torch
@@ -27,18 +25,12 @@ from ...distributed import _c10d
 from ...errors import CheckpointError, ClorchError, ConfigError
 from ..ddp import unwrap
 from .container import FORMAT, FORMAT_VERSION, read_container, write_container
-from .extras import apply_extras, check_extras, local_extras, payload_extras, saved_state
+from .extras import apply_extras, check_extras, checkpoint_metadata, local_extras, payload_extras, saved_state
 from .ranks import gather, raise_if_any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["save", "load", "model_signature", "check_model_shapes", "check_optimizer_class"]
-
-
-def model_signature(state_dict: dict[str, Any]) -> list[list[Any]]:
-    """[name, global shape, dtype] of every tensor of a model's state dict."""
-    return [[name, list(t.shape), str(t.dtype).replace("torch.", "")]
-            for name, t in state_dict.items() if isinstance(t, torch.Tensor)]
+__all__ = ["save", "load", "check_model_shapes", "check_optimizer_class"]
 
 
 def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, state: Any) -> str:
@@ -61,15 +53,8 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
         try:
             module = unwrap(model) if model is not None else None
             model_state = module.state_dict() if module is not None else None
-            meta = {
-                "format": FORMAT, "version": FORMAT_VERSION, "layout": "single-file",
-                "state": json.loads(metadata_json),
-                "saved_at": time.time(), "torch": torch.__version__, "world_size": _c10d.world_size(),
-                "model_signature": model_signature(model_state) if model_state is not None else None,
-                "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
-                "contents": [name for name, obj in (("model", model), ("optimizer", optimizer),
-                                                    ("sampler", sampler), ("scaler", scaler)) if obj is not None],
-            }
+            meta = checkpoint_metadata("single-file", metadata_json, model_state, model, optimizer, sampler,
+                                       scaler)
             payload = {
                 "format": FORMAT, "version": FORMAT_VERSION,
                 "model": model_state,
