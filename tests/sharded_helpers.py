@@ -170,6 +170,11 @@ def save_then_load(ctx: dict[str, Any]) -> dict[str, Any]:
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
     out["state"] = load_checkpoint(path, model=fresh, optimizer=fresh_opt)
     out["loaded"] = digest(fresh, fresh_opt)
+    if args.get("async"):  # a load right after an asynchronous save reads that save, never the one before
+        second = digest(model, opt)
+        save_checkpoint(path, model=model, optimizer=opt, state={"step": 2, "kind": kind}, async_save=True)
+        out["state_right_after"] = load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+        out["right_after_exact"] = digest(fresh, fresh_opt) == second
     return out
 
 

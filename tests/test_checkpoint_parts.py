@@ -37,6 +37,13 @@ def test_the_metadata_unpickler_resolves_dcp_classes_and_refuses_others(tmp_path
         (tmp_path / ".metadata").write_bytes(pickle.dumps(payload))
         with pytest.raises(CheckpointError, match=rf"refused to load .*\.metadata: it names the Python object .*{name}"):
             safe_dcp.read_metadata(str(tmp_path))
+    import pathlib
+
+    # pickle's BUILD on an allowed class itself would set its attributes for the whole process
+    (tmp_path / ".metadata").write_bytes(b"cpathlib\nPurePosixPath\n}S'hacked'\nI1\nsb.")
+    with pytest.raises(CheckpointError, match="sets attributes of PurePosixPath itself"):
+        safe_dcp.read_metadata(str(tmp_path))
+    assert not hasattr(pathlib.PurePosixPath, "hacked")
     (tmp_path / ".metadata").write_bytes(pickle.dumps(md)[:20])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         safe_dcp.read_metadata(str(tmp_path))

@@ -89,6 +89,7 @@ def test_async_save_holds_the_state_at_the_call(tmp_path) -> None:
         assert r["changed_meanwhile"], "the weights changed while the save wrote"
         assert r["waited"] == path
         assert r["loaded"] == r["saved"], "the checkpoint holds the state at the call"
+        assert r["state_right_after"] == {"step": 2, "kind": "fsdp"} and r["right_after_exact"], r
         assert r["staged_s"] < 30
 
 

@@ -79,10 +79,8 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
     the checkpoint.
     """
     source = os.path.abspath(os.fspath(path))
-    if os.path.isdir(source):
-        return sharded_format.load(source, model, optimizer, sampler, scaler, restore_rng)
     in_flight.wait_for_previous()  # the save that makes or replaces it may still be writing
-    if os.path.isdir(source):
+    if _layout_on_every_rank(source) == "folder":
         return sharded_format.load(source, model, optimizer, sampler, scaler, restore_rng)
     if not os.path.exists(source) and sharded_format.leftover_of(source) is not None:
         raise CheckpointError(sharded_format.missing_target_message(source))
@@ -91,6 +89,25 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
                           "(FSDP2 or tensor parallel): load it into the unsharded model, then shard it, or save "
                           "the sharded model with save_checkpoint to get a sharded checkpoint")
     return single_file.load(source, model, optimizer, sampler, scaler, restore_rng)
+
+
+def _layout_on_every_rank(source: str) -> str:
+    """"folder", "file" or "missing", as every rank sees ``source``; the ranks must agree, or they
+    would each take another format's collectives and wait for each other forever."""
+    from ...distributed import _c10d
+    from ...errors import rank_words
+    from .ranks import gather
+
+    mine = "folder" if os.path.isdir(source) else "file" if os.path.exists(source) else "missing"
+    if not _c10d.active() or _c10d.world_size() == 1:
+        return mine
+    seen = gather(mine)
+    if len(set(seen)) > 1:
+        views = "; ".join(f"{rank_words(r for r, v in enumerate(seen) if v == view)}: {view}"
+                          for view in sorted(set(seen)))
+        raise CheckpointError(f"the ranks see {source} differently ({views}): a checkpoint must be on a "
+                              "filesystem that every rank's host shares; nothing was loaded")
+    return mine
 
 
 def read_checkpoint_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -50,11 +50,16 @@ def _host() -> str:
     return socket.gethostname().replace(".", "_")
 
 
+def temp_name(target: str) -> str:
+    """A fresh name beside ``target`` that carries this host and pid (see :func:`remove_leftovers`)."""
+    folder, base = os.path.split(target)
+    return os.path.join(folder, f".{base}{_MARK}{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
 def temp_folder(target: str) -> str:
     """A new, empty temporary folder beside ``target`` (created here, mode 0777 less the umask)."""
-    folder, base = os.path.split(target)
-    path = os.path.join(folder, f".{base}{_MARK}{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
-    os.makedirs(folder, exist_ok=True)
+    path = temp_name(target)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     os.mkdir(path)
     return path
 
@@ -152,9 +157,13 @@ def commit(temp: str, target: str) -> None:
                            "moving the old checkpoint aside and the new one in leaves %s missing, the old one "
                            "beside it", target)
             _warned_no_exchange = True
-        aside = temp + ".old"
+        aside = temp_name(target)  # a leftover's name: the next save removes it if this one dies
         os.rename(target, aside)
-        os.rename(temp, target)
+        try:
+            os.rename(temp, target)
+        except OSError:
+            os.rename(aside, target)  # the previous checkpoint back where it was
+            raise
         temp = aside
     fsync_dir(folder)
     # Freeing a large checkpoint's blocks takes about as long as writing a good part of it and is

@@ -56,12 +56,28 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset({
 })
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only :data:`_ALLOWED` globals and torch dtypes."""
+class MetadataUnpickler(pickle._Unpickler):
+    """An unpickler that resolves only :data:`_ALLOWED` globals and torch dtypes, and sets state
+    only on instances: pickle's BUILD applied to an allowed class or function itself would set
+    attributes on it for the whole process. The pure-Python unpickler, since that opcode can only
+    be checked there (a metadata file is small)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file: Any, path: str) -> None:
         super().__init__(file)
         self._path = path
+
+    def load_build(self) -> None:
+        target = self.stack[-2] if len(self.stack) >= 2 else None
+        if isinstance(target, type) or callable(target):  # a class or function, never an instance
+            raise CheckpointError(f"refused to load {self._path}: it sets attributes of "
+                                  f"{getattr(target, '__qualname__', type(target).__name__)} itself, which a "
+                                  "checkpoint's metadata never does. Only load checkpoints written by "
+                                  "save_checkpoint or torch.distributed.checkpoint")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED:
