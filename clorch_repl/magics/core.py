@@ -182,7 +182,7 @@ class ClorchMagics(Magics):
             parser = getattr(self, f"_{command}").parser  # built by magic_arguments from the docstring
             lines.append(f"  {command:<10} {(parser.description or '').strip().rstrip('.')}")
         lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] [--hang-notice SECONDS] [--no-merge] "
-                  "[--gather NAME] [--max-mb MB] [--stdin-ranks LIST] runs a cell on every rank."]
+                  "[--gather NAME] [--max-mb MB] [--stdin-ranks LIST] [--profile [DIR]] runs a cell on every rank."]
         return "\n".join(lines)
 
     @magic_arguments(name="clorch start")
@@ -465,6 +465,9 @@ class ClorchMagics(Magics):
               help="show every rank's copy of identical output (merged into one [ranks 0-1] line by default)")
     @argument("--gather", metavar="NAME", default=None,
               help="put {rank: the cell's last expression on that rank} into the notebook as NAME")
+    @argument("--profile", metavar="DIR", nargs="?", const="", default=None,
+              help="torch.profiler on every rank for this cell: one merged trace in DIR (default "
+                   "./clorch-profiles/cell-N-TIME), time per rank and the straggler, if one")
     @max_mb_option
     @stdin_ranks_option
     def distributed(self, line: str, cell: str) -> None:
@@ -487,8 +490,20 @@ class ClorchMagics(Magics):
             limit = parse_max_mb(args.max_mb)
             session = self._session()
             display_ = NotebookDisplay(session.chosen(ranks), merge=not args.no_merge, hosts=session.hosts())
-            outcome = session.run(cell, ranks, timeout, display_, hang_notice_s=hang_notice,
-                                  stdin_ranks=stdin_ranks, cell_number=_notebook_cell_number(self.shell))
+            number = _notebook_cell_number(self.shell)
+
+            def run_cell() -> Any:
+                return session.run(cell, ranks, timeout, display_, hang_notice_s=hang_notice,
+                                   stdin_ranks=stdin_ranks, cell_number=number)
+
+            if args.profile is None:
+                outcome = run_cell()
+            else:
+                from ..diagnosis import profile
+
+                outcome, report = profile.profiled(session, ranks, args.profile or profile.default_folder(number),
+                                                   run_cell)
+                print(report.text())
             if outcome.ok and gather is not None:
                 self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,
                                                            what=f"--gather {gather}")

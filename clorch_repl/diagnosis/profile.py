@@ -1,0 +1,131 @@
+"""``%%distributed --profile [DIR]`` on the notebook's side: torch.profiler on every rank for one
+cell, one merged trace, and a verdict on which rank the others waited for.
+
+Around the cell, two silent requests (as value transfers are sent, :mod:`..session.transfer`):
+the rank's :func:`~.rank_profile.start` (a barrier, then the profiler) and, whatever the cell
+did, its :func:`~.rank_profile.stop` (each rank writes ``DIR/rank-R.json`` and announces its
+summary in a private display message, collected here). The ranks' traces are merged into
+``DIR/trace.json`` (:func:`.straggler.merge_traces`: one process per rank, each rank's time zero
+at the shared barrier) and the summaries give one line per rank and, when one rank computed
+clearly longer than the others, one sentence naming it (:func:`.straggler.find_straggler`).
+
+DIR must be reachable by every rank's host at the same path (a shared filesystem across hosts);
+a rank's trace the notebook cannot read is named, the others are still merged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ClorchError, ConfigError, DistributedCellError
+from ..session.display import NotebookDisplay
+from ..session.protocol import CellOutcome, RankOutput
+from . import straggler
+from .rank_profile import MIME
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ProfileReport", "profiled", "default_folder"]
+
+_MODULE = "__import__('clorch_repl.diagnosis.rank_profile', fromlist=['_'])"
+#: Time allowed for the start (a barrier) and the stop (writing a trace) requests.
+REQUEST_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """What ``--profile`` shows under the cell."""
+
+    trace_path: str | None
+    lines: tuple[str, ...]
+    verdict: straggler.Straggler | None
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+class _Collector:
+    """Takes the ranks' profile summaries out of the stop request's output; shows the rest."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.found: dict[int, dict[str, Any]] = {}
+        self.display = NotebookDisplay(ranks=ranks)
+
+    def output(self, item: RankOutput) -> None:
+        data = item.content.get("data") or {}
+        if item.kind == "display_data" and MIME in data:
+            self.found[item.rank] = json.loads(data[MIME])
+            return
+        self.display.output(item)
+
+    def flush(self, final: bool = False) -> None:
+        self.display.flush(final)
+
+
+def default_folder(cell_number: int | None) -> str:
+    """``./clorch-profiles/cell-N-YYYYmmdd-HHMMSS``: where a cell's traces go when DIR is not given."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.abspath(os.path.join("clorch-profiles", f"cell-{cell_number if cell_number is not None else 'x'}"
+                                                           f"-{stamp}"))
+
+
+def profiled(session: Any, ranks: list[int] | None, folder: str,
+             run_cell: Callable[[], CellOutcome]) -> tuple[CellOutcome, ProfileReport]:
+    """Run ``run_cell`` with the profiler on every chosen rank; returns its outcome and the report."""
+    folder = os.path.abspath(os.path.expanduser(folder))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"--profile {folder}: that is a file; give a folder for the traces")
+    os.makedirs(folder, exist_ok=True)
+    chosen = session.chosen(ranks)
+    started = session.run(f"{_MODULE}.start()", list(chosen), REQUEST_TIMEOUT_S, NotebookDisplay(ranks=chosen),
+                          silent=True)
+    if not started.ok:
+        raise ClorchError(f"--profile could not start the profiler: {DistributedCellError(started).summary()}")
+    prefix = os.path.join(folder, "rank-")
+    collector = _Collector(chosen)
+    try:
+        outcome = run_cell()
+    finally:
+        stopped = session.run(f"{_MODULE}.stop({prefix!r} + __import__('os').environ['RANK'] + '.json')",
+                              list(chosen), REQUEST_TIMEOUT_S, collector, silent=True)
+    if not stopped.ok:
+        return outcome, ProfileReport(None, (f"clorch profile: stopping the profiler failed: "
+                                             f"{DistributedCellError(stopped).summary()}",), None)
+    return outcome, _report(folder, chosen, collector.found)
+
+
+def _report(folder: str, chosen: tuple[int, ...], summaries: dict[int, dict[str, Any]]) -> ProfileReport:
+    traces: dict[int, dict[str, Any]] = {}
+    unread: list[str] = []
+    for rank in chosen:
+        summary = summaries.get(rank)
+        if summary is None:
+            unread.append(f"rank {rank} sent no summary")
+            continue
+        try:
+            with open(summary["trace"], encoding="utf-8") as fh:
+                traces[rank] = json.load(fh)
+        except (OSError, ValueError) as exc:
+            unread.append(f"rank {rank}'s trace {summary['trace']} ({exc.__class__.__name__}: {exc}; across hosts "
+                          "DIR must be on a filesystem they share)")
+    lines: list[str] = []
+    trace_path = None
+    if traces:
+        trace_path = os.path.join(folder, "trace.json")
+        with open(trace_path, "w", encoding="utf-8") as fh:
+            json.dump(straggler.merge_traces(traces), fh)
+        lines.append(f"clorch profile: one trace of {len(traces)} rank(s) in {trace_path} (Perfetto or "
+                     "chrome://tracing open it; each rank is a process)")
+    lines += [f"clorch profile: not merged: {u}" for u in unread]
+    lines += straggler.rank_lines(summaries)
+    verdict = straggler.find_straggler(summaries)
+    if verdict is not None:
+        lines.append(verdict.sentence())
+    elif len(summaries) > 1:
+        lines.append(f"no straggler: no rank computed {straggler.STRAGGLER_MIN_FRACTION:.0%} longer than the others")
+    return ProfileReport(trace_path, tuple(lines), verdict)
