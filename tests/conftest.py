@@ -49,6 +49,7 @@ FAST = frozenset({
     "test_atomic.py",
     "test_cell_files.py",
     "test_checkpoint_parts.py",
+    "test_top.py::test_rows_say_what_each_rank_does",
     "test_profile.py::test_the_verdict_on_recorded_summaries",
     "test_profile.py::test_merged_traces_start_each_rank_at_its_mark",
     "test_profile.py::test_collective_time_is_taken_from_the_trace_on_any_thread",

@@ -188,6 +188,16 @@ def unrecorded_pending(state: RankState) -> list[Unrecorded]:
     return out
 
 
+def op_at(answer: dict[str, Any] | None, key: str, number: int) -> str | None:
+    """The op of the entry that group ``key`` ("fr/0") numbers ``number`` in its status, in a rank's
+    whole answer (``%clorch top`` names the collective a rank has pending this way); None when
+    the ring does not hold it."""
+    for raw in reversed(((answer or {}).get("fr") or {}).get("entries") or []):
+        if _status_key(raw) == key and _status_number(raw) == number:
+            return op_name(raw)
+    return None
+
+
 def _status_key(raw: dict[str, Any]) -> str:
     recorder = raw.get("recorder")
     return f"{recorder}/{raw.get('pg_id')}" if recorder else str(raw.get("pg_id"))

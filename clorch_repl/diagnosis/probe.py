@@ -58,6 +58,10 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         "fr": fr, "fr_missing": fr_missing, "groups": record.group_members(),
         "stack": stack, "in_cell": in_cell, "cuda_busy": cuda_busy(), "saves": saves_in_flight(),
     }
+    if request.get("usage"):  # %clorch top: what the rank uses now (clorch_repl.diagnosis.usage)
+        from .usage import usage
+
+        reply["usage"] = usage()
     if request.get("all_threads"):
         names = {t.ident: t.name for t in threading.enumerate()}
         reply["threads"] = [{"name": names.get(ident, str(ident)), "stack": _frames(frame)}
@@ -181,26 +185,42 @@ class Prober:
         self._poller.register(socket, zmq.POLLIN)
         self._ranks[rank] = (socket, client.session, decoder)
 
-    def ask(self, ranks: list[int], *, all_threads: bool = False, light: bool = False,
+    def ask(self, ranks: list[int], *, all_threads: bool = False, light: bool = False, usage: bool = False,
             timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, dict[str, Any] | None]:
         """Every rank's answer; None for a rank that did not answer within ``timeout_s``.
-        ``light``: the flight recorder's group status, not its entries (see :func:`answer`)."""
+        ``light``: the flight recorder's group status, not its entries (see :func:`answer`);
+        ``usage``: the rank's CPU, memory and GPU figures too (``%clorch top``)."""
+        waiting = self.send(ranks, all_threads=all_threads, light=light, usage=usage)
+        asked = dict(waiting)
+        answers: dict[int, dict[str, Any] | None] = {r: None for r in ranks}
+        answers.update({asked[msg_id]: answer for msg_id, answer in self.collect(waiting, timeout_s).items()})
+        return answers
+
+    def send(self, ranks: list[int], *, all_threads: bool = False, light: bool = False,
+             usage: bool = False) -> dict[str, int]:
+        """Ask without waiting; returns msg_id -> rank, for :meth:`collect` (``%clorch top`` asks
+        from the relay's loop, which must not wait for a rank that holds its GIL)."""
         waiting: dict[str, int] = {}
         for rank in ranks:
             if rank not in self._ranks:
                 continue
             socket, session, _ = self._ranks[rank]
-            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads, "light": light})
+            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads, "light": light, "usage": usage})
             session.send(socket, msg)
             waiting[msg["header"]["msg_id"]] = rank
-        answers: dict[int, dict[str, Any] | None] = {r: None for r in ranks}
+        return waiting
+
+    def collect(self, waiting: dict[str, int], timeout_s: float = 0.0) -> dict[str, dict[str, Any]]:
+        """msg_id -> answer of :meth:`send`'s questions that arrive within ``timeout_s`` (0: those
+        here now); each found one is removed from ``waiting``. Replies to questions not in
+        ``waiting`` are stale and dropped: one ``waiting`` must hold every question still open."""
+        answers: dict[str, dict[str, Any]] = {}
         by_socket = {entry[0]: rank for rank, entry in self._ranks.items()}
         deadline = time.monotonic() + timeout_s
         while waiting:
             left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for socket, _ in self._poller.poll(int(left * 1000) + 1):
+            ready = self._poller.poll(max(0, int(left * 1000) + 1) if left > 0 else 0)
+            for socket, _ in ready:
                 rank = by_socket[socket]
                 while True:
                     try:
@@ -215,8 +235,10 @@ class Prober:
                     msg_id = msg["parent_header"].get("msg_id")
                     if msg["msg_type"] == PROBE_REPLY and waiting.get(msg_id) == rank:
                         del waiting[msg_id]
-                        answers[rank] = msg["content"]
+                        answers[msg_id] = msg["content"]
                     # else: the reply to an earlier probe that timed out; stale
+            if left <= 0 or not ready and time.monotonic() >= deadline:
+                break
         return answers
 
     def close(self) -> None:

@@ -35,8 +35,8 @@ from .arguments import (argument, hang_notice_option, launcher_options, magic_ar
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = ("start", "status", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run", "debug",
-            "debugger")
+COMMANDS = ("start", "status", "top", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run",
+            "debug", "debugger")
 
 
 @contextlib.contextmanager
@@ -86,6 +86,8 @@ class ClorchMagics(Magics):
         self.session: Session | None = None
         #: warm spares started when the extension was loaded, for the first %clorch start
         self.warm: LocalLauncher | None = None
+        #: the live %clorch top panel, if one is open (clorch_repl.session.panel)
+        self.panel: Any = None
         atexit.register(self.shutdown)
 
     def prewarm(self) -> None:
@@ -318,6 +320,20 @@ class ClorchMagics(Magics):
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
         print(f"clorch: stopped {n} rank(s)")
+
+    @magic_arguments(name="clorch top")
+    @argument("--once", action="store_true", help="print one table now instead of a live panel")
+    @argument("--stop", action="store_true", help="close the live panel")
+    @argument("--interval", metavar="SECONDS", type=float, default=None,
+              help="seconds between updates of the live panel (default 1)")
+    def _top(self, line: str) -> None:
+        """A live panel of every rank: state, cell, last line, CPU, memory, GPU, collective in flight."""
+        args = parse(self._top, line)
+        if args is None:
+            return
+        from . import top
+
+        self.panel = top.command(self._session() if not args.stop else self.session, self.panel, args)
 
     @magic_arguments(name="clorch jobs")
     def _jobs(self, line: str) -> None:

@@ -145,6 +145,9 @@ class Relay:
         #: per rank, [messages, bytes] of such output dropped since the last notice
         self._dropped: dict[int, list[int]] = {}
         self.prober = Prober()
+        #: called from a cell's wait loop every LIVENESS_PERIOD_S, on this thread: what must run
+        #: while a cell runs and use sockets (%clorch top, clorch_repl.session.panel); none waits
+        self.ticks: list[Callable[[], None]] = []
         #: where the ranks' comm messages go (the session's CommBridge.from_rank); None drops them
         self.comm_sink: Callable[[int, dict[str, Any]], None] | None = None
         #: per rank, the msg_id of a request that is no cell (a front end's comm message) being settled
@@ -212,6 +215,14 @@ class Relay:
                     self._ready[rank].add(kind)
 
     # ----------------------------------------------------------------------------- execution
+    def new_prober(self) -> Prober:
+        """A prober of every rank with sockets and signature checks of its own, for a thread other
+        than the relay's (``%clorch top``): ZeroMQ sockets and the replay check are per thread."""
+        prober = Prober()
+        for rank, client in self.clients.items():
+            prober.add(rank, client, MessageDecoder(client.session))
+        return prober
+
     def busy(self) -> list[int]:
         """Ranks still executing an earlier request (after draining what has arrived)."""
         self._pump(None, 0)
@@ -304,6 +315,8 @@ class Relay:
                 if now >= next_liveness:
                     self._check_deaths(wait, now)
                     next_liveness = now + LIVENESS_PERIOD_S
+                    for tick in list(self.ticks):  # %clorch top, on this thread (it never waits)
+                        tick()
                 if wait.next_hang_check is not None and now >= wait.next_hang_check and wait.pending:
                     self._check_hang(wait, request.hang_notice_s)
                 if (wait.failed_at is not None and wait.pending and wait.give_up_at is None

@@ -68,6 +68,9 @@ class Session:
         self.started_at: float | None = None
         #: the session's --hang-notice (seconds; 0 = off), used by cells that give none
         self.hang_notice_s: float = DEFAULT_HANG_NOTICE_S
+        #: the user's cell running now: (its first line, its ranks, time.monotonic() at its start);
+        #: read by %clorch top's thread (clorch_repl.session.panel)
+        self.current_cell: tuple[str, tuple[int, ...], float] | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -222,7 +225,14 @@ class Session:
         request = CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
                               stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
                               cell_number=cell_number)
-        return relay.execute(request, sink, silent=silent)
+        if silent:
+            return relay.execute(request, sink, silent=True)
+        first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+        self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", chosen, time.monotonic())
+        try:
+            return relay.execute(request, sink, silent=False)
+        finally:
+            self.current_cell = None
 
     def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
         """The ranks a cell runs on: ``ranks``, or every rank of the session when None."""

@@ -42,6 +42,7 @@ import types
 
 from .. import numa
 from ..procs import end_own_group, watch_parent
+from ..diagnosis.probe import PROBE_REQUEST as _PROBE_REQUEST
 from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, read_lean_execute
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,16 @@ def _kernel_class() -> type:
         @property
         def _supports_kernel_subshells(self) -> bool:
             return bool(self.shell_channel_thread)  # False with _NoShellChannelThread
+
+        def _publish_status(self, status, channel, parent=None):  # type: ignore[no-untyped-def]
+            """No busy/idle on iopub for the notebook's probes (the hang check, ``%clorch top``
+            once a second): nothing reads them, and published from the control thread while the
+            main thread's cell output went out they arrived split in two at the relay (seen with
+            a probe every 0.2 s: the status's frames, then its delimiter alone)."""
+            header = ((parent or self.get_parent(channel)) or {}).get("header") or {}
+            if header.get("msg_type") == _PROBE_REQUEST:
+                return
+            super()._publish_status(status, channel, parent)
 
         def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
             super().__init__(**kwargs)

@@ -1,0 +1,259 @@
+"""``%clorch top``: a live panel of every rank, updated about once a second, also while a cell runs.
+
+Everything runs on the notebook kernel's main thread, where the relay's sockets live: between
+cells a timer on the kernel's event loop ticks the panel, and while a cell runs the relay's wait
+loop does (:attr:`Relay.ticks`). A tick never waits for a rank: it reads the answers that came
+since the last tick, redraws, and asks again (:meth:`Prober.send`/:meth:`Prober.collect`, on
+sockets of the panel's own, :meth:`Relay.new_prober`). So a rank that holds its GIL delays its own
+row, never the cell's output, and the panel shows it as not answering.
+
+Each question is the probe the hang check uses, answered by the rank's control thread while its
+main thread runs a cell: the flight recorder's group status and the rank's usage
+(:mod:`clorch_repl.diagnosis.usage`), well under a millisecond of a rank's time. Only when a
+rank's collective has stood still for :data:`DETAIL_AFTER_S` is that rank asked once for its whole
+record (20-30 ms), to name the collective; and when one stands still past the stuck mark, every
+rank, for the hang verdict.
+
+The panel is an ipywidgets HTML widget where ipywidgets is installed (JupyterLab, Notebook 7 and
+VS Code render it; its button closes it), else a display updated in place
+(``update_display_data``), which front ends without a widget manager show as a text table. Closed,
+it costs nothing: no timer, no tick, no question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from ..diagnosis.analyse import RankState, analyse, op_at, progress
+from .panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Panel", "snapshot", "INTERVAL_S"]
+
+INTERVAL_S = 1.0
+DETAIL_AFTER_S = 2.0
+#: A rank whose answer is older than this is shown as not answering.
+SILENT_AFTER_S = 3.0
+_ONCE_WITHIN_S = 0.8
+
+
+class _Tracker:
+    """What the rounds remember: the latest answers, when each pending collective was first seen,
+    the collectives' ops once asked, and the hang verdict."""
+
+    def __init__(self) -> None:
+        self.answers: dict[int, tuple[float, dict[str, Any]]] = {}
+        self.first_seen: dict[tuple[int, str, int], float] = {}
+        self.ops: dict[tuple[int, str, int], str | None] = {}
+        self.verdict: str | None = None
+        self.verdict_at = float("-inf")
+
+    def pending(self, rank: int, answer: dict[str, Any] | None, now: float) -> tuple[str, int, float] | None:
+        """The rank's longest-pending collective (group key, seq, age), or None."""
+        seen = progress(answer) if answer is not None else None
+        marks = seen.marks if seen is not None else ()
+        found = None
+        live = set()
+        for key, enqueued, completed in marks:
+            if enqueued > completed:
+                seq = completed + 1
+                live.add((rank, key, seq))
+                first = self.first_seen.setdefault((rank, key, seq), now)
+                if found is None or now - first > found[2]:
+                    found = (key, seq, now - first)
+        for stale in [k for k in self.first_seen if k[0] == rank and k not in live]:
+            self.first_seen.pop(stale, None)
+            self.ops.pop(stale, None)
+        return found
+
+
+def snapshot(session: Any, tracker: _Tracker, now: float | None = None) -> tuple[list[RankSnapshot], bool]:
+    """Every rank's row from the tracker's latest answers; and whether a collective is stuck."""
+    group, relay = session.group, session.relay
+    now = time.monotonic() if now is None else now
+    busy = set(relay.busy())
+    cell = session.current_cell
+    snaps, stuck = [], False
+    for proc in group.ranks:
+        got = tracker.answers.get(proc.rank)
+        answer = got[1] if got is not None and now - got[0] <= SILENT_AFTER_S else None
+        collective = None
+        pending = tracker.pending(proc.rank, answer, now) if proc.alive and answer is not None else None
+        if pending is not None:
+            key, seq, age = pending
+            collective = Collective(group=key, seq=seq, op=tracker.ops.get((proc.rank, key, seq)), age_s=age)
+            stuck = stuck or age >= STUCK_AFTER_S
+        last = None
+        if proc.alive and not proc.host:  # the log is read here only for ranks on this host
+            try:
+                tail = group.log_tail(proc.rank, 1)
+                last = tail.strip().splitlines()[-1] if tail.strip() else None
+            except (OSError, ValueError) as exc:
+                logger.debug("no log tail of rank %d: %s", proc.rank, exc)
+        running = cell is not None and proc.rank in cell[1] and proc.rank in busy
+        snaps.append(RankSnapshot(
+            rank=proc.rank, host=proc.host, alive=proc.alive, busy=proc.rank in busy, exit=proc.exit,
+            cell=cell[0] if running else None, cell_for_s=now - cell[2] if running else None,
+            last_line=last, usage=(answer or {}).get("usage"), collective=collective,
+            answered=answer is not None or not proc.alive))
+    return snaps, stuck
+
+
+class Panel:
+    """The live panel of one session: :meth:`start` shows it and starts ticking, :meth:`close`
+    stops (also when the session's ranks stop)."""
+
+    def __init__(self, session: Any, interval_s: float = INTERVAL_S,
+                 show: Callable[[dict[str, str]], Any] | None = None) -> None:
+        self.session = session
+        self.interval_s = interval_s
+        self._show = show
+        self._relay: Any = None
+        self._prober: Any = None
+        self._tracker = _Tracker()
+        #: every question still open: msg_id -> rank, and msg_id -> what it asked
+        self._waiting: dict[str, int] = {}
+        self._kind: dict[str, str] = {}
+        self._whole_answers: dict[int, dict[str, Any]] = {}
+        self._next = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._update: Callable[[dict[str, str]], None] | None = None
+        self.rounds = 0
+        self.open = False
+
+    def start(self) -> None:
+        self._relay = self.session.relay
+        self._prober = self._relay.new_prober()
+        alive = [p.rank for p in self.session.group.ranks if p.alive]
+        first = self._prober.ask(alive, light=True, usage=True, timeout_s=_ONCE_WITHIN_S)
+        now = time.monotonic()
+        self._tracker.answers.update({r: (now, a) for r, a in first.items() if a is not None})
+        snaps, _ = snapshot(self.session, self._tracker, now)
+        self._update = self._display(render(snaps))
+        self.open = True
+        self._relay.ticks.append(self.tick)
+        self._next = now + self.interval_s
+        try:
+            self._loop = asyncio.get_running_loop()  # the kernel's, between cells
+        except RuntimeError:
+            self._loop = None  # a terminal IPython: the panel updates while cells run only
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._loop is not None and self.open:
+            self._timer = self._loop.call_later(self.interval_s / 2, self._on_timer)
+
+    def _on_timer(self) -> None:
+        try:
+            self.tick()
+        finally:
+            self._arm()
+
+    def tick(self) -> None:
+        """One round if one is due: read what came, redraw, ask again. Never waits."""
+        now = time.monotonic()
+        if not self.open or now < self._next:
+            return
+        self._next = now + self.interval_s
+        if self.session.relay is not self._relay:
+            self.close("the ranks stopped")
+            return
+        try:
+            self._round(now)
+        except Exception:  # noqa: BLE001 - a panel's trouble must not fail the cell it updates during
+            logger.exception("%%clorch top stopped updating")
+            self.close("stopped after an error; see the notebook kernel's log")
+
+    def _ask(self, ranks: list[int], kind: str, **options: Any) -> None:
+        sent = self._prober.send(ranks, **options)
+        self._waiting.update(sent)
+        self._kind.update({msg_id: kind for msg_id in sent})
+
+    def _open(self, kind: str) -> set[int]:
+        """The ranks with a question of ``kind`` still open."""
+        return {self._waiting[m] for m, k in self._kind.items() if k == kind and m in self._waiting}
+
+    def _round(self, now: float) -> None:
+        tracker = self._tracker
+        asked = dict(self._waiting)
+        for msg_id, answer in self._prober.collect(self._waiting).items():
+            rank, kind = asked[msg_id], self._kind.pop(msg_id)
+            if kind == "light":
+                tracker.answers[rank] = (now, answer)
+            elif kind == "detail":
+                for ident in [k for k in tracker.first_seen if k[0] == rank and tracker.ops.get(k) is None]:
+                    tracker.ops[ident] = op_at(answer, ident[1], ident[2])
+            else:
+                self._whole_answers[rank] = answer
+        snaps, stuck = snapshot(self.session, tracker, now)
+        procs = list(self.session.group.ranks)
+        alive = [p.rank for p in procs if p.alive]
+        if not stuck:
+            tracker.verdict = None
+        elif self._whole_answers and not self._open("whole"):
+            states = [RankState(p.rank, answer=self._whole_answers.get(p.rank), host=p.host) if p.alive
+                      else RankState(p.rank, dead=p.exit, host=p.host) for p in procs]
+            verdict = analyse(states)
+            tracker.verdict = verdict.sentence if verdict.hang else None
+            self._whole_answers = {}
+        if stuck and not self._open("whole") and now - tracker.verdict_at >= STUCK_AFTER_S:
+            self._ask(alive, "whole")  # every rank's whole record, for the verdict
+            tracker.verdict_at = now
+        detailing = self._open("detail")
+        for snap in snaps:  # name a collective that stands still, once
+            c = snap.collective
+            if c is not None and c.op is None and c.age_s >= DETAIL_AFTER_S and snap.rank not in detailing \
+                    and (snap.rank, c.group, c.seq) not in tracker.ops:
+                tracker.ops[(snap.rank, c.group, c.seq)] = None
+                self._ask([snap.rank], "detail")
+        light = self._open("light")
+        self._ask([r for r in alive if r not in light], "light", light=True, usage=True)
+        self.rounds += 1
+        self._update(render(snaps, tracker.verdict))
+
+    def close(self, note: str = "closed") -> None:
+        """Stop ticking, draw the last table with ``note``, let go of the sockets."""
+        if not self.open:
+            return
+        self.open = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._relay is not None and self.tick in self._relay.ticks:
+            self._relay.ticks.remove(self.tick)
+        try:
+            if self.session.relay is self._relay and self._update is not None:
+                snaps, _ = snapshot(self.session, self._tracker)
+                self._update(render(snaps, None, note=note))
+            elif self._update is not None:
+                self._update(render([], None, note=note))
+        finally:
+            if self._prober is not None:
+                self._prober.close()
+
+    def _display(self, bundle: dict[str, str]) -> Callable[[dict[str, str]], None]:
+        if self._show is not None:
+            self._show(bundle)
+            return self._show
+        try:
+            import ipywidgets
+        except ImportError:
+            ipywidgets = None
+        from IPython.display import display
+
+        if ipywidgets is None:
+            handle = display(bundle, raw=True, display_id=True)
+            return lambda b: handle.update(b, raw=True)
+        table = ipywidgets.HTML(value=bundle["text/html"])
+        button = ipywidgets.Button(description="close", layout=ipywidgets.Layout(width="80px"))
+        button.on_click(lambda _b: self.close())
+        display(ipywidgets.VBox([table, button]))
+
+        def update(b: dict[str, str]) -> None:
+            table.value = b["text/html"]
+        return update
