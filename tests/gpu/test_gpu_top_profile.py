@@ -48,7 +48,9 @@ def test_top_shows_the_gpu_and_profile_traces_nccl(tmp_path) -> None:
         assert re.search(r"rank 0: \d+ ms profiled; GPU kernels: compute \d+ ms, in collectives", ran.text), ran.text
         trace = json.load(open(os.path.join(folder, "trace.json")))
         kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
-        assert kernels and any("nccl" in e["name"].lower() for e in kernels), sorted({e["name"] for e in kernels})[:10]
+        assert any("gemm" in e["name"].lower() for e in kernels), sorted({e["name"] for e in kernels})[:10]
+        if cuda.device_count() > 1:  # one NCCL rank launches no communication kernel for an all_reduce
+            assert any("nccl" in e["name"].lower() for e in kernels), sorted({e["name"] for e in kernels})[:10]
         assert nb.run("%clorch stop").status == "ok"
     finally:
         nb.shutdown()
