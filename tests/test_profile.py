@@ -15,7 +15,7 @@ from clorch_repl.diagnosis import straggler
 SLOW_RANK_CELL = """%%distributed --profile {folder}
 import torch, torch.distributed as dist
 a = torch.randn(384, 384)
-for _ in range(60 if rank == 2 else 10):
+for _ in range(120 if rank == 2 else 10):
     b = a @ a
 t = torch.ones(4)
 dist.all_reduce(t)
