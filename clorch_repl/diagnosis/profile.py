@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from ..session.display import NotebookDisplay
-from ..session.protocol import CellOutcome, RankOutput
+from ..session.protocol import CellOutcome
+from ..session.transfer import MimeCollector
 from . import straggler
 from .rank_profile import MIME
 
@@ -49,24 +50,6 @@ class ProfileReport:
         return "\n".join(self.lines)
 
 
-class _Collector:
-    """Takes the ranks' profile summaries out of the stop request's output; shows the rest."""
-
-    def __init__(self, ranks: tuple[int, ...]) -> None:
-        self.found: dict[int, dict[str, Any]] = {}
-        self.display = NotebookDisplay(ranks=ranks)
-
-    def output(self, item: RankOutput) -> None:
-        data = item.content.get("data") or {}
-        if item.kind == "display_data" and MIME in data:
-            self.found[item.rank] = json.loads(data[MIME])
-            return
-        self.display.output(item)
-
-    def flush(self, final: bool = False) -> None:
-        self.display.flush(final)
-
-
 def default_folder(cell_number: int | None) -> str:
     """``./clorch-profiles/cell-N-YYYYmmdd-HHMMSS``: where a cell's traces go when DIR is not given."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -87,7 +70,7 @@ def profiled(session: Any, ranks: list[int] | None, folder: str,
     if not started.ok:
         raise ClorchError(f"--profile could not start the profiler: {DistributedCellError(started).summary()}")
     prefix = os.path.join(folder, "rank-")
-    collector = _Collector(chosen)
+    collector = MimeCollector(chosen, MIME)
     try:
         outcome = run_cell()
     finally:

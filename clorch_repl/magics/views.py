@@ -5,24 +5,9 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
+from ..human import duration as _duration
+from ..human import size as _bytes
 from ..session.session import RankReport
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:

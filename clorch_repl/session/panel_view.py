@@ -10,6 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..human import duration as _duration
+from ..human import size as _bytes
+
 __all__ = ["RankSnapshot", "Collective", "rows", "render"]
 
 COLUMNS = ("rank", "host", "state", "cell", "for", "last line", "cpu", "memory", "gpu", "gpu memory",
@@ -42,25 +45,6 @@ class RankSnapshot:
     usage: dict[str, Any] | None = None
     collective: Collective | None = None
     answered: bool = True
-
-
-def _bytes(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    m, s = divmod(seconds, 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 def _state(snap: RankSnapshot) -> str:

@@ -7,7 +7,7 @@ read, and the rank-side halves live in :mod:`.values`; see there why values trav
 session's private directory with their digest on the signed channel.
 
 * ``pull``: each chosen rank writes its value to a private file and announces the file and its
-  SHA-256 in a display message of a private MIME type; :class:`_Collector` takes those messages
+  SHA-256 in a display message of a private MIME type; :class:`MimeCollector` takes those messages
   out of the stream (they are never shown) and the notebook reads each file with
   ``torch.load(weights_only=True)``.
 * ``push``: the notebook writes the value once; every chosen rank checks the digest and reads it.
@@ -45,17 +45,20 @@ def check_name(name: str, what: str = "NAME") -> str:
     return name
 
 
-class _Collector:
-    """Takes the ranks' value announcements out of the output; passes everything else on."""
+class MimeCollector:
+    """Takes the ranks' announcements of one private MIME type out of the output (they are never
+    shown: value transfers here, profile summaries in :mod:`clorch_repl.diagnosis.profile`) and
+    passes everything else on to the display."""
 
-    def __init__(self, ranks: tuple[int, ...]) -> None:
+    def __init__(self, ranks: tuple[int, ...], mime: str = values.MIME) -> None:
         self.found: dict[int, dict[str, Any]] = {}
+        self.mime = mime
         self.display = NotebookDisplay(ranks=ranks)
 
     def output(self, item: RankOutput) -> None:
         data = item.content.get("data") or {}
-        if item.kind == "display_data" and values.MIME in data:
-            self.found[item.rank] = json.loads(data[values.MIME])
+        if item.kind == "display_data" and self.mime in data:
+            self.found[item.rank] = json.loads(data[self.mime])
             return
         self.display.output(item)
 
@@ -85,7 +88,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
     # picks its path from the RANK it runs on.
     code = (f"{_MODULE}.export_value({name!r}, {os.path.join(directory, f'value-{token}-rank')!r} "
             f"+ __import__('os').environ['RANK'] + '.pt', {int(limit)})")
-    collector = _Collector(chosen)
+    collector = MimeCollector(chosen)
     try:
         outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, collector, silent=True)
         if not outcome.ok:
