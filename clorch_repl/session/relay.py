@@ -31,7 +31,8 @@ from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from ..errors import SignatureError
-from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, LEAN_KEY, MessageDecoder, MessageEncoder
+from .wire import (CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, LEAN_KEY, OUTPUT_LIMITS_KEY, MessageDecoder,
+                   MessageEncoder)
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +268,8 @@ class Relay:
         content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                        allow_stdin=allowed, stop_on_error=False)
         metadata: dict[str, Any] = {LEAN_KEY: True}
+        if request.output_limits is not None:
+            metadata[OUTPUT_LIMITS_KEY] = request.output_limits.to_wire()
         if request.cell_number is not None and not silent:
             metadata[CELL_NUMBER_KEY] = int(request.cell_number)
         if not allowed:
