@@ -75,6 +75,9 @@ class Status(str, enum.Enum):
     DIED = "died"            # the process ended; see RankOutcome.exit
     INTERRUPTED = "interrupted"  # KeyboardInterrupt reached the rank's code
     STUCK = "stuck"          # did not return within the grace period after an interrupt
+    #: returned after an interrupt (its probe or its stack shows it idle in its event loop), but
+    #: its reply had not been read when the wait ended: neither stuck nor known to have failed
+    RETURNED = "returned"
 
 
 @dataclass

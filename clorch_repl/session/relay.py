@@ -25,6 +25,7 @@ from ..diagnosis import render
 from ..diagnosis.analyse import Progress, RankState, Verdict, analyse, progress
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
+from . import cell_end
 from .cell_files import CellNames
 from .comms import COMM_TYPES
 from ..launchers.base import Launcher
@@ -359,10 +360,19 @@ class Relay:
         if wait.pending and wait.outcome.diagnosis is None and not wait.hurry:
             wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
         wait.outcome.cut_short = wait.outcome.cut_short or (wait.hurry and bool(wait.pending))
+        alive = [r for r in sorted(wait.pending) if self.group.ranks[r].alive]
+        answers = {} if wait.hurry or not alive else self.prober.ask(alive, light=True, timeout_s=INTERRUPT_PROBE_S)
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
-            result.status = Status.STUCK
             result.stack = "" if wait.hurry else self.stack_of(rank)
+            if not wait.hurry and cell_end.returned(answers.get(rank), result.stack):
+                # It returned; its reply is still on its way (behind its output): not stuck, and
+                # free for the next cell (what it still sends of this one is dropped, see _finish).
+                result.status, result.stack = Status.RETURNED, None
+                if self.running.get(rank) == wait.msg_ids.get(rank):
+                    self.running[rank] = None
+                continue
+            result.status = Status.STUCK
         wait.pending.clear()
 
     def _check_deaths(self, wait: _Wait, now: float) -> None:
