@@ -105,3 +105,10 @@ def test_the_held_back_line_starts_a_line_of_its_own() -> None:
     budget, shown = replay(Limits(volume=10, lines=0, rate=0), [(0.0, "a" * 10), (0.0, "\n")])
     assert shown == "a" * 10
     assert budget.held_back_line(0).startswith("\nclorch_repl: rank 0 held back 1 line(s)")
+
+
+def test_at_the_line_limit_no_further_line_is_begun() -> None:
+    writes = [(0.0, piece) for i in range(20) for piece in (f"line {i}", "\n")]
+    budget, shown = replay(Limits(volume=0, lines=5, rate=0), writes)
+    assert shown == "".join(f"line {i}\n" for i in range(5))
+    assert budget.held_lines == 15 and budget.held_back_line(0).startswith("clorch_repl")

@@ -144,7 +144,7 @@ class Budget:
     def _fits(self, chars: int, lines: int, now: float) -> bool:
         limits = self.limits
         if ((limits.volume and self.sent_chars + chars > limits.volume)
-                or (limits.lines and self.sent_lines + lines > limits.lines)):
+                or (limits.lines and self.sent_lines + max(lines, 1) > limits.lines)):
             self._spent = True  # later, smaller writes would show lines out of their context
             return False
         if limits.rate:
