@@ -155,3 +155,16 @@ def test_stuck_is_said_only_of_a_rank_in_its_code(nb: NotebookKernel) -> None:
         time.sleep(1)
     nb.run("%clorch restart", timeout=120)
     assert_next_cell_clean(nb)
+
+
+def test_a_flood_of_rich_output_is_bounded_by_the_notebook(nb: NotebookKernel) -> None:
+    before = rss_mib(nb)
+    reply = nb.run("%%distributed\nfrom IPython.display import display, HTML\nfor i in range(3000):\n"
+                   "    display(HTML('<b>' + 'r' * 2000 + '</b>'))", timeout=300)
+    text = plain(reply)
+    assert reply.status == "ok", text[-2000:]
+    assert client_bytes(reply) <= BOUND, client_bytes(reply)
+    withheld = re.findall(r"the notebook held back .* of rank (\d+)'s output", text)
+    assert sorted(map(int, withheld)) == [0, 1], text[-2000:]
+    assert rss_mib(nb) - before <= 100, (before, rss_mib(nb))
+    assert_next_cell_clean(nb)

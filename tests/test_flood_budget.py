@@ -112,3 +112,21 @@ def test_at_the_line_limit_no_further_line_is_begun() -> None:
     budget, shown = replay(Limits(volume=0, lines=5, rate=0), writes)
     assert shown == "".join(f"line {i}\n" for i in range(5))
     assert budget.held_lines == 15 and budget.held_back_line(0).startswith("clorch_repl")
+
+
+def test_the_notebooks_guard_bounds_rich_output_of_a_recorded_cell() -> None:
+    from clorch_repl.session.flood import backstop, message_size, withheld_line
+
+    limits = backstop(Limits(volume=100_000, lines=100, rate=50))
+    assert limits == Limits(volume=200_000, lines=200, rate=0)
+    # display(df) in a loop: 1,000 display_data messages of 2 KB each, then the rank's own line
+    messages = [("display_data", {"data": {"text/plain": "t" * 1000, "text/html": "h" * 1000}, "metadata": {}})] * 1000
+    messages.append(("stream", {"name": "stderr", "text": "done\n"}))
+    guard = Budget(limits, 0.0)
+    shown = [kind for kind, content in messages if guard.admit_size(*message_size(kind, content), 0.0)]
+    assert shown.count("display_data") == 96  # 96 * (2,000 + 64) characters fit in 200,000, 97 do not
+    assert "stream" not in shown  # the limit was reached: nothing more of this cell
+    line = withheld_line(3, guard)
+    assert line is not None and "rank 3" in line and "%clorch logs 3" in line
+    assert message_size("stream", {"text": "a\nb"}) == (3, 1, False)
+    assert withheld_line(0, Budget(limits, 0.0)) is None

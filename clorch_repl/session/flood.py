@@ -127,18 +127,21 @@ class Budget:
 
     def admit(self, text: str, now: float) -> bool:
         """Whether ``text`` (one write) is published; either way it is counted."""
-        lines = text.count("\n")
-        ok = not self._spent and not self._mid_line_held and self._fits(len(text), lines, now)
+        return self.admit_size(len(text), text.count("\n"), text.endswith("\n"), now)
+
+    def admit_size(self, chars: int, lines: int, ends_line: bool, now: float) -> bool:
+        """:meth:`admit` for a piece known by its size (the relay's messages, see :func:`message_size`)."""
+        ok = not self._spent and not self._mid_line_held and self._fits(chars, lines, now)
         if ok:
-            self.sent_chars += len(text)
+            self.sent_chars += chars
             self.sent_lines += lines
-            self._open_line = not text.endswith("\n")
+            self._open_line = not ends_line
             if self.limits.rate:
-                self._tokens -= len(text)
+                self._tokens -= chars
         else:
-            self.held_chars += len(text)
+            self.held_chars += chars
             self.held_lines += lines
-            self._mid_line_held = not text.endswith("\n")
+            self._mid_line_held = not ends_line
         return ok
 
     def _fits(self, chars: int, lines: int, now: float) -> bool:
@@ -209,3 +212,34 @@ def bound_history(outputs: MutableMapping[int, list[Any]], cell: int,
             relayed.append(cell)
         while len(relayed) > cells_kept:
             outputs.pop(relayed.pop(0), None)
+
+
+#: The notebook's own guard (the relay's): each rank's messages of a cell, all kinds (rich output
+#: too, which the rank's stream budget does not see, and ranks reached through ipykernel's own
+#: path), are forwarded up to this many times the rank's budget; then held back and counted.
+BACKSTOP_FACTOR = 2
+
+
+def backstop(limits: Limits | None) -> Limits:
+    """The relay's guard for a cell whose ranks were given ``limits`` (no rate: the ranks meter)."""
+    limits = limits or Limits()
+    return Limits(volume=limits.volume * BACKSTOP_FACTOR, lines=limits.lines * BACKSTOP_FACTOR, rate=0)
+
+
+def message_size(kind: str, content: Mapping[str, Any]) -> tuple[int, int, bool]:
+    """(characters, lines, ends its line) of one output message, as the guard counts it."""
+    if kind == "stream":
+        text = str(content.get("text", ""))
+        return len(text), text.count("\n"), text.endswith("\n")
+    data = content.get("data")
+    chars = sum(len(v) if isinstance(v, str) else len(repr(v)) for v in data.values()) if isinstance(data, Mapping) else 0
+    return chars + 64, 1, True  # a display is a line of the page at least
+
+
+def withheld_line(rank: int, guard: Budget) -> str | None:
+    """The relay's line for what its guard held back of a rank's cell, or None."""
+    if not guard.held:
+        return None
+    return (f"clorch_repl: the notebook held back {_size(guard.held_chars)} of rank {rank}'s output of this cell "
+            f"(more than {guard.limits.describe()} of it reached the notebook); the rank's log has its "
+            f"text output: %clorch logs {rank}\n")

@@ -25,7 +25,7 @@ from ..diagnosis import render
 from ..diagnosis.analyse import Progress, RankState, Verdict, analyse, progress
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
-from . import cell_end
+from . import cell_end, flood
 from .cell_files import CellNames
 from .comms import COMM_TYPES
 from ..launchers.base import Launcher
@@ -122,6 +122,9 @@ class _Wait:
     received: dict[int, int] = field(default_factory=dict)  # counted iopub messages read, per rank
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
     stdin: StdinBroker | None = None       # the ranks' prompts (see clorch_repl.session.stdin)
+    #: the notebook's own guard on what each rank's output of the cell forwards (flood.backstop)
+    guard_limits: flood.Limits = field(default_factory=flood.Limits)
+    guards: dict[int, flood.Budget] = field(default_factory=dict)
 
 
 class Relay:
@@ -236,6 +239,7 @@ class Relay:
         wait = _Wait(msg_ids={}, pending=set(request.ranks), outcome=outcome, sink=sink)
         if request.timeout_s is not None:
             wait.deadline = time.monotonic() + request.timeout_s
+        wait.guard_limits = flood.backstop(request.output_limits)
         front, no_front = (None, "clorch_repl's own requests read no input") if silent else FrontEnd.current()
         wait.stdin = StdinBroker(front, lambda rank, value: self.clients[rank].input(value))
         for rank in request.ranks:
@@ -498,6 +502,10 @@ class Relay:
                 abandoned[msg_id] = [wait.received.get(rank, 0), wait.expected.get(rank)]
                 while len(abandoned) > ABANDONED_KEPT:  # the idle of the oldest was lost: forget it
                     del abandoned[next(iter(abandoned))]
+        for rank, guard in sorted(wait.guards.items()):
+            line = flood.withheld_line(rank, guard)
+            if line is not None:
+                wait.sink.output(RankOutput(rank, "stream", {"name": "stderr", "text": line}))
         for rank in sorted(self._dropped):
             count, size = self._dropped.pop(rank)
             wait.sink.output(RankOutput(rank, "stream", {"name": "stderr", "text": (
@@ -583,8 +591,12 @@ class Relay:
             wait.heard[rank] = time.monotonic()
         if msg_type in OUTPUT_TYPES:
             # Output of an earlier cell that ended normally (a thread it started) is shown too.
-            wait.sink.output(RankOutput(rank, msg_type, content))
-            wait.last_progress = time.monotonic()
+            wait.last_progress = now = time.monotonic()
+            guard = wait.guards.get(rank)
+            if guard is None:
+                guard = wait.guards[rank] = flood.Budget(wait.guard_limits, now)
+            if msg_type == "clear_output" or guard.admit_size(*flood.message_size(msg_type, content), now):
+                wait.sink.output(RankOutput(rank, msg_type, content))
         elif msg_type == "error" and wait.msg_ids.get(rank) == parent_id:
             self._record_error(wait, rank, content)
 
