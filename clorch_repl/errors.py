@@ -248,8 +248,8 @@ class DistributedCellError(Exception):
                              f"ended (its error, if any, is in its log: %clorch logs {result.rank}). It takes "
                              "the next cell at once.")
             elif result.status is Status.STUCK:
-                lines.append(f"{_RED}rank {result.rank} is stuck{_RESET}: it did not return within the grace "
-                             "period after being interrupted, and its stack shows it still in the cell's code "
+                lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period after "
+                             "being interrupted and is stuck: its stack shows it still in the cell's code "
                              "(native code such as a collective waiting for another rank, or code that caught "
                              "the KeyboardInterrupt and went on).")
                 if result.stack:
