@@ -250,8 +250,8 @@ class DistributedCellError(Exception):
             elif result.status is Status.STUCK:
                 lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period after "
                              "being interrupted and is stuck: its stack shows it still in the cell's code "
-                             "(native code such as a collective waiting for another rank, or code that caught "
-                             "the KeyboardInterrupt and went on).")
+                             "(native code such as a collective waiting for another rank), or its code caught "
+                             "the KeyboardInterrupt and went on.")
                 if result.stack:
                     lines.append("Where it is now:")
                     lines.extend("    " + line for line in result.stack.rstrip().splitlines())
