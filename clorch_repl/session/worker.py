@@ -142,7 +142,10 @@ def _out_stream_class() -> type:
         def write(self, string: str) -> int | None:
             __tracebackhide__ = True  # see _admit
             self._clean = False
-            if isinstance(string, str) and string and not _admit(string):
+            # A "\r" rewrite of the current line is not counted: coalescing (below) already bounds
+            # what it publishes to about ten messages a second, and the bar's last state must show.
+            rewrite = isinstance(string, str) and "\r" in string and "\n" not in string
+            if isinstance(string, str) and string and not rewrite and not _admit(string):
                 if self.echo is not None:  # held back: the rank's log still gets it (see flood)
                     try:
                         self.echo.write(string)
