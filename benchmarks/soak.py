@@ -5,7 +5,10 @@
 Not part of CI. Drives a real notebook kernel (tests/notebook_kernel.py, as JupyterLab does) and
 runs cells of random output size (nothing, a few lines, thousands of lines, ``\\r`` progress
 bars), now and then kills a rank mid-cell (``os._exit`` or SIGKILL) and restarts the group, or
-restarts a healthy one, or lets a cell hit ``--timeout``. Every cell must end (a cell that does not
+restarts a healthy one, or lets a cell hit ``--timeout``, or floods the output on every rank
+(``while True: print(...)``) until ``--timeout``, until Kernel > Interrupt, or for 100,000 lines
+(issue 24: the cell must end within 2 s of its deadline or of the interrupt, show each rank's
+held-back line, and leave the next cell clean). Every cell must end (a cell that does not
 end within 120 s is counted as a wedge, and the session is restarted) and must show what it
 printed. Every 500 cells, and at the end, it samples what a leak would grow: the notebook
 kernel's RSS and open fds, the processes of the session (below the notebook kernel) and of any
@@ -99,8 +102,14 @@ def main() -> int:
     rng = random.Random(args.seed)
     seen = Seen()
     nb = NotebookKernel()
-    counts = {"output": 0, "death": 0, "restart": 0, "timeout": 0, "wedge": 0, "wrong": 0}
+    counts = {"output": 0, "death": 0, "restart": 0, "timeout": 0, "flood_timeout": 0, "flood_interrupt": 0,
+              "flood": 0, "wedge": 0, "wrong": 0}
     times: list[float] = []
+    #: seconds past a flood's --timeout deadline / past its interrupt until the cell ended
+    late_timeout: list[float] = []
+    late_interrupt: list[float] = []
+    flood_bytes: list[int] = []
+    peak_rss = 0.0
     samples: list[tuple[int, dict[str, float]]] = []
     end_at = time.monotonic() + args.minutes * 60
     t_start = time.monotonic()
@@ -137,11 +146,36 @@ def main() -> int:
                                    "time.sleep(30)", timeout=120)
                     ok = reply.status == "error" and "after 1 s" in reply.text
                     counts["timeout"] += 1
+                elif roll < 0.06:
+                    reply = nb.run("%%distributed --timeout 3\nwhile True:\n    print('spam ' * 20)", timeout=120)
+                    late_timeout.append(time.monotonic() - t0 - 3)
+                    flood_bytes.append(len(reply.text))
+                    ok = reply.status == "error" and "after 3 s" in reply.text and "held back" in reply.text
+                    counts["flood_timeout"] += 1
+                elif roll < 0.07:
+                    msg_id = nb.send("%%distributed\nprint('flooding', flush=True)\nwhile True:\n    print('x' * 80)")
+                    nb.wait_for_output(msg_id, "flooding", timeout=60)
+                    time.sleep(2)
+                    t1 = time.monotonic()
+                    nb.km.interrupt_kernel()
+                    reply = nb.collect(msg_id, timeout=120)
+                    late_interrupt.append(time.monotonic() - t1)
+                    flood_bytes.append(len(reply.text))
+                    ok = reply.status == "error" and "held back" in reply.text
+                    counts["flood_interrupt"] += 1
+                elif roll < 0.08:
+                    reply = nb.run("%%distributed\nfor k in range(100_000):\n    print('flood', k)", timeout=120)
+                    flood_bytes.append(len(reply.text))
+                    ok = reply.status == "ok" and reply.text.count("held back") == args.nproc
+                    counts["flood"] += 1
                 else:
                     code, expected = output_cell(cells, rng)
                     reply = nb.run("%%distributed\n" + code, timeout=120)
+                    # a cell past the ranks' output budget ends with each rank's held-back line instead
                     ok = reply.status == "ok" and all(e in reply.text or e.replace(" 0", "") in reply.text
-                                                      for e in expected[:args.nproc])
+                                                      or f"rank {r} held back" in reply.text
+                                                      for r, e in enumerate(expected[:args.nproc]))
+                    ok = ok and "dropped" not in reply.text and "spam" not in reply.text
                     counts["output"] += 1
                     times.append(time.monotonic() - t0)
                 if not ok:
@@ -154,6 +188,7 @@ def main() -> int:
                 time.sleep(2)
                 nb.run("%clorch restart", timeout=300)
                 seen.record(nb)
+            peak_rss = max(peak_rss, psutil.Process(nb.pid).memory_info().rss / 2**20)
             if cells % 500 == 0 or cells == 50:
                 samples.append((cells, sample(nb, seen)))
                 s = samples[-1][1]
@@ -182,6 +217,14 @@ def main() -> int:
     print(f"  notebook kernel RSS: {first.get('rss_mb', 0):.1f} MB after 50 cells -> {last['rss_mb']:.1f} MB "
           f"after {samples[-1][0]}; of which IPython's own record of cell output (history_manager.outputs): "
           f"{first.get('ipython_mb', 0):.1f} -> {last['ipython_mb']:.1f} MB")
+    print(f"  notebook kernel RSS peak (sampled after every cell): {peak_rss:.1f} MB")
+    for name, late in (("--timeout 3 under a flood", late_timeout), ("Kernel > Interrupt under a flood", late_interrupt)):
+        if late:
+            print(f"  {name}: ended {statistics.median(late):.2f} s (median), {max(late):.2f} s (max) past "
+                  f"its deadline / the interrupt, {len(late)} cells")
+    if flood_bytes:
+        print(f"  flood cells: at most {max(flood_bytes) / 2**20:.2f} MiB of text reached the client "
+              f"(median {statistics.median(flood_bytes) / 2**20:.2f} MiB)")
     print(f"  notebook kernel fds: {first.get('fds', 0):.0f} -> {last['fds']:.0f}")
     print(f"  processes below the notebook: {first.get('procs', 0):.0f} -> {last['procs']:.0f}; "
           f"after stop {after_stop['procs']:.0f}; orphaned ranks at any sample: "

@@ -201,6 +201,8 @@ class DistributedCellError(Exception):
                 parts.append(f"{who} did not return after the interrupt")
             elif result.status is Status.INTERRUPTED:
                 parts.append(f"{who} interrupted")
+            elif result.status is Status.RETURNED:
+                parts.append(f"{who} returned after the interrupt")
             elif result.error is not None:
                 parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
         if self.outcome.timed_out:
@@ -240,11 +242,16 @@ class DistributedCellError(Exception):
             elif result.status is Status.STUCK and self.outcome.cut_short:
                 lines.append(f"{_RED}rank {result.rank} had not returned{_RESET} when an interrupt from the "
                              "notebook ended the wait early, before the grace period was over.")
+            elif result.status is Status.RETURNED:
+                lines.append(f"rank {result.rank} returned after the interrupt: it is idle in its event loop, "
+                             "not running this cell, but its reply had not reached the notebook when the wait "
+                             f"ended (its error, if any, is in its log: %clorch logs {result.rank}). It takes "
+                             "the next cell at once.")
             elif result.status is Status.STUCK:
-                lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period "
-                             "after being interrupted: blocked in native code (e.g. a collective "
-                             "waiting for another rank), or its code caught the KeyboardInterrupt "
-                             "and went on.")
+                lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period after "
+                             "being interrupted and is stuck: its stack shows it still in the cell's code "
+                             "(native code such as a collective waiting for another rank), or its code caught "
+                             "the KeyboardInterrupt and went on.")
                 if result.stack:
                     lines.append("Where it is now:")
                     lines.extend("    " + line for line in result.stack.rstrip().splitlines())

@@ -24,7 +24,8 @@ variables). This process is the rank's **nanny**; it never runs user code itself
 
 Exit status: 0 after the notebook's stop (1 when the stop came with another rank lost, so that
 torchrun fails fast instead of waiting for the lost host); 2 when the notebook refused the rank (wrong world size,
-a duplicate rank, a used-up token) or the connect file is unusable; 3 when orphaned.
+a duplicate rank, a used-up token) or the connect file is unusable; 3 when orphaned; 4 when it
+called back after the notebook had declared its rank lost (a healed partition) and was told to end.
 """
 
 from __future__ import annotations
@@ -365,6 +366,8 @@ class Nanny:
         elif op == "exit":
             code = message.get("code", 0)
             self.exit_code = code if isinstance(code, int) and 0 <= code < 256 else 1
+            if message.get("why"):  # declared lost and written off (clorch_repl.launchers.liveness)
+                sys.stderr.write(f"clorch-rank {self.identity.rank}: {message['why']}; ending this rank's kernel\n")
             return "exit"
         return None
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (once) the virtual environment .venv with clorch_repl and its test tools (pytest, nbclient;
 # jupyterlab and selenium for the browser test, which drives Debian's chromium).
-# torch is installed first, pinned, so that pip never resolves the bare `torch>=2.4` requirement
+# torch is installed first, pinned, so that pip never resolves the bare `torch>=2.11` requirement
 # to whatever build the index offers: TORCH_SPEC overrides the pin (e.g. a CUDA build's version).
 set -euo pipefail
 cd "$(dirname "$0")/.."

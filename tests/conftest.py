@@ -58,6 +58,10 @@ FAST = frozenset({
     "test_topology.py",
     "test_wire.py",
     "test_lean_wire.py",
+    # issue 24: the output budget, and whether a rank given up on had returned
+    "test_flood_budget.py",
+    "test_cell_end.py",
+    "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",
     # checkpoints in one process (the multi-rank and SIGKILL cases start processes)

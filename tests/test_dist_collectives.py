@@ -16,6 +16,8 @@ from dist_helpers import assert_same, reference_reduce
 from clorch_repl import distributed as dist
 
 N = 2
+#: the reductions the API documents (README: sum avg min max band bor bxor prod, on every backend)
+ALL_OPS = ("sum", "avg", "min", "max", "band", "bor", "bxor", "prod")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,10 @@ def test_all_reduce_every_op_sync_and_async(results: list[dict[str, Any]], route
                     assert_same(results[r][f"{route}/all_reduce/{dtype}/{op}/{async_op}"], expected,
                                 f"rank {r} {route} all_reduce {dtype} {op} async={async_op}")
                     checked += 1
-    assert checked == 2 * N * sum(len(v) for v in w.ALL_REDUCE_CASES.values())
+    # every documented op, on floats, integers and bools: an empty or shrunken table fails here
+    assert {op for ops in w.ALL_REDUCE_CASES.values() for op in ops} == set(ALL_OPS)
+    assert set(w.ALL_REDUCE_CASES) == {"float32", "int64", "bool"}
+    assert checked == 2 * N * sum(len(v) for v in w.ALL_REDUCE_CASES.values()) == 2 * N * 16
 
 
 def test_integer_avg_truncates_toward_zero(results: list[dict[str, Any]]) -> None:
@@ -54,15 +59,21 @@ def test_integer_avg_truncates_toward_zero(results: list[dict[str, Any]]) -> Non
 @pytest.mark.parametrize("route", ["native", "emulated"])
 def test_reduce_onto_root(results: list[dict[str, Any]], route: str) -> None:
     root = N - 1
+    checked = 0
     for dtype, ops in w.REDUCE_CASES.items():
         for op in ops:
             for async_op in (False, True):
                 assert_same(results[root][f"{route}/reduce/{dtype}/{op}/{async_op}"],
                             reference_reduce(_inputs(dtype), op), f"{route} reduce {dtype} {op} async={async_op}")
+                checked += 1
+    assert checked == 2 * 6, f"{checked} reduce cases checked: the table lost some"
+    # emulated ops (avg, band, bxor) are among them, on both dtypes
+    assert set(w.REDUCE_CASES) == {"float32", "int64"} and {"avg", "band", "bxor"} <= set(w.REDUCE_CASES["int64"])
 
 
 @pytest.mark.parametrize("route", ["native", "emulated"])
 def test_reduce_scatter(results: list[dict[str, Any]], route: str) -> None:
+    checked = 0
     for dtype, ops in w.REDUCE_SCATTER_CASES.items():
         for op in ops:
             full = reference_reduce(_inputs(dtype, numel=w.CHUNK * N), op)
@@ -70,6 +81,9 @@ def test_reduce_scatter(results: list[dict[str, Any]], route: str) -> None:
                 for r in range(N):
                     assert_same(results[r][f"{route}/reduce_scatter/{dtype}/{op}/{async_op}"],
                                 full[r * w.CHUNK:(r + 1) * w.CHUNK], f"rank {r} {route} reduce_scatter {dtype} {op}")
+                    checked += 1
+    assert checked == 2 * N * 8, f"{checked} reduce_scatter cases checked: the table lost some"
+    assert set(w.REDUCE_SCATTER_CASES) == {"float32", "int64", "bool"}
 
 
 def test_broadcast_all_gather_all_to_all(results: list[dict[str, Any]]) -> None:

@@ -66,13 +66,15 @@ class Cluster:
     torchruns: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
     start_seconds: float = 0.0
+    #: the session's --orphan-timeout
+    orphan_s: float = ORPHAN_S
 
     @property
     def listen(self) -> str:
         return self.hosts.notebook_addr
 
     def options(self, extra: str = "") -> str:
-        return f"--listen {self.listen} --orphan-timeout {ORPHAN_S} --start-timeout 60 {extra}".strip()
+        return f"--listen {self.listen} --orphan-timeout {self.orphan_s:g} --start-timeout 60 {extra}".strip()
 
     # ------------------------------------------------------------------ attach
     def send_attach(self, nodes: int = 2, nproc: int = 1, extra: str = "") -> tuple[str, str]:
@@ -391,6 +393,46 @@ def test_host_b_cut_off_fails_the_cell_naming_its_ranks(cluster: Cluster, launch
         assert codes["hostA"] not in (None, 0), f"hostA's torchrun: {codes}" + c.torchrun_logs()
     waited, left = c.wait_hosts_empty(GONE_S)
     assert not left, f"processes left in the hosts: {left}" + c.torchrun_logs()
+
+
+@pytest.mark.parametrize("launcher", ["attach", "slurm"])
+def test_a_healed_partition_leaves_nothing_behind(cluster: Cluster, launcher: str) -> None:
+    """Issue 24: hostB's link cut during a cell (its rank reported lost), restored, then stop:
+    the nanny that came back is told to end, and nothing is left within the orphan timeout + 5 s
+    of the stop. The orphan timeout is longer than the cut, so that it is not what ends hostB."""
+    c = cluster
+    c.orphan_s = 15
+    if launcher == "attach":
+        c.start_attach()
+    else:
+        c.start_slurm(nodes=2, nproc=1)
+    msg_id = c.nb.send("%%distributed\nimport time\nprint('waiting', flush=True)\ntime.sleep(600)")
+    c.nb.wait_for_ranks(msg_id, "waiting", timeout=30)
+    nanny_b = c.nannies("hostB")
+    assert nanny_b, c.left_in_hosts()
+    c.hosts.link_down("hostB")
+    cut = time.monotonic()
+    reply = c.nb.collect(msg_id, timeout=60)
+    assert reply.status == "error" and "rank 1" in reply.text and "lost" in reply.text, reply.text
+    c.hosts.link_up("hostB")
+    healed = time.monotonic()
+    timing(f"{launcher}: link restored, after the cut", healed - cut)
+    # the nanny calls back (its heartbeat) and is told to end: before its orphan timeout
+    left_b = c.wait_nannies_gone("hostB", c.orphan_s + GONE_S)
+    timing(f"{launcher}: hostB's nanny gone, after the link came back", time.monotonic() - healed)
+    assert not left_b, f"hostB's nanny outlived its orphan timeout after the link came back: {c.left_in_hosts()}"
+    still = c.python(SESSION + "print('LOST', [r.rank for r in group.ranks if not r.alive])")
+    assert "LOST [1]" in still, still  # lost stays lost: the rank did not come back as if alive
+    stopped, took = c.stop()
+    timing(f"{launcher}: stop after the healed partition", took)
+    waited, left = c.wait_hosts_empty(c.orphan_s + GONE_S)
+    timing(f"{launcher}: hosts empty, after the stop", took + waited)
+    assert not left, f"processes left in the hosts after stop: {left}" + c.torchrun_logs()
+    if launcher == "slurm":
+        assert c.hosts.wait_no_jobs(timeout=15) == [], "the step's job outlived the stop"
+    else:
+        codes = wait_exit(c.torchruns, timeout=15)
+        assert None not in codes.values(), f"torchrun still running: {codes}" + c.torchrun_logs()
 
 
 @pytest.mark.parametrize("launcher", ["attach", "slurm"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -502,10 +503,14 @@ def _mismatch(pg: str, present: dict[int, Entry], members: list[int]) -> str | N
     """Torch's own comparison of two ranks' entries for one collective; a sentence if they differ."""
     if len(present) < 2:
         return None
-    try:
-        from torch.distributed.flight_recorder.components.types import MatchState, Op
-    except ImportError:  # a torch without the analyser: compare op and tensors ourselves
-        Op = None  # noqa: N806
+    # Only where torch is already imported: importing it here took the notebook 2.6 s under load,
+    # inside the interrupt of a timed-out cell (and ~300 MB of the notebook's memory).
+    Op = None  # noqa: N806
+    if "torch" in sys.modules:
+        try:
+            from torch.distributed.flight_recorder.components.types import MatchState, Op
+        except ImportError:  # a torch without the analyser: compare op and tensors ourselves
+            Op = None  # noqa: N806
     ranks = sorted(present)
     ref = present[ranks[0]]
     memberships = {pg: set(members)}

@@ -115,8 +115,15 @@ def cell_frames(frame: Any) -> tuple[list[dict[str, Any]], bool]:
         if f["function"] == "run_code" and f["file"].endswith(os.path.join("IPython", "core", "interactiveshell.py")):
             return frames[i + 1:], True
     # No cell on the stack: a kernel between cells, or a plain program (a launch() rank), which
-    # is always "running its cell".
-    return frames, not _in_kernel()
+    # is always "running its cell"; or a top-level-await cell suspended in its await (its frames
+    # are off the stack while the event loop waits), which the rank's kernel still marks as running.
+    return frames, not _in_kernel() or _executing()
+
+
+def _executing() -> bool:
+    """Whether the rank's kernel is inside a cell's do_execute (clorch_repl.session.worker)."""
+    worker = sys.modules.get("clorch_repl.session.worker")
+    return bool(getattr(worker, "_in_cell", False))
 
 
 def _in_kernel() -> bool:

@@ -70,6 +70,8 @@ class TrainingResult:
     skipped_steps: dict[int, int] = field(default_factory=dict)
     param_digests: dict[int, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    #: the device each rank trained on, as torch names it ("cuda:0", "cpu")
+    rank_devices: dict[int, str] = field(default_factory=dict)
 
     @property
     def final_loss(self) -> float:
@@ -290,7 +292,8 @@ def run_local(devices: list[int], epochs: int = 4, sample_count: int = 1024, bat
         precision=str(precision), losses={r: rec["losses"] for r, rec in enumerate(records)}, logs=logs,
         checkpoint_path=args["checkpoint_path"], state=records[0]["state"],
         skipped_steps={r: rec["skipped_steps"] for r, rec in enumerate(records)},
-        param_digests={r: rec["param_digest"] for r, rec in enumerate(records)}, elapsed_s=elapsed)
+        param_digests={r: rec["param_digest"] for r, rec in enumerate(records)}, elapsed_s=elapsed,
+        rank_devices={r: str(rec.get("device")) for r, rec in enumerate(records)})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ import zmq
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError
+from . import liveness
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +203,9 @@ class RemotePeer:
     #: how the current kernel ended ("exit code 3", ...), None while it runs or before it started
     exit: str | None = None
     death_report: str = ""
+    #: declared lost (see clorch_repl.launchers.liveness): final for the session; how long it had
+    #: been silent then
+    lost_after: float | None = None
 
 
 class CallbackServer:
@@ -312,6 +316,20 @@ class CallbackServer:
             peer = self.peers.get(rank)
             return 0.0 if peer is None else time.monotonic() - peer.last_seen
 
+    def is_lost(self, rank: int) -> bool:
+        """Whether rank was declared lost (latched the first time it is found silent too long)."""
+        with self._lock:
+            peer = self.peers.get(rank)
+            return peer is not None and self._declare(peer, time.monotonic())
+
+    def _declare(self, peer: RemotePeer, now: float) -> bool:
+        silent = now - peer.last_seen
+        if peer.lost_after is None and liveness.is_lost(False, silent, LOST_AFTER_S):
+            peer.lost_after = silent
+            logger.warning("clorch_repl: rank %d on %s declared lost (no word for %.0f s)", peer.rank,
+                           peer.hello.get("host", "?"), silent)
+        return peer.lost_after is not None
+
     def close(self) -> None:
         """Stop the thread (what is queued goes out first, up to a second) and remove the file."""
         self._closing = True
@@ -348,7 +366,8 @@ class CallbackServer:
                     if now >= next_beat:
                         next_beat = now + HEARTBEAT_S
                         beat = encode({"op": "hb"})
-                        outbox += [(p.identity, beat) for p in self.peers.values()]
+                        # none to a lost rank: its nanny then orphans even if no exit reaches it
+                        outbox += [(p.identity, beat) for p in self.peers.values() if not self._declare(p, now)]
                 for identity, frame in outbox:
                     try:
                         self._socket.send_multipart([identity, frame], flags=zmq.NOBLOCK)
@@ -386,6 +405,14 @@ class CallbackServer:
                 peer = next((p for p in self.peers.values() if p.identity == identity), None)
                 if peer is None:
                     logger.info("clorch_repl: dropped %r from a connection that never registered", op)
+                    return
+                if self._declare(peer, time.monotonic()):
+                    answer = liveness.answer_to_lost(peer.rank, str(peer.hello.get("host", "?")), op,
+                                                     peer.lost_after or 0.0)
+                    if answer is not None:
+                        self._outbox.append((identity, encode(answer)))
+                    if op == "exited":
+                        peer.exit = str(message.get("how", "ended"))
                     return
                 peer.last_seen = time.monotonic()
                 if op == "kernel":

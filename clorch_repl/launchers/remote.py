@@ -61,8 +61,8 @@ class RemoteRank(RankHandle):
     def exit(self) -> str | None:
         if self.peer.exit is not None:
             return self.peer.exit
-        silent = self.server.silent_for(self.rank)
-        if silent > LOST_AFTER_S:
+        if self.server.is_lost(self.rank):  # final (see clorch_repl.launchers.liveness)
+            silent = self.peer.lost_after or self.server.silent_for(self.rank)
             return f"lost: no word from {self.host} for {silent:.0f} s (host down or link cut)"
         return None
 
@@ -273,7 +273,7 @@ class RemoteLauncher(Launcher):
 
     def lost(self) -> list[int]:
         """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""
-        return [r for r in sorted(self.server.peers) if self.server.silent_for(r) > LOST_AFTER_S]
+        return [r for r in sorted(self.server.peers) if self.server.is_lost(r)]
 
     def stop(self, grace_s: float = 5.0, *, polite: bool = True) -> list[str]:
         """End every kernel at once (each nanny's supervisor ends what the kernel started), polite

@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from .flood import Limits
+
 
 class RankState(str, enum.Enum):
     """Life of one rank as the notebook sees it."""
@@ -37,6 +39,8 @@ class CellRequest:
     #: the number the notebook shows for this cell (``[12]``): each rank numbers its run of the
     #: cell the same, so that its traceback says ``Cell In[12]``; None leaves the ranks' own count
     cell_number: int | None = None
+    #: each rank's output budget for the cell (clorch_repl.session.flood); None: the rank's defaults
+    output_limits: Limits | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Status(str, enum.Enum):
     DIED = "died"            # the process ended; see RankOutcome.exit
     INTERRUPTED = "interrupted"  # KeyboardInterrupt reached the rank's code
     STUCK = "stuck"          # did not return within the grace period after an interrupt
+    #: returned after an interrupt (its probe or its stack shows it idle in its event loop), but
+    #: its reply had not been read when the wait ended: neither stuck nor known to have failed
+    RETURNED = "returned"
 
 
 @dataclass

@@ -25,13 +25,15 @@ from ..diagnosis import render
 from ..diagnosis.analyse import Progress, RankState, Verdict, analyse, progress
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
+from . import cell_end, flood
 from .cell_files import CellNames
 from .comms import COMM_TYPES
 from ..launchers.base import Launcher
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
 from ..errors import SignatureError
-from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, LEAN_KEY, MessageDecoder, MessageEncoder
+from .wire import (CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, LEAN_KEY, OUTPUT_LIMITS_KEY, MessageDecoder,
+                   MessageEncoder)
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,9 @@ class _Wait:
     received: dict[int, int] = field(default_factory=dict)  # counted iopub messages read, per rank
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
     stdin: StdinBroker | None = None       # the ranks' prompts (see clorch_repl.session.stdin)
+    #: the notebook's own guard on what each rank's output of the cell forwards (flood.backstop)
+    guard_limits: flood.Limits = field(default_factory=flood.Limits)
+    guards: dict[int, flood.Budget] = field(default_factory=dict)
 
 
 class Relay:
@@ -245,6 +250,7 @@ class Relay:
         wait = _Wait(msg_ids={}, pending=set(request.ranks), outcome=outcome, sink=sink)
         if request.timeout_s is not None:
             wait.deadline = time.monotonic() + request.timeout_s
+        wait.guard_limits = flood.backstop(request.output_limits)
         front, no_front = (None, "clorch_repl's own requests read no input") if silent else FrontEnd.current()
         wait.stdin = StdinBroker(front, lambda rank, value: self.clients[rank].input(value))
         for rank in request.ranks:
@@ -278,6 +284,8 @@ class Relay:
         content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                        allow_stdin=allowed, stop_on_error=False)
         metadata: dict[str, Any] = {LEAN_KEY: True}
+        if request.output_limits is not None:
+            metadata[OUTPUT_LIMITS_KEY] = request.output_limits.to_wire()
         if request.cell_number is not None and not silent:
             metadata[CELL_NUMBER_KEY] = int(request.cell_number)
         if not allowed:
@@ -369,10 +377,19 @@ class Relay:
         if wait.pending and wait.outcome.diagnosis is None and not wait.hurry:
             wait.outcome.diagnosis = wait.diagnosis or self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S)
         wait.outcome.cut_short = wait.outcome.cut_short or (wait.hurry and bool(wait.pending))
+        alive = [r for r in sorted(wait.pending) if self.group.ranks[r].alive]
+        answers = {} if wait.hurry or not alive else self.prober.ask(alive, light=True, timeout_s=INTERRUPT_PROBE_S)
         for rank in sorted(wait.pending):
             result = wait.outcome.ranks[rank]
-            result.status = Status.STUCK
             result.stack = "" if wait.hurry else self.stack_of(rank)
+            if not wait.hurry and cell_end.returned(answers.get(rank), result.stack):
+                # It returned; its reply is still on its way (behind its output): not stuck, and
+                # free for the next cell (what it still sends of this one is dropped, see _finish).
+                result.status, result.stack = Status.RETURNED, None
+                if self.running.get(rank) == wait.msg_ids.get(rank):
+                    self.running[rank] = None
+                continue
+            result.status = Status.STUCK
         wait.pending.clear()
 
     def _check_deaths(self, wait: _Wait, now: float) -> None:
@@ -498,6 +515,10 @@ class Relay:
                 abandoned[msg_id] = [wait.received.get(rank, 0), wait.expected.get(rank)]
                 while len(abandoned) > ABANDONED_KEPT:  # the idle of the oldest was lost: forget it
                     del abandoned[next(iter(abandoned))]
+        for rank, guard in sorted(wait.guards.items()):
+            line = flood.withheld_line(rank, guard)
+            if line is not None:
+                wait.sink.output(RankOutput(rank, "stream", {"name": "stderr", "text": line}))
         for rank in sorted(self._dropped):
             count, size = self._dropped.pop(rank)
             wait.sink.output(RankOutput(rank, "stream", {"name": "stderr", "text": (
@@ -583,8 +604,12 @@ class Relay:
             wait.heard[rank] = time.monotonic()
         if msg_type in OUTPUT_TYPES:
             # Output of an earlier cell that ended normally (a thread it started) is shown too.
-            wait.sink.output(RankOutput(rank, msg_type, content))
-            wait.last_progress = time.monotonic()
+            wait.last_progress = now = time.monotonic()
+            guard = wait.guards.get(rank)
+            if guard is None:
+                guard = wait.guards[rank] = flood.Budget(wait.guard_limits, now)
+            if msg_type == "clear_output" or guard.admit_size(*flood.message_size(msg_type, content), now):
+                wait.sink.output(RankOutput(rank, msg_type, content))
         elif msg_type == "error" and wait.msg_ids.get(rank) == parent_id:
             self._record_error(wait, rank, content)
 

@@ -8,6 +8,7 @@ cell, a failed start leaves no process behind, and restart keeps the settings an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from ..launchers.base import Launcher, RankHandle
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import LEAVE_CODE, boot_code
+from . import flood
 from .comms import CommBridge
 from .debugger import DebugForwarder
 from .protocol import CellOutcome, CellRequest, RankState
@@ -58,6 +60,8 @@ class Session:
     the same place (the same directory of logs, the same allocation of a cluster)."""
 
     def __init__(self, topology: Topology, launcher: LauncherFactory = LocalLauncher) -> None:
+        #: the notebook cells whose relayed text IPython's history keeps (see _bound_history)
+        self._relayed_cells: list[int] = []
         self.topology = topology
         self._make_launcher = launcher
         self.group: Launcher | None = None
@@ -222,9 +226,14 @@ class Session:
         if stdin_ranks is not None:
             check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
+        try:
+            limits = flood.limits_from_env(os.environ)
+        except ValueError as exc:
+            raise ClorchError(f"{exc} (the output limits of %%distributed cells, read from the notebook's "
+                              "environment: fix it with %env, or unset it for the default)") from None
         request = CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
                               stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
-                              cell_number=cell_number)
+                              cell_number=cell_number, output_limits=limits)
         if silent:
             return relay.execute(request, sink, silent=True)
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
@@ -233,6 +242,15 @@ class Session:
             return relay.execute(request, sink, silent=False)
         finally:
             self.current_cell = None
+            self._bound_history()
+
+    def _bound_history(self) -> None:
+        """Keep IPython's record of this cell's relayed text bounded (see flood.bound_history)."""
+        shell = _ipython()
+        history = getattr(shell, "history_manager", None)
+        outputs = getattr(history, "outputs", None)
+        if outputs is not None:
+            flood.bound_history(outputs, shell.execution_count, relayed=self._relayed_cells)
 
     def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
         """The ranks a cell runs on: ``ranks``, or every rank of the session when None."""
@@ -350,3 +368,12 @@ def spare_usage(spares: list[RankHandle]) -> list[tuple[int | None, int | None, 
     been forked yet (no pid) is listed as not ready: left out, a set of one read "0, ready"."""
     return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.listening)
             for p in spares if p.alive for pid in (p.pid,)]
+
+
+def _ipython() -> Any:
+    """The notebook's IPython shell, or None outside one (a script using the Python API)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()

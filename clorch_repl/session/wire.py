@@ -39,6 +39,9 @@ LEAN_KEY = "clorch_lean"
 #: Carried by the request itself: a separate request to renumber the ranks cost a whole round trip
 #: before every ``%%distributed`` cell that followed a notebook-only cell.
 CELL_NUMBER_KEY = "clorch_cell"
+#: In the metadata of a relay's execute request: the rank's output budget for the cell
+#: (``flood.Limits.to_wire``), read by the rank's stream; what exceeds it goes to the log only.
+OUTPUT_LIMITS_KEY = "clorch_output_limits"
 #: How a lean request's single frame starts (see :meth:`MessageEncoder.request`). One frame, not
 #: the Jupyter protocol's six: pyzmq releases the GIL around every frame it sends, and in the
 #: notebook kernel another thread (its IOPub thread, publishing the cell's busy status and input

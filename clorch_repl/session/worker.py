@@ -43,7 +43,8 @@ import types
 from .. import numa
 from ..procs import end_own_group, watch_parent
 from ..diagnosis.probe import PROBE_REQUEST as _PROBE_REQUEST
-from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, read_lean_execute
+from .flood import Budget, Limits
+from .wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, OUTPUT_LIMITS_KEY, read_lean_execute
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,46 @@ COALESCE_S = 0.1
 #: True while a cell's code runs; outside it (the kernel's own flush at a cell's end) every
 #: flush is done, so nothing of a cell is published after the cell's reply.
 _in_cell = False
+#: This rank's output budget for the running (or last) cell (clorch_repl.session.flood): what it
+#: refuses goes to the rank's log only. One for stdout and stderr together, shared by the cell's
+#: threads (hence the lock); kept after the cell, so a thread the cell left printing stays bounded.
+_budget: Budget | None = None
+_budget_lock = threading.Lock()
+_budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
+
+
+def _admit(string: str) -> bool:
+    """Whether the cell's budget lets ``string`` be published (it is echoed to the log either way)."""
+    __tracebackhide__ = True  # a KeyboardInterrupt landing here is the user's print's, not ours
+    budget = _budget
+    if budget is None or os.getpid() != _budget_pid:
+        return True
+    with _budget_lock:
+        return budget.admit(string, time.monotonic())
+
+
+def _start_budget(limits: Limits) -> None:
+    global _budget
+    with _budget_lock:
+        _budget = Budget(limits, time.monotonic())
+
+
+def _publish_held_back() -> None:
+    """At the cell's end: the one line saying how much this rank held back (before the streams'
+    last flush, so that the reply counts it). Published whatever the budget says."""
+    global _budget
+    with _budget_lock:
+        budget, _budget = _budget, None
+    if budget is None:
+        return
+    line = budget.held_back_line(os.environ.get("RANK", "?"))
+    try:
+        if line is not None and sys.stderr is not None:
+            sys.stderr.write(line)
+    finally:
+        with _budget_lock:
+            if _budget is None:
+                _budget = budget
 
 
 def _out_stream_class() -> type:
@@ -100,7 +141,18 @@ def _out_stream_class() -> type:
         _last_send = 0.0
 
         def write(self, string: str) -> int | None:
+            __tracebackhide__ = True  # see _admit
             self._clean = False
+            # A "\r" rewrite of the current line is not counted: coalescing (below) already bounds
+            # what it publishes to about ten messages a second, and the bar's last state must show.
+            rewrite = isinstance(string, str) and "\r" in string and "\n" not in string
+            if isinstance(string, str) and string and not rewrite and not _admit(string):
+                if self.echo is not None:  # held back: the rank's log still gets it (see flood)
+                    try:
+                        self.echo.write(string)
+                    except OSError as exc:
+                        print(f"Write failed: {exc}", file=sys.__stderr__)
+                return len(string)
             if (not isinstance(string, str) or self.pub_thread is None or not coalescing
                     or not self._is_master_process()):
                 return super().write(string)  # its errors, and forked children, as ipykernel does them
@@ -337,6 +389,7 @@ def _kernel_class() -> type:
             if self._do_exec_accepted_params["cell_id"]:
                 args["cell_id"] = cell_meta.get("cellId")
             metadata = self.init_metadata(parent)
+            self._next_limits = Limits.from_wire(cell_meta.get(OUTPUT_LIMITS_KEY))
             if not silent:
                 self.execution_count += 1  # what ipykernel does (IPythonKernel counts in its shell)
                 number = cell_meta.get(CELL_NUMBER_KEY)
@@ -362,6 +415,8 @@ def _kernel_class() -> type:
 
         async def do_execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             global _in_cell
+            limits, self._next_limits = getattr(self, "_next_limits", None), None
+            _start_budget(limits or Limits())
             _in_cell = True
             transform = _TransformOnce(self.shell)
             try:
@@ -369,6 +424,7 @@ def _kernel_class() -> type:
             finally:
                 _in_cell = False
                 transform.close()
+                _publish_held_back()
             if isinstance(reply, dict) and reply.get("status") == "error":
                 try:
                     sys.stdout.flush()

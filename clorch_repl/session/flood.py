@@ -1,0 +1,245 @@
+"""How much of a cell's output reaches the notebook: the per-rank, per-cell budget (pure logic).
+
+Why: a runaway ``while True: print(...)`` on every rank used to send hundreds of megabytes to the
+notebook kernel, which grew by a gigabyte, could not keep its own clock (``--timeout 5`` ended
+after 94 s) and passed it all on to a browser tab that did not survive it. Jupyter Server's own
+caps (``iopub_data_rate_limit``) drop output after it has already crossed the notebook kernel.
+Here each rank holds back, at the source, what exceeds its budget for the cell: it is never
+serialised, never crosses ZeroMQ, never reaches the notebook. The rank's log still gets every
+byte (the rank's stream echoes before it asks the budget), and once the cell ends the rank sends
+one line saying how much it held back and that ``%clorch logs RANK`` has it all.
+
+The budget, per rank and per cell, counted in characters of stream text:
+
+* ``volume``: at most this many characters in all (default 1 MiB);
+* ``lines``: at most this many lines in all (default 10,000; a browser slows down with lines,
+  not only with bytes: 645,905 lines stalled JupyterLab for seconds at a time);
+* ``rate``: at most this many characters a second, from a bucket that holds ``2 * rate``
+  (default 200 KiB/s, so a burst of 400 KiB goes out at once and a steady loss log never waits).
+
+The notebook's environment sets them (``%env CLORCH_OUTPUT_LIMIT=...``, read at every cell, see
+:func:`limits_from_env`), and the relay sends them with each cell (``wire.OUTPUT_LIMITS_KEY``).
+Once a write is held back, the rest of its line is held back too, so what is shown never has
+lines spliced from pieces; once the volume or the lines ran out, the rest of the cell is held
+(the rate only delays: what the bucket refuses is held, and output resumes once it refills). Nothing here looks at what the text says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+VOLUME_ENV = "CLORCH_OUTPUT_LIMIT"
+LINES_ENV = "CLORCH_OUTPUT_LINES"
+RATE_ENV = "CLORCH_OUTPUT_RATE"
+DEFAULT_VOLUME = 1 << 20
+DEFAULT_LINES = 10_000
+DEFAULT_RATE = 200 * 1024
+#: The bucket holds this many seconds of the rate.
+BURST_S = 2.0
+#: The notebook keeps at most this many characters of one cell's relayed text in IPython's
+#: ``history_manager.outputs`` (which only ``%notebook``-style exports read), and the records
+#: of at most this many cells: it kept every byte of every cell (312 -> 870 MiB over 6,000 cells).
+HISTORY_CHARS_PER_CELL = 64 * 1024
+HISTORY_CELLS_KEPT = 200
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One rank's budget for one cell; 0 in a field means no limit of that kind."""
+
+    volume: int = DEFAULT_VOLUME
+    lines: int = DEFAULT_LINES
+    rate: int = DEFAULT_RATE
+
+    def to_wire(self) -> dict[str, int]:
+        return {"volume": self.volume, "lines": self.lines, "rate": self.rate}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Limits:
+        """The limits a request carried; the defaults for anything missing or malformed (a
+        request from a client other than the relay carries none)."""
+        if not isinstance(value, Mapping):
+            return cls()
+        fields = {}
+        for name in ("volume", "lines", "rate"):
+            v = value.get(name)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                fields[name] = v
+        return cls(**fields)
+
+    def describe(self) -> str:
+        parts = []
+        if self.volume:
+            parts.append(f"{_size(self.volume)} per cell")
+        if self.lines:
+            parts.append(f"{self.lines:,} lines per cell")
+        if self.rate:
+            parts.append(f"{_size(self.rate)}/s")
+        return ", ".join(parts) or "no limits"
+
+
+def limits_from_env(environ: Mapping[str, str]) -> Limits:
+    """The notebook's limits: ``CLORCH_OUTPUT_LIMIT`` (characters per rank per cell, ``k``/``M``
+    suffixes allowed), ``CLORCH_OUTPUT_LINES``, ``CLORCH_OUTPUT_RATE`` (characters a second);
+    ``0`` turns one off. A value that cannot be read raises ValueError naming the variable."""
+    values = {}
+    for name, env, default in (("volume", VOLUME_ENV, DEFAULT_VOLUME), ("lines", LINES_ENV, DEFAULT_LINES),
+                               ("rate", RATE_ENV, DEFAULT_RATE)):
+        raw = environ.get(env, "").strip()
+        values[name] = default if not raw else _parse_size(env, raw)
+    return Limits(**values)
+
+
+def _parse_size(env: str, raw: str) -> int:
+    scale = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}.get(raw[-1].lower(), 1)
+    number = raw[:-1] if scale != 1 else raw
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{env}={raw!r} is not a size: give a number of characters, e.g. 1M, 512k "
+                         f"or 0 for no limit") from None
+    if value < 0:
+        raise ValueError(f"{env}={raw!r} is negative: give a number of characters, or 0 for no limit")
+    return value
+
+
+class Budget:
+    """One rank's output budget for one cell: :meth:`admit` says whether a write is published.
+
+    Pure: the caller passes the time; no clock, no I/O, no lock (the rank's stream holds one)."""
+
+    def __init__(self, limits: Limits, now: float) -> None:
+        self.limits = limits
+        self.sent_chars = 0
+        self.sent_lines = 0
+        self.held_chars = 0
+        self.held_lines = 0
+        self._tokens = float(limits.rate * BURST_S)
+        self._at = now
+        self._mid_line_held = False  # the last write was held and did not end its line
+        self._spent = False  # the volume or the lines ran out: nothing more of this cell is shown
+        self._open_line = False  # what was shown last did not end its line
+
+    def admit(self, text: str, now: float) -> bool:
+        """Whether ``text`` (one write) is published; either way it is counted."""
+        return self.admit_size(len(text), text.count("\n"), text.endswith("\n"), now)
+
+    def admit_size(self, chars: int, lines: int, ends_line: bool, now: float) -> bool:
+        """:meth:`admit` for a piece known by its size (the relay's messages, see :func:`message_size`)."""
+        ok = not self._spent and not self._mid_line_held and self._fits(chars, lines, now)
+        if ok:
+            self.sent_chars += chars
+            self.sent_lines += lines
+            self._open_line = not ends_line
+            if self.limits.rate:
+                self._tokens -= chars
+        else:
+            self.held_chars += chars
+            self.held_lines += lines
+            self._mid_line_held = not ends_line
+        return ok
+
+    def _fits(self, chars: int, lines: int, now: float) -> bool:
+        limits = self.limits
+        if ((limits.volume and self.sent_chars + chars > limits.volume)
+                or (limits.lines and self.sent_lines + max(lines, 1) > limits.lines)):
+            self._spent = True  # later, smaller writes would show lines out of their context
+            return False
+        if limits.rate:
+            self._tokens = min(limits.rate * BURST_S, self._tokens + (now - self._at) * limits.rate)
+            self._at = now
+            if chars > self._tokens:
+                return False
+        return True
+
+    @property
+    def held(self) -> bool:
+        return self.held_chars > 0
+
+    def held_back_line(self, rank: int | str) -> str | None:
+        """The one line the rank publishes at the cell's end, or None when nothing was held."""
+        if not self.held:
+            return None
+        start = "\n" if self._open_line else ""  # on a line of its own, after a line cut short
+        return (f"{start}clorch_repl: rank {rank} held back {self.held_lines:,} line(s), {_size(self.held_chars)}, of this "
+                f"cell's output (forwarded at most {self.limits.describe()}; set {VOLUME_ENV}, {LINES_ENV} or "
+                f"{RATE_ENV} in the notebook's environment to change that); the rank's log has all of it: "
+                f"%clorch logs {rank}\n")
+
+
+def _size(chars: int) -> str:
+    if chars >= 1024 ** 2:
+        return f"{chars / 1024 ** 2:.1f} MiB"
+    if chars >= 1024:
+        return f"{chars / 1024:.0f} KiB"
+    return f"{chars} B"
+
+
+def bound_history(outputs: MutableMapping[int, list[Any]], cell: int,
+                  chars_per_cell: int = HISTORY_CHARS_PER_CELL, cells_kept: int = HISTORY_CELLS_KEPT,
+                  relayed: list[int] | None = None) -> None:
+    """Bound what IPython's ``history_manager.outputs`` keeps of the relayed text of cell ``cell``.
+
+    IPython records every stream write of a cell (``out_stream``/``err_stream`` records whose
+    ``bundle["stream"]`` is a list of pieces) for exports; a ``%%distributed`` cell's writes are
+    the ranks' output, so a flood or thousands of cells made the notebook kernel grow without end.
+    The cell keeps its first ``chars_per_cell`` characters of stream text (rich records are kept:
+    they are one per display), and of the cells listed in ``relayed`` (the caller's list, oldest
+    first, appended to here) only the last ``cells_kept`` keep any record."""
+    records = outputs.get(cell)
+    if records:
+        left = chars_per_cell
+        for record in records:
+            bundle = getattr(record, "bundle", None)
+            pieces = bundle.get("stream") if isinstance(bundle, dict) else None
+            if not isinstance(pieces, list):
+                continue
+            kept = []
+            for piece in pieces:
+                if left <= 0:
+                    break
+                text = str(piece)
+                kept.append(text[:left])
+                left -= len(text)
+            pieces[:] = kept
+    if relayed is not None:
+        if not relayed or relayed[-1] != cell:
+            relayed.append(cell)
+        while len(relayed) > cells_kept:
+            outputs.pop(relayed.pop(0), None)
+
+
+#: The notebook's own guard (the relay's): each rank's messages of a cell, all kinds (rich output
+#: too, which the rank's stream budget does not see, and ranks reached through ipykernel's own
+#: path), are forwarded up to this many times the rank's budget; then held back and counted.
+BACKSTOP_FACTOR = 2
+
+
+def backstop(limits: Limits | None) -> Limits:
+    """The relay's guard for a cell whose ranks were given ``limits`` (no rate: the ranks meter)."""
+    limits = limits or Limits()
+    return Limits(volume=limits.volume * BACKSTOP_FACTOR, lines=limits.lines * BACKSTOP_FACTOR, rate=0)
+
+
+def message_size(kind: str, content: Mapping[str, Any]) -> tuple[int, int, bool]:
+    """(characters, lines, ends its line) of one output message, as the guard counts it."""
+    if kind == "stream":
+        text = str(content.get("text", ""))
+        return len(text), text.count("\n"), text.endswith("\n")
+    data = content.get("data")
+    chars = sum(len(v) if isinstance(v, str) else len(repr(v)) for v in data.values()) if isinstance(data, Mapping) else 0
+    return chars + 64, 1, True  # a display is a line of the page at least
+
+
+def withheld_line(rank: int, guard: Budget) -> str | None:
+    """The relay's line for what its guard held back of a rank's cell, or None."""
+    if not guard.held:
+        return None
+    return (f"clorch_repl: the notebook held back {_size(guard.held_chars)} of rank {rank}'s output of this cell "
+            f"(more than {guard.limits.describe()} of it reached the notebook); the rank's log has its "
+            f"text output: %clorch logs {rank}\n")

@@ -1,0 +1,132 @@
+"""The output budget (clorch_repl.session.flood): what a rank publishes of a cell's writes, given
+recorded write sequences and clock readings, and how IPython's record of relayed text is bounded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from clorch_repl.session.flood import (DEFAULT_LINES, DEFAULT_RATE, DEFAULT_VOLUME, Budget, Limits,
+                                       bound_history, limits_from_env)
+
+
+def replay(limits: Limits, writes: list[tuple[float, str]]) -> tuple[Budget, str]:
+    budget = Budget(limits, writes[0][0] if writes else 0.0)
+    shown = "".join(text for at, text in writes if budget.admit(text, at))
+    return budget, shown
+
+
+def test_a_flood_is_cut_at_the_volume_and_counted_whole() -> None:
+    # print('spam ' * 20) in a loop: ipykernel sees two writes per print (the text, then "\n").
+    writes = [(i * 1e-6, piece) for i in range(20_000) for piece in ("spam " * 20, "\n")]
+    budget, shown = replay(Limits(volume=10_000, lines=0, rate=0), writes)
+    total = sum(len(t) for _, t in writes)
+    assert len(writes) == 40_000
+    assert 0 < len(shown) <= 10_000
+    assert shown.endswith("\n") and all(line == ("spam " * 20) for line in shown.splitlines())
+    assert budget.sent_chars + budget.held_chars == total
+    assert budget.sent_lines + budget.held_lines == 20_000
+    line = budget.held_back_line(3)
+    assert line is not None and "%clorch logs 3" in line and f"{budget.held_lines:,} line(s)" in line
+
+
+def test_lines_are_limited_as_well_as_characters() -> None:
+    writes = [(0.0, "x\n")] * 500
+    budget, shown = replay(Limits(volume=0, lines=100, rate=0), writes)
+    assert shown.count("\n") == 100 and budget.held_lines == 400
+
+
+def test_the_rate_lets_a_burst_through_then_meters_and_recovers() -> None:
+    rate = 1000
+    # 10 s of writing 1,000 characters every 0.1 s (10x the rate), then a pause, then one write.
+    writes = [(i * 0.1, "y" * 999 + "\n") for i in range(100)] + [(20.0, "after the pause\n")]
+    budget, shown = replay(Limits(volume=0, lines=0, rate=rate), writes)
+    sent_in_flood = len(shown) - len("after the pause\n")
+    # the bucket's 2 s of rate at once, then the rate itself over the ~10 s
+    assert 2 * rate <= sent_in_flood <= 2 * rate + 10 * rate + 1000
+    assert shown.endswith("after the pause\n")
+    assert budget.held_chars == 100 * 1000 - sent_in_flood
+
+
+def test_a_held_write_holds_the_rest_of_its_line() -> None:
+    # the limit falls between a line's text and its newline: no bare "\n" is shown afterwards
+    writes = [(0.0, "a" * 8), (0.0, "\n"), (0.0, "b" * 8), (0.0, "\n"), (0.0, "c"), (0.0, "\n")]
+    budget, shown = replay(Limits(volume=12, lines=0, rate=0), writes)
+    assert shown == "a" * 8 + "\n"
+    assert budget.held_lines == 2
+
+
+def test_nothing_held_says_nothing_and_no_limits_pass_everything() -> None:
+    budget, shown = replay(Limits(), [(0.0, "hello\n")])
+    assert shown == "hello\n" and budget.held_back_line(0) is None
+    writes = [(0.0, "z" * 1000 + "\n")] * 5000
+    budget, shown = replay(Limits(volume=0, lines=0, rate=0), writes)
+    assert len(shown) == 5000 * 1001 and not budget.held
+
+
+def test_limits_from_the_environment_and_the_wire() -> None:
+    assert limits_from_env({}) == Limits(DEFAULT_VOLUME, DEFAULT_LINES, DEFAULT_RATE)
+    got = limits_from_env({"CLORCH_OUTPUT_LIMIT": "2M", "CLORCH_OUTPUT_LINES": "0", "CLORCH_OUTPUT_RATE": "64k"})
+    assert got == Limits(2 << 20, 0, 64 * 1024)
+    with pytest.raises(ValueError, match="CLORCH_OUTPUT_RATE='fast' is not a size"):
+        limits_from_env({"CLORCH_OUTPUT_RATE": "fast"})
+    with pytest.raises(ValueError, match="negative"):
+        limits_from_env({"CLORCH_OUTPUT_LIMIT": "-1"})
+    assert Limits.from_wire(got.to_wire()) == got
+    assert Limits.from_wire(None) == Limits()
+    assert Limits.from_wire({"volume": "lots", "lines": True, "rate": 5}) == Limits(rate=5)
+
+
+@dataclass
+class Record:  # IPython's HistoryOutput: output_type and bundle
+    output_type: str
+    bundle: dict[str, Any] = field(default_factory=dict)
+
+
+def test_history_keeps_a_bounded_part_of_each_cell_and_a_bounded_number_of_cells() -> None:
+    outputs: dict[int, list[Any]] = {}
+    relayed: list[int] = []
+    for cell in range(1, 1001):
+        outputs[cell] = [Record("out_stream", {"stream": ["x" * 100] * 50}),
+                         Record("display_data", {"text/plain": "fig"}),
+                         Record("err_stream", {"stream": ["e" * 3000]})]
+        bound_history(outputs, cell, chars_per_cell=4000, cells_kept=10, relayed=relayed)
+    assert sorted(outputs) == list(range(991, 1001))
+    last = outputs[1000]
+    kept = sum(len(p) for r in last if "stream" in r.bundle for p in r.bundle["stream"])
+    assert kept == 4000  # 5000 of stdout would fit 4000, stderr then gets none
+    assert last[1].bundle == {"text/plain": "fig"}
+    assert last[2].bundle["stream"] == []
+
+
+def test_the_held_back_line_starts_a_line_of_its_own() -> None:
+    budget, shown = replay(Limits(volume=10, lines=0, rate=0), [(0.0, "a" * 10), (0.0, "\n")])
+    assert shown == "a" * 10
+    assert budget.held_back_line(0).startswith("\nclorch_repl: rank 0 held back 1 line(s)")
+
+
+def test_at_the_line_limit_no_further_line_is_begun() -> None:
+    writes = [(0.0, piece) for i in range(20) for piece in (f"line {i}", "\n")]
+    budget, shown = replay(Limits(volume=0, lines=5, rate=0), writes)
+    assert shown == "".join(f"line {i}\n" for i in range(5))
+    assert budget.held_lines == 15 and budget.held_back_line(0).startswith("clorch_repl")
+
+
+def test_the_notebooks_guard_bounds_rich_output_of_a_recorded_cell() -> None:
+    from clorch_repl.session.flood import backstop, message_size, withheld_line
+
+    limits = backstop(Limits(volume=100_000, lines=100, rate=50))
+    assert limits == Limits(volume=200_000, lines=200, rate=0)
+    # display(df) in a loop: 1,000 display_data messages of 2 KB each, then the rank's own line
+    messages = [("display_data", {"data": {"text/plain": "t" * 1000, "text/html": "h" * 1000}, "metadata": {}})] * 1000
+    messages.append(("stream", {"name": "stderr", "text": "done\n"}))
+    guard = Budget(limits, 0.0)
+    shown = [kind for kind, content in messages if guard.admit_size(*message_size(kind, content), 0.0)]
+    assert shown.count("display_data") == 96  # 96 * (2,000 + 64) characters fit in 200,000, 97 do not
+    assert "stream" not in shown  # the limit was reached: nothing more of this cell
+    line = withheld_line(3, guard)
+    assert line is not None and "rank 3" in line and "%clorch logs 3" in line
+    assert message_size("stream", {"text": "a\nb"}) == (3, 1, False)
+    assert withheld_line(0, Budget(limits, 0.0)) is None
