@@ -72,6 +72,11 @@ def test_fsdp_in_cells_async_save_status_and_load_in_the_notebook(tmp_path) -> N
                       "sh.digest(m))")
         assert here.status == "ok", here.text
         assert f"{{'epoch': 1}} {weights.group(1)}" in here.text, here.text
+        # a torchrun script's destroy_process_group() ends the subgroups, the checkpoints' own too:
+        # the next sharded save makes it again
+        again = nb.run("%%distributed\nimport torch.distributed as dist\ndist.destroy_process_group()\n"
+                       f"print('saved', cdist.save_checkpoint({path + '-2'!r}, model=model, optimizer=opt))")
+        assert again.status == "ok" and f"[ranks 0-1] saved {path}-2" in again.text, again.text
 
 
 SAVE_LOOP = """%%distributed

@@ -35,13 +35,16 @@ _GROUPS: dict[int, Any] = {}  # id(default group) -> its gloo group for checkpoi
 def checkpoint_group() -> Any:
     """The gloo group of every rank that sharded checkpoints use; None without a process group.
 
-    Made once per default group: a collective the first time (every rank of a save or load gets
-    here in the same order). A default group that is itself gloo-only still gets its own, for the
+    Made once per default group, and again if it was destroyed since: a collective then (every
+    rank of a save or load gets here in the same order, and sees the same groups). A default group that is itself gloo-only still gets its own, for the
     asynchronous save's thread (see the module's docstring)."""
     if not _c10d.active():
         return None
     world = c10d.GroupMember.WORLD
     group = _GROUPS.get(id(world))
+    registered = getattr(getattr(c10d, "_world", None), "pg_map", None)
+    if group is not None and registered is not None and group not in registered:
+        group = None  # destroyed meanwhile (a torchrun script's destroy_process_group() ends subgroups)
     if group is None:
         _GROUPS.clear()  # groups of an earlier default group are gone with it
         group = tdist.new_group(backend="gloo")
