@@ -48,6 +48,7 @@ FAST = frozenset({
     "test_amp.py",
     "test_atomic.py",
     "test_cell_files.py",
+    "test_stack_dump.py",
     "test_checkpoint_parts.py",
     "test_top.py::test_rows_say_what_each_rank_does",
     "test_profile.py::test_the_verdict_on_recorded_summaries",

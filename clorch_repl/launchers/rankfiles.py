@@ -33,11 +33,16 @@ def private_file(path: str) -> int:
 
 
 def main_thread_stack(dump: str) -> str:
-    """The main thread's part of a faulthandler dump of every thread: that is where a cell runs.
-    The kernel's own threads (iopub, shell channel, heartbeat, watchdogs) only bury it."""
+    """The main thread's stack from a faulthandler dump: that is where a cell runs.
+
+    A rank's kernel dumps its main thread only (``Stack (most recent call first):``, see
+    :mod:`clorch_repl.session.worker`); a dump of every thread (``Current thread 0x...`` and
+    ``Thread 0x...`` blocks, as older ranks wrote) is cut to the main thread's block, since the
+    kernel's own threads (iopub, heartbeat, watchdogs) only bury it.
+    """
     sections: list[list[str]] = []
     for line in dump.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
             sections.append([line])
         elif sections and line.strip():
             sections[-1].append(line)
@@ -155,8 +160,12 @@ class RankFiles:
         return "\n".join(_clip(line, self.rank) for line in (cause + trim_kernel_frames(report))[:lines])
 
     def dump_stack(self, pid: int | None, wait_s: float = 0.5) -> str:
-        """Where the kernel's main thread is right now: SIGUSR1 makes its faulthandler write every
-        thread's stack into the stack file (works while it is stuck in C); "" when it is gone."""
+        """Where the kernel's main thread is right now: SIGUSR1 makes its faulthandler write the
+        main thread's stack into the stack file (works while it is stuck in C); "" when it is gone.
+
+        The dump is complete once the file has stopped growing for one poll after a line ended:
+        faulthandler writes it line by line, so a read may catch it half written.
+        """
         if pid is None:
             return ""
         start = os.path.getsize(self.stack_path)
@@ -165,14 +174,15 @@ class RankFiles:
         except ProcessLookupError:
             return ""
         deadline = time.monotonic() + wait_s
-        text = ""
+        text = previous = ""
         while time.monotonic() < deadline:
             time.sleep(0.05)
             with open(self.stack_path, "rb") as fh:
                 fh.seek(start)
                 text = fh.read().decode(errors="replace")
-            if text.endswith("\n\n") or ("Current thread" in text and text.endswith("\n")):
+            if text and text == previous and text.endswith("\n"):
                 break
+            previous = text
         return main_thread_stack(text)
 
 

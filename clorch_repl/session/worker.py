@@ -3,7 +3,7 @@
 The kernel is started by the rank's :mod:`.supervisor`, which ends it and everything it started
 when the notebook is gone or the rank is stopped. A rank is a plain ipykernel with these additions:
 
-* ``SIGUSR1`` dumps the Python stack of every thread into the rank's stack file, from a C-level
+* ``SIGUSR1`` dumps the Python stack of the main thread into the rank's stack file, from a C-level
   signal handler, so the notebook can show where a rank that ignores Ctrl-C is stuck (a hung
   collective blocks in C++ and never sees KeyboardInterrupt);
 * ``quiet=False`` echoes everything the rank prints to its real stdout/stderr, which the session
@@ -655,7 +655,12 @@ def main(argv: list[str] | None = None) -> None:
     stack_path = os.environ.get(STACK_FILE_ENV)
     if stack_path:
         stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
-        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+        # The main thread only (Linux hands a process-directed signal to the main thread when it
+        # does not block it): walking every thread from a signal handler reads other threads'
+        # frames without the GIL and crashed a rank (SIGSEGV) when one of them changed under it
+        # (seen in CI: a rank stuck in a gloo barrier, probed by `%clorch why`). The other threads'
+        # stacks come from the probe, which reads them under the GIL.
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False, chain=False)
 
     args = list(sys.argv[1:] if argv is None else argv)
     __getattr__("RankKernelApp").launch_instance(argv=[*args, *KERNEL_OPTIONS])
