@@ -126,7 +126,7 @@ def signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-def terminate_tree(pid: int, grace_s: float = 5.0, *, pgid: int | None = None,
+def terminate_tree(pid: int, grace_s: float, *, pgid: int | None = None,
                    is_gone: Callable[[], bool] | None = None) -> None:
     """SIGTERM a process, its descendants and its process group ``pgid`` (pass it for a process
     started in a session of its own: the group outlives its leader); SIGKILL what is left after

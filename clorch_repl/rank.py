@@ -52,8 +52,9 @@ from .errors import ClorchError
 from .launchers import supervisor
 from .launchers.base import ORPHAN_TIMEOUT_S
 from .launchers.callback import HEARTBEAT_S, ConnectInfo, decode, encode, route_address
-from .launchers.rankfiles import RankFiles, kernel_pid
-from .procs import describe_exit, free_port, tree_rss
+from .launchers.rank_process import RankProcess
+from .launchers.rankfiles import RankFiles
+from .procs import free_port, tree_rss
 from .rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger("clorch_repl.rank")
@@ -63,8 +64,9 @@ KERNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_po
 KERNEL_START_S = 120.0
 #: Consecutive failed handshakes (a key that is not the endpoint's) before a nanny gives up.
 HANDSHAKE_FAILURES = 3
-#: How long a stopped kernel and what it started get after SIGTERM before SIGKILL.
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = supervisor.STOP_GRACE_S
+#: A warm spare has run no user code: nothing of it is worth waiting for.
+SPARE_GRACE_S = 1.0
 
 
 def interface_of(address: str) -> str | None:
@@ -108,10 +110,10 @@ class Nanny:
         os.chmod(self.dir, 0o700)
         self.files = RankFiles(self.dir, identity.rank)
         self.config: dict[str, Any] | None = None
-        self.child: subprocess.Popen[bytes] | None = None
-        self.pid_file = os.path.join(self.dir, "kernel.pid")
-        #: the warm spare: (its supervisor, connection file, pid file, its own log), or None
-        self.spare: tuple[subprocess.Popen[bytes], str, str, str] | None = None
+        #: the rank's kernel (below its supervisor), once the notebook said to start it
+        self.kernel: RankProcess | None = None
+        #: the warm spare: (its process, connection file, its own log), or None
+        self.spare: tuple[RankProcess, str, str] | None = None
         #: the log of a spare made the rank's kernel, copied into the rank's once it listens
         self.spare_log = ""
         self.exit_reported = True
@@ -151,11 +153,11 @@ class Nanny:
                    "master_port": free_port(self.address) if ident.rank == 0 else None})
 
     # ------------------------------------------------------------------------ the kernel
-    def _spawn(self, spare: bool) -> tuple[subprocess.Popen[bytes], str, str, str]:
+    def _spawn(self, spare: bool) -> tuple[RankProcess, str, str]:
         """Start a kernel below a supervisor: the rank's (output to the rank's log, whose banner
         this writes), or a warm spare (output to a log of its own until it is made the rank's
-        kernel; imports done, no CUDA; see clorch_repl.launchers.local). Returns the supervisor's
-        process, the connection file, the pid file and the spare's log ("" for the rank's)."""
+        kernel; imports done, no CUDA; see clorch_repl.launchers.local). Returns the process, the
+        connection file and the spare's log ("" for the rank's)."""
         assert self.config is not None
         cfg = self.config
         place = RankPlace(rank=self.identity.rank, local_rank=self.identity.local_rank,
@@ -179,9 +181,6 @@ class Nanny:
             json.dump({"transport": "tcp", "ip": self.address, "key": secrets.token_hex(32),
                        "signature_scheme": "hmac-sha256", "curve_publickey": public.decode(),
                        "curve_secretkey": secret.decode(), **{p: 0 for p in KERNEL_PORTS}}, fh)
-        cmd = supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
-                                 [sys.executable, "-m", "clorch_repl.session.worker", "-f", connection_file],
-                                 pid_file=pid_file)
         spare_log = ""
         if spare:
             env[SPARE_ENV] = "1"
@@ -190,29 +189,25 @@ class Nanny:
             log_fd = self.files.open_spare_log(spare_log)
         else:
             log_fd = self.files.open_log()
-        try:
-            # its own process group: an interrupt (SIGINT to the group) reaches this rank only
-            child = subprocess.Popen(cmd, env=env, stdout=log_fd, stderr=log_fd, stdin=subprocess.DEVNULL,
-                                     cwd=cfg.get("cwd") if os.path.isdir(cfg.get("cwd") or "") else None,
-                                     process_group=0)
-        finally:
-            os.close(log_fd)
-        return child, connection_file, pid_file, spare_log
+        process = RankProcess.spawn([sys.executable, "-m", "clorch_repl.session.worker", "-f", connection_file],
+                                    env=env, log_fd=log_fd, pid_file=pid_file,
+                                    cwd=cfg.get("cwd") if os.path.isdir(cfg.get("cwd") or "") else None)
+        return process, connection_file, spare_log
 
     def start_kernel(self) -> None:
         """A fresh kernel for the rank: the warm spare when there is one (its start-up output goes
         into the rank's log), else a new process."""
         spare, self.spare = self.spare, None
-        if spare is not None and spare[0].poll() is None:
-            child, connection_file, self.pid_file, self.spare_log = spare
+        if spare is not None and spare[0].running:
+            kernel, connection_file, self.spare_log = spare
             os.close(self.files.open_log())  # the banner; the spare's start-up follows once it listens
         else:
             if spare is not None:
                 logger.warning("rank %d's warm spare ended before it was needed (%s); starting its kernel cold",
-                               self.identity.rank, describe_exit(spare[0].returncode))
-                remove_quietly(spare[3])
-            child, connection_file, self.pid_file, _ = self._spawn(spare=False)
-        self.child = child
+                               self.identity.rank, spare[0].exit)
+                remove_quietly(spare[2])
+            kernel, connection_file, _ = self._spawn(spare=False)
+        self.kernel = kernel
         self.exit_reported = False
         # The main loop reports the kernel once it has bound its ports (_report_started): the
         # nanny keeps answering and sending heartbeats meanwhile, however long the start takes.
@@ -227,14 +222,14 @@ class Nanny:
 
     def start_spare(self) -> None:
         """Keep a warm spare for the next restart (the notebook asks once the group formed)."""
-        if self.config is not None and (self.spare is None or self.spare[0].poll() is not None):
+        if self.config is not None and (self.spare is None or not self.spare[0].running):
             self.spare = self._spawn(spare=True)
 
     def end_spare(self) -> None:
         spare, self.spare = self.spare, None
         if spare is not None:
-            self._end(spare[0], 1.0)
-            remove_quietly(spare[3])
+            spare[0].end(SPARE_GRACE_S)
+            remove_quietly(spare[2])
 
     def _report_started(self) -> None:
         """Once the starting kernel has bound its ports and written them back to its connection
@@ -242,7 +237,7 @@ class Nanny:
         if self.starting is None:
             return
         path, deadline = self.starting
-        if self.child is None or self.child.poll() is not None:
+        if self.kernel is None or not self.kernel.running:
             self.starting = None  # its exit is reported by _check_kernel, with what it wrote
             self._copy_spare_log()
             return
@@ -254,7 +249,7 @@ class Nanny:
         if all(info.get(p) for p in KERNEL_PORTS):
             self.starting = None
             self._copy_spare_log()
-            self.send({"op": "kernel", "info": info, "pid": kernel_pid(self.pid_file)})
+            self.send({"op": "kernel", "info": info, "pid": self.kernel.rank_pid})
         elif time.monotonic() > deadline:
             logger.warning("rank %d's kernel bound no ports within %.0f s; ending it", self.identity.rank,
                            KERNEL_START_S)
@@ -263,29 +258,14 @@ class Nanny:
 
     def stop_kernel(self, grace_s: float = STOP_GRACE_S) -> None:
         """End the kernel and everything below it (the supervisor does the work on SIGTERM)."""
-        self._end(self.child, grace_s)
-
-    @staticmethod
-    def _end(child: subprocess.Popen[bytes] | None, grace_s: float) -> None:
-        if child is None or child.poll() is not None:
-            return
-        child.terminate()
-        try:
-            child.wait(timeout=grace_s + 1.0)
-        except subprocess.TimeoutExpired:
-            for pid in supervisor.descendants(child.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            child.kill()
-            child.wait()
+        if self.kernel is not None:
+            self.kernel.end(grace_s)
 
     def _check_kernel(self) -> None:
-        child = self.child
-        if child is not None and not self.exit_reported and child.poll() is not None:
+        kernel = self.kernel
+        if kernel is not None and not self.exit_reported and not kernel.running:
             self.exit_reported = True
-            self.send({"op": "exited", "how": describe_exit(child.returncode),
+            self.send({"op": "exited", "how": kernel.exit,
                        "report": self.files.death_report()})
 
     def _check_handshakes(self) -> None:
@@ -337,17 +317,14 @@ class Nanny:
             self.config = message
             self.start_kernel()
         elif op == "interrupt":
-            if self.child is not None and self.child.poll() is None:
-                try:
-                    os.killpg(self.child.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass  # it died just now: _check_kernel reports it
+            if self.kernel is not None:
+                self.kernel.interrupt()  # one that died just now: _check_kernel reports it
         elif op == "stack":
-            pid = kernel_pid(self.pid_file)
-            alive = self.child is not None and self.child.poll() is None
-            self.send({"op": "reply", "id": rid, "text": self.files.dump_stack(pid) if alive else ""})
+            alive = self.kernel is not None and self.kernel.running
+            text = self.files.dump_stack(self.kernel.pid) if self.kernel is not None and alive else ""
+            self.send({"op": "reply", "id": rid, "text": text})
         elif op == "usage":  # %clorch status: the kernel's memory, read here on its host
-            pid = kernel_pid(self.pid_file) if self.child is not None and self.child.poll() is None else None
+            pid = self.kernel.rank_pid if self.kernel is not None and self.kernel.running else None
             gpu = cuda.memory_by_pid().get(pid) if pid is not None and (self.config or {}).get("gpu") else None
             self.send({"op": "reply", "id": rid, "rss": tree_rss(pid), "gpu": gpu})
         elif op == "log":
@@ -357,7 +334,7 @@ class Nanny:
         elif op == "stop_kernel":
             self.stop_kernel(float(message.get("grace_s", STOP_GRACE_S)))
             self.exit_reported = True
-            self.send({"op": "reply", "id": rid, "how": describe_exit(self.child.returncode) if self.child else ""})
+            self.send({"op": "reply", "id": rid, "how": (self.kernel.exit or "") if self.kernel else ""})
         elif op == "start_kernel":
             self.stop_kernel()
             self.start_kernel()

@@ -119,6 +119,9 @@ class Launcher(abc.ABC):
 
     #: the name users type after ``--launcher`` (and the entry point's name)
     name: ClassVar[str]
+    #: ``"module:Class"`` of the :class:`~clorch_repl.distributed.job_ranks.JobRanks` that runs
+    #: batch jobs (``launch(launcher=name)``) where this launcher runs ranks; None: it cannot
+    batch_ranks: ClassVar[str | None] = None
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         #: what the ranks are; a remote launcher completes it (backend, devices) once they call back

@@ -60,7 +60,7 @@ from .rankfiles import RankFiles, kernel_pid
 logger = logging.getLogger(__name__)
 
 KERNEL_NAME = "clorch-rank"
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = supervisor.STOP_GRACE_S
 #: How long ranks get to leave after a shutdown request before they are sent SIGTERM (part of
 #: the one shared grace period of a stop, not added to it).
 SHUTDOWN_WAIT_S = 1.5
@@ -156,6 +156,7 @@ class LocalLauncher(Launcher):
     """Ranks as children of the notebook kernel (see the module docstring)."""
 
     name = "local"
+    batch_ranks = "clorch_repl.distributed.job_ranks:LocalJobRanks"
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         super().__init__(topology, options)

@@ -24,6 +24,7 @@ from jupyter_client.session import Session as JupyterSession
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..topology import BACKENDS, Topology
+from . import supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
                        default_listen_address, owned_prefix, remove_stale, remove_stale_connect_files)
@@ -275,7 +276,7 @@ class RemoteLauncher(Launcher):
         """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""
         return [r for r in sorted(self.server.peers) if self.server.is_lost(r)]
 
-    def stop(self, grace_s: float = 5.0, *, polite: bool = True) -> list[str]:
+    def stop(self, grace_s: float = supervisor.STOP_GRACE_S, *, polite: bool = True) -> list[str]:
         """End every kernel at once (each nanny's supervisor ends what the kernel started), polite
         or not: a nanny always ends its kernel with SIGTERM to the supervisor. A lost rank cannot
         hear it: it is named, and its nanny ends it after the orphan timeout."""

@@ -77,6 +77,7 @@ class SlurmLauncher(RemoteLauncher):
     """Ranks as the tasks of one srun step (see the module docstring)."""
 
     name = "slurm"
+    batch_ranks = "clorch_repl.distributed.job_ranks:SlurmJobRanks"
 
     def default_listen(self) -> str:
         node = _first_node_address()

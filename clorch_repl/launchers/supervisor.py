@@ -60,6 +60,9 @@ PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.1
 #: When the kernel died (not a clean exit): how long what it left behind gets after SIGTERM.
 LEFTOVER_GRACE_S = 1.0
+#: How long a stopped rank and everything it started get after SIGTERM before SIGKILL: the one
+#: grace of every kind of rank (local, multi-host, batch) unless the caller gives another.
+STOP_GRACE_S = 5.0
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
