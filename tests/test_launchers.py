@@ -4,7 +4,9 @@ and no IPython shell: real rank kernels, a real gloo group, real interrupts and 
 
 ``local``: children of this process. ``attach``: two ranks started by a real torchrun on this
 host that call back over CurveZMQ to 127.0.0.1 (the multi-host path without the network; across
-simulated hosts and Slurm: tests/test_multihost.py)."""
+simulated hosts and Slurm: tests/test_multihost.py). ``procs``: a launcher from outside the
+package (tests/plugins), found through the ``clorch_repl.launchers`` entry-point group as a
+plugin's would be, and written only to the documented hooks."""
 
 from __future__ import annotations
 
@@ -82,9 +84,36 @@ def _attach() -> Started:
     return Started(launcher, runner)
 
 
-@pytest.fixture(params=["local", "attach"])
+PLUGINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
+
+
+def _with_plugins() -> None:
+    """tests/plugins on sys.path: its dist-info's entry points become visible to importlib.metadata
+    (taken off again by the fixture and the test that put it there)."""
+    if PLUGINS not in sys.path:
+        sys.path.insert(0, PLUGINS)
+
+
+def _without_plugins() -> None:
+    while PLUGINS in sys.path:
+        sys.path.remove(PLUGINS)
+
+
+def _procs() -> Started:
+    from clorch_repl.launchers.registry import launcher_class
+
+    _with_plugins()
+    cls = launcher_class("procs")
+    options = LaunchOptions(nodes=1, nproc_per_node=2, listen="127.0.0.1", start_timeout_s=60)
+    return Started(cls(cls.topology(options, nproc=None, devices=None, backend="gloo", timeout=None), options), None)
+
+
+STARTERS = {"local": _local, "attach": _attach, "procs": _procs}
+
+
+@pytest.fixture(params=sorted(STARTERS))
 def started(request: pytest.FixtureRequest) -> Iterator[Started]:
-    s = _local() if request.param == "local" else _attach()
+    s = STARTERS[request.param]()
     try:
         s.connect()
         yield s
@@ -93,6 +122,7 @@ def started(request: pytest.FixtureRequest) -> Iterator[Started]:
             s.relay.close()
         s.launcher.stop(5.0)
         s.launcher.close()
+        _without_plugins()
         if s.runner is not None:
             assert s.runner.wait(timeout=30) == 0  # stop and close let torchrun end cleanly
 
@@ -141,3 +171,22 @@ def test_connection_info_builds_the_clients_the_debugger_and_relay_use(started: 
     for handle in started.launcher.ranks:
         client = AsyncKernelClient(**handle.connection_info(session=True))
         assert client.session.key and client.shell_port
+
+
+def test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run() -> None:
+    from clorch_repl import distributed as dist
+    from clorch_repl.errors import ConfigError
+    from clorch_repl.launchers.registry import names
+
+    assert "procs" not in names()
+    _with_plugins()
+    try:
+        assert names() == ["attach", "local", "procs", "slurm"]
+        for name in ("procs", "attach"):  # neither names a JobRanks: ranks started outside clorch_repl
+            with pytest.raises(ConfigError, match=f"the '{name}' launcher cannot run batch jobs .* "
+                                                  "launcher='local' or 'slurm'"):
+                dist.launch(2, main="dist_workers:ok", launcher=name, backend="gloo")
+    finally:
+        _without_plugins()
+    with pytest.raises(ConfigError, match="launcher must be 'local' or 'slurm'; got 'mpi'"):
+        dist.launch(2, main="dist_workers:ok", launcher="mpi")

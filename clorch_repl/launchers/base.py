@@ -128,15 +128,21 @@ class Launcher(abc.ABC):
         self.topology = topology
         self.options = options or LaunchOptions()
         self.ranks: list[RankHandle] = []
-        #: warm spare kernels, one per rank, waiting to be made the ranks of the next start (see
-        #: :mod:`.local`); empty for launchers that keep none
-        self.spares: list[RankHandle] = []
         #: whether :meth:`launch` made warm spares the current ranks (a start whose spare dies
-        #: while joining is then retried cold; see Session.start)
+        #: while joining is then retried cold; see Session.start); False for launchers that keep none
         self.from_spares = False
         #: a private directory (0700) on the notebook's host for the session's own files
-        #: (transfers, connect file); removed by close()
+        #: (transfers, connect file); removed by close(). Every launcher makes one.
         self.dir = ""
+
+    @classmethod
+    @abc.abstractmethod
+    def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
+                 timeout: str | None) -> Topology:
+        """The ranks ``%clorch start`` asks for, from its options and its ``--nproc``, ``--devices``,
+        ``--backend`` and ``--timeout`` as typed (None where not given); ConfigError for what this
+        launcher refuses. A launcher whose ranks report their devices when they call back returns
+        what it knows before, and completes it then."""
 
     @abc.abstractmethod
     def launch(self, progress: Progress) -> None:
@@ -171,13 +177,15 @@ class Launcher(abc.ABC):
 
     def memory(self) -> dict[int, tuple[int | None, int | None]]:
         """rank -> (resident bytes of its process and children, its GPU memory in bytes) for each
-        live rank, None where unknown (``%clorch status``). This default reads ranks on the
-        notebook's host by pid; a launcher whose ranks run elsewhere asks their hosts."""
-        from .. import cuda, procs
+        live rank, None where unknown (``%clorch status``); read on each rank's own host. Empty
+        (unknown) by default."""
+        return {}
 
-        gpu = cuda.memory_by_pid() if self.topology.uses_gpu else {}
-        return {p.rank: (procs.tree_rss(p.pid), gpu.get(p.pid) if p.pid is not None else None)
-                for p in self.ranks if p.alive and not p.host and p.pid is not None}
+    def spare_usage(self) -> list[tuple[int | None, int | None, bool]]:
+        """(pid, resident bytes, ready) of each live warm spare (``%clorch status``): what they cost
+        and whether they are ready (imports done, channels bound). Empty for launchers that keep
+        none here (a nanny's spare is its host's business)."""
+        return []
 
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see

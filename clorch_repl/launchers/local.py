@@ -52,7 +52,7 @@ from .. import procs
 from ..atomic import remove_quietly
 from ..errors import ConfigError
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
-from ..topology import Topology
+from ..topology import NPROC_ENV, Topology, resolve_topology
 from . import supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .rankfiles import RankFiles, kernel_pid
@@ -310,6 +310,32 @@ class LocalLauncher(Launcher):
 
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
+
+    @classmethod
+    def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
+                 timeout: str | None) -> Topology:
+        """This host's ranks: ``--nproc`` defaults to ``$CLORCH_NPROC`` when set (``clorch-notebook
+        run --nproc N`` sets it without editing the notebook), else one per GPU or 2 CPU ranks."""
+        if nproc is None and devices is None and os.environ.get(NPROC_ENV, "").strip():
+            nproc = os.environ[NPROC_ENV].strip()
+            if not nproc.isdigit() or int(nproc) < 1:
+                raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
+                                  ">= 1 (it is %clorch start's default --nproc); fix or unset it")
+        return resolve_topology(nproc, devices, backend, timeout)
+
+    def memory(self) -> dict[int, tuple[int | None, int | None]]:
+        """Read here, by pid: every rank runs on this host."""
+        from .. import cuda
+
+        gpu = cuda.memory_by_pid() if self.topology.uses_gpu else {}
+        return {p.rank: (procs.tree_rss(p.pid), gpu.get(p.pid) if p.pid is not None else None)
+                for p in self.ranks if p.alive and p.pid is not None}
+
+    def spare_usage(self) -> list[tuple[int | None, int | None, bool]]:
+        """A spare whose kernel has not been forked yet (no pid) is listed as not ready: left out,
+        a set of one read "0, ready"."""
+        return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.listening)
+                for p in self.spares if p.alive for pid in (p.pid,)]
 
     def group_formed(self) -> None:
         """Start the next set of warm spares, unless turned off."""

@@ -23,7 +23,7 @@ from jupyter_client.session import Session as JupyterSession
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
-from ..topology import BACKENDS, Topology
+from ..topology import BACKENDS, Topology, remote_topology
 from . import supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
@@ -256,6 +256,13 @@ class RemoteLauncher(Launcher):
             for rank in range(self.world_size):
                 if rank not in lost:
                     self.server.send(rank, {"op": "start_spare"})
+
+    @classmethod
+    def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
+                 timeout: str | None) -> Topology:
+        """``--nodes x --nproc-per-node`` ranks; their devices come when they call back."""
+        return remote_topology(options, backend, timeout, given_nproc=nproc, given_devices=devices,
+                               launcher=cls.name)
 
     def memory(self) -> dict[int, tuple[int | None, int | None]]:
         """Each live rank's memory as its nanny reads it on its host (all asked at once; a nanny

@@ -20,14 +20,14 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from .. import cuda
-from ..errors import ClorchError, ConfigError, ranks_are
+from ..errors import ClorchError, ranks_are
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
-from ..session.session import Session, spare_usage
+from ..session.session import Session
 from ..launchers.base import LaunchOptions
 from ..launchers.local import SPARES_ENV, LocalLauncher, wanted_spares
 from ..launchers.registry import launcher_class
-from ..topology import NPROC_ENV, Topology, parse_timeout, remote_topology, resolve_topology
+from ..topology import Topology, parse_timeout
 from . import views
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, ranks_option,
@@ -101,7 +101,7 @@ class ClorchMagics(Magics):
         if wanted == "0" or (wanted != "1" and not cuda.device_nodes()):
             return  # no spares by default here: nothing to do, and torch need not be imported for it
         try:
-            topology = self._local_topology(None, None, None, None)
+            topology = LocalLauncher.topology(LaunchOptions(), nproc=None, devices=None, backend=None, timeout=None)
             if not wanted_spares(topology):
                 return
             launcher = LocalLauncher(topology, LaunchOptions())
@@ -146,18 +146,6 @@ class ClorchMagics(Magics):
             warm, self.warm = self.warm, None
             if warm is not None:
                 warm.close()
-
-    @staticmethod
-    def _local_topology(nproc: str | None, devices: str | None, backend: str | None,
-                        timeout: str | None) -> Topology:
-        """The ranks of a local start: ``--nproc`` defaults to ``$CLORCH_NPROC`` when set."""
-        if nproc is None and devices is None and os.environ.get(NPROC_ENV, "").strip():
-            # `clorch-notebook run --nproc N` sets the default without editing the notebook
-            nproc = os.environ[NPROC_ENV].strip()
-            if not nproc.isdigit() or int(nproc) < 1:
-                raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
-                                  ">= 1 (it is %clorch start's default --nproc); fix or unset it")
-        return resolve_topology(nproc, devices, backend, timeout)
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
@@ -207,11 +195,8 @@ class ClorchMagics(Magics):
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
         hang_notice = parse_hang_notice(args.hang_notice)
-        if launcher.name == "local":
-            topology = self._local_topology(args.nproc, args.devices, args.backend, args.timeout)
-        else:
-            topology = remote_topology(options, args.backend, args.timeout, given_nproc=args.nproc,
-                                       given_devices=args.devices, launcher=launcher.name)
+        topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
+                                     timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
         warm = [self._take_warm(launcher.name, topology, options)]
 
@@ -236,7 +221,7 @@ class ClorchMagics(Magics):
             return
         if self.session is None or not self.session.running:
             if self.warm is not None:  # only what the load warmed: say so
-                line = views.spares_line(spare_usage(self.warm.spares), "the first %clorch start")
+                line = views.spares_line(self.warm.spare_usage(), "the first %clorch start")
                 print(f"clorch: no ranks are running; {line}")
             else:
                 print("clorch: no ranks are running; %clorch start starts them")

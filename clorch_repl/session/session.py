@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import procs
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
-from ..launchers.base import Launcher, RankHandle
+from ..launchers.base import Launcher
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import LEAVE_CODE, boot_code
@@ -338,8 +337,8 @@ class Session:
                 if answer is not None and answer.get("saves")}
 
     def spares(self) -> list[tuple[int, int | None, bool]]:
-        """:func:`spare_usage` of this session's warm spares."""
-        return spare_usage(self.group.spares) if self.group is not None else []
+        """(pid, resident bytes, ready) of this session's warm spares (the launcher's own answer)."""
+        return self.group.spare_usage() if self.group is not None else []
 
     def logs(self, rank: int, tail: int | None) -> str:
         group, _ = self._require()
@@ -360,14 +359,6 @@ class Session:
         if self.group is None or self.relay is None:
             raise ConfigError("no ranks are running: run %clorch start first")
         return self.group, self.relay
-
-
-def spare_usage(spares: list[RankHandle]) -> list[tuple[int | None, int | None, bool]]:
-    """(pid, resident bytes, ready) of each live warm spare (``%clorch status``): what they cost,
-    and whether they are ready (imports done, channels bound). A spare whose kernel has not
-    been forked yet (no pid) is listed as not ready: left out, a set of one read "0, ready"."""
-    return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.listening)
-            for p in spares if p.alive for pid in (p.pid,)]
 
 
 def _ipython() -> Any:
