@@ -4,7 +4,7 @@ A rank's process learns who it is and how to join its group from its environment
 torchrun and API.md (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``) plus clorch's own (``CLORCH_DIST_BACKEND``,
 ``CLORCH_DIST_TIMEOUT_MS``, the private rendezvous file, the CPU binding). The session's local
-ranks, the nanny of a remote rank (:mod:`clorch_repl.rank`) and ``dist.launch`` batch ranks all
+ranks, the nanny of a remote rank (:mod:`clorch_repl.launchers.nanny`) and ``dist.launch`` batch ranks all
 build it with :func:`rank_environment`, so a variable added for one reaches all of them; and a
 process started by srun or torchrun learns its place with :func:`read_identity`.
 """

@@ -49,6 +49,7 @@ FAST = frozenset({
     "test_atomic.py",
     "test_cell_files.py",
     "test_stack_dump.py",
+    "test_nanny_protocol.py",
     "test_layout.py",
     "test_launchers.py::test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run",
     "test_checkpoint_parts.py",

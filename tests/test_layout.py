@@ -21,7 +21,6 @@ FUNCTION_LINES = 80
 #: module (relative to clorch_repl/) -> its lines when this list was last cut down
 LONG_FILES = {
     "diagnosis/analyse.py": 619,
-    "launchers/callback.py": 456,
     "magics/core.py": 512,
     "notebook_runner.py": 487,
     "session/relay.py": 754,

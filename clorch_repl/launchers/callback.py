@@ -1,6 +1,6 @@
 """The notebook's end of remote ranks: one encrypted endpoint that ranks call back to.
 
-Every remote rank runs ``python -m clorch_repl.rank`` (its nanny, :mod:`clorch_repl.rank`) under
+Every remote rank runs ``python -m clorch_repl.rank`` (its nanny, :mod:`clorch_repl.launchers.nanny`) under
 a launcher the cluster already runs. The nanny reads the session's **connect file** (named by
 ``CLORCH_CONNECT_FILE``; 0600, never on a command line) and connects out to this endpoint:
 
@@ -42,6 +42,7 @@ import zmq
 from ..atomic import remove_quietly
 from ..errors import ClorchError
 from . import liveness
+from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -56,19 +57,6 @@ CONNECT_DIR_ENV = "CLORCH_CONNECT_DIR"
 HEARTBEAT_S = 1.0
 #: A rank not heard from for this long is reported lost (its host or the link to it is gone).
 LOST_AFTER_S = 5.0
-PROTOCOL = 1
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
-
-
-def decode(frame: bytes) -> dict[str, Any] | None:
-    try:
-        message = json.loads(frame)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return message if isinstance(message, dict) else None
 
 
 def route_address(peer: str) -> str:
@@ -116,6 +104,9 @@ class ConnectInfo:
     def loads(cls, text: str, where: str) -> "ConnectInfo":
         try:
             data = json.loads(text)
+            why = mismatch(data.get("protocol") if isinstance(data, dict) else None, f"the connect info in {where}")
+            if why:
+                raise ClorchError(why)
             return cls(str(data["address"]), int(data["port"]), str(data["server_key"]), str(data["token"]),
                        str(data["session"]), float(data.get("orphan_timeout_s", 60.0)))
         except (ValueError, KeyError, TypeError) as exc:
@@ -365,7 +356,7 @@ class CallbackServer:
                     outbox, self._outbox = self._outbox, []
                     if now >= next_beat:
                         next_beat = now + HEARTBEAT_S
-                        beat = encode({"op": "hb"})
+                        beat = encode({"op": ToNanny.HEARTBEAT})
                         # none to a lost rank: its nanny then orphans even if no exit reaches it
                         outbox += [(p.identity, beat) for p in self.peers.values() if not self._declare(p, now)]
                 for identity, frame in outbox:
@@ -390,7 +381,7 @@ class CallbackServer:
             return
         op = message.get("op")
         if not secrets.compare_digest(str(message.get("token", "")), self.info.token):
-            if op == "register":  # a start must fail loudly on a stale or foreign connect file
+            if op == FromNanny.REGISTER:  # a start must fail loudly on a stale or foreign connect file
                 with self._changed:
                     self._refuse(identity, f"rank {message.get('rank')} on {message.get('host', '?')} called back "
                                            "with a wrong token (a stale or foreign connect file?)")
@@ -399,7 +390,7 @@ class CallbackServer:
                 logger.warning("clorch_repl: dropped a message without the session's token on the callback endpoint")
             return
         with self._changed:
-            if op == "register":
+            if op == FromNanny.REGISTER:
                 self._register(identity, message)
             else:
                 peer = next((p for p in self.peers.values() if p.identity == identity), None)
@@ -411,19 +402,19 @@ class CallbackServer:
                                                      peer.lost_after or 0.0)
                     if answer is not None:
                         self._outbox.append((identity, encode(answer)))
-                    if op == "exited":
+                    if op == FromNanny.EXITED:
                         peer.exit = str(message.get("how", "ended"))
                     return
                 peer.last_seen = time.monotonic()
-                if op == "kernel":
+                if op == FromNanny.KERNEL:
                     info = message.get("info")
                     peer.kernel = {**info, "pid": message.get("pid")} if isinstance(info, dict) else None
                     peer.kernel_generation += 1
                     peer.exit = None
-                elif op == "exited":
+                elif op == FromNanny.EXITED:
                     peer.exit = str(message.get("how", "ended"))
                     peer.death_report = str(message.get("report", ""))
-                elif op == "reply":
+                elif op == FromNanny.REPLY:
                     rid = message.get("id")
                     if rid in self._awaited:
                         self._replies[rid] = message
@@ -436,7 +427,10 @@ class CallbackServer:
         except (KeyError, TypeError, ValueError):
             self._refuse(identity, f"a registration from {host} without a rank and world size")
             return
-        if not self.open_for_registration:
+        wrong = mismatch(message.get("protocol"), f"rank {rank} on {host}")
+        if wrong:
+            self._refuse(identity, wrong)
+        elif not self.open_for_registration:
             self._refuse(identity, f"rank {rank} on {host} called back after the session had started "
                                    "(its token is used up)")
         elif world != self.world_size:
@@ -453,4 +447,4 @@ class CallbackServer:
     def _refuse(self, identity: bytes, why: str) -> None:
         self.refused.append(why)
         logger.warning("clorch_repl: refused a rank: %s", why)
-        self._outbox.append((identity, encode({"op": "refused", "why": why})))
+        self._outbox.append((identity, encode({"op": ToNanny.REFUSED, "why": why})))

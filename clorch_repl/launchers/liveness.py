@@ -16,9 +16,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .nanny_protocol import FromNanny, ToNanny
+
 logger = logging.getLogger(__name__)
 
-#: The exit status a nanny told to end after being declared lost leaves with (see clorch_repl.rank).
+#: The exit status a nanny told to end after being declared lost leaves with (see clorch_repl.launchers.nanny).
 LOST_EXIT_CODE = 4
 
 
@@ -30,9 +32,9 @@ def is_lost(declared: bool, silent_s: float, lost_after_s: float) -> bool:
 def answer_to_lost(rank: int, host: str, op: str | None, silent_s: float) -> dict[str, Any] | None:
     """What the notebook answers a message ``op`` from a rank it declared lost: an ``exit`` (the
     nanny then ends its kernel), unless the nanny is already reporting its own end."""
-    if op == "exited":
+    if op == FromNanny.EXITED:
         return None
-    return {"op": "exit", "code": LOST_EXIT_CODE,
+    return {"op": ToNanny.EXIT, "code": LOST_EXIT_CODE,
             "why": (f"the notebook declared rank {rank} on {host} lost after {silent_s:.0f} s without a word "
                     "(link cut or host down) and has written it off; %clorch restart in the notebook starts "
                     "a fresh group")}

@@ -1,6 +1,6 @@
 """One rank's process below its supervisor: started, watched, interrupted and ended one way.
 
-A multi-host rank's nanny (:mod:`clorch_repl.rank`, its kernel and warm spare) and a batch job
+A multi-host rank's nanny (:mod:`clorch_repl.launchers.nanny`, its kernel and warm spare) and a batch job
 (:mod:`clorch_repl.distributed.job_ranks`, one process per rank) both start a command below a
 :mod:`.supervisor` and later ask the same things of it; this is the one place that knows how, as
 torch elastic's ``PContext`` serves every kind of worker. (The ``local`` launcher's ranks are

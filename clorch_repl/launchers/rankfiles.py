@@ -1,7 +1,7 @@
 """A rank's files on the host where its kernel runs: its log, its stack-dump file and its pid file.
 
 Both sides of the seam read them: the ``local`` launcher on the notebook's own host, and the nanny
-(:mod:`clorch_repl.rank`) on a remote host, which sends what they say back as messages. One place
+(:mod:`clorch_repl.launchers.nanny`) on a remote host, which sends what they say back as messages. One place
 therefore knows how a log is tailed, where a kernel's part of it starts after a restart, how a
 crash report is cut out of it and how a stack dump is asked for and read.
 """

@@ -25,6 +25,7 @@ from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..topology import BACKENDS, Topology, remote_topology
 from . import supervisor
+from .nanny_protocol import ToNanny
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
                        default_listen_address, owned_prefix, remove_stale, remove_stale_connect_files)
@@ -133,7 +134,7 @@ class RemoteLauncher(Launcher):
                 for peer in server.peers.values():
                     peer.exit, peer.death_report = None, ""
             for rank in range(self.world_size):
-                server.send(rank, {"op": "start_kernel"})
+                server.send(rank, {"op": ToNanny.START_KERNEL})
         progress(f"{self.world_size} ranks called back; starting their kernels")
 
         def kernels_up() -> bool:
@@ -218,7 +219,7 @@ class RemoteLauncher(Launcher):
         zero = self.server.peers[0].hello
         env = {k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)}
         for rank in range(self.world_size):
-            self.server.send(rank, {"op": "config", "master_addr": zero.get("address"),
+            self.server.send(rank, {"op": ToNanny.CONFIG, "master_addr": zero.get("address"),
                                     "master_port": zero.get("master_port"), "backend": self.topology.backend,
                                     "timeout_s": self.topology.timeout_s, "gpu": self._gpus[rank],
                                     "cpu_bind": self.topology.cpu_bind, "cwd": os.getcwd(), "env": env})
@@ -226,14 +227,14 @@ class RemoteLauncher(Launcher):
     def interrupt(self, ranks: list[int] | None = None) -> None:
         for rank in range(self.world_size) if ranks is None else ranks:
             if rank in self.server.peers:
-                self.server.send(rank, {"op": "interrupt"})
+                self.server.send(rank, {"op": ToNanny.INTERRUPT})
 
     def dump_stack(self, rank: int) -> str:
-        reply = self.server.request(rank, "stack", timeout_s=2.0)
+        reply = self.server.request(rank, ToNanny.STACK, timeout_s=2.0)
         return str(reply.get("text", "")) if reply else ""
 
     def log_tail(self, rank: int, lines: int | None = 200) -> str:
-        reply = self.server.request(rank, "log", timeout_s=5.0, lines=lines)
+        reply = self.server.request(rank, ToNanny.LOG, timeout_s=5.0, lines=lines)
         if reply is None:
             peer = self.server.peers.get(rank)
             host = peer.hello.get("host") if peer else "?"
@@ -255,7 +256,7 @@ class RemoteLauncher(Launcher):
             lost = self.lost()
             for rank in range(self.world_size):
                 if rank not in lost:
-                    self.server.send(rank, {"op": "start_spare"})
+                    self.server.send(rank, {"op": ToNanny.START_SPARE})
 
     @classmethod
     def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
@@ -269,7 +270,7 @@ class RemoteLauncher(Launcher):
         that does not answer within 2 s leaves its rank's figures unknown)."""
         server = self.server
         lost = self.lost()
-        pending = {p.rank: server.request_async(p.rank, "usage") for p in self.ranks
+        pending = {p.rank: server.request_async(p.rank, ToNanny.USAGE) for p in self.ranks
                    if p.alive and p.rank not in lost}
         deadline = time.monotonic() + 2.0
         usage: dict[int, tuple[int | None, int | None]] = {}
@@ -292,7 +293,7 @@ class RemoteLauncher(Launcher):
         lost = self.lost()
         for rank in sorted(server.peers):
             if rank not in lost:
-                pending[rank] = server.request_async(rank, "stop_kernel", grace_s=grace_s)
+                pending[rank] = server.request_async(rank, ToNanny.STOP_KERNEL, grace_s=grace_s)
         left = [f"rank {r} on {server.peers[r].hello.get('host')} is lost; its nanny ends its kernel "
                 f"{self.options.orphan_timeout_s:.0f} s after it last heard from this notebook" for r in lost]
         deadline = time.monotonic() + grace_s + 3.0
@@ -311,7 +312,7 @@ class RemoteLauncher(Launcher):
         code = 1 if lost else 0
         for rank in list(server.peers):
             try:
-                server.send(rank, {"op": "exit", "code": code})
+                server.send(rank, {"op": ToNanny.EXIT, "code": code})
             except ClorchError as exc:
                 logger.debug("rank %d: %s", rank, exc)
         time.sleep(0.2)  # the exits leave before the socket closes

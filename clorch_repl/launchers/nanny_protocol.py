@@ -1,0 +1,83 @@
+"""What a rank's nanny (:mod:`clorch_repl.launchers.nanny`) and the notebook's callback endpoint
+(:mod:`.callback`) say to each other: one JSON object per ZeroMQ frame, over CurveZMQ.
+
+Every message has ``op`` (below); the nanny's also carry ``token`` (the session's, from the
+connect file) and ``rank``. Requests that expect an answer carry ``id``, and the answer is a
+``reply`` with the same ``id`` (and ``error`` when the request failed on the nanny).
+
+The protocol has a version, :data:`PROTOCOL`, written into every connect file and sent with every
+registration. A nanny refuses a connect file of another version, and the notebook refuses a nanny
+of another version, each naming both versions: a node with another clorch_repl installed would
+otherwise fail later, and obscurely. Raise it whenever a message changes meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The version of this protocol (1: issue 12's first multi-host session, unchecked; 2: checked).
+PROTOCOL = 2
+
+
+class ToNanny:
+    """What the notebook sends a nanny."""
+
+    #: the group's place (master address and port, backend, timeout, GPU, env, cwd): start the kernel
+    CONFIG = "config"
+    INTERRUPT = "interrupt"
+    #: ``id``: the kernel's main-thread stack (``text``)
+    STACK = "stack"
+    #: ``id``: the kernel's resident bytes and GPU memory (``rss``, ``gpu``)
+    USAGE = "usage"
+    #: ``id``, ``lines``: the tail of the rank's log (``text``)
+    LOG = "log"
+    #: ``id``, ``grace_s``: end the kernel and all it started (``how`` it ended)
+    STOP_KERNEL = "stop_kernel"
+    START_KERNEL = "start_kernel"
+    START_SPARE = "start_spare"
+    #: ``code`` (and ``why`` when the rank was declared lost): end the nanny
+    EXIT = "exit"
+    #: ``why``: the registration was refused; the nanny ends
+    REFUSED = "refused"
+    HEARTBEAT = "hb"
+
+
+class FromNanny:
+    """What a nanny sends the notebook."""
+
+    #: ``protocol``, ``world_size``, ``local_rank``, ``host``, ``address``, ``gpus``, ...
+    REGISTER = "register"
+    #: ``info`` (the kernel's connection info), ``pid``: the kernel listens
+    KERNEL = "kernel"
+    #: ``how``, ``report``: the kernel has ended
+    EXITED = "exited"
+    REPLY = "reply"
+    HEARTBEAT = "hb"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode(frame: bytes) -> dict[str, Any] | None:
+    """The message in ``frame``, or None for anything that is not a JSON object (dropped)."""
+    try:
+        message = json.loads(frame)
+    except (ValueError, UnicodeDecodeError):
+        logger.debug("dropped a frame that is not JSON")
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def mismatch(theirs: Any, whose: str) -> str | None:
+    """Why a peer speaking protocol ``theirs`` cannot be talked to ("" never; None when it can)."""
+    if theirs == PROTOCOL:
+        return None
+    said = "no protocol version (clorch_repl before 0.1's checked protocol)" if theirs is None else \
+        f"protocol {theirs!r}"
+    return (f"{whose} speaks the nanny {said}, this clorch_repl speaks protocol {PROTOCOL}: install the same "
+            "clorch_repl version on every host")
