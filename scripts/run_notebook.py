@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from clorch_repl.notebook_runner import main
+from clorch_repl.notebook_cli import main
 
 if __name__ == "__main__":
     args = ["--output" if a == "--out" else a for a in sys.argv[1:]]

@@ -22,7 +22,6 @@ FUNCTION_LINES = 80
 LONG_FILES = {
     "diagnosis/analyse.py": 619,
     "magics/core.py": 512,
-    "notebook_runner.py": 487,
     "session/relay.py": 754,
     "session/worker.py": 670,
 }
