@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import ClorchError, ConfigError, JobStopped, JobTimeout, RankFailure
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rank_env import RankPlace, rank_environment, world_environment
+from ..rank_sets import rank_words
 from ..launchers import supervisor
 from ..topology import Topology, parse_number, resolve_topology
 from ..atomic import write_json_atomic
@@ -469,9 +470,7 @@ class Job:
 
 def _ranks_phrase(ranks: Sequence[int]) -> str:
     """[1] -> "rank 1 was"; [1, 2] -> "ranks 1,2 were"."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]} was"
-    return f"ranks {','.join(map(str, ranks))} were"
+    return f"{rank_words(ranks)} {'was' if len(set(ranks)) == 1 else 'were'}"
 
 
 # ---------------------------------------------------------------------------------------------
