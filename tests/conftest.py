@@ -64,6 +64,7 @@ FAST = frozenset({
     # issue 25: reports in one glance (merged blocks, one spelling of rank sets)
     "test_report_merge.py",
     "test_kernel_status.py",
+    "test_log_displays.py",
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",

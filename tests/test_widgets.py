@@ -276,7 +276,7 @@ def test_a_bar_that_removes_itself_is_closed_after_its_view(nb: NotebookKernel) 
     views = views_by_rank(messages)
     assert sorted(views) == [0, 1]
     for rank, (model_id,) in views.items():
-        shown = next(i for i, m in enumerate(messages) if m["msg_type"] == "display_data"
+        shown = next(i for i, m in enumerate(messages) if m["msg_type"] in ("display_data", "update_display_data")
                      and m["content"]["data"].get(WIDGET_VIEW, {}).get("model_id") == model_id)
         closed = [i for i, m in enumerate(messages) if m["msg_type"] == "comm_close"
                   and m["content"]["comm_id"] == model_id]
