@@ -55,7 +55,7 @@ def _interrupt_notebook(folder: str) -> str:
     return _write_notebook(folder, "interrupt.ipynb", (
         "%load_ext clorch_repl",
         "%clorch start --nproc 2",
-        "%%distributed\nimport time\nprint(f'spinning on rank {rank}', flush=True)\nwhile True:\n    time.sleep(0.05)",
+        "%%distributed\nimport time\nprint(f'spinning on rank {rank}', flush=True)\nwhile True: time.sleep(0.05)",
         "%%distributed\nprint(f'rank {rank} is still here')",
         "%clorch stop",
     ))
@@ -314,6 +314,8 @@ def test_toolbar_interrupt_stops_the_running_cell_and_keeps_the_ranks(lab: tuple
     page.screenshot("interrupt-done")
     text = page.output_text(spin)
     assert "KeyboardInterrupt" in text, text
+    # both ranks interrupted at the same line: one report block under one heading (issue 25)
+    assert "---- ranks 0-1 ----" in text and "---- rank 0 ----" not in text, text
     assert page.output_text(after) == ""  # Run All stopped at the interrupted cell
     print(f"toolbar interrupt: idle again {took:.1f} s after the click")
     page.run_cell(after)
