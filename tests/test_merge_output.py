@@ -349,6 +349,13 @@ def test_widget_views_are_shown_in_rank_order_whatever_order_they_come_in() -> N
                          "[rank 2]", "[rank 2] bar 2", "[rank 3]", "[rank 3] bar 3"]
     assert texts[8:] == ["", "", "", "", "[rank 2]", "[rank 2] bar 2", "", ""]  # row 2: rank 2's only
 
+    with capture_output() as cap:  # a clear_output between two ranks' views: the later view gets a new slot
+        sink = NotebookDisplay(ranks=(0, 1))
+        for item in [bar(0), RankOutput(0, "clear_output", {"wait": False}), bar(1)]:
+            sink.output(item)
+        sink.flush(final=True)
+    assert [o["data"].get("text/plain") for o in _shown(cap._outputs)][-4:] == ["", "", "[rank 1]", "[rank 1] bar 1"]
+
     with capture_output() as cap:  # one rank of one: shown as it comes, as any rich output
         sink = NotebookDisplay(ranks=(1,))
         sink.output(bar(1))

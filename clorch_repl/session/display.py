@@ -320,6 +320,10 @@ class NotebookDisplay:
             self._end_lines()
             for progress in self._progress.values():
                 progress.handle = None  # its display is gone; the next rewrite shows a new one
+            # the widget slots are gone too: a view that comes later makes a new row, not an
+            # update of a display that is no longer there
+            self._widget_rows = WidgetRows(self.ranks)
+            self._slots.clear()
             clear_output(wait=bool(unit.payload.get("wait", False)))
         elif unit.kind == "comm":
             unit.payload()  # publishes a widget's comm message (see comm())
