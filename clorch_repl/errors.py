@@ -27,17 +27,19 @@ ranks, shown with each rank's traceback, and the magics turn every ClorchError i
 usage error, which would hide those tracebacks.
 
 Messages follow one rule: say what went wrong, on which rank where there is one, and what to do
-next. This module imports nothing of the package at import time, so every other module (the
+next. This module imports nothing of the package at import time but :mod:`clorch_repl.rank_sets`
+(standard library only), so every other module (the
 notebook's, the ranks', the supervisor's) can import it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from collections.abc import Iterable
+from .rank_sets import merge_blocks, rank_words, ranks_are
 
+if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .session.protocol import CellOutcome, RankOutcome
 
 __all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
@@ -45,19 +47,7 @@ __all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTime
            "SignatureError", "GroupConflict", "SpawnRefused", "ScriptNotFound", "ScriptExit",
            "DistributedCellError"]
 
-
-def rank_words(ranks: "Iterable[int]") -> str:
-    """``rank 1``, ``ranks 0,2`` or ``ranks 0-7``: how messages name ranks (never a Python list)."""
-    from .session.display import ranks_text
-
-    ordered = sorted(set(ranks))
-    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {ranks_text(ordered)}"
-
-
-def ranks_are(ranks: "Iterable[int]") -> str:
-    """``rank 1 is`` or ``ranks 0,2 are``: :func:`rank_words` with its verb."""
-    words = rank_words(ranks)
-    return f"{words} {'are' if words.startswith('ranks') else 'is'}"
+logger = logging.getLogger(__name__)
 
 
 class ClorchError(RuntimeError):
@@ -152,20 +142,33 @@ class ScriptExit(ClorchError):
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 
 
-def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[int, ...], RankOutcome]]:
-    """Failed ranks, ranks with the identical traceback together (an interrupt's KeyboardInterrupt
-    at the same line on every rank is shown once); deaths and stuck ranks always per rank."""
+def _failure_key(result: RankOutcome, merge: bool) -> object:
+    """What makes two failed ranks' blocks the same block: the identical traceback (an interrupt's
+    KeyboardInterrupt at the same line on every rank), the same stack of a stuck rank once thread
+    addresses are gone, or a return after the interrupt; a death is always its own (its log
+    differs). Unequal keys for everything under ``--no-merge``."""
+    from .launchers.rankfiles import report_stack
     from .session.protocol import Status
 
-    groups: dict[object, list[RankOutcome]] = {}
-    for result in sorted(failed, key=lambda o: o.rank):
-        if merge and result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
-            err = result.error
-            key: object = (result.status, err.ename, err.evalue, tuple(err.traceback))
-        else:
-            key = ("rank", result.rank)
-        groups.setdefault(key, []).append(result)
-    return [(tuple(o.rank for o in members), members[0]) for members in groups.values()]
+    if not merge or result.status is Status.DIED:
+        return ("rank", result.rank)
+    if result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
+        err = result.error
+        return (result.status, err.ename, err.evalue, tuple(err.traceback))
+    if result.status is Status.STUCK:
+        return (result.status, tuple(report_stack(result.stack or "")))
+    if result.status is Status.RETURNED:
+        return (result.status,)
+    return ("rank", result.rank)
+
+
+def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[int, ...], RankOutcome]]:
+    """Failed ranks, ranks with the same block together (:func:`_failure_key`), in the order of
+    each group's lowest rank, so that four ranks stuck in one all_reduce read as one block and the
+    rank that differs stands out."""
+    by_rank = {o.rank: o for o in failed}
+    groups = merge_blocks([(o.rank, _failure_key(o, merge)) for o in failed])
+    return [(ranks, by_rank[ranks[0]]) for ranks, _ in groups]
 
 
 class DistributedCellError(Exception):
@@ -188,13 +191,11 @@ class DistributedCellError(Exception):
         return sorted(o.rank for o in self.outcome.failed)
 
     def summary(self) -> str:
-        from .session.display import ranks_text
         from .session.protocol import Status
 
         parts = []
         for ranks, result in _failure_groups(self.outcome.failed, self.merge):
-            who = "rank" if len(ranks) == 1 else "ranks"
-            who = f"{who} {ranks_text(ranks)}"
+            who = rank_words(ranks)
             if result.status is Status.DIED:
                 parts.append(f"{who} died ({result.exit})")
             elif result.status is Status.STUCK:
@@ -220,7 +221,7 @@ class DistributedCellError(Exception):
         return f" and given {grace:g} s more to return" if grace > 0 else ""
 
     def _render_traceback_(self) -> list[str]:
-        from .session.display import ranks_text
+        from .launchers.rankfiles import report_stack
         from .session.protocol import Status
 
         lines: list[str] = []
@@ -232,7 +233,8 @@ class DistributedCellError(Exception):
             lines.append(f"{_BOLD}Why:{_RESET} {verdict}")
             lines.extend(evidence)
         for ranks, result in _failure_groups(self.outcome.failed, self.merge):
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+            who = rank_words(ranks)
+            one = len(ranks) == 1
             lines.append(f"{_BOLD}---- {who} ----{_RESET}")
             if result.status is Status.DIED:
                 lines.append(f"{_RED}rank {result.rank} died{_RESET}: {result.exit}.")
@@ -240,21 +242,25 @@ class DistributedCellError(Exception):
                     lines.append("Last lines of its log:")
                     lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
             elif result.status is Status.STUCK and self.outcome.cut_short:
-                lines.append(f"{_RED}rank {result.rank} had not returned{_RESET} when an interrupt from the "
+                lines.append(f"{_RED}{who} had not returned{_RESET} when an interrupt from the "
                              "notebook ended the wait early, before the grace period was over.")
             elif result.status is Status.RETURNED:
-                lines.append(f"rank {result.rank} returned after the interrupt: it is idle in its event loop, "
-                             "not running this cell, but its reply had not reached the notebook when the wait "
-                             f"ended (its error, if any, is in its log: %clorch logs {result.rank}). It takes "
-                             "the next cell at once.")
+                logs = " or ".join(f"%clorch logs {r}" for r in ranks)
+                lines.append(f"{who} returned after the interrupt: {'it is' if one else 'they are'} idle in "
+                             f"{'its' if one else 'their'} event loop, not running this cell, but "
+                             f"{'its reply' if one else 'their replies'} had not reached the notebook when the "
+                             f"wait ended (an error, if any, is in the log: {logs}). "
+                             f"{'It takes' if one else 'They take'} the next cell at once.")
             elif result.status is Status.STUCK:
-                lines.append(f"{_RED}rank {result.rank} did not return{_RESET} within the grace period after "
-                             "being interrupted and is stuck: its stack shows it still in the cell's code "
-                             "(native code such as a collective waiting for another rank), or its code caught "
-                             "the KeyboardInterrupt and went on.")
-                if result.stack:
-                    lines.append("Where it is now:")
-                    lines.extend("    " + line for line in result.stack.rstrip().splitlines())
+                lines.append(f"{_RED}{who} did not return{_RESET} within the grace period after "
+                             f"being interrupted and {'is' if one else 'are'} stuck: "
+                             f"{'its stack shows it' if one else 'their stacks show them'} still in the cell's "
+                             "code (native code such as a collective waiting for another rank), or "
+                             f"{'its' if one else 'their'} code caught the KeyboardInterrupt and went on.")
+                stack = report_stack(result.stack or "")
+                if stack:
+                    lines.append("Where it is now:" if one else "Where they are now (the same stack on each):")
+                    lines.extend("    " + line for line in stack)
             elif result.error is not None:
                 lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]

@@ -125,6 +125,8 @@ class StreamingClient(NotebookClient):
             say(stream, self._plain(content.get("text", "")))
         elif kind in ("display_data", "execute_result", "update_display_data"):
             data = content.get("data", {})
+            if data.get("text/plain") == "" and set(data) == {"text/plain"}:
+                return  # an empty slot (a rank's widget view fills it in place): nothing to show yet
             text = data.get("text/plain") or f"<{', '.join(sorted(data)) or 'empty'} output>"
             say(self._out, self._plain(text).rstrip("\n") + "\n")
         elif kind == "error":

@@ -65,6 +65,10 @@ FAST = frozenset({
     # issue 24: the output budget, and whether a rank given up on had returned
     "test_flood_budget.py",
     "test_cell_end.py",
+    # issue 25: reports in one glance (merged blocks, one spelling of rank sets)
+    "test_report_merge.py",
+    "test_kernel_status.py",
+    "test_log_displays.py",
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",
@@ -122,6 +126,7 @@ FAST = frozenset({
     "test_merge_output.py::test_identical_tracebacks_are_shown_once",
     "test_merge_output.py::test_different_tracebacks_stay_per_rank",
     "test_merge_output.py::test_random_interleavings_keep_every_ranks_lines_in_order",
+    "test_merge_output.py::test_widget_views_are_shown_in_rank_order_whatever_order_they_come_in",
     "test_notebook_runner.py::test_a_bad_clorch_nproc_is_named_by_start",
     # cpulists, PCI lookups and the variables a rank reads (binding a real process is integration)
     "test_numa.py::test_cpulists_as_the_kernel_writes_them",

@@ -24,7 +24,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_its_line(tmp_path: Any) -
     verdict = analyse(states)
     assert verdict.hang and verdict.op == "all_reduce" and verdict.seq == 3
     assert verdict.waiting == [0, 2] and verdict.missing == [1]
-    assert verdict.sentence.startswith("all_reduce #3 (float32[1024], default group): ranks 0, 2 wait in it; "
+    assert verdict.sentence.startswith("all_reduce #3 (float32[1024], default group): ranks 0,2 wait in it; "
                                        "rank 1 never called it and is at ")
     assert "hang_scenarios.py:" in verdict.sentence and "in load_batch()" in verdict.sentence
     assert verdict.pending_s is not None and verdict.pending_s >= 1.0
@@ -50,7 +50,7 @@ def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: A
     # gloo completes a broadcast of unequal sizes (#3) and hangs in all_reduce vs broadcast (#4).
     assert verdict.hang and verdict.mismatch and verdict.seq == 4
     assert verdict.sentence == ("collective #4 (default group): rank 0 called all_reduce(float32[4]), "
-                                "rank 1 called broadcast(float32[4]); ranks 0, 1 wait in it; earlier, "
+                                "rank 1 called broadcast(float32[4]); ranks 0-1 wait in it; earlier, "
                                 "broadcast #3 (float32[4], default group): rank 0 has float32[4], "
                                 "rank 1 has float32[8]")
 
@@ -58,7 +58,7 @@ def test_an_op_mismatch_names_both_ops_and_the_earlier_size_mismatch(tmp_path: A
 def test_a_subgroup_is_named_with_its_members_and_outsiders_are_not_blamed(tmp_path: Any) -> None:
     verdict = analyse(hang_scenarios.record("subgroup", 3, str(tmp_path)))
     assert verdict.hang and verdict.missing == [1]  # rank 2 is not in the group: not "missing"
-    assert re.fullmatch(r"all_reduce #1 \(float32\[2\], group 1 of ranks 0, 1\): rank 0 waits in it; "
+    assert re.fullmatch(r"all_reduce #1 \(float32\[2\], group 1 of ranks 0-1\): rank 0 waits in it; "
                         r"rank 1 never called it and is at \S*hang_scenarios\.py:\d+ in load_batch\(\)",
                         verdict.sentence), verdict.sentence
 
@@ -245,7 +245,7 @@ def test_recorded_nccl_ranks_with_different_sizes() -> None:
     verdict = analyse(recorded_nccl("sizes"))
     assert verdict.stuck and verdict.mismatch
     assert verdict.sentence == ("all_reduce #3 (float32[4], default group): rank 0 passed float32[4], "
-                                "rank 1 passed float32[1048576]; ranks 0, 1 wait in it")
+                                "rank 1 passed float32[1048576]; ranks 0-1 wait in it")
 
 
 def test_a_rank_in_library_code_only_shows_two_frames_not_a_dozen() -> None:

@@ -4,6 +4,8 @@ escaping from inside clorch_repl (which left the ranks uninterrupted and the ses
 
 from __future__ import annotations
 
+import re
+
 import time
 from typing import Iterator
 
@@ -35,8 +37,9 @@ def test_second_interrupt_during_the_probe_ends_the_cell_at_once(nb: NotebookKer
     reply = nb.collect(msg_id, timeout=60)
     took = time.monotonic() - second
     assert reply.status == "error"
-    assert "rank 1 had not returned" in reply.text and "when an interrupt from the notebook ended the wait early" \
-        in reply.text, reply.text
+    # rank 1 (and rank 0, when its sleep had not ended either: then one block for both, issue 25)
+    assert re.search(r"(rank 1|ranks 0-1) had not returned", reply.text) and \
+        "when an interrupt from the notebook ended the wait early" in reply.text, reply.text
     assert "within the grace period after being interrupted" not in reply.text  # the grace was cut short
     assert "clorch_repl/session/relay.py" not in reply.text, reply.text  # the rank's report, not ours
     assert took < 10, f"the cell ended {took:.1f} s after the second interrupt"

@@ -308,3 +308,56 @@ def test_random_interleavings_keep_every_ranks_lines_in_order(hold: float, monke
             assert lines_of(cap.stdout, r) == printed[r], (printed, cap.stdout)
         merged_any = merged_any or "[ranks " in cap.stdout
     assert merged_any or hold == 0.0  # with no hold, nothing waits for a copy to merge with
+
+
+def _shown(outputs: list[Any]) -> list[dict[str, Any]]:
+    """What a front end shows of published displays: an update replaces the display of its id in
+    place (as JupyterLab and nbclient apply update_display_data)."""
+    shown: list[dict[str, Any]] = []
+    for o in outputs:
+        display_id = (o.get("transient") or {}).get("display_id")
+        if o.get("update"):
+            for i, old in enumerate(shown):
+                if (old.get("transient") or {}).get("display_id") == display_id:
+                    shown[i] = dict(o, update=False)
+        else:
+            shown.append(o)
+    return shown
+
+
+def test_widget_views_are_shown_in_rank_order_whatever_order_they_come_in() -> None:
+    """Four ranks' tqdm.auto bars, made in the order 2, 0, 3, 1 (as a user saw them), read 0-3;
+    a widget only one rank shows leaves no labels of the others; the text fallback names each."""
+    view = "application/vnd.jupyter.widget-view+json"
+
+    def bar(rank: int, n: int = 0) -> RankOutput:
+        return RankOutput(rank, "display_data", {"data": {view: {"model_id": f"m{rank}-{n}", "version_major": 2},
+                                                          "text/plain": f"bar {rank}"}, "metadata": {}})
+
+    with capture_output() as cap:
+        sink = NotebookDisplay(ranks=(0, 1, 2, 3))
+        for item in [bar(2), bar(0), bar(2, 1), bar(3), bar(1), out(0, "done\n")]:
+            sink.output(item)  # no flush: a widget view is never held for the other ranks' copies
+        first = [o["data"].get(view, {}).get("model_id") for o in _shown(cap._outputs) if view in o["data"]]
+        sink.flush(final=True)
+    shown = _shown(cap._outputs)
+    views = [o["data"][view]["model_id"] for o in shown if view in o["data"]]
+    assert first == ["m0-0", "m1-0", "m2-0", "m3-0", "m2-1"]
+    assert views == first
+    texts = [o["data"]["text/plain"] for o in shown]
+    assert texts[:8] == ["[rank 0]", "[rank 0] bar 0", "[rank 1]", "[rank 1] bar 1",
+                         "[rank 2]", "[rank 2] bar 2", "[rank 3]", "[rank 3] bar 3"]
+    assert texts[8:] == ["", "", "", "", "[rank 2]", "[rank 2] bar 2", "", ""]  # row 2: rank 2's only
+
+    with capture_output() as cap:  # a clear_output between two ranks' views: the later view gets a new slot
+        sink = NotebookDisplay(ranks=(0, 1))
+        for item in [bar(0), RankOutput(0, "clear_output", {"wait": False}), bar(1)]:
+            sink.output(item)
+        sink.flush(final=True)
+    assert [o["data"].get("text/plain") for o in _shown(cap._outputs)][-4:] == ["", "", "[rank 1]", "[rank 1] bar 1"]
+
+    with capture_output() as cap:  # one rank of one: shown as it comes, as any rich output
+        sink = NotebookDisplay(ranks=(1,))
+        sink.output(bar(1))
+        sink.flush(final=True)
+    assert [o["data"]["text/plain"] for o in cap._outputs] == ["[rank 1] bar 1"]

@@ -43,7 +43,7 @@ def test_input_on_a_rank_outside_stdin_ranks_names_it_and_shows_no_clorch_frame(
     text = plain(reply.text)
     assert reply.status == "error"
     assert "[rank 0] got zero" in text, text
-    assert "input() on rank 1: only rank(s) 0 may read input in this cell (%%distributed --stdin-ranks)" \
+    assert "input() on rank 1: only rank 0 may read input in this cell (%%distributed --stdin-ranks)" \
         in text, text
     assert "value = input(f'value for {rank}? ')" in text, text
     assert "clorch_repl/" not in text, text

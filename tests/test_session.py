@@ -213,11 +213,14 @@ def test_status_lists_every_rank_as_a_table(ip: Any) -> None:
 
 
 def test_logs_hold_python_and_native_output(ip: Any) -> None:
-    res, _ = run(ip, "import os\nprint('python says hi', rank)\nos.write(2, f'native says hi {rank}\\n'.encode())")
+    res, _ = run(ip, "import os\nprint('python says hi', rank)\nos.write(2, f'native says hi {rank}\\n'.encode())\n"
+                     "from IPython.display import display\ndisplay(f'displayed by {rank}')\nf'result of {rank}'")
     assert res.success
     with capture_output() as cap:
         ip.run_line_magic("clorch", "logs 1 --tail 20")
     assert "python says hi 1" in cap.stdout and "native says hi 1" in cap.stdout
+    # the cell's displayed results too, as text (issue 25)
+    assert "'displayed by 1'" in cap.stdout and "'result of 1'" in cap.stdout, cap.stdout
 
 
 def test_ranks_listen_on_loopback_and_ipc_only_with_private_files(ip: Any, magics: Any) -> None:

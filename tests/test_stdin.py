@@ -47,7 +47,7 @@ def test_stdin_ranks_lets_only_the_chosen_rank_ask_and_the_other_fails_clearly(n
     assert reply.prompts == ["[rank 0] value for 0? "]
     assert "[rank 0] got zero" in reply.text, reply.text
     assert "StdinNotImplementedError" in reply.text, reply.text
-    assert "input() on rank 1: only rank(s) 0 may read input in this cell (%%distributed --stdin-ranks)" \
+    assert "input() on rank 1: only rank 0 may read input in this cell (%%distributed --stdin-ranks)" \
         in reply.text, reply.text
 
 

@@ -65,8 +65,9 @@ def text_of(messages: list[dict[str, Any]]) -> str:
     for m in messages:
         if m["msg_type"] == "stream":
             parts.append(m["content"]["text"])
-        elif m["msg_type"] in ("display_data", "execute_result"):
-            parts.append(m["content"]["data"].get("text/plain", "") + "\n")
+        elif m["msg_type"] in ("display_data", "execute_result", "update_display_data"):
+            if m["content"]["data"].get("text/plain"):  # (an empty widget slot, filled by an update)
+                parts.append(m["content"]["data"]["text/plain"] + "\n")
         elif m["msg_type"] == "error":
             parts.append("\n".join(m["content"]["traceback"]) + "\n")
     return "".join(parts)
@@ -76,7 +77,8 @@ def views_by_rank(messages: list[dict[str, Any]]) -> dict[int, list[str]]:
     """Widget views shown, by the rank their label names: {rank: [model_id, ...]}."""
     views: dict[int, list[str]] = {}
     for m in messages:
-        data = m["content"].get("data", {}) if m["msg_type"] == "display_data" else {}
+        # (several ranks' views fill slots made in rank order: update_display_data)
+        data = m["content"].get("data", {}) if m["msg_type"] in ("display_data", "update_display_data") else {}
         if WIDGET_VIEW in data:
             who = re.match(r"\[rank (\d+)\] ", data.get("text/plain", ""))
             assert who, f"a widget view without a rank label: {data.get('text/plain')!r}"
@@ -151,6 +153,37 @@ def test_tqdm_auto_bars_are_widgets_per_rank_and_the_cell_ends(nb: NotebookKerne
     # the text fallback, for front ends without a widget manager: labelled bars, then the merged line
     assert re.search(r"\[rank 0\] rank0: +0%", text) and re.search(r"\[rank 1\] rank1: +0%", text), text
     assert "[ranks 0-1] trained" in text
+
+
+def test_the_kernel_stays_busy_until_a_widget_cell_ends(nb: NotebookKernel) -> None:
+    """A control request during the cell (JupyterLab's debugger, Jupyter Server's nudge on a page
+    reload) used to publish an idle status: the status bar said Idle while the bars still moved.
+    Every status the kernel publishes until the cell's own idle now says busy; the order of the
+    ranks' bars is rank order (each fills its slot, made in rank order)."""
+    msg_id = nb.send("%%distributed\nimport time\nfrom tqdm.auto import tqdm\n"
+                     "for _ in tqdm(range(30), desc=f'rank{rank}', mininterval=0):\n    time.sleep(0.05)")
+    time.sleep(0.8)
+    control = nb.kc.session.msg("kernel_info_request", {})
+    nb.kc.control_channel.send(control)
+    states, views = [], []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            msg = nb.kc.get_iopub_msg(timeout=1)
+        except Empty:
+            continue
+        parent = msg["parent_header"].get("msg_id")
+        if msg["msg_type"] == "status":
+            if parent == msg_id and msg["content"]["execution_state"] == "idle":
+                break
+            states.append((msg["parent_header"].get("msg_type"), msg["content"]["execution_state"]))
+        elif msg["msg_type"] == "update_display_data" and WIDGET_VIEW in msg["content"]["data"]:
+            views.append(msg["content"]["data"]["text/plain"].split("]")[0])
+    else:
+        raise AssertionError("the cell never ended")
+    assert ("kernel_info_request", "busy") in states, states  # the control request was answered...
+    assert all(state == "busy" for _, state in states), states  # ...without an idle before the cell's end
+    assert sorted(views) == ["[rank 0", "[rank 1"], views
 
 
 def test_front_end_close_and_restart_release_the_proxies(nb: NotebookKernel) -> None:
@@ -243,7 +276,7 @@ def test_a_bar_that_removes_itself_is_closed_after_its_view(nb: NotebookKernel) 
     views = views_by_rank(messages)
     assert sorted(views) == [0, 1]
     for rank, (model_id,) in views.items():
-        shown = next(i for i, m in enumerate(messages) if m["msg_type"] == "display_data"
+        shown = next(i for i, m in enumerate(messages) if m["msg_type"] in ("display_data", "update_display_data")
                      and m["content"]["data"].get(WIDGET_VIEW, {}).get("model_id") == model_id)
         closed = [i for i, m in enumerate(messages) if m["msg_type"] == "comm_close"
                   and m["content"]["comm_id"] == model_id]

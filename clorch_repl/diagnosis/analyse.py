@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rank_sets import rank_words, ranks_text
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -314,7 +316,7 @@ def group_label(pg: str, states: list[RankState]) -> str:
         if info:
             if info.get("default"):
                 return "default group"
-            return f"group {pg} of ranks {_ranks(info.get('ranks', []))}"
+            return f"group {pg} of ranks {ranks_text(info.get('ranks', []))}"
     return "default group" if pg == "0" else f"group {pg}"
 
 
@@ -326,12 +328,9 @@ def _members(pg: str, states: list[RankState]) -> list[int]:
     return [s.rank for s in states]
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
-
-
 def _ranks_word(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + _ranks(ranks)
+    """``rank 1``, ``ranks 0,2-3``: the one spelling of :mod:`clorch_repl.rank_sets`."""
+    return rank_words(ranks)
 
 
 # ------------------------------------------------------------------------------ where

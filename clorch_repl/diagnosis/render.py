@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..launchers.rankfiles import report_stack
+from ..rank_sets import merge_blocks, rank_words
 from .analyse import RankState, Verdict, describe_tensors, entries_of, frame_label, unrecorded_pending
 
 logger = logging.getLogger(__name__)
@@ -25,48 +27,59 @@ def notice(verdict: Verdict) -> str:
 
 
 def evidence(states: list[RankState], *, all_threads: bool = False, recent: int = RECENT) -> list[str]:
-    """Per rank: its last collectives (op, sequence number, tensors, state) and its stack."""
+    """Per rank: its last collectives (op, sequence number, tensors, state) and its stack; ranks
+    of one host whose evidence reads the same (three ranks waiting in the same all_reduce at the
+    same line) once, under one heading (``---- ranks 0,2-3 ----``), so the rank that differs is
+    not buried between copies."""
+    blocks = [(state.rank, (state.host, tuple(_block(state, all_threads=all_threads, recent=recent))))
+              for state in states]
     lines: list[str] = []
-    for state in states:
-        lines.append(f"---- {state.name} ----")
-        if state.dead is not None:
-            lines.append(f"  died ({state.dead})")
-            continue
-        if not state.answered:
-            err = (state.answer or {}).get("error")
-            lines.append(f"  did not answer{f': {err}' if err else ''}")
-            if state.fallback_stack:
-                lines.append("  its stack (faulthandler):")
-                lines.extend("    " + line for line in state.fallback_stack.rstrip().splitlines())
-            continue
-        ans: dict[str, Any] = state.answer or {}
-        if ans.get("fr") is None:
-            lines.append(f"  collectives: unknown ({ans.get('fr_missing')})")
-        else:
-            entries = entries_of(state)[-recent:]
-            lines.append("  last collectives:" if entries else "  no collective recorded")
-            for e in entries:
-                state_word = "completed" if e.completed else (e.raw.get("state") or "scheduled")
-                lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
-                             f"group {e.pg}: {state_word}")
-            for gone in unrecorded_pending(state):
-                lines.append(f"    {gone.key}: operation {gone.enqueued} (its group's own count) pending, every "
-                             f"entry of the group gone from the recorder (last completed: {gone.completed})")
-        stack = ans.get("stack") or []
-        if ans.get("in_cell") and stack and all(f.get("library") for f in stack):
-            # IPython formatting the cell's traceback, say: a dozen frames of pygments or
-            # stack_data would bury the other ranks' evidence; the two ends say where it is.
-            inner = f" ... {frame_label(stack[-1])}" if len(stack) > 1 else ""
-            lines.append(f"  in library code outside its cell's lines: {frame_label(stack[0])}{inner}")
-        elif ans.get("in_cell"):
-            lines.extend(_stack_lines("  stack (most recent call last):", stack))
-        else:
-            lines.append("  idle: not running a cell")
-        if ans.get("cuda_busy") is not None:
-            lines.append(f"  CUDA stream busy: {'yes' if ans['cuda_busy'] else 'no'}")
-        if all_threads:
-            for thread in ans.get("threads") or []:
-                lines.extend(_stack_lines(f"  thread {thread.get('name')}:", thread.get("stack") or []))
+    for ranks, (host, body) in merge_blocks(blocks):
+        lines.append(f"---- {rank_words(ranks)}{f' on {host}' if host else ''} ----")
+        lines.extend(body)
+    return lines
+
+
+def _block(state: RankState, *, all_threads: bool, recent: int) -> list[str]:
+    """One rank's evidence, below its heading."""
+    lines: list[str] = []
+    if state.dead is not None:
+        return [f"  died ({state.dead})"]
+    if not state.answered:
+        err = (state.answer or {}).get("error")
+        lines.append(f"  did not answer{f': {err}' if err else ''}")
+        if state.fallback_stack:
+            lines.append("  its stack (faulthandler):")
+            lines.extend("    " + line for line in report_stack(state.fallback_stack))
+        return lines
+    ans: dict[str, Any] = state.answer or {}
+    if ans.get("fr") is None:
+        lines.append(f"  collectives: unknown ({ans.get('fr_missing')})")
+    else:
+        entries = entries_of(state)[-recent:]
+        lines.append("  last collectives:" if entries else "  no collective recorded")
+        for e in entries:
+            state_word = "completed" if e.completed else (e.raw.get("state") or "scheduled")
+            lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
+                         f"group {e.pg}: {state_word}")
+        for gone in unrecorded_pending(state):
+            lines.append(f"    {gone.key}: operation {gone.enqueued} (its group's own count) pending, every "
+                         f"entry of the group gone from the recorder (last completed: {gone.completed})")
+    stack = ans.get("stack") or []
+    if ans.get("in_cell") and stack and all(f.get("library") for f in stack):
+        # IPython formatting the cell's traceback, say: a dozen frames of pygments or
+        # stack_data would bury the other ranks' evidence; the two ends say where it is.
+        inner = f" ... {frame_label(stack[-1])}" if len(stack) > 1 else ""
+        lines.append(f"  in library code outside its cell's lines: {frame_label(stack[0])}{inner}")
+    elif ans.get("in_cell"):
+        lines.extend(_stack_lines("  stack (most recent call last):", stack))
+    else:
+        lines.append("  idle: not running a cell")
+    if ans.get("cuda_busy") is not None:
+        lines.append(f"  CUDA stream busy: {'yes' if ans['cuda_busy'] else 'no'}")
+    if all_threads:
+        for thread in ans.get("threads") or []:
+            lines.extend(_stack_lines(f"  thread {thread.get('name')}:", thread.get("stack") or []))
     return lines
 
 

@@ -30,6 +30,7 @@ from ..atomic import write_json_atomic
 from ..errors import ConfigError, JobStopped, JobTimeout, RankFailure
 from ..launchers.supervisor import STOP_GRACE_S
 from ..procs import describe_exit, tail_bytes
+from ..rank_sets import rank_words
 from ..topology import parse_number
 from ._target import target_spec
 from .job_ranks import JobPlan, JobRanks, for_launcher, rank_pythonpath
@@ -304,9 +305,7 @@ class Job:
 
 def _ranks_phrase(ranks: Sequence[int]) -> str:
     """[1] -> "rank 1 was"; [1, 2] -> "ranks 1,2 were"."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]} was"
-    return f"ranks {','.join(map(str, ranks))} were"
+    return f"{rank_words(ranks)} {'was' if len(set(ranks)) == 1 else 'were'}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -59,6 +60,26 @@ def trim_kernel_frames(lines: list[str]) -> list[str]:
         if "IPython/core/interactiveshell.py" in line and " in run_code" in line:
             return [*lines[:i], "  ... (the kernel's own frames)"]
     return lines
+
+
+#: faulthandler's thread header names the thread by its address (``Current thread 0x00007f..``),
+#: which differs between processes running the very same code.
+_THREAD_ID = re.compile(r"^(\s*(?:Current thread|Thread)) 0x[0-9a-fA-F]+", re.MULTILINE)
+
+
+def without_thread_ids(dump: str) -> str:
+    """A faulthandler stack without its threads' addresses: ``Current thread (most recent call
+    first):``. Why: the address is the only thing that differs between the stacks of ranks
+    stuck at the same line, it means nothing to a reader, and with it a report could not show
+    such ranks' identical stacks once (see :func:`report_stack`)."""
+    return _THREAD_ID.sub(r"\1", dump)
+
+
+def report_stack(dump: str) -> list[str]:
+    """A stack dump's lines as every report shows them: without thread addresses, cut below the
+    cell (:func:`trim_kernel_frames`, a no-op on a dump already cut); equal lists mean equal
+    stacks, so that ranks stuck at the same place are shown under one heading."""
+    return trim_kernel_frames(without_thread_ids(dump).rstrip().splitlines())
 
 
 #: How far before faulthandler's report a C++ exception's ``terminate called`` line is looked for.

@@ -23,6 +23,7 @@ from jupyter_client.session import Session as JupyterSession
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
+from ..rank_sets import rank_words
 from ..topology import BACKENDS, Topology, remote_topology
 from . import supervisor
 from .nanny_protocol import ToNanny
@@ -177,7 +178,7 @@ class RemoteLauncher(Launcher):
                 raise ClorchError(f"{total - count} of {total} ranks never called back: {gone}")
             if time.monotonic() > deadline:
                 missing = sorted(set(range(total)) - set(server.peers))
-                raise ClorchError(f"ranks {missing} never called back within {self.options.start_timeout_s:.0f} s "
+                raise ClorchError(f"{rank_words(missing)} never called back within {self.options.start_timeout_s:.0f} s "
                                   f"(hosts seen: {', '.join(hosts) or 'none'}); check that the nodes can reach "
                                   f"{server.info.address}:{server.info.port} and read the connect file "
                                   f"{self.connect_file}")

@@ -69,7 +69,7 @@ TICK_S = 0.1
 LATE_LIMIT = 1000
 
 
-def _notebook_kernel() -> Any | None:
+def notebook_kernel() -> Any | None:
     """The ipykernel this runs in, or None (a terminal IPython: no front end takes comms)."""
     try:
         from ipykernel.kernelbase import Kernel
@@ -95,7 +95,7 @@ class CommBridge:
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
-        self.kernel = _notebook_kernel()
+        self.kernel = notebook_kernel()
         #: comm id -> the proxy registered for it in the notebook kernel's comm manager
         self.proxies: dict[str, Any] = {}
         self._refused: set[tuple[int, str]] = set()

@@ -18,6 +18,10 @@ so partly identical output stays correct: the shared lines are merged, the rest 
 A rank's line that the other ranks do not have (``if rank == 0: print(...)``) is shown on its own
 while the others' next line waits for it to catch up, so one extra line does not end merging for
 the rest of the cell. Progress lines, display updates and ``clear_output`` are never merged.
+
+Widget views (a ``tqdm.auto`` bar, a slider) are never merged and never held: they go into slots
+in rank order (:class:`WidgetRows`), so that four ranks' bars read 0, 1, 2, 3 whatever order the
+ranks made them in (they arrived 2, 0, 3, 1 when each view was shown as it came).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from IPython.display import DisplayHandle, clear_output, display, publish_display_data
 
+from ..rank_sets import ranks_text
 from .protocol import RankOutput
 
 logger = logging.getLogger(__name__)
@@ -54,20 +59,36 @@ PARTIAL_LINE_HOLD_S = 0.5
 MERGE_HOLD_S = 0.25
 
 
+#: The MIME type of an ipywidgets view in a display_data.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@dataclass
+class WidgetRows:
+    """Which row of slots each rank's next widget view goes into (pure: no display).
+
+    Each rank's first widget view of the cell goes into row 0, its second into row 1, and so on;
+    a row is made, one slot per rank of the cell in rank order, when the first rank's view for it
+    comes. So rank 2's bar, made before rank 0's, still lands below it. A slot shows nothing until
+    its rank's view fills it (``if rank == 0: display(slider)`` leaves no stray labels)."""
+
+    ranks: tuple[int, ...]
+    rows: int = 0
+    _shown: dict[int, int] = field(default_factory=dict)
+
+    def place(self, rank: int) -> tuple[int, bool]:
+        """(the row for ``rank``'s next view, whether that row's slots must be made first)."""
+        row = self._shown.get(rank, 0)
+        self._shown[rank] = row + 1
+        new = row >= self.rows
+        self.rows = max(self.rows, row + 1)
+        return row, new
+
+
 def label(rank: int, hosts: Mapping[int, str] | None = None) -> str:
     """``[rank 3] ``; ``[rank 3 hostB] `` when the session spans hosts (``hosts``: rank -> host)."""
     host = hosts.get(rank) if hosts else None
     return f"[rank {rank} {host}] " if host else f"[rank {rank}] "
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    """``0-3,6``: consecutive ranks as ranges, so eight ranks read as ``0-7``."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    for _, run in itertools.groupby(enumerate(ordered), key=lambda ir: ir[1] - ir[0]):
-        seq = [r for _, r in run]
-        parts.append(str(seq[0]) if len(seq) == 1 else f"{seq[0]}-{seq[-1]}")
-    return ",".join(parts)
 
 
 def group_label(ranks: Iterable[int], hosts: Mapping[int, str] | None = None) -> str:
@@ -103,7 +124,7 @@ class _Unit:
     units that are never merged (progress rewrites, display updates, a line's continuation).
     """
 
-    kind: str            # "line" | "progress" | "rich" | "update" | "clear" | "comm"
+    kind: str            # "line" | "progress" | "rich" | "update" | "clear" | "comm" | "widget"
     payload: Any
     key: Hashable | None
     since: float
@@ -135,10 +156,14 @@ class NotebookDisplay:
     _keys: dict[int, collections.Counter[Hashable]] = field(default_factory=dict)
     #: streams written since the last flush; flushing an ipykernel stream costs two thread hops
     _dirty: set[str] = field(default_factory=set)
+    #: where widget views go (rank order); (row, rank) -> the display ids of its label and view
+    _widget_rows: WidgetRows = field(default_factory=lambda: WidgetRows(()))
+    _slots: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ranks = tuple(sorted(set(self.ranks)))
         self.merge = self.merge and len(self.ranks) > 1
+        self._widget_rows = WidgetRows(self.ranks)
 
     # ------------------------------------------------------------------------------ sink API
     def output(self, item: RankOutput) -> None:
@@ -146,6 +171,8 @@ class NotebookDisplay:
         rank = item.rank
         if item.kind == "stream":
             self._stream(rank, content.get("name", "stdout"), content.get("text", ""))
+        elif item.kind == "display_data" and self._slotted(rank, content):
+            self._enqueue(rank, "widget", content, None)  # never merged, never held (see WidgetRows)
         elif item.kind in ("display_data", "execute_result"):
             self._enqueue(rank, "rich", content, self._rich_key(rank, item.kind, content))
         elif item.kind == "update_display_data":
@@ -293,9 +320,15 @@ class NotebookDisplay:
             self._end_lines()
             for progress in self._progress.values():
                 progress.handle = None  # its display is gone; the next rewrite shows a new one
+            # the widget slots are gone too: a view that comes later makes a new row, not an
+            # update of a display that is no longer there
+            self._widget_rows = WidgetRows(self.ranks)
+            self._slots.clear()
             clear_output(wait=bool(unit.payload.get("wait", False)))
         elif unit.kind == "comm":
             unit.payload()  # publishes a widget's comm message (see comm())
+        elif unit.kind == "widget":
+            self._widget(ranks[0], unit.payload)
 
     # ------------------------------------------------------------------------------- streams
     def _stream(self, rank: int, name: str, text: str) -> None:
@@ -380,6 +413,33 @@ class NotebookDisplay:
             data["text/plain"] = who + data["text/plain"]
         transient = self._transient(ranks[0], content) if len(ranks) == 1 else None
         publish_display_data(data, content.get("metadata") or {}, transient=transient)
+
+    def _slotted(self, rank: int, content: dict[str, Any]) -> bool:
+        """A widget view of one of several ranks, without a display id of its own: it goes into
+        its rank's slot. (One rank's views need no order; an updatable one keeps its id.)"""
+        return (len(self.ranks) > 1 and rank in self.ranks and WIDGET_VIEW in (content.get("data") or {})
+                and not (content.get("transient") or {}).get("display_id"))
+
+    def _widget(self, rank: int, content: dict[str, Any]) -> None:
+        """Fill ``rank``'s slot of its next row with its widget view, making the row first if it
+        is new: an empty label display and an empty view display per rank, in rank order, each
+        updated in place when its rank's view comes."""
+        row, new = self._widget_rows.place(rank)
+        if new:
+            self._end_lines()
+            self._flush_streams()  # lines before the views must reach the notebook first
+            for r in self.ranks:
+                n = next(_ids)
+                ids = (f"clorch-widget-{n}-label-rank{r}", f"clorch-widget-{n}-view-rank{r}")
+                self._slots[(row, r)] = ids
+                for display_id in ids:
+                    publish_display_data({"text/plain": ""}, {}, transient={"display_id": display_id})
+        label_id, view_id = self._slots[(row, rank)]
+        who = label(rank, self.hosts)
+        publish_display_data({"text/plain": who.rstrip()}, {}, transient={"display_id": label_id}, update=True)
+        data = dict(content.get("data", {}))
+        data["text/plain"] = who + data.get("text/plain", "")
+        publish_display_data(data, content.get("metadata") or {}, transient={"display_id": view_id}, update=True)
 
     def _update(self, rank: int, content: dict[str, Any]) -> None:
         transient = self._transient(rank, content)

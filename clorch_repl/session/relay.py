@@ -25,6 +25,7 @@ from ..diagnosis import render
 from ..diagnosis.analyse import Progress, RankState, Verdict, analyse, progress
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
+from ..rank_sets import rank_words
 from . import cell_end, flood
 from .cell_files import CellNames
 from .comms import COMM_TYPES
@@ -202,7 +203,7 @@ class Relay:
             if now > deadline:
                 late = sorted(set(self.clients) - set(ready))
                 tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)
-                raise ClorchError(f"ranks {late} did not answer within {timeout_s:.0f} s of starting\n{tails}")
+                raise ClorchError(f"{rank_words(late)} did not answer within {timeout_s:.0f} s of starting\n{tails}")
             for rank in self.clients:
                 if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
                     # Repeated until iopub hears it too: the first may be published before our
@@ -290,7 +291,7 @@ class Relay:
             metadata[CELL_NUMBER_KEY] = int(request.cell_number)
         if not allowed:
             why = no_front if not front else (
-                f"only rank(s) {', '.join(map(str, request.stdin_ranks or ()))} may read input in this cell "
+                f"only {rank_words(request.stdin_ranks or ())} may read input in this cell "
                 f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
             metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
         msg_id, frames = self._encoders[rank].request("execute_request", content, metadata)

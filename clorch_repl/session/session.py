@@ -20,8 +20,9 @@ from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import LEAVE_CODE, boot_code
 from . import flood
-from .comms import CommBridge
+from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
+from .kernel_status import busy_during
 from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
 
@@ -238,7 +239,8 @@ class Session:
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
         self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", chosen, time.monotonic())
         try:
-            return relay.execute(request, sink, silent=False)
+            with busy_during(notebook_kernel()):
+                return relay.execute(request, sink, silent=False)
         finally:
             self.current_cell = None
             self._bound_history()

@@ -98,7 +98,7 @@ def test_nccl_size_mismatch(nb_gpus) -> None:  # type: ignore[no-untyped-def]
                           "dist.all_reduce(t)\ntorch.cuda.synchronize()\n")
     [verdict] = notices(noticed(nb_gpus, msg_id))
     assert re.fullmatch(rf"all_reduce #{FIRST} \(float32\[(4|1048576)\], default group\): rank 0 passed "
-                        r"float32\[4\], rank 1 passed float32\[1048576\]; (ranks 0, 1 wait|rank [01] waits) in it",
+                        r"float32\[4\], rank 1 passed float32\[1048576\]; (ranks 0-1 wait|rank [01] waits) in it",
                         verdict), verdict
 
 
@@ -169,7 +169,7 @@ def test_recorded_nccl_ranks_sizes(tmp_path: Any) -> None:
     print("verdict:", verdict.sentence)
     assert verdict.hang and verdict.mismatch and verdict.seq == 3
     assert re.fullmatch(r"all_reduce #3 \(float32\[(4|1048576)\], default group\): rank 0 passed float32\[4\], "
-                        r"rank 1 passed float32\[1048576\]; (ranks 0, 1 wait|rank [01] waits) in it", verdict.sentence)
+                        r"rank 1 passed float32\[1048576\]; (ranks 0-1 wait|rank [01] waits) in it", verdict.sentence)
 
 
 @pytest.mark.parametrize("block", ["item", "synchronize"])
