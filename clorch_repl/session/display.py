@@ -20,7 +20,7 @@ while the others' next line waits for it to catch up, so one extra line does not
 the rest of the cell. Progress lines, display updates and ``clear_output`` are never merged.
 
 Widget views (a ``tqdm.auto`` bar, a slider) are never merged and never held: they go into slots
-in rank order (:class:`WidgetRows`), so that four ranks' bars read 0, 1, 2, 3 whatever order the
+in rank order (:class:`.widget_rows.WidgetRows`), so that four ranks' bars read 0, 1, 2, 3 whatever order the
 ranks made them in (they arrived 2, 0, 3, 1 when each view was shown as it came).
 """
 
@@ -40,6 +40,7 @@ from IPython.display import DisplayHandle, clear_output, display, publish_displa
 
 from ..rank_sets import ranks_text
 from .protocol import RankOutput
+from .widget_rows import WIDGET_VIEW, WidgetRows
 
 logger = logging.getLogger(__name__)
 
@@ -57,32 +58,6 @@ PARTIAL_LINE_HOLD_S = 0.5
 #: second. A copy later than the hold is shown with its own rank's label: unmerged, never wrong. The relay flushes the display at least every 0.2 s, so
 #: the longest a line is held is 0.25 + 0.2 s, still under that.
 MERGE_HOLD_S = 0.25
-
-
-#: The MIME type of an ipywidgets view in a display_data.
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-
-
-@dataclass
-class WidgetRows:
-    """Which row of slots each rank's next widget view goes into (pure: no display).
-
-    Each rank's first widget view of the cell goes into row 0, its second into row 1, and so on;
-    a row is made, one slot per rank of the cell in rank order, when the first rank's view for it
-    comes. So rank 2's bar, made before rank 0's, still lands below it. A slot shows nothing until
-    its rank's view fills it (``if rank == 0: display(slider)`` leaves no stray labels)."""
-
-    ranks: tuple[int, ...]
-    rows: int = 0
-    _shown: dict[int, int] = field(default_factory=dict)
-
-    def place(self, rank: int) -> tuple[int, bool]:
-        """(the row for ``rank``'s next view, whether that row's slots must be made first)."""
-        row = self._shown.get(rank, 0)
-        self._shown[rank] = row + 1
-        new = row >= self.rows
-        self.rows = max(self.rows, row + 1)
-        return row, new
 
 
 def label(rank: int, hosts: Mapping[int, str] | None = None) -> str:

@@ -39,9 +39,9 @@ import sys
 import threading
 import time
 import types
-from typing import Any
 
 from .. import numa
+from .display_log import log_displays
 from ..procs import end_own_group, watch_parent
 from ..diagnosis.probe import PROBE_REQUEST as _PROBE_REQUEST
 from .flood import Budget, Limits
@@ -76,25 +76,6 @@ _in_cell = False
 _budget: Budget | None = None
 _budget_lock = threading.Lock()
 _budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
-
-
-#: The messages whose text ``%clorch logs`` shows besides the streams: what the cell displayed.
-LOGGED_DISPLAYS = ("display_data", "execute_result")
-
-
-def display_log_text(msg_type: str, content: dict[str, Any] | None) -> str | None:
-    """What the rank's log gets for an iopub message: a display's or a result's ``text/plain``
-    (a line ending it), ``<image/png output>`` for one without text; None for anything else
-    (streams are echoed where they are written; display updates and widget traffic are not
-    output a log reader scrolls for). Why: the README says ``%clorch logs`` holds everything the
-    rank wrote, and a cell's ``df.head()`` or ``display(x)`` is written too."""
-    if msg_type not in LOGGED_DISPLAYS or not isinstance(content, dict):
-        return None
-    data = content.get("data") or {}
-    text = data.get("text/plain")
-    if not isinstance(text, str):
-        text = f"<{', '.join(sorted(data)) or 'empty'} output>"
-    return text if text.endswith("\n") else text + "\n"
 
 
 def _admit(string: str) -> bool:
@@ -281,32 +262,7 @@ def _kernel_class() -> type:
             #: (msg_id, one entry per iopub message sent for it) while a lean request runs
             self._counting: tuple[str, list[None]] | None = None
             self._count_iopub()
-            self._log_displays()
-
-        def _log_displays(self) -> None:
-            """Echo what the rank displays (display_data, execute_result) into its log as text,
-            at the place every iopub message passes (see :func:`display_log_text`); sent from
-            this process only (a forked child's go through its pipe, as its prints do)."""
-            send = self.session.send
-            kernel = self
-            own = os.getpid()
-
-            def logged(stream, msg_or_type, content=None, parent=None, *args, **kwargs):  # type: ignore[no-untyped-def]
-                if os.getpid() == own and (stream is kernel.iopub_socket or stream is kernel.iopub_thread):
-                    if isinstance(msg_or_type, dict):
-                        text = display_log_text((msg_or_type.get("header") or {}).get("msg_type")
-                                                or msg_or_type.get("msg_type", ""), msg_or_type.get("content"))
-                    else:
-                        text = display_log_text(str(msg_or_type), content)
-                    if text is not None:
-                        try:
-                            sys.__stdout__.write(text)
-                            sys.__stdout__.flush()
-                        except (OSError, ValueError, AttributeError) as exc:  # no log to write to
-                            logger.debug("could not write a display to the rank's log: %s", exc)
-                return send(stream, msg_or_type, content, parent, *args, **kwargs)
-
-            self.session.send = logged
+            log_displays(self)
 
         def _count_iopub(self) -> None:
             """Count the iopub messages each lean request sends (wire.IOPUB_COUNT_KEY), at the one

@@ -1,0 +1,57 @@
+"""What a rank's log gets of what its cells display: ``%clorch logs`` holds everything the rank
+wrote, and a cell's ``df.head()`` or ``display(x)`` is written too (streams are echoed where they
+are written, :mod:`.worker`). :func:`display_log_text` decides (pure); :func:`log_displays` hooks
+it into a rank kernel's session, where every iopub message passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The messages whose text ``%clorch logs`` shows besides the streams: what the cell displayed.
+LOGGED_DISPLAYS = ("display_data", "execute_result")
+
+
+def display_log_text(msg_type: str, content: dict[str, Any] | None) -> str | None:
+    """What the rank's log gets for an iopub message: a display's or a result's ``text/plain``
+    (a line ending it), ``<image/png output>`` for one without text; None for anything else
+    (streams are echoed where they are written; display updates and widget traffic are not
+    output a log reader scrolls for). Why: the README says ``%clorch logs`` holds everything the
+    rank wrote, and a cell's ``df.head()`` or ``display(x)`` is written too."""
+    if msg_type not in LOGGED_DISPLAYS or not isinstance(content, dict):
+        return None
+    data = content.get("data") or {}
+    text = data.get("text/plain")
+    if not isinstance(text, str):
+        text = f"<{', '.join(sorted(data)) or 'empty'} output>"
+    return text if text.endswith("\n") else text + "\n"
+
+
+def log_displays(kernel: Any) -> None:
+    """Echo what the rank displays (display_data, execute_result) into its log as text,
+    at the place every iopub message passes (see :func:`display_log_text`); sent from
+    this process only (a forked child's go through its pipe, as its prints do)."""
+    send = kernel.session.send
+    own = os.getpid()
+
+    def logged(stream, msg_or_type, content=None, parent=None, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if os.getpid() == own and (stream is kernel.iopub_socket or stream is kernel.iopub_thread):
+            if isinstance(msg_or_type, dict):
+                text = display_log_text((msg_or_type.get("header") or {}).get("msg_type")
+                                        or msg_or_type.get("msg_type", ""), msg_or_type.get("content"))
+            else:
+                text = display_log_text(str(msg_or_type), content)
+            if text is not None:
+                try:
+                    sys.__stdout__.write(text)
+                    sys.__stdout__.flush()
+                except (OSError, ValueError, AttributeError) as exc:  # no log to write to
+                    logger.debug("could not write a display to the rank's log: %s", exc)
+        return send(stream, msg_or_type, content, parent, *args, **kwargs)
+
+    kernel.session.send = logged
