@@ -204,7 +204,8 @@ def test_a_rank_that_dies_while_another_waits_at_a_prompt_ends_the_cell(nb: Note
 def test_a_rank_at_a_prompt_that_did_not_answer_the_probe_is_still_named_held() -> None:
     # The live notice's analysis alone, on the evidence it has when a loaded rank's probe times out:
     # its faulthandler stack (text as faulthandler writes it).
-    from clorch_repl.diagnosis.analyse import RankState, where
+    from clorch_repl.diagnosis.entries import RankState
+    from clorch_repl.diagnosis.where import where
 
     in_pdb = RankState(1, prompt="ipdb> ", fallback_stack=(
         "Thread 0x00007f (most recent call first):\n"

@@ -97,7 +97,7 @@ def read(collectives: bool = True) -> tuple[dict[str, Any] | None, str | None]:
     full buffer (2,000 entries, each with its Python stack: about 0.9 MB of JSON) costs a rank
     20-30 ms of CPU with its GIL held to dump and parse, over 100 ms when that sets off a full
     garbage collection; the status alone 0.05 ms. The notebook's periodic hang check asks for
-    the status first (:func:`clorch_repl.diagnosis.analyse.progress`).
+    the status first (:func:`clorch_repl.diagnosis.entries.progress`).
     """
     import sys
 
@@ -125,7 +125,7 @@ def read(collectives: bool = True) -> tuple[dict[str, Any] | None, str | None]:
             continue
         part = normalise(data, recorder)
         if collectives:
-            # A full ring has dropped its oldest entries (analyse.unrecorded_pending needs to know)
+            # A full ring has dropped its oldest entries (entries.unrecorded_pending needs to know)
             part["full"] = {recorder: len(part["entries"]) >= buffer_size()}
         if merged is None:
             merged = part

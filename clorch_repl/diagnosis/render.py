@@ -8,7 +8,8 @@ from typing import Any
 
 from ..launchers.rankfiles import report_stack
 from ..rank_sets import merge_blocks, rank_words
-from .analyse import RankState, Verdict, describe_tensors, entries_of, frame_label, unrecorded_pending
+from .entries import RankState, Verdict, describe_tensors, entries_of, unrecorded_pending
+from .where import frame_label
 
 logger = logging.getLogger(__name__)
 

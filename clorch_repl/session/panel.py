@@ -27,7 +27,8 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..diagnosis.analyse import RankState, analyse, op_at, progress
+from ..diagnosis.analyse import analyse
+from ..diagnosis.entries import RankState, op_at, progress
 from .panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
 
 logger = logging.getLogger(__name__)
