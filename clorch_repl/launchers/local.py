@@ -26,7 +26,7 @@ By default (:func:`wanted_spares`) GPU sessions keep a set, where a cold start o
 (interpreter, imports, then CUDA) is most of a restart, and CPU sessions do not. A spare is below a
 supervisor that watches the notebook kernel like any rank's, so no spare outlives it. Where spares
 are the default, loading the extension warms a set for the first start too
-(:meth:`clorch_repl.magics.core.ClorchMagics.prewarm`). Spares whose environment or working
+(:mod:`clorch_repl.magics.warm`). Spares whose environment or working
 directory is no longer what a cold rank would get now, or of which one died, are ended and the
 ranks started cold, with the reason shown (:meth:`LocalLauncher._stale`).
 """
@@ -311,6 +311,12 @@ class LocalLauncher(Launcher):
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
 
+    def adopt(self, options: LaunchOptions) -> None:
+        """Take a start's options: a launcher made before it (warm spares made at load) becomes
+        that start's, keeping the spares it holds."""
+        self.options = options
+        self.spares_wanted = wanted_spares(self.topology, options.spares)
+
     @classmethod
     def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
                  timeout: str | None) -> Topology:
@@ -343,8 +349,7 @@ class LocalLauncher(Launcher):
 
     def start_spares(self) -> None:
         """Start a set of warm spares (see the module docstring) unless turned off or there: after
-        a group formed, or before the first start (:meth:`ClorchMagics.prewarm
-        <clorch_repl.magics.core.ClorchMagics.prewarm>`). All or none: whatever fails or is
+        a group formed, or before the first start (:mod:`clorch_repl.magics.warm`). All or none: whatever fails or is
         interrupted midway ends the spares already started."""
         if not self.spares_wanted or self.spares:
             return

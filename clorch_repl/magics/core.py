@@ -12,23 +12,20 @@ import atexit
 import contextlib
 import dataclasses
 import logging
-import os
 from typing import Any, Callable, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .. import cuda
 from ..errors import ClorchError, ranks_are
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
-from ..launchers.base import LaunchOptions
-from ..launchers.local import SPARES_ENV, LocalLauncher, wanted_spares
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
 from . import views
+from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, ranks_option,
                         stdin_ranks_option, tail_option, timeout_option, topology_options)
@@ -63,20 +60,6 @@ def _notebook_cell_number(shell: Any) -> int:
     return int(count if count is not None else shell.execution_count)
 
 
-class _Progress:
-    """One line that updates in place while ranks start (a new line per update in a terminal)."""
-
-    def __init__(self) -> None:
-        self.handle: Any = None
-
-    def __call__(self, text: str) -> None:
-        bundle = {"text/plain": f"clorch: {text}"}
-        if self.handle is None:
-            self.handle = display(bundle, raw=True, display_id=True)
-        else:
-            self.handle.update(bundle, raw=True)
-
-
 @magics_class
 class ClorchMagics(Magics):
     """Holds the notebook's one session of ranks."""
@@ -85,56 +68,14 @@ class ClorchMagics(Magics):
         super().__init__(shell)
         self.session: Session | None = None
         #: warm spares started when the extension was loaded, for the first %clorch start
-        self.warm: LocalLauncher | None = None
+        self.warm = LoadSpares()
         #: the live %clorch top panel, if one is open (clorch_repl.session.panel)
         self.panel: Any = None
         atexit.register(self.shutdown)
 
     def prewarm(self) -> None:
-        """Warm spares for the first ``%clorch start`` (``%load_ext`` calls this), where spares
-        are the default for the topology a plain ``%clorch start`` would have: GPUs, or
-        ``CLORCH_SPARES=1``. A start with that topology then makes them its ranks and takes about
-        what a restart takes (a cold start imports torch in every rank first); any other start, a
-        stop, an unload or the kernel's exit ends them. A problem is a warning: loading never
-        fails because of it."""
-        wanted = os.environ.get(SPARES_ENV, "").strip()
-        if wanted == "0" or (wanted != "1" and not cuda.device_nodes()):
-            return  # no spares by default here: nothing to do, and torch need not be imported for it
-        try:
-            topology = LocalLauncher.topology(LaunchOptions(), nproc=None, devices=None, backend=None, timeout=None)
-            if not wanted_spares(topology):
-                return
-            launcher = LocalLauncher(topology, LaunchOptions())
-        except (ClorchError, OSError) as exc:
-            logger.warning("clorch_repl: no warm spares for the first start: %s", exc)
-            return
-        try:
-            launcher.start_spares()
-        except (ClorchError, OSError, RuntimeError) as exc:
-            logger.warning("clorch_repl: no warm spares for the first start: %s", exc)
-        finally:
-            if launcher.spares:
-                self.warm = launcher
-            else:
-                launcher.close()
-
-    def _take_warm(self, launcher: str, topology: Topology, options: LaunchOptions) -> LocalLauncher | None:
-        """The spares warmed at load when this start can use them (else they are ended now)."""
-        warm, self.warm = self.warm, None
-        if warm is None:
-            return None
-        wanted = wanted_spares(topology, options.spares)
-        if launcher == "local" and warm.topology == topology and wanted:
-            warm.options = options
-            warm.spares_wanted = wanted
-            return warm
-        count, made_for = len(warm.spares), warm.topology
-        warm.close()
-        why = ("--spares 0" if not wanted else f"--launcher {launcher}" if launcher != "local" else
-               f"they were made for {made_for.nproc} {made_for.backend} rank(s) on "
-               f"{', '.join(made_for.device_label(r) for r in range(made_for.nproc))}")
-        print(f"clorch: ended the {count} warm spare(s) made when the extension loaded ({why}); starting cold")
-        return None
+        """Warm spares for the first ``%clorch start`` (``%load_ext`` calls this; see :mod:`.warm`)."""
+        self.warm.warm()
 
     def shutdown(self) -> None:
         """Stop the ranks and end warm spares (extension unload, notebook kernel exit)."""
@@ -143,9 +84,7 @@ class ClorchMagics(Magics):
                 self.session.stop()
                 self.session = None
         finally:
-            warm, self.warm = self.warm, None
-            if warm is not None:
-                warm.close()
+            self.warm.end()
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
@@ -198,7 +137,7 @@ class ClorchMagics(Magics):
         topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
                                      timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
-        warm = [self._take_warm(launcher.name, topology, options)]
+        warm = [self.warm.take(launcher.name, topology, options)]
 
         def make(topo: Topology) -> Any:
             """The warm launcher, once: a later start (a failed restart closed it) makes a new one."""
@@ -208,7 +147,7 @@ class ClorchMagics(Magics):
         session = Session(topology, make)
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
-        session.start(_Progress())
+        session.start(views.StartProgress())
         self.session = session
 
     @magic_arguments(name="clorch status")
@@ -220,8 +159,8 @@ class ClorchMagics(Magics):
         if parse(self._status, line) is None:
             return
         if self.session is None or not self.session.running:
-            if self.warm is not None:  # only what the load warmed: say so
-                line = views.spares_line(self.warm.spare_usage(), "the first %clorch start")
+            if self.warm.launcher is not None:  # only what the load warmed: say so
+                line = views.spares_line(self.warm.usage(), "the first %clorch start")
                 print(f"clorch: no ranks are running; {line}")
             else:
                 print("clorch: no ranks are running; %clorch start starts them")
@@ -280,7 +219,7 @@ class ClorchMagics(Magics):
             return
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
-        self.session.restart(_Progress())
+        self.session.restart(views.StartProgress())
 
     @magic_arguments(name="clorch stop")
     def _stop(self, line: str) -> None:
@@ -291,10 +230,8 @@ class ClorchMagics(Magics):
             if self.session is not None and self.session.group is not None:
                 self.session.stop()  # what an interrupted restart left (its launcher, warm spares)
                 self.session = None
-            warm, self.warm = self.warm, None
-            if warm is not None:
-                count = len(warm.spares)
-                warm.close()
+            count = self.warm.end()
+            if count:
                 print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded")
                 return
             print("clorch: no ranks are running")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
-from typing import Sequence
+from typing import Any, Sequence
+
+from IPython.display import display
 
 from ..human import duration as _duration
 from ..human import size as _bytes
@@ -63,3 +65,17 @@ def table_html(header: list[str], body: list[list[str]]) -> str:
 def table_bundle(header: list[str], body: list[list[str]]) -> dict[str, str]:
     """Both renderings: a notebook shows the HTML table, a terminal the text."""
     return {"text/plain": table_text(header, body), "text/html": table_html(header, body)}
+
+
+class StartProgress:
+    """One line that updates in place while ranks start (a new line per update in a terminal)."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def __call__(self, text: str) -> None:
+        bundle = {"text/plain": f"clorch: {text}"}
+        if self.handle is None:
+            self.handle = display(bundle, raw=True, display_id=True)
+        else:
+            self.handle.update(bundle, raw=True)
