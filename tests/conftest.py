@@ -61,6 +61,8 @@ FAST = frozenset({
     # issue 24: the output budget, and whether a rank given up on had returned
     "test_flood_budget.py",
     "test_cell_end.py",
+    # issue 27: a cell's state machine and the ledger, on recorded message sequences
+    "test_cell_run.py",
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",

@@ -24,7 +24,8 @@ from . import flood
 from .comms import CommBridge
 from .debugger import DebugForwarder
 from .protocol import CellOutcome, CellRequest, RankState
-from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
+from .relay import INTERRUPT_GRACE_S, Relay
+from .sink import OutputSink
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class Session:
         if group is None:
             return []
         if relay is not None:
-            idle = [p.rank for p in group.ranks if p.alive and relay.running.get(p.rank) is None]
+            idle = [p.rank for p in group.ranks if p.alive and relay.idle(p.rank)]
             if polite and idle and len(idle) == len(group.ranks):
                 try:  # a clean exit for NCCL; never waits long on a sick group
                     relay.execute(CellRequest(LEAVE_CODE, tuple(idle), timeout_s=5.0), silent=True,
@@ -266,8 +267,7 @@ class Session:
             self.debugger.uninstall()
             self.debugger = None
             if self.relay is not None:
-                self.relay.debug_sink = None
-                self.relay.debug_paused.clear()
+                self.relay.set_debug_sink(None)
         if rank is None:
             return
         from IPython import get_ipython
@@ -279,7 +279,7 @@ class Session:
                               "whose front end speaks the debug protocol (JupyterLab)")
         self.debugger = DebugForwarder(kernel, shell, group.ranks[rank], rank)
         self.debugger.install()
-        relay.debug_sink = self.debugger.event
+        relay.set_debug_sink(self.debugger.event)
 
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):
