@@ -72,10 +72,6 @@ class Relay:
         self.cell_names = CellNames()
 
     # ----------------------------------------------------------------- what others may ask
-    @property
-    def clients(self) -> dict[int, BlockingKernelClient]:
-        return self.channels.clients
-
     def client(self, rank: int) -> BlockingKernelClient | None:
         """``rank``'s channels, or None when it has none (the session is stopping)."""
         return self.channels.clients.get(rank)
