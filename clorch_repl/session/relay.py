@@ -56,12 +56,12 @@ class Relay:
         self.group = group
         self.channels = Channels(group)
         self.ledger = Ledger()
-        self.prober: Prober = self.channels.prober
+        self._prober: Prober = self.channels.prober
         #: called from a cell's wait loop every LIVENESS_PERIOD_S, on this thread: what must run
         #: while a cell runs and use sockets (%clorch top, clorch_repl.session.panel); none waits
-        self.ticks: list[Callable[[], None]] = []
-        #: where the ranks' comm messages go (the session's CommBridge.from_rank); None drops them
-        self.comm_sink: RankSink | None = None
+        self._ticks: list[Callable[[], None]] = []
+        #: where the ranks' comm messages go (see set_comm_sink); None drops them
+        self._comm_sink: RankSink | None = None
         #: where a rank's debug_event goes (%clorch debugger: see set_debug_sink); None drops them
         self._debug_sink: RankSink | None = None
         #: the running cell, and its prompts (clorch_repl.session.stdin) and sink
@@ -88,6 +88,21 @@ class Relay:
         """Why ``rank``'s process is not running (its exit), or None while it is."""
         proc = self.group.ranks[rank]
         return None if proc.alive else (proc.exit or "gone")
+
+    def add_tick(self, tick: Callable[[], None]) -> None:
+        """Call ``tick`` from a cell's wait loop every LIVENESS_PERIOD_S, on this thread (what must
+        run while a cell runs and uses sockets: %clorch top); it must never wait."""
+        if tick not in self._ticks:
+            self._ticks.append(tick)
+
+    def remove_tick(self, tick: Callable[[], None]) -> None:
+        if tick in self._ticks:
+            self._ticks.remove(tick)
+
+    def set_comm_sink(self, sink: RankSink | None) -> None:
+        """Where the ranks' comm messages (widgets) go: the session's CommBridge.from_rank; None
+        drops them (the session is stopping: no widget may reach a closed bridge)."""
+        self._comm_sink = sink
 
     def set_debug_sink(self, sink: RankSink | None) -> None:
         """Where the ranks' debug_events go (%clorch debugger); None: dropped, nobody paused."""
@@ -194,7 +209,7 @@ class Relay:
         if now >= next_liveness:
             self._check_deaths(run, watch, now)
             next_liveness = now + LIVENESS_PERIOD_S
-            for tick in list(self.ticks):  # %clorch top, on this thread (it never waits)
+            for tick in list(self._ticks):  # %clorch top, on this thread (it never waits)
                 tick()
         if watch.due(now):
             watch.check()
@@ -235,7 +250,7 @@ class Relay:
         """Stop waiting for ranks that did not return; find where each one is (see CellRun.gave_up)."""
         diagnosis = self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S) if command.diagnose else None
         alive = [r for r in command.ranks if self.group.ranks[r].alive]
-        answers = {} if command.hurry or not alive else self.prober.ask(alive, light=True,
+        answers = {} if command.hurry or not alive else self._prober.ask(alive, light=True,
                                                                          timeout_s=INTERRUPT_PROBE_S)
         stacks = {} if command.hurry else {r: self.stack_of(r) for r in command.ranks}
         run.gave_up(diagnosis, answers, stacks)
@@ -269,9 +284,9 @@ class Relay:
             if isinstance(effect, Show):
                 self._sink.output(effect.item)
             elif isinstance(effect, CommMessage):
-                if self.comm_sink is None:
+                if self._comm_sink is None:
                     continue
-                deliver = functools.partial(self.comm_sink, effect.rank, effect.msg)
+                deliver = functools.partial(self._comm_sink, effect.rank, effect.msg)
                 if effect.in_cell:
                     self._sink.comm(effect.rank, deliver)
                 else:
@@ -322,7 +337,7 @@ class Relay:
         failed to answer a question: they are not asked again (each would cost the wait again)."""
         ranks = [p.rank for p in self.group.ranks] if ranks is None else ranks
         alive = [r for r in ranks if self.group.ranks[r].alive and r not in (unanswered or ())]
-        answers = self.prober.ask(alive, all_threads=all_threads, timeout_s=timeout_s)
+        answers = self._prober.ask(alive, all_threads=all_threads, timeout_s=timeout_s)
         states = []
         for rank in ranks:
             proc = self.group.ranks[rank]
@@ -339,7 +354,7 @@ class Relay:
 
     def light_answers(self) -> dict[int, dict | None]:
         """Every live rank's flight-recorder group status (the hang watch's cheap question)."""
-        return self.prober.ask([p.rank for p in self.group.ranks if p.alive], light=True)
+        return self._prober.ask([p.rank for p in self.group.ranks if p.alive], light=True)
 
     def stack_of(self, rank: int) -> str:
         """Where ``rank``'s main thread is now, from its faulthandler (answers while native code

@@ -129,7 +129,7 @@ class Session:
         n = self.topology.nproc
         self.relay = Relay(self.group)
         self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
-        self.relay.comm_sink = self.comms.from_rank
+        self.relay.set_comm_sink(self.comms.from_rank)
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
@@ -161,7 +161,7 @@ class Session:
             self.group = None
         self.debug_rank(None)
         if relay is not None:
-            relay.comm_sink = None  # no widget opened during the leave below may reach a closed bridge
+            relay.set_comm_sink(None)  # no widget opened during the leave below may reach a closed bridge
         if self.comms is not None:  # the ranks' widgets leave the notebook kernel's comm manager
             self.comms.close()
             self.comms = None
@@ -332,8 +332,8 @@ class Session:
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
         ranks over their control channels, so it answers while a save's thread writes."""
-        group, relay = self._require()
-        answers = relay.prober.ask([p.rank for p in group.ranks if p.alive], light=True)
+        _, relay = self._require()
+        answers = relay.light_answers()
         return {rank: answer["saves"] for rank, answer in answers.items()
                 if answer is not None and answer.get("saves")}
 
