@@ -63,6 +63,7 @@ FAST = frozenset({
     "test_cell_end.py",
     # issue 27: a cell's state machine and the ledger, on recorded message sequences
     "test_cell_run.py",
+    "test_relay_loop.py",
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",
