@@ -207,7 +207,7 @@ class Relay:
         now = time.monotonic()
         run.end_drained(now)
         if now >= next_liveness:
-            self._check_deaths(run, watch, now)
+            self._check_deaths(run, now)
             next_liveness = now + LIVENESS_PERIOD_S
             for tick in list(self._ticks):  # %clorch top, on this thread (it never waits)
                 tick()
@@ -255,7 +255,7 @@ class Relay:
         stacks = {} if command.hurry else {r: self.stack_of(r) for r in command.ranks}
         run.gave_up(diagnosis, answers, stacks)
 
-    def _check_deaths(self, run: CellRun, watch: HangWatch, now: float) -> None:
+    def _check_deaths(self, run: CellRun, now: float) -> None:
         for rank in sorted(run.pending):
             proc = self.group.ranks[rank]
             if proc.alive:
