@@ -26,8 +26,10 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from clorch_repl.session.sink import PlainSink  # noqa: E402
 
-class _Arrivals:
+
+class _Arrivals(PlainSink):
     """An output sink that records when each rank's copy of each line arrived."""
 
     def __init__(self) -> None:
@@ -38,9 +40,6 @@ class _Arrivals:
             now = time.monotonic()
             for line in item.content["text"].splitlines():
                 self.seen.setdefault(line, {})[item.rank] = now
-
-    def flush(self, final: bool = False) -> None:
-        pass
 
 
 def spread(samples: list[float]) -> str:

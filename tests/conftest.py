@@ -69,6 +69,9 @@ FAST = frozenset({
     "test_report_merge.py",
     "test_kernel_status.py",
     "test_log_displays.py",
+    # issue 27: a cell's state machine and the ledger, on recorded message sequences
+    "test_cell_run.py",
+    "test_relay_loop.py",
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",

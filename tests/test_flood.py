@@ -143,6 +143,28 @@ def test_the_limits_are_the_notebooks_to_change(nb: NotebookKernel) -> None:
     assert_next_cell_clean(nb)
 
 
+def test_what_a_thread_prints_into_a_spent_budget_after_its_cell_is_said_at_the_next_cell(nb: NotebookKernel) -> None:
+    """Issue 24's silent case: a thread the cell left printing after the cell's held-back line
+    went out. Its output stays held (the budget is kept for it) and the next cell says so."""
+    assert nb.run("%env CLORCH_OUTPUT_LINES=50\n").status == "ok"
+    try:
+        code = ("%%distributed\nimport threading, time\n"
+                "def late():\n    time.sleep(1.0)\n    for i in range(30):\n        print('late', rank, i)\n"
+                "threading.Thread(target=late, daemon=True).start()\n"
+                "for i in range(100):\n    print('flood', rank, i)\n")
+        reply = nb.run(code, timeout=60)
+        assert held_ranks(plain(reply)) == {0: 50, 1: 50}, plain(reply)[-2000:]
+        time.sleep(3.0)  # the thread printed meanwhile, into the spent budget
+        after = plain(nb.run("%%distributed\nprint('next', rank)\n", timeout=60))
+        for rank in range(NPROC):
+            assert f"rank {rank} held back 30 more line(s)" in after, after
+            assert f"%clorch logs {rank}" in after, after
+        assert "late" not in after.replace("after that cell ended", ""), after
+    finally:
+        nb.run("import os\nos.environ.pop('CLORCH_OUTPUT_LINES', None)")
+    assert_next_cell_clean(nb)
+
+
 def test_stuck_is_said_only_of_a_rank_in_its_code(nb: NotebookKernel) -> None:
     """Rank 0 swallows the interrupt and sleeps on: stuck, with its stack; rank 1 is interrupted."""
     reply = nb.run("%%distributed --timeout 3\nimport time\nif rank == 0:\n    for _ in range(30):\n"

@@ -130,3 +130,21 @@ def test_the_notebooks_guard_bounds_rich_output_of_a_recorded_cell() -> None:
     assert line is not None and "rank 3" in line and "%clorch logs 3" in line
     assert message_size("stream", {"text": "a\nb"}) == (3, 1, False)
     assert withheld_line(0, Budget(limits, 0.0)) is None
+
+
+def test_output_held_after_the_cells_line_is_announced_at_the_next_cell() -> None:
+    """Issue 24's rule for a thread a cell left printing into its spent budget: what the budget
+    held after the cell's held-back line went out is said once, when the next cell starts (and a
+    silent request of clorch_repl's own in between carries it on to the next cell that is shown)."""
+    budget = Budget(Limits(volume=100, lines=0, rate=0), 0.0)
+    budget.admit("x" * 150 + "\n", 0.1)
+    assert budget.held_back_line(0) is not None
+    budget.mark_announced()
+    assert budget.late_line(0) is None  # nothing since the line
+    for _ in range(3):
+        budget.admit("thread\n", 1.0)  # the thread, after the cell
+    silent = Budget(Limits(), 2.0)
+    silent.carry_late(budget)
+    assert "3 more line(s), 21 B" in (silent.late_line(0) or "")
+    line = budget.late_line(0)
+    assert line is not None and "3 more line(s), 21 B" in line and "%clorch logs 0" in line

@@ -23,10 +23,11 @@ from clorch_repl.procs import free_port
 from clorch_repl.session.bootstrap import BOOT_CODE
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
+from clorch_repl.session.sink import PlainSink
 from clorch_repl.topology import remote_topology, resolve_topology
 
 
-class Collect:
+class Collect(PlainSink):
     """An output sink that keeps each rank's stream text."""
 
     def __init__(self) -> None:
@@ -35,9 +36,6 @@ class Collect:
     def output(self, item: RankOutput) -> None:
         if item.kind == "stream":
             self.text[item.rank] = self.text.get(item.rank, "") + item.content["text"]
-
-    def flush(self, final: bool = False) -> None:
-        pass
 
 
 class Started:

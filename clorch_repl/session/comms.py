@@ -45,13 +45,10 @@ import asyncio
 import functools
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
-
-
-if TYPE_CHECKING:
-    from .relay import Relay
+from jupyter_client.blocking.client import BlockingKernelClient
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +87,33 @@ def _proxy_class() -> type:
     return RankComm
 
 
+class RankChannels(Protocol):
+    """What the bridge needs of the relay (:class:`~clorch_repl.session.relay.Relay`), and no more."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the ranks' channels are open."""
+
+    def client(self, rank: int) -> BlockingKernelClient | None:
+        """``rank``'s channels (its shell socket and session key), None when it has none."""
+
+    def down(self, rank: int) -> str | None:
+        """Why ``rank``'s process is not running, or None while it is."""
+
+    def idle(self, rank: int) -> bool:
+        """Whether ``rank`` runs no request of the relay's."""
+
+    def settle(self, rank: int, msg_id: str, timeout_s: float) -> bool:
+        """Route the ranks' messages until ``rank``'s idle status for ``msg_id``, at most ``timeout_s``."""
+
+    def pump_between_cells(self, late_limit: int) -> None:
+        """Route what has arrived, without waiting."""
+
+
 class CommBridge:
     """Forwards one session's comm traffic between the notebook's front end and its ranks."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RankChannels) -> None:
         self.relay = relay
         self.kernel = notebook_kernel()
         #: comm id -> the proxy registered for it in the notebook kernel's comm manager
@@ -202,13 +222,13 @@ class CommBridge:
         rank = proxy.rank
         if msg_type == "comm_close":
             self._forget(comm_id)  # the comm manager has already let go of it
-        client = self.relay.clients.get(rank)
+        client = self.relay.client(rank)
         if client is None:
             return
-        process = self.relay.group.ranks[rank]
-        if not process.alive:
+        exit = self.relay.down(rank)
+        if exit is not None:
             # A DEALER socket with no live peer blocks its sender: never try, say why it is dropped.
-            warnings.warn(f"clorch_repl: rank {rank} is not running ({process.exit}); "
+            warnings.warn(f"clorch_repl: rank {rank} is not running ({exit}); "
                           f"its widget's {msg_type} was dropped (%clorch restart starts the ranks again)",
                           RuntimeWarning, stacklevel=2)
             return
@@ -232,7 +252,7 @@ class CommBridge:
             socket.setsockopt(zmq.SNDTIMEO, previous)
         # A rank still busy with an earlier request (a cell that was cut short) answers when it
         # is done: not waited for, or every message of a dragged slider would block the notebook.
-        if self.relay.group.ranks[rank].alive and self.relay.running.get(rank) is None:
+        if self.relay.down(rank) is None and self.relay.idle(rank):
             self.relay.settle(rank, sent["header"]["msg_id"], SETTLE_S)
 
     # ----------------------------------------------------------------------------- lifetime
@@ -241,7 +261,7 @@ class CommBridge:
         if self._loop is None:
             return
         try:
-            if self.relay.clients:
+            if self.relay.connected:
                 self.relay.pump_between_cells(LATE_LIMIT)
         except Exception:  # noqa: BLE001 - logged; the next cell reads (and reports) the ranks again
             logger.exception("reading the ranks between cells failed")

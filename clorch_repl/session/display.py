@@ -107,7 +107,7 @@ class _Unit:
 
 @dataclass
 class NotebookDisplay:
-    """An :class:`~clorch_repl.session.relay.OutputSink` that renders into the current cell.
+    """An :class:`~clorch_repl.session.sink.OutputSink` that renders into the current cell.
 
     ``ranks`` are the ranks the cell runs on; identical output of all of them is merged unless
     ``merge`` is false (``%%distributed --no-merge``) or there is only one rank.

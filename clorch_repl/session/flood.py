@@ -124,6 +124,8 @@ class Budget:
         self._mid_line_held = False  # the last write was held and did not end its line
         self._spent = False  # the volume or the lines ran out: nothing more of this cell is shown
         self._open_line = False  # what was shown last did not end its line
+        #: what was held when the cell's held-back line went out (see :meth:`late_line`)
+        self._announced = (0, 0)
 
     def admit(self, text: str, now: float) -> bool:
         """Whether ``text`` (one write) is published; either way it is counted."""
@@ -170,6 +172,28 @@ class Budget:
                 f"cell's output (forwarded at most {self.limits.describe()}; set {VOLUME_ENV}, {LINES_ENV} or "
                 f"{RATE_ENV} in the notebook's environment to change that); the rank's log has all of it: "
                 f"%clorch logs {rank}\n")
+
+
+    def mark_announced(self) -> None:
+        """The cell's held-back line went out: what is held from now on is a thread's, after it."""
+        self._announced = (self.held_chars, self.held_lines)
+
+    def carry_late(self, previous: Budget) -> None:
+        """This cell is clorch_repl's own (silent, its output shown nowhere): what ``previous``
+        held unannounced stays to be said at the next cell that shows output."""
+        self._announced = (self._announced[0] - (previous.held_chars - previous._announced[0]),
+                           self._announced[1] - (previous.held_lines - previous._announced[1]))
+
+    def late_line(self, rank: int | str) -> str | None:
+        """The line for what was held back after the cell's own line (a thread the cell left
+        printing into a spent budget), given when the next cell starts; None when nothing was.
+        Without it such output would go to the log with nothing in the notebook saying so."""
+        chars, lines = self.held_chars - self._announced[0], self.held_lines - self._announced[1]
+        if chars <= 0:
+            return None
+        return (f"clorch_repl: rank {rank} held back {lines:,} more line(s), {_size(chars)}, of an earlier cell's "
+                f"output after that cell ended (a thread it started; forwarded at most {self.limits.describe()}); "
+                f"the rank's log has all of it: %clorch logs {rank}\n")
 
 
 def _size(chars: int) -> str:

@@ -2,7 +2,7 @@
 
 Everything runs on the notebook kernel's main thread, where the relay's sockets live: between
 cells a timer on the kernel's event loop ticks the panel, and while a cell runs the relay's wait
-loop does (:attr:`Relay.ticks`). A tick never waits for a rank: it reads the answers that came
+loop does (:meth:`Relay.add_tick`). A tick never waits for a rank: it reads the answers that came
 since the last tick, redraws, and asks again (:meth:`Prober.send`/:meth:`Prober.collect`, on
 sockets of the panel's own, :meth:`Relay.new_prober`). So a rank that holds its GIL delays its own
 row, never the cell's output, and the panel shows it as not answering.
@@ -137,7 +137,7 @@ class Panel:
         snaps, _ = snapshot(self.session, self._tracker, now)
         self._update = self._display(render(snaps))
         self.open = True
-        self._relay.ticks.append(self.tick)
+        self._relay.add_tick(self.tick)
         self._next = now + self.interval_s
         try:
             self._loop = asyncio.get_running_loop()  # the kernel's, between cells
@@ -225,8 +225,8 @@ class Panel:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._relay is not None and self.tick in self._relay.ticks:
-            self._relay.ticks.remove(self.tick)
+        if self._relay is not None:
+            self._relay.remove_tick(self.tick)
         try:
             if self.session.relay is self._relay and self._update is not None:
                 snaps, _ = snapshot(self.session, self._tracker)

@@ -24,7 +24,8 @@ from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
 from .kernel_status import busy_during
 from .protocol import CellOutcome, CellRequest, RankState
-from .relay import INTERRUPT_GRACE_S, OutputSink, Relay
+from .relay import INTERRUPT_GRACE_S, Relay
+from .sink import OutputSink
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class Session:
         n = self.topology.nproc
         self.relay = Relay(self.group)
         self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
-        self.relay.comm_sink = self.comms.from_rank
+        self.relay.set_comm_sink(self.comms.from_rank)
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
@@ -160,14 +161,14 @@ class Session:
             self.group = None
         self.debug_rank(None)
         if relay is not None:
-            relay.comm_sink = None  # no widget opened during the leave below may reach a closed bridge
+            relay.set_comm_sink(None)  # no widget opened during the leave below may reach a closed bridge
         if self.comms is not None:  # the ranks' widgets leave the notebook kernel's comm manager
             self.comms.close()
             self.comms = None
         if group is None:
             return []
         if relay is not None:
-            idle = [p.rank for p in group.ranks if p.alive and relay.running.get(p.rank) is None]
+            idle = [p.rank for p in group.ranks if p.alive and relay.idle(p.rank)]
             if polite and idle and len(idle) == len(group.ranks):
                 try:  # a clean exit for NCCL; never waits long on a sick group
                     relay.execute(CellRequest(LEAVE_CODE, tuple(idle), timeout_s=5.0), silent=True,
@@ -267,8 +268,7 @@ class Session:
             self.debugger.uninstall()
             self.debugger = None
             if self.relay is not None:
-                self.relay.debug_sink = None
-                self.relay.debug_paused.clear()
+                self.relay.set_debug_sink(None)
         if rank is None:
             return
         from IPython import get_ipython
@@ -280,7 +280,7 @@ class Session:
                               "whose front end speaks the debug protocol (JupyterLab)")
         self.debugger = DebugForwarder(kernel, shell, group.ranks[rank], rank)
         self.debugger.install()
-        relay.debug_sink = self.debugger.event
+        relay.set_debug_sink(self.debugger.event)
 
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):
@@ -333,8 +333,8 @@ class Session:
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
         ranks over their control channels, so it answers while a save's thread writes."""
-        group, relay = self._require()
-        answers = relay.prober.ask([p.rank for p in group.ranks if p.alive], light=True)
+        _, relay = self._require()
+        answers = relay.light_answers()
         return {rank: answer["saves"] for rank, answer in answers.items()
                 if answer is not None and answer.get("saves")}
 

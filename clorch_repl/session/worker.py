@@ -76,6 +76,7 @@ _in_cell = False
 _budget: Budget | None = None
 _budget_lock = threading.Lock()
 _budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
+_budget_silent = False  # the budget's cell is clorch_repl's own request (shown nowhere)
 
 
 def _admit(string: str) -> bool:
@@ -88,10 +89,25 @@ def _admit(string: str) -> bool:
         return budget.admit(string, time.monotonic())
 
 
-def _start_budget(limits: Limits) -> None:
-    global _budget
+def _start_budget(limits: Limits, silent: bool = False) -> None:
+    """A cell starts: a fresh budget. What the last one held after its cell's line (a thread
+    that cell left printing) is said first, so that nothing is held back unannounced; by the
+    next cell that is shown when this one is ``silent`` (clorch_repl's own request)."""
+    global _budget, _budget_silent
     with _budget_lock:
-        _budget = Budget(limits, time.monotonic())
+        previous, _budget = _budget, None
+    fresh = Budget(limits, time.monotonic())
+    line = None
+    if previous is not None and silent:
+        fresh.carry_late(previous)
+    elif previous is not None:
+        line = previous.late_line(os.environ.get("RANK", "?"))
+    try:
+        if line is not None and sys.stderr is not None:
+            sys.stderr.write(line)
+    finally:
+        with _budget_lock:
+            _budget, _budget_silent = fresh, silent
 
 
 def _publish_held_back() -> None:
@@ -103,6 +119,8 @@ def _publish_held_back() -> None:
     if budget is None:
         return
     line = budget.held_back_line(os.environ.get("RANK", "?"))
+    if not _budget_silent:  # a silent request's output is shown nowhere: its line says nothing
+        budget.mark_announced()
     try:
         if line is not None and sys.stderr is not None:
             sys.stderr.write(line)
@@ -418,7 +436,8 @@ def _kernel_class() -> type:
         async def do_execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             global _in_cell
             limits, self._next_limits = getattr(self, "_next_limits", None), None
-            _start_budget(limits or Limits())
+            silent = bool(kwargs.get("silent", args[1] if len(args) > 1 else False))
+            _start_budget(limits or Limits(), silent)
             _in_cell = True
             transform = _TransformOnce(self.shell)
             try:

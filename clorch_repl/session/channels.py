@@ -1,0 +1,168 @@
+"""The ranks' kernel channels: the ZeroMQ sockets, readiness, and one signed, decoded read pass.
+
+Why apart: sockets are the one thing of a cell that is neither pure nor policy. Everything that
+decides what a message means (:mod:`.ledger`, :mod:`.cell_run`) gets decoded messages from here,
+and the relay (:mod:`.relay`) never touches a socket itself. One thread (the caller's) polls
+every rank's iopub, shell and stdin sockets (a rank's prompts, see :mod:`.stdin`) with a single
+``zmq.Poller``, so output streams live from all ranks at once with no threads to leak.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from queue import Empty
+from typing import Any, Callable, Iterator
+
+import zmq
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from ..diagnosis.probe import Prober
+from ..errors import ClorchError, SignatureError
+from ..launchers.base import Launcher
+from ..rank_sets import rank_words
+from .wire import MessageDecoder, MessageEncoder
+
+logger = logging.getLogger(__name__)
+
+#: At most this many messages are read from one socket per pass, so that a rank flooding its
+#: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
+PUMP_BATCH = 256
+KINDS = ("iopub", "shell", "stdin")
+
+
+class Channels:
+    """One jupyter_client channel set per rank, polled together."""
+
+    def __init__(self, group: Launcher) -> None:
+        self.group = group
+        self.clients: dict[int, BlockingKernelClient] = {}
+        self.poller = zmq.Poller()
+        self._owner: dict[Any, tuple[int, str]] = {}
+        self._decoders: dict[int, MessageDecoder] = {}
+        self._encoders: dict[int, MessageEncoder] = {}
+        self._rejected = 0
+        self.prober = Prober()
+
+    def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
+        """Open channels to every rank and wait until each answers on shell and iopub."""
+        ready_kinds: dict[int, set[str]] = {}
+        for proc in self.group.ranks:
+            client = proc.client()
+            client.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=False)
+            self.clients[proc.rank] = client
+            self._decoders[proc.rank] = MessageDecoder(client.session)
+            self._encoders[proc.rank] = MessageEncoder(client.session)
+            self.prober.add(proc.rank, client, self._decoders[proc.rank])
+            ready_kinds[proc.rank] = set()
+            for kind in KINDS:
+                sock = getattr(client, f"{kind}_channel").socket
+                self.poller.register(sock, zmq.POLLIN)
+                self._owner[sock] = (proc.rank, kind)
+        self._await_ready(ready_kinds, progress, timeout_s)
+
+    def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
+                     timeout_s: float) -> None:
+        total = len(self.clients)
+        deadline = time.monotonic() + timeout_s
+        last_probe: dict[int, float] = {}
+        reported = -1
+        while True:
+            ready = [r for r, kinds in seen.items() if kinds >= {"iopub", "shell"}]
+            if len(ready) != reported:
+                reported = len(ready)
+                progress(reported, total)
+            if reported == total:
+                return
+            for proc in self.group.ranks:
+                if not proc.alive:
+                    raise ClorchError(
+                        f"{proc.where} exited while starting ({proc.exit}); "
+                        f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
+            now = time.monotonic()
+            if now > deadline:
+                late = sorted(set(self.clients) - set(ready))
+                tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)
+                raise ClorchError(f"{rank_words(late)} did not answer within {timeout_s:.0f} s of starting\n{tails}")
+            for rank in self.clients:
+                if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
+                    # Repeated until iopub hears it too: the first may be published before our
+                    # subscription is in place (ZeroMQ's slow joiner).
+                    self.clients[rank].kernel_info()
+                    last_probe[rank] = now
+            for sock, _ in self.poller.poll(100):
+                rank, kind = self._owner[sock]
+                channel = getattr(self.clients[rank], f"{kind}_channel")
+                while True:
+                    try:
+                        channel.get_msg(timeout=0)
+                    except Empty:
+                        break
+                    seen[rank].add(kind)
+
+    def new_prober(self) -> Prober:
+        """A prober of every rank with sockets and signature checks of its own, for a thread other
+        than the relay's (``%clorch top``): ZeroMQ sockets and the replay check are per thread."""
+        prober = Prober()
+        for rank, client in self.clients.items():
+            prober.add(rank, client, MessageDecoder(client.session))
+        return prober
+
+    def send(self, rank: int, msg_type: str, content: dict[str, Any], metadata: dict[str, Any]) -> str:
+        """Sign and send a request on ``rank``'s shell (one frame, see wire.py); its msg_id."""
+        msg_id, frames = self._encoders[rank].request(msg_type, content, metadata)
+        self.clients[rank].shell_channel.socket.send_multipart(frames)
+        return msg_id
+
+    def answer(self, rank: int, value: str) -> None:
+        """A line for ``rank``'s prompt (``"\\x04"``: end-of-file)."""
+        self.clients[rank].input(value)
+
+    def watch(self, socket: Any, on: bool) -> None:
+        """Poll another socket too (the front end's stdin, while a prompt is open there)."""
+        if (socket in self._owner) == on:
+            return
+        if on:
+            self.poller.register(socket, zmq.POLLIN)
+            self._owner[socket] = (-1, "front")
+        else:
+            self.poller.unregister(socket)
+            del self._owner[socket]
+
+    def read(self, timeout_s: float) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """(rank, "iopub" | "shell" | "stdin", message) of what arrives within ``timeout_s``.
+
+        One pass over the ready sockets, at most :data:`PUMP_BATCH` messages from each, so that
+        the caller checks its deadlines and deaths between passes under a flood. A message
+        whose signature fails is dropped (and said once)."""
+        for sock, _ in self.poller.poll(int(timeout_s * 1000)):
+            rank, kind = self._owner[sock]
+            if kind == "front":  # the front end's answer: read by the cell's stdin broker
+                continue
+            for _ in range(PUMP_BATCH):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    msg = self._decoders[rank].decode(frames)
+                except SignatureError as exc:
+                    self._rejected += 1
+                    if self._rejected == 1:
+                        warnings.warn(f"clorch_repl: dropped a message from rank {rank}: {exc}", RuntimeWarning,
+                                      stacklevel=2)
+                    continue
+                yield rank, kind, msg
+
+    def close(self) -> None:
+        self.prober.close()
+        for client in self.clients.values():
+            for kind in KINDS:
+                try:
+                    self.poller.unregister(getattr(client, f"{kind}_channel").socket)
+                except (KeyError, AttributeError):
+                    pass
+            client.stop_channels()
+        self.clients.clear()
+        self._owner.clear()

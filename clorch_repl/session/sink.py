@@ -1,0 +1,55 @@
+"""The one contract between a running cell and what shows its output (the output-sink protocol).
+
+Why one contract: the relay used to name only ``output`` and ``flush`` in its protocol and reach
+``comm`` and ``notice`` through ``getattr``, so a sink written to the protocol silently lost the
+ordering of widgets and the hang notice. Every method the relay calls is named here, as
+jupyter_client's ``execute_interactive`` hooks (``output_hook``, ``stdin_hook``) are one contract.
+:class:`PlainSink` gives the behaviour a sink without an opinion wants (widget messages delivered
+at once, the hang notice as a warning); :class:`~clorch_repl.session.display.NotebookDisplay` is
+the notebook's sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Callable, Protocol, runtime_checkable
+
+from .protocol import RankOutput
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class OutputSink(Protocol):
+    """Where a cell's output goes as it arrives (the notebook display, or a test's list)."""
+
+    def output(self, item: RankOutput) -> None:
+        """One piece of a rank's output, in the rank's order."""
+
+    def flush(self, final: bool = False) -> None:
+        """Called after each burst of messages, and with ``final`` once the cell has ended (and
+        before a rank's prompt opens, so that what the rank printed first is shown first)."""
+
+    def comm(self, rank: int, deliver: Callable[[], None]) -> None:
+        """A rank's comm message (a widget's); ``deliver`` republishes it. A sink that orders
+        output calls it in the rank's order with the rank's output (see session.comms)."""
+
+    def notice(self, text: str) -> None:
+        """A message of clorch_repl's own into the running cell (the hang notice)."""
+
+
+class PlainSink:
+    """A complete sink that keeps nothing: a base for sinks that only care about ``output``."""
+
+    def output(self, item: RankOutput) -> None:
+        pass
+
+    def flush(self, final: bool = False) -> None:
+        pass
+
+    def comm(self, rank: int, deliver: Callable[[], None]) -> None:
+        deliver()  # nothing to keep in order with: at once
+
+    def notice(self, text: str) -> None:
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
