@@ -338,8 +338,7 @@ class LocalLauncher(Launcher):
                 for p in self.ranks if p.alive and p.pid is not None}
 
     def spare_usage(self) -> list[tuple[int | None, int | None, bool]]:
-        """A spare whose kernel has not been forked yet (no pid) is listed as not ready: left out,
-        a set of one read "0, ready"."""
+        """A spare not forked yet (no pid) is not ready: left out, a set of one read "0, ready"."""
         return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.listening)
                 for p in self.spares if p.alive for pid in (p.pid,)]
 
