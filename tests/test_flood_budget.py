@@ -143,8 +143,14 @@ def test_output_held_after_the_cells_line_is_announced_at_the_next_cell() -> Non
     assert budget.late_line(0) is None  # nothing since the line
     for _ in range(3):
         budget.admit("thread\n", 1.0)  # the thread, after the cell
-    silent = Budget(Limits(), 2.0)
+    silent = Budget(Limits(volume=10, lines=0, rate=0), 2.0)
     silent.carry_late(budget)
+    assert "3 more line(s), 21 B" in (silent.late_line(0) or "")
+    # The silent request's own held-back line goes out (a transfer shows it): said once, and the
+    # carried part is still said at the next cell, not lost by that announcement.
+    silent.admit("y" * 20 + "\n", 2.1)
+    assert silent.held_back_line(0) is not None
+    silent.mark_announced()
     assert "3 more line(s), 21 B" in (silent.late_line(0) or "")
     line = budget.late_line(0)
     assert line is not None and "3 more line(s), 21 B" in line and "%clorch logs 0" in line

@@ -19,3 +19,10 @@ def test_other_messages_are_not_logged_here() -> None:
     for kind in ("stream", "update_display_data", "comm_msg", "clear_output", "status"):
         assert display_log_text(kind, {"data": {"text/plain": "x"}}) is None
     assert display_log_text("display_data", None) is None
+
+
+def test_clorch_repl_s_own_announcements_stay_out_of_the_log() -> None:
+    """A pulled value or a profile summary travels as a display of a private type: no output."""
+    assert display_log_text("display_data", {"data": {"application/x-clorch-value+json": "{}"}}) is None
+    assert display_log_text("display_data", {"data": {"application/x-clorch-profile+json": "{}"}}) is None
+    assert display_log_text("display_data", {"data": {}}) == "<empty output>\n"

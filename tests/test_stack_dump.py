@@ -53,3 +53,11 @@ def test_a_main_thread_idle_between_cells_reads_as_returned() -> None:
             f'  File "{PY}/asyncio/base_events.py", line 607 in run_forever\n'
             '  File "/w/clorch_repl/session/worker.py", line 667 in main\n')
     assert idle_in_event_loop(idle)
+
+
+def test_a_dump_of_another_thread_is_no_place_of_the_rank() -> None:
+    """The signal landed on a kernel thread (iopub's): that thread's stack is not the rank's place."""
+    other = ("Stack (most recent call first):\n"
+             f'  File "{PY}/threading.py", line 331 in wait\n'
+             f'  File "{SITE}/ipykernel/iostream.py", line 100 in _thread_main\n')
+    assert main_thread_stack(other) == ""

@@ -145,8 +145,9 @@ class Job:
         return self.status()
 
     def pids(self) -> list[int | None]:
-        """Each rank's own Python process on this host (None where it runs elsewhere, or before
-        it has started)."""
+        """Each rank's process on this host: its own Python process once its supervisor has
+        written the pid file, its supervisor's before that; None where it runs elsewhere (srun's
+        nodes). A rank that has ended keeps its last pid here (``status()`` says it ended)."""
         return [self._ranks.pid(r) for r in range(self.topology.nproc)]
 
     def __enter__(self) -> "Job":

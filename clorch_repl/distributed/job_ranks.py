@@ -328,11 +328,15 @@ def for_launcher(name: Any) -> type[JobRanks]:
     such launcher, or it cannot run batch jobs)."""
     from ..launchers.registry import launcher_class, names
 
-    able = [n for n in names() if launcher_class(n).batch_ranks]
-    choice = " or ".join(map(repr, able))
+    # The launchers that can run jobs are named without loading any other (a plugin is loaded
+    # only when asked for by name: a broken one must not break launch(launcher="local")).
+    choice = "'local' or 'slurm'"
     if not isinstance(name, str) or name not in names():
         raise ConfigError(f"launcher must be {choice}; got {name!r}")
-    path = launcher_class(name).batch_ranks
+    try:
+        path = launcher_class(name).batch_ranks
+    except (ImportError, AttributeError) as exc:  # a plugin's entry point that does not load
+        raise ConfigError(f"the launcher {name!r} could not be loaded ({type(exc).__name__}: {exc})") from None
     if not path:
         raise ConfigError(f"the {name!r} launcher cannot run batch jobs (its ranks are started by a tool outside "
                           f"clorch_repl); launch() takes launcher={choice}")

@@ -31,6 +31,7 @@ from typing import Any, Callable, ClassVar
 
 from jupyter_client import BlockingKernelClient
 
+from ..errors import ConfigError
 from ..topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ class Launcher(abc.ABC):
         ``--backend`` and ``--timeout`` as typed (None where not given); ConfigError for what this
         launcher refuses. A launcher whose ranks report their devices when they call back returns
         what it knows before, and completes it then."""
+        raise ConfigError(f"the launcher {cls.name!r} ({cls.__module__}.{cls.__qualname__}) does not say what ranks a "
+                          "start gives (Launcher.topology); it was written for another clorch_repl version")
 
     @abc.abstractmethod
     def launch(self, progress: Progress) -> None:

@@ -40,6 +40,11 @@ def main_thread_stack(dump: str) -> str:
     :mod:`clorch_repl.session.worker`); a dump of every thread (``Current thread 0x...`` and
     ``Thread 0x...`` blocks, as older ranks wrote) is cut to the main thread's block, since the
     kernel's own threads (iopub, heartbeat, watchdogs) only bury it.
+
+    Linux hands the signal to the main thread unless that thread cannot take it right then (a
+    signal already pending); then another thread's stack is dumped. A main-thread-only dump whose
+    stack does not reach the kernel's entry point is such a dump, and says nothing of where the
+    cell is: "" (unknown), never another thread's stack passed off as the rank's place.
     """
     sections: list[list[str]] = []
     for line in dump.splitlines():
@@ -50,6 +55,9 @@ def main_thread_stack(dump: str) -> str:
     for section in sections:
         if any("_run_module_as_main" in line or "clorch_repl/session/worker.py" in line for line in section):
             return "\n".join(trim_kernel_frames(section))
+    if len(sections) == 1 and sections[0][0].startswith("Stack (most recent call first)"):
+        logger.debug("the stack dump caught another thread than the main one: %s", sections[0][1:2])
+        return ""
     return dump
 
 

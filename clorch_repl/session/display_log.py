@@ -15,6 +15,9 @@ logger = logging.getLogger(__name__)
 
 #: The messages whose text ``%clorch logs`` shows besides the streams: what the cell displayed.
 LOGGED_DISPLAYS = ("display_data", "execute_result")
+#: The MIME types of clorch_repl's own messages from a rank to the notebook (a value of
+#: ``%clorch pull``, a ``--profile`` summary): taken out of the output, so kept out of the log too.
+PRIVATE_MIME_PREFIX = "application/x-clorch-"
 
 
 def display_log_text(msg_type: str, content: dict[str, Any] | None) -> str | None:
@@ -26,6 +29,8 @@ def display_log_text(msg_type: str, content: dict[str, Any] | None) -> str | Non
     if msg_type not in LOGGED_DISPLAYS or not isinstance(content, dict):
         return None
     data = content.get("data") or {}
+    if data and all(mime.startswith(PRIVATE_MIME_PREFIX) for mime in data):
+        return None  # clorch_repl's own announcements (a pulled value, a profile summary): never shown
     text = data.get("text/plain")
     if not isinstance(text, str):
         text = f"<{', '.join(sorted(data)) or 'empty'} output>"

@@ -126,6 +126,8 @@ class Budget:
         self._open_line = False  # what was shown last did not end its line
         #: what was held when the cell's held-back line went out (see :meth:`late_line`)
         self._announced = (0, 0)
+        #: what earlier budgets held unannounced, to be said with this one's (see :meth:`carry_late`)
+        self._carried = (0, 0)
 
     def admit(self, text: str, now: float) -> bool:
         """Whether ``text`` (one write) is published; either way it is counted."""
@@ -179,16 +181,21 @@ class Budget:
         self._announced = (self.held_chars, self.held_lines)
 
     def carry_late(self, previous: Budget) -> None:
-        """This cell is clorch_repl's own (silent, its output shown nowhere): what ``previous``
-        held unannounced stays to be said at the next cell that shows output."""
-        self._announced = (self._announced[0] - (previous.held_chars - previous._announced[0]),
-                           self._announced[1] - (previous.held_lines - previous._announced[1]))
+        """This cell is clorch_repl's own (silent: not the place for a user's notice): what
+        ``previous`` held unannounced stays to be said at the next cell of the user's, with
+        whatever this one holds after its own line."""
+        chars, lines = previous._unannounced()
+        self._carried = (self._carried[0] + chars, self._carried[1] + lines)
+
+    def _unannounced(self) -> tuple[int, int]:
+        return (self.held_chars - self._announced[0] + self._carried[0],
+                self.held_lines - self._announced[1] + self._carried[1])
 
     def late_line(self, rank: int | str) -> str | None:
         """The line for what was held back after the cell's own line (a thread the cell left
         printing into a spent budget), given when the next cell starts; None when nothing was.
         Without it such output would go to the log with nothing in the notebook saying so."""
-        chars, lines = self.held_chars - self._announced[0], self.held_lines - self._announced[1]
+        chars, lines = self._unannounced()
         if chars <= 0:
             return None
         return (f"clorch_repl: rank {rank} held back {lines:,} more line(s), {_size(chars)}, of an earlier cell's "

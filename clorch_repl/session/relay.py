@@ -143,6 +143,9 @@ class Relay:
         and keeps waiting for the grace period; a second one stops waiting at once.
         """
         sink = sink or PlainSink()
+        if not isinstance(sink, OutputSink):  # a missing comm() would lose a widget message mid-cell
+            raise TypeError(f"{type(sink).__name__} is not a complete output sink: it needs output, flush, comm "
+                            "and notice (clorch_repl.session.sink.OutputSink; PlainSink gives defaults)")
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
         for item in self.ledger.take_late():

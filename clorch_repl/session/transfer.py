@@ -22,7 +22,7 @@ import logging
 import os
 import pickle
 import secrets
-from typing import Any
+from typing import Any, Callable
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError, DistributedCellError
@@ -64,6 +64,13 @@ class MimeCollector:
 
     def flush(self, final: bool = False) -> None:
         self.display.flush(final)
+
+    def comm(self, rank: int, deliver: Callable[[], None]) -> None:
+        """A rank's widget message during a transfer (a tqdm.auto bar): in order, with its output."""
+        self.display.comm(rank, deliver)
+
+    def notice(self, text: str) -> None:
+        self.display.notice(text)
 
 
 def _private_dir(session: Session) -> str:

@@ -77,7 +77,6 @@ _in_cell = False
 _budget: Budget | None = None
 _budget_lock = threading.Lock()
 _budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
-_budget_silent = False  # the budget's cell is clorch_repl's own request (shown nowhere)
 
 
 def _admit(string: str) -> bool:
@@ -93,8 +92,9 @@ def _admit(string: str) -> bool:
 def _start_budget(limits: Limits, silent: bool = False) -> None:
     """A cell starts: a fresh budget. What the last one held after its cell's line (a thread
     that cell left printing) is said first, so that nothing is held back unannounced; by the
-    next cell that is shown when this one is ``silent`` (clorch_repl's own request)."""
-    global _budget, _budget_silent
+    next cell of the user's when this one is ``silent`` (clorch_repl's own request: a join, a
+    transfer, whose output is not where a user looks for a notice about an earlier cell)."""
+    global _budget
     with _budget_lock:
         previous, _budget = _budget, None
     fresh = Budget(limits, time.monotonic())
@@ -108,7 +108,7 @@ def _start_budget(limits: Limits, silent: bool = False) -> None:
             sys.stderr.write(line)
     finally:
         with _budget_lock:
-            _budget, _budget_silent = fresh, silent
+            _budget = fresh
 
 
 def _publish_held_back() -> None:
@@ -120,8 +120,7 @@ def _publish_held_back() -> None:
     if budget is None:
         return
     line = budget.held_back_line(os.environ.get("RANK", "?"))
-    if not _budget_silent:  # a silent request's output is shown nowhere: its line says nothing
-        budget.mark_announced()
+    budget.mark_announced()  # published with the cell's output (a transfer's too): said once
     try:
         if line is not None and sys.stderr is not None:
             sys.stderr.write(line)
@@ -620,8 +619,8 @@ def main(argv: list[str] | None = None) -> None:
     stack_path = os.environ.get(STACK_FILE_ENV)
     if stack_path:
         stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
-        # The main thread only (Linux hands a process-directed signal to the main thread when it
-        # does not block it): walking every thread from a signal handler reads other threads'
+        # The main thread only (Linux hands a process-directed signal to the main thread unless it
+        # cannot take it right then; rankfiles.main_thread_stack drops such a dump): walking every thread from a signal handler reads other threads'
         # frames without the GIL and crashed a rank (SIGSEGV) when one of them changed under it
         # (seen in CI: a rank stuck in a gloo barrier, probed by `%clorch why`). The other threads'
         # stacks come from the probe, which reads them under the GIL.
