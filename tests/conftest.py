@@ -52,6 +52,7 @@ FAST = frozenset({
     "test_nanny_protocol.py",
     "test_layout.py",
     "test_launchers.py::test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run",
+    "test_launchers.py::test_a_launcher_written_before_the_topology_hook_says_so",
     "test_checkpoint_parts.py",
     "test_top.py::test_rows_say_what_each_rank_does",
     "test_profile.py::test_the_verdict_on_recorded_summaries",

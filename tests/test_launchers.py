@@ -188,3 +188,13 @@ def test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run() -> 
         _without_plugins()
     with pytest.raises(ConfigError, match="launcher must be 'local' or 'slurm'; got 'mpi'"):
         dist.launch(2, main="dist_workers:ok", launcher="mpi")
+
+
+def test_a_launcher_written_before_the_topology_hook_says_so() -> None:
+    from clorch_repl.errors import ConfigError
+
+    class Older(Launcher):  # the hooks an earlier plugin had, and no topology()
+        name = "older"
+
+    with pytest.raises(ConfigError, match=r"the launcher 'older' \(.*Older\) does not say what ranks a start gives"):
+        Older.topology(LaunchOptions(), nproc=None, devices=None, backend=None, timeout=None)

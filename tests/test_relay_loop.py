@@ -146,3 +146,27 @@ def test_input_asked_outside_a_cell_gets_end_of_file() -> None:
     channels.queue.append((0, "stdin", {"msg_type": "input_request", "content": {"prompt": "? "}}))
     assert relay.busy() == []
     assert channels.answered == [(0, "\x04")]
+
+
+def test_a_sink_without_every_hook_is_refused_before_the_cell_runs() -> None:
+    """A sink lacking comm() lost a widget message mid-cell and left its request unfinished (the
+    transfers' collector did, found by review); the relay now refuses it up front, by name."""
+    from clorch_repl.session.sink import OutputSink
+    from clorch_repl.session.transfer import MimeCollector
+
+    class OutputOnly:
+        def output(self, item: RankOutput) -> None:
+            pass
+
+        def flush(self, final: bool = False) -> None:
+            pass
+
+    relay, group, channels = relay_for({0: 1})
+    try:
+        relay.execute(CellRequest("pass", (0,)), OutputOnly())  # type: ignore[arg-type]
+    except TypeError as exc:
+        assert "OutputOnly is not a complete output sink" in str(exc) and "comm" in str(exc)
+    else:
+        raise AssertionError("an incomplete sink was taken")
+    assert relay.idle(0)  # nothing was sent
+    assert isinstance(MimeCollector((0, 1)), OutputSink)
