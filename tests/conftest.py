@@ -60,6 +60,7 @@ FAST = frozenset({
     "test_lean_wire.py",
     # issue 24: the output budget, and whether a rank given up on had returned
     "test_flood_budget.py",
+    "test_logcap.py",
     "test_cell_end.py",
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion

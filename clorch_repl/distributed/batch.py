@@ -32,6 +32,7 @@ from ..errors import ClorchError, ConfigError, JobStopped, JobTimeout, RankFailu
 from ..procs import LOOPBACK, describe_exit, free_port, tail_bytes, terminate_tree
 from ..rank_env import RankPlace, rank_environment, world_environment
 from ..launchers import supervisor
+from ..launchers.rankfiles import log_tail
 from ..topology import Topology, parse_number, resolve_topology
 from ..atomic import write_json_atomic
 from .results import RankResult, read_result
@@ -155,11 +156,9 @@ class Job:
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ConfigError(f"tail must be a non-negative whole number of lines or None; got {tail!r}")
         try:
-            with open(path, "rb") as fh:
-                data = tail_bytes(fh, tail)
+            return log_tail(path, tail)  # across a rotation of the capped log (launchers/logcap.py)
         except FileNotFoundError:
             return ""
-        return data.decode(errors="replace")
 
     def log_path(self, rank: int) -> str:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.topology.nproc:

@@ -53,7 +53,7 @@ from ..atomic import remove_quietly
 from ..errors import ConfigError
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import Topology
-from . import supervisor
+from . import logcap, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .rankfiles import RankFiles, kernel_pid
 
@@ -404,6 +404,7 @@ class LocalLauncher(Launcher):
             remove_quietly(proc.pid_path)
             if proc.log_path:  # a spare that never became a rank
                 remove_quietly(proc.log_path)
+                remove_quietly(logcap.older_path(proc.log_path))
         left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
