@@ -77,9 +77,8 @@ class RankFiles:
     #: where the current kernel's part of the log begins (after its start banner): a restart
     #: appends to the same log, and a death report must show only what the dead kernel wrote
     log_start: int = 0
-    #: how many bytes of the log had been dropped (:mod:`.logcap`) when the current kernel started:
-    #: a rotation since then moved its part, banner included, into the log's older half
-    log_dropped: int = 0
+    #: which rotation (:mod:`.logcap`) the log was at when the current kernel started: a rotation
+    #: since then moved its part, banner included, into the log's older half
     log_rotation: tuple[int, int] | None = None
 
     @property
