@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import stat
+from typing import Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def parse_cap(raw: str) -> int:
     return value
 
 
-def cap_from_env(environ: dict[str, str] | os._Environ[str]) -> int:
+def cap_from_env(environ: Mapping[str, str]) -> int:
     """The cap a rank started now gets (see :data:`CAP_ENV`)."""
     return parse_cap(environ.get(CAP_ENV, ""))
 
