@@ -13,7 +13,9 @@ end within 120 s is counted as a wedge, and the session is restarted) and must s
 printed. Every 500 cells, and at the end, it samples what a leak would grow: the notebook
 kernel's RSS and open fds, the processes of the session (below the notebook kernel) and of any
 clorch rank or supervisor that is not (orphans), and the ``clorch-*`` directories in the temp
-dir. Exit status 1 on a wedge, a wrong cell, or anything left behind after the final stop.
+dir. Exit status 1 on a wedge, a wrong cell, anything left behind after the final stop, or the
+notebook kernel's RSS growing by more than ``--max-rss-growth`` MiB between the sample after 50
+cells and the last one (issue 24: the notebook's memory stays flat over many cells).
 """
 
 from __future__ import annotations
@@ -65,13 +67,28 @@ RETAINED = ("_h = get_ipython().history_manager\n"
             "for x in o.bundle.get('stream', ())))")
 
 
+def log_mb(directories: set[str]) -> float:
+    """The largest rank log on disk (``rankN.log`` and its older half ``rankN.log.1``, capped by
+    CLORCH_LOG_CAP) in the session directories still there."""
+    sizes: dict[str, int] = {}
+    for directory in directories:
+        for name in os.listdir(directory) if os.path.isdir(directory) else ():
+            if name.startswith("rank") and (name.endswith(".log") or name.endswith(".log.1")):
+                key = os.path.join(directory, name.removesuffix(".1"))
+                try:
+                    sizes[key] = sizes.get(key, 0) + os.path.getsize(os.path.join(directory, name))
+                except FileNotFoundError:  # rotated away between the listing and the look
+                    continue
+    return max(sizes.values(), default=0) / 2**20
+
+
 def sample(nb: NotebookKernel, seen: Seen) -> dict[str, float]:
     line = next(l for l in nb.run(RETAINED).text.splitlines() if l.startswith("RETAINED"))
     proc = psutil.Process(nb.pid)
     tree = {p.pid for p in proc.children(recursive=True)}
     return {"rss_mb": proc.memory_info().rss / 2**20, "fds": proc.num_fds(), "procs": len(tree),
             "orphans": len(seen.alive() - tree), "dirs": len([d for d in seen.dirs if os.path.exists(d)]),
-            "ipython_mb": int(line.split()[1]) / 2**20}
+            "ipython_mb": int(line.split()[1]) / 2**20, "log_mb": log_mb(seen.dirs)}
 
 
 def output_cell(i: int, rng: random.Random) -> tuple[str, list[str]]:
@@ -96,6 +113,9 @@ def main() -> int:
     ap.add_argument("--forget-ipython-outputs", action="store_true",
                     help="clear IPython's record of each cell's output after the cell, so that the "
                          "notebook kernel's RSS shows clorch_repl's own growth")
+    ap.add_argument("--max-rss-growth", type=float, default=40.0, metavar="MIB",
+                    help="fail when the notebook kernel's RSS grows by more than this between the sample "
+                         "after 50 cells and the last (IPython's bounded record of output is up to 13 MiB of it)")
     args = ap.parse_args()
     if args.cells < 1 or args.minutes <= 0 or args.nproc < 1:
         ap.error("--cells, --minutes and --nproc must be positive")
@@ -195,7 +215,7 @@ def main() -> int:
                 print(f"{cells:6d} cells {time.monotonic() - t_start:7.0f} s  rss {s['rss_mb']:.1f} MB "
                       f"(IPython keeps {s['ipython_mb']:.1f} MB of output text)  "
                       f"fds {s['fds']:.0f}  procs {s['procs']:.0f}  orphans {s['orphans']:.0f}  "
-                      f"dirs {s['dirs']:.0f}  {counts}", flush=True)
+                      f"dirs {s['dirs']:.0f}  largest rank log {s['log_mb']:.1f} MiB  {counts}", flush=True)
         samples.append((cells, sample(nb, seen)))
         nb.run("%clorch stop", timeout=60)
         after_stop = sample(nb, seen)
@@ -225,6 +245,8 @@ def main() -> int:
     if flood_bytes:
         print(f"  flood cells: at most {max(flood_bytes) / 2**20:.2f} MiB of text reached the client "
               f"(median {statistics.median(flood_bytes) / 2**20:.2f} MiB)")
+    print(f"  largest rank log on disk at any sample: {max(s['log_mb'] for _, s in samples):.1f} MiB "
+          f"(cap {os.environ.get('CLORCH_LOG_CAP', '64M')})")
     print(f"  notebook kernel fds: {first.get('fds', 0):.0f} -> {last['fds']:.0f}")
     print(f"  processes below the notebook: {first.get('procs', 0):.0f} -> {last['procs']:.0f}; "
           f"after stop {after_stop['procs']:.0f}; orphaned ranks at any sample: "
@@ -232,8 +254,11 @@ def main() -> int:
     print(f"  after the notebook's shutdown: {len(left_procs)} of the {len(seen.pids)} rank processes "
           f"(kernels and supervisors) ever started left, {len(left_dirs)} of {len(seen.dirs)} session "
           f"directories left {sorted(left_dirs)[:5]}")
-    bad = counts["wedge"] or counts["wrong"] or left_procs or left_dirs
-    print("  result:", "FAIL" if bad else "ok (no wedge, no wrong cell, nothing left behind)")
+    growth = last["rss_mb"] - first.get("rss_mb", last["rss_mb"])
+    grew = growth > args.max_rss_growth
+    print(f"  notebook kernel RSS growth after the first 50 cells: {growth:.1f} MiB (bound {args.max_rss_growth:g} MiB)")
+    bad = counts["wedge"] or counts["wrong"] or left_procs or left_dirs or grew
+    print("  result:", "FAIL" if bad else "ok (no wedge, no wrong cell, nothing left behind, memory flat)")
     return 1 if bad else 0
 
 

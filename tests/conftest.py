@@ -65,6 +65,7 @@ FAST = frozenset({
     "test_lean_wire.py",
     # issue 24: the output budget, and whether a rank given up on had returned
     "test_flood_budget.py",
+    "test_logcap.py",
     "test_cell_end.py",
     # issue 25: reports in one glance (merged blocks, one spelling of rank sets)
     "test_report_merge.py",

@@ -87,16 +87,18 @@ class Record:  # IPython's HistoryOutput: output_type and bundle
 
 def test_history_keeps_a_bounded_part_of_each_cell_and_a_bounded_number_of_cells() -> None:
     outputs: dict[int, list[Any]] = {}
+    exceptions: dict[int, Any] = {}
     relayed: list[int] = []
     for cell in range(1, 1001):
-        outputs[cell] = [Record("out_stream", {"stream": ["x" * 100] * 50}),
+        outputs[cell] = [Record("out_stream", {"stream": ["[rank 0] ", "x" * 91] * 50}),
                          Record("display_data", {"text/plain": "fig"}),
                          Record("err_stream", {"stream": ["e" * 3000]})]
-        bound_history(outputs, cell, chars_per_cell=4000, cells_kept=10, relayed=relayed)
-    assert sorted(outputs) == list(range(991, 1001))
+        exceptions[cell] = {"ename": "ClorchError"}
+        bound_history(outputs, cell, chars_per_cell=4000, cells_kept=10, relayed=relayed, exceptions=exceptions)
+    assert sorted(outputs) == list(range(991, 1001)) and sorted(exceptions) == list(range(991, 1001))
     last = outputs[1000]
-    kept = sum(len(p) for r in last if "stream" in r.bundle for p in r.bundle["stream"])
-    assert kept == 4000  # 5000 of stdout would fit 4000, stderr then gets none
+    # 5000 of stdout would fit 4000, stderr then gets none; what is kept is one string, in order
+    assert last[0].bundle["stream"] == [("[rank 0] " + "x" * 91) * 40]
     assert last[1].bundle == {"text/plain": "fig"}
     assert last[2].bundle["stream"] == []
 

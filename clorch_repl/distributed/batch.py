@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..atomic import write_json_atomic
 from ..errors import ConfigError, JobStopped, JobTimeout, RankFailure
+from ..launchers.rankfiles import log_tail
 from ..launchers.supervisor import STOP_GRACE_S
-from ..procs import describe_exit, tail_bytes
+from ..procs import describe_exit
 from ..rank_sets import rank_words
 from ..topology import parse_number
 from ._target import target_spec
@@ -123,11 +124,9 @@ class Job:
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ConfigError(f"tail must be a non-negative whole number of lines or None; got {tail!r}")
         try:
-            with open(path, "rb") as fh:
-                data = tail_bytes(fh, tail)
+            return log_tail(path, tail)  # across a rotation of the capped log (launchers/logcap.py)
         except FileNotFoundError:
             return ""
-        return data.decode(errors="replace")
 
     def log_path(self, rank: int) -> str:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.topology.nproc:

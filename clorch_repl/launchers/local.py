@@ -53,8 +53,9 @@ from ..atomic import remove_quietly
 from ..errors import ConfigError
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import NPROC_ENV, Topology, resolve_topology
-from . import supervisor
+from . import logcap, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
+from .spares import wanted_spares
 from .rankfiles import RankFiles, kernel_pid
 
 logger = logging.getLogger(__name__)
@@ -68,29 +69,6 @@ SHUTDOWN_WAIT_S = 1.5
 
 #: How long a start waits for spares that are still starting before it starts the ranks cold.
 SPARE_READY_S = 120.0
-#: ``0`` or ``1``: the default of ``%clorch start --spares`` (and whether loading the extension
-#: warms spares for the first start), for every topology; unset: one set for GPU ranks only
-SPARES_ENV = "CLORCH_SPARES"
-
-
-def wanted_spares(topology: Topology, given: int | None = None) -> int:
-    """Warm spare sets to keep: ``given`` (``--spares``) when not None, else ``$CLORCH_SPARES``
-    when set, else one for GPU ranks and none for CPU ranks.
-
-    On GPUs a cold rank start (interpreter, imports, then CUDA) made most of a 7 s restart; on CPU
-    ranks a restart took about 2 s in all, and spares there would hold memory and, on a small
-    machine, take CPU from the user's first cells while they start."""
-    if given is not None:
-        return given
-    env = os.environ.get(SPARES_ENV, "").strip()
-    if env:
-        if env not in ("0", "1"):
-            raise ConfigError(f"{SPARES_ENV}={env!r} in the environment must be 0 (no warm spares) or 1 "
-                              "(one per rank); fix or unset it")
-        return int(env)
-    return 1 if topology.uses_gpu else 0
-
-
 class LocalRank(RankHandle):
     """One local rank: its kernel's ``KernelManager`` (whose process is the rank's supervisor)."""
 
@@ -435,6 +413,7 @@ class LocalLauncher(Launcher):
             remove_quietly(proc.pid_path)
             if proc.log_path:  # a spare that never became a rank
                 remove_quietly(proc.log_path)
+                remove_quietly(logcap.older_path(proc.log_path))
         left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .. import procs
 from ..atomic import remove_quietly
-from . import supervisor
+from . import logcap, supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,9 @@ class RankFiles:
     #: where the current kernel's part of the log begins (after its start banner): a restart
     #: appends to the same log, and a death report must show only what the dead kernel wrote
     log_start: int = 0
+    #: which rotation (:mod:`.logcap`) the log was at when the current kernel started: a rotation
+    #: since then moved its part, banner included, into the log's older half
+    log_rotation: tuple[int, int] | None = None
 
     @property
     def log_path(self) -> str:
@@ -128,7 +131,17 @@ class RankFiles:
         with open(fd, "ab", closefd=False) as log:
             log.write(f"--- clorch_repl: rank {self.rank} starting at {time.ctime()} ---\n".encode())
         self.log_start = os.fstat(fd).st_size
+        self.log_rotation = self._rotation()
         return fd
+
+    def _rotation(self) -> tuple[int, int] | None:
+        """Which rotation the log is at: the older half's inode and change time (each rotation
+        writes a new one), None before the first."""
+        try:
+            st = os.stat(logcap.older_path(self.log_path))
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_ctime_ns
 
     def open_spare_log(self, path: str) -> int:
         """A warm spare for this rank starts: its own log at ``path`` (the rank's log belongs to
@@ -154,21 +167,30 @@ class RankFiles:
         finally:
             os.close(fd)
         remove_quietly(path)
+        remove_quietly(logcap.older_path(path))  # a spare whose start-up passed half the log cap
 
     def log_tail(self, lines: int | None = 200) -> str:
         """The last ``lines`` lines of the whole log (earlier kernels of the rank included, each
-        part starting with its banner); all of it with None."""
-        with open(self.log_path, "rb") as fh:
-            return procs.tail_bytes(fh, lines).decode(errors="replace")
+        part starting with its banner); all of it with None. Read across a rotation
+        (:mod:`.logcap`), and headed by a line saying how much of its oldest part was dropped."""
+        return log_tail(self.log_path, lines)
 
     def current_log_tail(self, lines: int) -> str:
         """The last ``lines`` lines the current kernel wrote (nothing from before its banner);
         reads at most ``procs.TAIL_MAX_BYTES`` from the end."""
-        with open(self.log_path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            start = max(self.log_start, size - procs.TAIL_MAX_BYTES)
-            fh.seek(start)
-            data = fh.read(size - start)
+        if self._rotation() != self.log_rotation:
+            # rotated since the kernel started: its part begins after its banner, wherever that now is
+            data = logcap.read_bytes(self.log_path, procs.TAIL_MAX_BYTES)
+            banner = f"--- clorch_repl: rank {self.rank} starting at ".encode()
+            at = data.rfind(banner)
+            if at >= 0:
+                data = data[data.find(b"\n", at) + 1:]
+        else:
+            with open(self.log_path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                start = max(self.log_start, size - procs.TAIL_MAX_BYTES)
+                fh.seek(start)
+                data = fh.read(size - start)
         return procs.tail_bytes(io.BytesIO(data), lines).decode(errors="replace")
 
     def death_report(self, lines: int = 15) -> str:
@@ -213,6 +235,15 @@ class RankFiles:
                 break
             previous = text
         return main_thread_stack(text)
+
+
+def log_tail(path: str, lines: int | None) -> str:
+    """The last ``lines`` lines (None: all) of the log at ``path``, one log across a rotation
+    (:mod:`.logcap`); when its oldest part was dropped, a line saying how much comes first
+    (``%clorch logs`` of a flood past the cap says so, whatever the tail shows)."""
+    data = logcap.read_bytes(path, None if lines is None else procs.TAIL_MAX_BYTES + 1)
+    text = procs.tail_bytes(io.BytesIO(data), lines).decode(errors="replace")
+    return logcap.note(path) + text
 
 
 def kernel_pid(pid_file: str) -> int | None:

@@ -30,7 +30,7 @@ from .nanny_protocol import ToNanny
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
                        default_listen_address, owned_prefix, remove_stale, remove_stale_connect_files)
-from .local import wanted_spares
+from .spares import wanted_spares
 
 logger = logging.getLogger(__name__)
 

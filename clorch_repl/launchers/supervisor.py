@@ -1,6 +1,6 @@
 """A rank's supervisor: a tiny process between the notebook and one rank's kernel.
 
-    python -I -S .../supervisor.py --grace S --parent PID [--pid-file PATH] [--session-dir DIR] -- CMD...
+    python -I -S .../supervisor.py --grace S --parent PID [--pid-file PATH] [--session-dir DIR] [--log-cap BYTES] -- CMD...
 
 (built by :func:`command`; :func:`read_pid` reads the kernel's pid from ``--pid-file``)
 
@@ -30,6 +30,10 @@ the supervisor ends all of it:
   SIGTERM and only :data:`LEFTOVER_GRACE_S`, then SIGKILL: the notebook is told of the death when
   the supervisor exits, and that report should not wait on children of a rank already gone.
 
+While the kernel runs it also keeps the kernel's log bounded on disk (``--log-cap``, see
+:mod:`.logcap`): it looks at the file the kernel's stdout and stderr point to every 0.1 s (every
+20 ms while it grows) and rotates it past half the cap.
+
 It then exits with the kernel's own status (re-raising the kernel's fatal signal on itself), so
 that the notebook, which only sees this process through jupyter_client, reports "killed by signal
 SIGKILL" or "exit code 3" exactly as if it had watched the kernel itself.
@@ -54,6 +58,12 @@ import shutil
 import signal
 import sys
 import time
+
+try:
+    from . import logcap
+except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap lies beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import logcap  # type: ignore[no-redef]
 
 PR_SET_CHILD_SUBREAPER = 36
 #: How often the parent (the notebook) is checked while nothing else happens.
@@ -105,11 +115,21 @@ def descendants(pid: int) -> list[int]:
 
 
 def command(python: str, grace_s: float, parent: int, cmd: list[str], *, pid_file: str | None = None,
-            session_dir: str | None = None) -> list[str]:
+            session_dir: str | None = None, log_cap: int | None = None) -> list[str]:
     """The command line that starts ``cmd`` below a supervisor (``python -I -S``: the standard
     library only, a few ms to start). ``parent`` is the pid of the process that must stay alive
-    (the notebook, or the process that launched a job)."""
-    argv = [python, "-I", "-S", os.path.abspath(__file__), "--grace", str(grace_s), "--parent", str(parent)]
+    (the notebook, or the process that launched a job). ``log_cap``: the cap of the kernel's log
+    on disk in bytes (0: none); by default :data:`logcap.CAP_ENV` of this process's environment,
+    read now, so that ``%env CLORCH_LOG_CAP=...`` before ``%clorch start`` applies."""
+    if log_cap is None:
+        try:
+            log_cap = logcap.cap_from_env(os.environ)
+        except ValueError as exc:  # the user's setting: one line, not a traceback from in here
+            from ..errors import ConfigError
+
+            raise ConfigError(str(exc)) from None
+    argv = [python, "-I", "-S", os.path.abspath(__file__), "--grace", str(grace_s), "--parent", str(parent),
+            "--log-cap", str(log_cap)]
     if pid_file:
         argv += ["--pid-file", pid_file]
     if session_dir:
@@ -138,13 +158,15 @@ def _signal_all(pids: list[int], signum: int) -> None:
 
 class Supervisor:
     def __init__(self, cmd: list[str], grace_s: float, pid_file: str | None, session_dir: str | None,
-                 parent: int | None = None) -> None:
+                 parent: int | None = None, log_cap: int = 0) -> None:
         self.cmd = cmd
+        self.log_cap = log_cap
         self.grace_s = grace_s
         self.pid_file = pid_file
         self.session_dir = session_dir
         self.parent = os.getppid() if parent is None else parent
         self.kernel_pid = 0
+        self.log = logcap.Watcher(0, 0)
         self.kernel_status: int | None = None  # raw wait status
 
     def start(self) -> None:
@@ -161,6 +183,7 @@ class Supervisor:
             finally:
                 os._exit(127)
         self.kernel_pid = pid
+        self.log = logcap.Watcher(pid, self.log_cap)
         if self.pid_file:
             tmp = f"{self.pid_file}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -183,8 +206,9 @@ class Supervisor:
     def run(self) -> int:
         """Wait for the kernel to end, a stop, or the notebook's death; end everything; exit code."""
         reason = "kernel"
+        wait_s = POLL_S
         while self.kernel_status is None:
-            info = signal.sigtimedwait(_HANDLED, POLL_S)
+            info = signal.sigtimedwait(_HANDLED, wait_s)
             if info is not None:
                 if info.si_signo in (signal.SIGUSR1, signal.SIGUSR2):
                     _signal_all([self.kernel_pid], info.si_signo)
@@ -195,6 +219,7 @@ class Supervisor:
             if os.getppid() != self.parent:
                 reason = "orphaned"
                 break
+            wait_s = min(POLL_S, self.log.check())
         if reason == "orphaned":
             self._end_all(0.0)
             if self.session_dir:
@@ -249,12 +274,12 @@ class Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    grace_s, pid_file, session_dir, parent = 5.0, None, None, None
+    grace_s, pid_file, session_dir, parent, log_cap = 5.0, None, None, None, 0
     try:
         split = argv.index("--")
     except ValueError:
         sys.stderr.write("clorch supervisor: usage: supervisor.py [--grace S] [--parent PID] [--pid-file P] "
-                         "[--session-dir D] -- CMD...\n")
+                         "[--session-dir D] [--log-cap BYTES] -- CMD...\n")
         return 2
     opts, cmd = argv[:split], argv[split + 1:]
     for key, value in zip(opts[::2], opts[1::2]):
@@ -266,6 +291,8 @@ def main(argv: list[str]) -> int:
             session_dir = value
         elif key == "--parent":
             parent = int(value)
+        elif key == "--log-cap":
+            log_cap = int(value)
     if not cmd:
         sys.stderr.write("clorch supervisor: no command to run\n")
         return 2
@@ -273,7 +300,7 @@ def main(argv: list[str]) -> int:
     if not _subreaper():
         sys.stderr.write("clorch supervisor: PR_SET_CHILD_SUBREAPER unavailable; daemons a rank "
                          "starts may outlive it\n")
-    sup = Supervisor(cmd, grace_s, pid_file, session_dir, parent)
+    sup = Supervisor(cmd, grace_s, pid_file, session_dir, parent, log_cap)
     sup.start()
     return sup.run()
 

@@ -13,7 +13,8 @@ import os
 from .. import cuda
 from ..errors import ClorchError
 from ..launchers.base import LaunchOptions
-from ..launchers.local import SPARES_ENV, LocalLauncher, wanted_spares
+from ..launchers.local import LocalLauncher
+from ..launchers.spares import SPARES_ENV, wanted_spares
 from ..topology import Topology
 
 logger = logging.getLogger(__name__)

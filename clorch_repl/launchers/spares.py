@@ -1,0 +1,36 @@
+"""How many warm spare sets a start keeps (``%clorch start --spares``, ``CLORCH_SPARES``): one
+policy for every launcher that keeps spares (the local launcher's own, a remote rank's nanny's).
+What a spare is: :mod:`.local`'s docstring.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..errors import ConfigError
+from ..topology import Topology
+
+logger = logging.getLogger(__name__)
+
+#: ``0`` or ``1``: the default of ``%clorch start --spares`` (and whether loading the extension
+#: warms spares for the first start), for every topology; unset: one set for GPU ranks only
+SPARES_ENV = "CLORCH_SPARES"
+
+
+def wanted_spares(topology: Topology, given: int | None = None) -> int:
+    """Warm spare sets to keep: ``given`` (``--spares``) when not None, else ``$CLORCH_SPARES``
+    when set, else one for GPU ranks and none for CPU ranks.
+
+    On GPUs a cold rank start (interpreter, imports, then CUDA) made most of a 7 s restart; on CPU
+    ranks a restart took about 2 s in all, and spares there would hold memory and, on a small
+    machine, take CPU from the user's first cells while they start."""
+    if given is not None:
+        return given
+    env = os.environ.get(SPARES_ENV, "").strip()
+    if env:
+        if env not in ("0", "1"):
+            raise ConfigError(f"{SPARES_ENV}={env!r} in the environment must be 0 (no warm spares) or 1 "
+                              "(one per rank); fix or unset it")
+        return int(env)
+    return 1 if topology.uses_gpu else 0
