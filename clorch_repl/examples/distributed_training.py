@@ -26,6 +26,7 @@ run :func:`main`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import logging
@@ -138,6 +139,59 @@ def _resolve(args: dict[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
+@dataclasses.dataclass
+class _Run:
+    """What one rank trains with: the data, the model (sharded with ``strategy="fsdp"``), its
+    optimizer, sampler and scaler, and where a resumed run starts."""
+
+    cfg: dict[str, Any]
+    device: torch.device
+    x_all: torch.Tensor
+    y_all: torch.Tensor
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: Any
+    scaler: Any
+    start_epoch: int = 0
+    global_step: int = 0
+    resumed_from: dict[str, int] | None = None
+
+    def save(self, epoch: int, global_step: int, world_size: int) -> None:
+        path = self.cfg["checkpoint_path"]
+        if path:
+            from clorch_repl.distributed import save_checkpoint
+
+            save_checkpoint(path, model=self.model, optimizer=self.optimizer, sampler=self.sampler,
+                            scaler=self.scaler, state={"epoch": epoch, "global_step": global_step,
+                                                       "precision": self.cfg["precision"], "world_size": world_size})
+
+
+def _prepare(rank: int, world_size: int, device: torch.device, cfg: dict[str, Any],
+             log: Callable[[str], None]) -> _Run:
+    """Data, model, optimizer, sampler and scaler; the checkpoint loaded into them when resuming."""
+    precision = str(cfg["precision"])
+    x_all, y_all = make_data(cfg["sample_count"], cfg["features"], cfg["seed"])
+    model = make_model(cfg["features"], cfg["hidden"], cfg["seed"]).to(device)
+    if cfg["strategy"] == "fsdp":
+        _fully_shard(model, precision)  # before the optimizer, which then holds the shards
+    run = _Run(cfg, device, x_all.to(device), y_all.to(device), model,
+               torch.optim.AdamW(model.parameters(), lr=cfg["lr"]),
+               data.distributed_sampler(cfg["sample_count"], num_replicas=world_size, rank=rank, seed=cfg["seed"]),
+               amp.grad_scaler(device=device.type) if amp.needs_scaler(precision) else None)
+    path = cfg["checkpoint_path"]
+    if cfg["resume"] and path and os.path.exists(path):
+        from clorch_repl.distributed import load_checkpoint
+
+        state = load_checkpoint(path, model=run.model, optimizer=run.optimizer, sampler=run.sampler,
+                                scaler=run.scaler)
+        run.start_epoch, run.global_step = int(state["epoch"]), int(state["global_step"])
+        run.resumed_from = {"epoch": run.start_epoch, "global_step": run.global_step,
+                            "position": run.sampler.position}
+        log(f"rank {rank}: resumed from {path} at epoch {run.start_epoch}, step {run.global_step}, "
+            f"sample {run.sampler.position} of the epoch")
+    return run
+
+
 def train(rank: int, world_size: int, device: torch.device | str, args: dict[str, Any] | None = None,
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """The training loop of one rank inside an initialised process group; returns its record.
@@ -149,49 +203,19 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
     """
     cfg = _resolve(args)
     device = torch.device(device)
-    precision = str(cfg["precision"])
-    x_all, y_all = make_data(cfg["sample_count"], cfg["features"], cfg["seed"])
-    x_all, y_all = x_all.to(device), y_all.to(device)
-    strategy = str(cfg["strategy"])
-    model = make_model(cfg["features"], cfg["hidden"], cfg["seed"]).to(device)
-    if strategy == "fsdp":
-        _fully_shard(model, precision)  # before the optimizer, which then holds the shards
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
-    sampler = data.distributed_sampler(cfg["sample_count"], num_replicas=world_size, rank=rank, seed=cfg["seed"])
-    scaler = amp.grad_scaler(device=device.type) if amp.needs_scaler(precision) else None
-    path = cfg["checkpoint_path"]
-    start_epoch, global_step, resumed_from = 0, 0, None
-    if cfg["resume"] and path and os.path.exists(path):
-        from clorch_repl.distributed import load_checkpoint
-
-        state = load_checkpoint(path, model=model, optimizer=optimizer, sampler=sampler, scaler=scaler)
-        start_epoch, global_step = int(state["epoch"]), int(state["global_step"])
-        resumed_from = {"epoch": start_epoch, "global_step": global_step, "position": sampler.position}
-        log(f"rank {rank}: resumed from {path} at epoch {start_epoch}, step {global_step}, "
-            f"sample {sampler.position} of the epoch")
-
-    losses: list[float] = []
-    skipped = 0
+    precision, strategy = str(cfg["precision"]), str(cfg["strategy"])
+    run = _prepare(rank, world_size, device, cfg, log)
+    sampler, scaler, optimizer = run.sampler, run.scaler, run.optimizer
+    global_step, losses, skipped, stopped = run.global_step, [], 0, False
     batch, accumulation = cfg["batch_size"], cfg["accumulation"]
     micro_per_epoch = math.ceil(sampler.num_samples / batch)
-    stop_after = cfg["stop_after_steps"]
-    every = cfg["checkpoint_every"]
+    stop_after, every = cfg["stop_after_steps"], cfg["checkpoint_every"]
     started = time.perf_counter()
-
-    def save(epoch: int) -> None:
-        if path:
-            from clorch_repl.distributed import save_checkpoint
-
-            save_checkpoint(path, model=model, optimizer=optimizer, sampler=sampler, scaler=scaler,
-                            state={"epoch": epoch, "global_step": global_step, "precision": precision,
-                                   "world_size": world_size})
-
-    stopped = False
-    state = {"epoch": start_epoch, "global_step": global_step}
+    state = {"epoch": run.start_epoch, "global_step": global_step}
     autocast = strategy == "ddp"  # FSDP2 casts through its MixedPrecisionPolicy
-    wrapped = parallel.distributed_data_parallel(model) if strategy == "ddp" else contextlib.nullcontext(model)
+    wrapped = parallel.distributed_data_parallel(run.model) if strategy == "ddp" else contextlib.nullcontext(run.model)
     with wrapped as pmodel:
-        for epoch in range(start_epoch, cfg["epochs"]):
+        for epoch in range(run.start_epoch, cfg["epochs"]):
             sampler.set_epoch(epoch)
             micro = sampler.position // batch
             step_loss = 0.0
@@ -203,8 +227,8 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
                 sync = contextlib.nullcontext() if last else parallel.no_sync(pmodel)
                 with sync:
                     with amp.autocast(device=device.type, dtype=precision, enabled=autocast):
-                        prediction = pmodel(x_all[indices])
-                    loss = F.mse_loss(prediction.float(), y_all[indices]) / group_len
+                        prediction = pmodel(run.x_all[indices])
+                    loss = F.mse_loss(prediction.float(), run.y_all[indices]) / group_len
                     amp.backward(scaler, loss)
                 step_loss += loss.item()
                 if not last:
@@ -218,7 +242,7 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
                 if cfg["log_every"] and global_step % cfg["log_every"] == 0:
                     log(f"rank {rank}: step {global_step} loss {losses[-1]:.5f}")
                 if every and global_step % every == 0 and micro < micro_per_epoch:
-                    save(epoch)  # mid-epoch: the sampler position says where to continue
+                    run.save(epoch, global_step, world_size)  # mid-epoch: the sampler position says where to continue
                 if stop_after and global_step >= stop_after:
                     stopped = True
                     state = {"epoch": epoch, "global_step": global_step}
@@ -229,12 +253,12 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
             mean = sum(epoch_losses) / max(len(epoch_losses), 1)
             scale = f", scale {scaler.get_scale():.0f}" if scaler is not None else ""
             log(f"rank {rank}: epoch {epoch + 1}/{cfg['epochs']} step {global_step} mean loss {mean:.5f}{scale}")
-            save(epoch + 1)
+            run.save(epoch + 1, global_step, world_size)
             state = {"epoch": epoch + 1, "global_step": global_step}
-    elapsed = time.perf_counter() - started
     return {"rank": rank, "losses": losses, "global_step": global_step, "skipped_steps": skipped,
-            "param_digest": _param_digest(model), "device": str(device), "precision": precision,
-            "resumed_from": resumed_from, "stopped_early": stopped, "train_seconds": elapsed, "state": state}
+            "param_digest": _param_digest(run.model), "device": str(device), "precision": precision,
+            "resumed_from": run.resumed_from, "stopped_early": stopped,
+            "train_seconds": time.perf_counter() - started, "state": state}
 
 
 def _rank_device(backend: str) -> torch.device:
