@@ -126,33 +126,6 @@ def signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-def terminate_tree(pid: int, grace_s: float, *, pgid: int | None = None,
-                   is_gone: Callable[[], bool] | None = None) -> None:
-    """SIGTERM a process, its descendants and its process group ``pgid`` (pass it for a process
-    started in a session of its own: the group outlives its leader); SIGKILL what is left after
-    ``grace_s``. Descendants are collected first, so children that re-parent to init when their
-    parent dies are still found and ended."""
-    tree = process_tree(pid)
-    if pgid is not None and pgid == os.getpgrp():
-        pgid = None  # never signal our own group
-    if pgid is not None:
-        signal_group(pgid, signal.SIGTERM)
-    for proc in tree:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass  # gone already: what we wanted
-        except psutil.Error as exc:
-            logger.debug("could not SIGTERM pid %d: %s", proc.pid, exc)
-    _, alive = psutil.wait_procs(tree, timeout=grace_s)
-    if is_gone is not None and is_gone() and not alive:
-        if pgid is not None:
-            signal_group(pgid, signal.SIGKILL)  # stragglers of the group that were not our children
-        return
-    kill_tree(pgid, alive)
-    psutil.wait_procs(alive, timeout=5.0)
-
-
 def kill_tree(pgid: int | None, tree: list[psutil.Process]) -> None:
     """SIGKILL the process group ``pgid`` (a process started in a session of its own leads one;
     None: no group; never our own) and every process of ``tree`` (collected earlier, e.g. by

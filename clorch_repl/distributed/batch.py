@@ -53,6 +53,7 @@ class Job:
         self.main = main
         self.topology = plan.topology
         self.dir = plan.directory
+        self._plan = plan  # the job's files are named there (log_path, result_path)
         self.timeout_s = plan.timeout_s
         self.grace_s = plan.grace_s
         self._owns_dir = plan.owns_dir
@@ -131,7 +132,7 @@ class Job:
     def log_path(self, rank: int) -> str:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.topology.nproc:
             raise ConfigError(f"{self.id} has ranks 0..{self.topology.nproc - 1}; got rank {rank!r}")
-        return os.path.join(self.dir, f"rank-{rank}.log")
+        return self._plan.log_path(rank)
 
     def stop(self, grace_s: float | None = None) -> JobStatus:
         """End every live rank (its whole process tree): SIGTERM, then SIGKILL after ``grace_s``."""
@@ -188,7 +189,7 @@ class Job:
         with self._lock:
             self._exit_times[r] = time.time()
             self._exit_codes[r] = code
-            self._results[r] = read_result(os.path.join(self.dir, f"rank-{r}.result.json"))
+            self._results[r] = read_result(self._plan.result_path(r))
         self._changed.set()
 
     def _monitor(self) -> None:

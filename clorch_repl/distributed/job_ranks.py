@@ -28,7 +28,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import ClorchError, ConfigError
 from ..launchers.rank_process import RankProcess
-from ..procs import LOOPBACK, tail_bytes
+from ..procs import LOOPBACK, free_port, tail_bytes
 from ..rank_env import RankPlace, rank_environment, world_environment
 from ..topology import Topology, parse_number, resolve_topology
 from .results import read_result
@@ -150,8 +150,6 @@ class LocalJobRanks(JobRanks):
         return env
 
     def start(self) -> None:
-        from ..procs import free_port
-
         plan = self.plan
         self.port = free_port()
         try:
@@ -224,7 +222,6 @@ class SlurmJobRanks(JobRanks):
 
     def start(self) -> None:
         from ..launchers.slurm import require_srun, srun_command
-        from ..procs import free_port
 
         plan = self.plan
         require_srun()

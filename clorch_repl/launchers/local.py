@@ -56,7 +56,7 @@ from ..topology import NPROC_ENV, Topology, resolve_topology
 from . import logcap, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .spares import wanted_spares
-from .rankfiles import RankFiles, kernel_pid
+from .rankfiles import RankFiles
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class LocalRank(RankHandle):
     def pid(self) -> int | None:
         """The rank's own Python process (known once the supervisor has forked it)."""
         if self._kernel_pid is None:
-            self._kernel_pid = kernel_pid(self.pid_path)
+            self._kernel_pid = supervisor.read_pid(self.pid_path)
         return self._kernel_pid
 
     @property

@@ -74,10 +74,11 @@ def decode(frame: bytes) -> dict[str, Any] | None:
 
 
 def mismatch(theirs: Any, whose: str) -> str | None:
-    """Why a peer speaking protocol ``theirs`` cannot be talked to ("" never; None when it can)."""
+    """Why ``whose`` (a connect file, a nanny), speaking protocol ``theirs``, cannot be talked
+    to; None when it can."""
     if theirs == PROTOCOL:
         return None
-    said = "no protocol version (clorch_repl before 0.1's checked protocol)" if theirs is None else \
+    said = "no protocol version (a clorch_repl from before the version was checked)" if theirs is None else \
         f"protocol {theirs!r}"
     return (f"{whose} speaks the nanny {said}, this clorch_repl speaks protocol {PROTOCOL}: install the same "
             "clorch_repl version on every host")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .. import procs
 from ..atomic import remove_quietly
-from . import logcap, supervisor
+from . import logcap
 
 logger = logging.getLogger(__name__)
 
@@ -244,8 +244,3 @@ def log_tail(path: str, lines: int | None) -> str:
     data = logcap.read_bytes(path, None if lines is None else procs.TAIL_MAX_BYTES + 1)
     text = procs.tail_bytes(io.BytesIO(data), lines).decode(errors="replace")
     return logcap.note(path) + text
-
-
-def kernel_pid(pid_file: str) -> int | None:
-    """The kernel's pid, which its supervisor writes into ``pid_file`` after the fork."""
-    return supervisor.read_pid(pid_file)
