@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -286,3 +287,34 @@ def gpu_index_for_uuid(uuid: str) -> int | None:
         if index.isdigit() and found.lower() == uuid.lower():
             return int(index)
     return None
+
+
+def bind_rank() -> set[int] | None:
+    """Apply the CPU binding the launcher asked for (CPU_BIND_ENV) to this rank, before its
+    threads start. A binding that cannot be done costs speed, not correctness: it never stops the
+    rank; the reason goes to the rank's log (stderr here), as does the set bound to."""
+    who = f"rank {os.environ.get('RANK', '?')}"
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(logging.Formatter(f"clorch_repl: {who}: warning: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    logger.propagate = False  # once, here, not again through logging's last-resort handler
+    try:
+        mode, cpus = apply_from_env()
+        if cpus is not None:
+            sys.__stderr__.write(f"clorch_repl: {who}: bound to CPUs {format_cpulist(cpus)} "
+                                 f"({CPU_BIND_ENV}={mode}, the NUMA node of its GPU)\n")
+        return cpus
+    except Exception as exc:  # a bad variable, an unreadable sysfs, a refused sched_setaffinity
+        sys.__stderr__.write(f"clorch_repl: {who}: warning: CPU binding {CPU_BIND_ENV}="
+                             f"{os.environ.get(CPU_BIND_ENV)!r} {GPU_INDEX_ENV}="
+                             f"{os.environ.get(GPU_INDEX_ENV)!r} not applied ({type(exc).__name__}: {exc}); "
+                             "the rank runs unbound\n")
+        return None
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+        try:
+            sys.__stderr__.flush()
+        except (OSError, ValueError) as exc:  # no log to flush to: nothing else to tell it to
+            logger.debug("flushing the rank's log failed: %s", exc)

@@ -7,8 +7,9 @@ which forwards prompts and answers, is :mod:`.stdin`.
 from __future__ import annotations
 
 import logging
-import types
 from typing import Any
+
+from .rank_tracebacks import shown_without
 
 logger = logging.getLogger(__name__)
 
@@ -33,26 +34,12 @@ class StdinPolicy:
         return super().getpass(prompt, stream, **kwargs)  # type: ignore[misc]
 
     def _stdin_refused(self, why: str) -> BaseException:
-        """The StdinNotImplementedError a refused ``input()`` raises, rendered without this
-        module's frames: the rank's traceback ends at the user's ``input()`` line.
-
-        ``__tracebackhide__`` cannot do it: IPython (9.x ultratb) never hides the frame an
-        exception was raised in, and that frame is ``raw_input`` here. IPython's showtraceback
-        uses an exception's ``_render_traceback_`` instead of its own formatting when there
-        is one, so the error carries one that formats the traceback minus our frames with
-        the shell's own formatter (same colours, same ``Cell In[n]`` lines). The type stays
-        StdinNotImplementedError, which user code may catch."""
+        """The StdinNotImplementedError a refused ``input()`` raises, shown without this module's
+        frames (:mod:`.rank_tracebacks`): the rank's traceback ends at the user's ``input()``
+        line. The type stays StdinNotImplementedError, which user code may catch."""
         from IPython.core.error import StdinNotImplementedError
 
-        error = StdinNotImplementedError(why)
-        shell = self.shell
-
-        def render() -> list[str]:
-            tb = _without_own_frames(error.__traceback__)
-            return shell.InteractiveTB.structured_traceback(type(error), error, tb)
-
-        error._render_traceback_ = render  # type: ignore[attr-defined]
-        return error
+        return shown_without(StdinNotImplementedError(why), self.shell, (__file__,))
 
     def _no_stdin(self) -> str | None:
         """Why this cell may not read stdin, when the relay said (clorch_repl.session.stdin's
@@ -63,16 +50,3 @@ class StdinPolicy:
         from .stdin import NO_STDIN_KEY
 
         return (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)  # type: ignore[attr-defined]
-
-
-def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` with the frames of this module left out (a new chain; the frames are the same)."""
-    kept: list[types.TracebackType] = []
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename != __file__:
-            kept.append(tb)
-        tb = tb.tb_next
-    chain: types.TracebackType | None = None
-    for entry in reversed(kept):
-        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return chain

@@ -43,6 +43,7 @@ import types
 from .. import numa
 from .display_log import log_displays
 from .rank_stdin import StdinPolicy
+from .rank_tracebacks import interrupts_at_users_line
 from ..procs import end_own_group, watch_parent
 from ..diagnosis.probe import PROBE_REQUEST as _PROBE_REQUEST
 from .flood import Budget, Limits
@@ -130,6 +131,15 @@ def _publish_held_back() -> None:
                 _budget = budget
 
 
+def _echo(echo: object, string: str) -> None:
+    """To the rank's log, as ipykernel's own echo does (its errors to the real stderr)."""
+    if echo is not None:
+        try:
+            echo.write(string)  # type: ignore[attr-defined]
+        except OSError as exc:
+            print(f"Write failed: {exc}", file=sys.__stderr__)
+
+
 def _out_stream_class() -> type:
     from ipykernel.iostream import OutStream
 
@@ -166,11 +176,7 @@ def _out_stream_class() -> type:
             # what it publishes to about ten messages a second, and the bar's last state must show.
             rewrite = isinstance(string, str) and "\r" in string and "\n" not in string
             if isinstance(string, str) and string and not rewrite and not _admit(string):
-                if self.echo is not None:  # held back: the rank's log still gets it (see flood)
-                    try:
-                        self.echo.write(string)
-                    except OSError as exc:
-                        print(f"Write failed: {exc}", file=sys.__stderr__)
+                _echo(self.echo, string)  # held back: the rank's log still gets it (see flood)
                 return len(string)
             if (not isinstance(string, str) or self.pub_thread is None or not coalescing
                     or not self._is_master_process()):
@@ -186,11 +192,7 @@ def _out_stream_class() -> type:
                         buf = self._buffers[key]
                         self._line_starts[key] = (buf, buf.tell() - (len(string) - nl - 1))
                 return result
-            if self.echo is not None:
-                try:
-                    self.echo.write(string)
-                except OSError as exc:
-                    print(f"Write failed: {exc}", file=sys.__stderr__)
+            _echo(self.echo, string)
             with self._buffer_lock:
                 key = frozenset(self.parent_header.items())
                 buf = self._buffers[key]
@@ -209,6 +211,8 @@ def _out_stream_class() -> type:
                 self._line_starts[key] = (buf, start)
             self._schedule_flush()
             return len(string)
+
+        write = interrupts_at_users_line(write, __file__)  # Ctrl-C in a print ends at the user's line
 
         @property
         def _line_starts(self) -> dict:
@@ -563,37 +567,6 @@ def __getattr__(name: str) -> type:
     raise AttributeError(name)
 
 
-def bind_cpus() -> set[int] | None:
-    """Apply the CPU binding the launcher asked for (numa.CPU_BIND_ENV) to this rank, before its
-    threads start. A binding that cannot be done costs speed, not correctness: it never stops the
-    rank; the reason goes to the rank's log (stderr here), as does the set bound to."""
-    who = f"rank {os.environ.get('RANK', '?')}"
-    handler = logging.StreamHandler(sys.__stderr__)
-    handler.setFormatter(logging.Formatter(f"clorch_repl: {who}: warning: %(message)s"))
-    handler.setLevel(logging.WARNING)
-    numa.logger.addHandler(handler)
-    numa.logger.propagate = False  # once, here, not again through logging's last-resort handler
-    try:
-        mode, cpus = numa.apply_from_env()
-        if cpus is not None:
-            sys.__stderr__.write(f"clorch_repl: {who}: bound to CPUs {numa.format_cpulist(cpus)} "
-                                 f"({numa.CPU_BIND_ENV}={mode}, the NUMA node of its GPU)\n")
-        return cpus
-    except Exception as exc:  # a bad variable, an unreadable sysfs, a refused sched_setaffinity
-        sys.__stderr__.write(f"clorch_repl: {who}: warning: CPU binding {numa.CPU_BIND_ENV}="
-                             f"{os.environ.get(numa.CPU_BIND_ENV)!r} {numa.GPU_INDEX_ENV}="
-                             f"{os.environ.get(numa.GPU_INDEX_ENV)!r} not applied ({type(exc).__name__}: {exc}); "
-                             "the rank runs unbound\n")
-        return None
-    finally:
-        numa.logger.removeHandler(handler)
-        numa.logger.propagate = True
-        try:
-            sys.__stderr__.flush()
-        except (OSError, ValueError) as exc:  # no log to flush to: nothing else to tell it to
-            logger.debug("flushing the rank's log failed: %s", exc)
-
-
 def warm_imports() -> None:
     """What a warm spare does before its kernel starts: import what joining a group imports
     (torch, torch.distributed, clorch's rendezvous and recorder), so that a restart does not wait
@@ -609,7 +582,7 @@ def warm_imports() -> None:
 def main(argv: list[str] | None = None) -> None:
     from ..rank_env import SPARE_ENV
 
-    bind_cpus()  # first: the watchdog thread below and the kernel's threads inherit the binding
+    numa.bind_rank()  # first: the watchdog thread below and the kernel's threads inherit the binding
     watch_parent(os.getppid(), end_own_group)  # the supervisor; see the module's docstring
     if os.environ.pop(SPARE_ENV, ""):
         warm_imports()

@@ -1,0 +1,69 @@
+"""A rank's tracebacks without clorch_repl's own frames: an error raised inside the package's
+code on the user's behalf (a refused ``input()``, a Ctrl-C that lands while a print is being
+counted) is shown ending at the user's line, as in a plain kernel.
+
+``__tracebackhide__`` cannot do it: IPython (9.x ultratb) never hides the frame an exception was
+raised in. IPython's showtraceback uses an exception's ``_render_traceback_`` instead of its own
+formatting when there is one, so the error carries one that formats the traceback minus the
+given files' frames with the shell's own formatter (same colours, same ``Cell In[n]`` lines).
+The traceback is read when it is shown, complete by then. The exception's type is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+from typing import Any, Callable, Iterable, TypeVar
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def without_frames(tb: types.TracebackType | None, files: Iterable[str]) -> types.TracebackType | None:
+    """``tb`` with the frames of ``files`` left out (a new chain; the frames are the same)."""
+    skip = set(files)
+    kept: list[types.TracebackType] = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename not in skip:
+            kept.append(tb)
+        tb = tb.tb_next
+    chain: types.TracebackType | None = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
+
+
+def shown_without(error: BaseException, shell: Any, files: Iterable[str]) -> BaseException:
+    """``error``, rendered by ``shell`` without the frames of ``files`` (see the module docstring)."""
+    skip = tuple(files)
+
+    def render() -> list[str]:
+        tb = without_frames(error.__traceback__, skip)
+        return shell.InteractiveTB.structured_traceback(type(error), error, tb)
+
+    error._render_traceback_ = render  # type: ignore[attr-defined]
+    return error
+
+
+def interrupts_at_users_line(method: F, file: str) -> F:
+    """``method`` (of code in ``file`` that user code calls into, such as a stream's ``write``),
+    with a KeyboardInterrupt that lands inside it shown without the frames of ``file`` and of
+    this module: Ctrl-C in a print loop then ends at the user's ``print`` line."""
+    skip = (file, __file__)
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            return method(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            if shell is not None:  # a rank's kernel: always, once it runs cells
+                shown_without(exc, shell, skip)
+            raise
+
+    return wrapper  # type: ignore[return-value]
