@@ -53,9 +53,9 @@ RankSink = Callable[[int, dict[str, Any]], None]
 class Relay:
     """Runs cells over the ranks' channels (see the module docstring)."""
 
-    def __init__(self, group: Launcher) -> None:
-        self.group = group
-        self.channels = Channels(group)
+    def __init__(self, launcher: Launcher) -> None:
+        self._launcher = launcher
+        self.channels = Channels(launcher)
         self.ledger = Ledger()
         self._prober: Prober = self.channels.prober
         #: called from a cell's wait loop every LIVENESS_PERIOD_S, on this thread: what must run
@@ -87,7 +87,7 @@ class Relay:
 
     def down(self, rank: int) -> str | None:
         """Why ``rank``'s process is not running (its exit), or None while it is."""
-        proc = self.group.ranks[rank]
+        proc = self._launcher.ranks[rank]
         return None if proc.alive else (proc.exit or "gone")
 
     def add_tick(self, tick: Callable[[], None]) -> None:
@@ -119,7 +119,7 @@ class Relay:
     # ----------------------------------------------------------------------------- channels
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
         """Open channels to every rank and wait until each answers on shell and iopub."""
-        for proc in self.group.ranks:
+        for proc in self._launcher.ranks:
             self.ledger.add_rank(proc.rank)
         self.channels.connect(progress, timeout_s)
 
@@ -232,7 +232,7 @@ class Relay:
             # the interrupt waits for it.
             run.diagnosed(self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S))
         if command.ranks:
-            self.group.interrupt(list(command.ranks))
+            self._launcher.interrupt(list(command.ranks))
         run.interrupted(command.ranks, time.monotonic())
 
     def _on_keyboard_interrupt(self, run: CellRun, watch: HangWatch) -> None:
@@ -253,7 +253,7 @@ class Relay:
     def _give_up(self, run: CellRun, command: GiveUp) -> None:
         """Stop waiting for ranks that did not return; find where each one is (see CellRun.gave_up)."""
         diagnosis = self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S) if command.diagnose else None
-        alive = [r for r in command.ranks if self.group.ranks[r].alive]
+        alive = [r for r in command.ranks if self._launcher.ranks[r].alive]
         answers = {} if command.hurry or not alive else self._prober.ask(alive, light=True,
                                                                          timeout_s=INTERRUPT_PROBE_S)
         stacks = {} if command.hurry else {r: self.stack_of(r) for r in command.ranks}
@@ -261,11 +261,11 @@ class Relay:
 
     def _check_deaths(self, run: CellRun, now: float) -> None:
         for rank in sorted(run.pending):
-            proc = self.group.ranks[rank]
+            proc = self._launcher.ranks[rank]
             if proc.alive:
                 continue
             self._pump(0)  # keep what it said before it died
-            tail = self.cell_names.name(self.group.death_report(rank), rank)
+            tail = self.cell_names.name(self._launcher.death_report(rank), rank)
             if run.died(rank, proc.exit, proc.host, tail, now):
                 run.death_diagnosed(self._diagnosis_text())
 
@@ -339,12 +339,12 @@ class Relay:
         A rank that does not answer within ``timeout_s`` (native code holding its GIL) is shown
         with its faulthandler stack when ``fallback`` is set. Ranks in ``unanswered`` have just
         failed to answer a question: they are not asked again (each would cost the wait again)."""
-        ranks = [p.rank for p in self.group.ranks] if ranks is None else ranks
-        alive = [r for r in ranks if self.group.ranks[r].alive and r not in (unanswered or ())]
+        ranks = [p.rank for p in self._launcher.ranks] if ranks is None else ranks
+        alive = [r for r in ranks if self._launcher.ranks[r].alive and r not in (unanswered or ())]
         answers = self._prober.ask(alive, all_threads=all_threads, timeout_s=timeout_s)
         states = []
         for rank in ranks:
-            proc = self.group.ranks[rank]
+            proc = self._launcher.ranks[rank]
             if not proc.alive:
                 states.append(RankState(rank, dead=proc.exit, host=proc.host))
                 continue
@@ -358,12 +358,12 @@ class Relay:
 
     def light_answers(self) -> dict[int, dict | None]:
         """Every live rank's flight-recorder group status (the hang watch's cheap question)."""
-        return self._prober.ask([p.rank for p in self.group.ranks if p.alive], light=True)
+        return self._prober.ask([p.rank for p in self._launcher.ranks if p.alive], light=True)
 
     def stack_of(self, rank: int) -> str:
         """Where ``rank``'s main thread is now, from its faulthandler (answers while native code
         holds its GIL), its cells named as the notebook shows them (``Cell In[12], line 3``)."""
-        return self.cell_names.name(self.group.dump_stack(rank), rank)
+        return self.cell_names.name(self._launcher.dump_stack(rank), rank)
 
     def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
         verdict, states = self.diagnose(timeout_s=timeout_s)
