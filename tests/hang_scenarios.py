@@ -120,11 +120,11 @@ def main() -> None:
 def record(name: str, world: int, out_dir: str, backend: str = "gloo", env: dict | None = None) -> list:
     """Run scenario ``name`` on ``world`` real ranks (this file as a script, one process each;
     with ``nccl`` one GPU each) and return their answers as the probe gave them while the ranks
-    were blocked, one ``RankState`` per rank. The tests' way to get recorded answers. ``env``:
+    were blocked, one ``RankEvidence`` per rank. The tests' way to get recorded answers. ``env``:
     more variables for the ranks (a smaller flight recorder, say)."""
     import subprocess
 
-    from clorch_repl.diagnosis.analyse import RankState
+    from clorch_repl.diagnosis.analyse import RankEvidence
     from clorch_repl.procs import free_port
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -149,7 +149,7 @@ def record(name: str, world: int, out_dir: str, backend: str = "gloo", env: dict
     states = []
     for r, out in enumerate(outs):
         with open(out) as fh:
-            states.append(RankState(r, answer=json.load(fh)))
+            states.append(RankEvidence(r, answer=json.load(fh)))
     return states
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from clorch_repl.diagnosis import render
-from clorch_repl.diagnosis.analyse import RankState, analyse
+from clorch_repl.diagnosis.analyse import RankEvidence, analyse
 
 import hang_scenarios
 
@@ -89,9 +89,9 @@ def test_a_full_ring_of_a_healthy_loop_is_no_hang() -> None:
     answer = nccl_answer(entries, enqueued=6000, completed=3000, stack=[frame("/tmp/ipykernel_1/2.py", 4, "<module>",
                                                                               "Cell In[3]")])
     answer["fr"]["full"] = {"nccl": True}
-    assert not analyse([RankState(0, answer=answer), RankState(1, answer=answer)]).hang
+    assert not analyse([RankEvidence(0, answer=answer), RankEvidence(1, answer=answer)]).hang
     answer["fr"]["pg_status"]["nccl/7"] = {"last_enqueued_collective": 6, "last_completed_collective": 5}
-    assert not analyse([RankState(0, answer=answer), RankState(1, answer=answer)]).hang  # computing in the cell
+    assert not analyse([RankEvidence(0, answer=answer), RankEvidence(1, answer=answer)]).hang  # computing in the cell
 
 
 def test_sends_before_a_skipped_collective_do_not_hide_it(tmp_path: Any) -> None:
@@ -116,14 +116,14 @@ def test_computing_ranks_are_not_a_hang(tmp_path: Any) -> None:
 def test_a_dead_rank_is_named() -> None:
     # Rank 1's answer is absent because it died: built from a recorded answer of rank 0 alone.
     pytest.importorskip("torch")
-    states = [RankState(0, answer={"fr": {"entries": [
+    states = [RankEvidence(0, answer={"fr": {"entries": [
         {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 2,
          "p2p_seq_id": 0, "profiling_name": "gloo:all_reduce", "input_sizes": [[4]], "input_dtypes": ["Float"],
          "output_sizes": [[4]], "output_dtypes": ["Float"], "state": "scheduled", "retired": False,
          "is_p2p": False, "time_created_ns": 0}],
         "pg_status": {"0": {"last_completed_collective": 1}}},
         "groups": {"0": {"ranks": [0, 1], "default": True}}, "stack": [], "in_cell": True, "now_ns": 10**10}),
-        RankState(1, dead="exit code 3")]
+        RankEvidence(1, dead="exit code 3")]
     verdict = analyse(states)
     assert verdict.sentence == ("all_reduce #2 (float32[4], default group): rank 0 waits in it; "
                                 "rank 1 died (exit code 3)")
@@ -171,13 +171,13 @@ def test_nccl_first_barrier_still_connecting_is_pending_not_completed() -> None:
     busy = nccl_answer([], enqueued=-1, completed=-1, cuda_busy=True,
                        stack=[frame("/tmp/ipykernel_2/2.py", 4, "<module>", "Cell In[3]"),
                               frame("/x/" + cuda_init, 1162, "synchronize")])
-    verdict = analyse([RankState(0, answer=busy), RankState(1, answer=waiting)])
+    verdict = analyse([RankEvidence(0, answer=busy), RankEvidence(1, answer=waiting)])
     assert verdict.stuck and verdict.waiting == [1] and verdict.missing == [0]
     assert verdict.pending_s is not None and verdict.pending_s >= 7.0
     assert verdict.sentence == ("barrier #1 (default group): rank 1 waits in it; rank 0 never called it and is at "
                                 "Cell In[3], line 4 in <module>, inside synchronize() (torch/cuda/__init__.py:1162), "
                                 "with its CUDA stream still busy")
-    assert "    barrier #1 (no tensor) group 0: scheduled" in render.report(verdict, [RankState(1, answer=waiting)])
+    assert "    barrier #1 (no tensor) group 0: scheduled" in render.report(verdict, [RankEvidence(1, answer=waiting)])
 
 
 def test_nccl_entries_launched_and_done_are_not_pending() -> None:
@@ -186,12 +186,12 @@ def test_nccl_entries_launched_and_done_are_not_pending() -> None:
     done = [nccl_entry(1, "nccl:all_reduce_barrier", [[1]], "completed", 8.0),
             nccl_entry(2, "nccl:all_reduce", [[1024]], "completed", 7.0)]
     stack = [frame("/tmp/ipykernel_1/2.py", 9, "<module>", "Cell In[4]")]
-    states = [RankState(r, answer=nccl_answer(done, enqueued=2, completed=2, stack=stack)) for r in range(2)]
+    states = [RankEvidence(r, answer=nccl_answer(done, enqueued=2, completed=2, stack=stack)) for r in range(2)]
     verdict = analyse(states)
     assert not verdict.hang and verdict.sentence.startswith("no collective is pending"), verdict.sentence
     # Called but not launched is still judged "in the call" only while the rank is inside
     # torch.distributed: the same record with the rank back in its own code is not a hang.
-    states = [RankState(r, answer=nccl_answer(done, enqueued=1, completed=1, stack=stack)) for r in range(2)]
+    states = [RankEvidence(r, answer=nccl_answer(done, enqueued=1, completed=1, stack=stack)) for r in range(2)]
     assert not analyse(states).hang
 
 
@@ -216,13 +216,13 @@ def test_both_recorders_are_read_and_kept_apart(monkeypatch: pytest.MonkeyPatch)
 RECORDED = os.path.join(HERE, "gpu", "recorded")
 
 
-def recorded_nccl(name: str) -> list[RankState]:
+def recorded_nccl(name: str) -> list[RankEvidence]:
     """Answers given by 2 real NCCL ranks (2 H200s, torch 2.11, NCCL 2.28) while blocked, kept by
     tests/gpu/test_gpu_hang.py (CLORCH_KEEP_ANSWERS): NCCL's records as torch writes them."""
     states = []
     for r in range(2):
         with open(os.path.join(RECORDED, f"nccl-{name}-{r}.json")) as fh:
-            states.append(RankState(r, answer=json.load(fh)))
+            states.append(RankEvidence(r, answer=json.load(fh)))
     return states
 
 
@@ -252,7 +252,7 @@ def test_a_rank_in_library_code_only_shows_two_frames_not_a_dozen() -> None:
     # A survivor formatting its cell's traceback (IPython, then pygments) when it was asked.
     stack = [frame("/x/site-packages/IPython/core/interactiveshell.py", 2279, "showtraceback")]
     stack += [frame("/x/site-packages/pygments/lexer.py", 565 + i, "_process_state") for i in range(14)]
-    state = RankState(1, answer={"fr": None, "fr_missing": "off", "stack": stack, "in_cell": True})
+    state = RankEvidence(1, answer={"fr": None, "fr_missing": "off", "stack": stack, "in_cell": True})
     text = "\n".join(render.evidence([state]))
     assert text.endswith("  in library code outside its cell's lines: IPython/core/interactiveshell.py:2279 in "
                          "showtraceback() ... pygments/lexer.py:578 in _process_state()"), text

@@ -12,7 +12,7 @@ from typing import Any
 
 from clorch_repl import errors
 from clorch_repl.diagnosis import render
-from clorch_repl.diagnosis.analyse import RankState, analyse
+from clorch_repl.diagnosis.analyse import RankEvidence, analyse
 from clorch_repl.launchers.rankfiles import report_stack
 from clorch_repl.rank_sets import merge_blocks, rank_words, ranks_are, ranks_text
 from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, Status
@@ -37,7 +37,7 @@ def _entry(seq: int, op: str, state: str) -> dict[str, Any]:
             "time_created_ns": 1_000_000_000 * seq}
 
 
-def _state(rank: int, waiting: bool) -> RankState:
+def _state(rank: int, waiting: bool) -> RankEvidence:
     entries = [_entry(1, "barrier", "completed")] + ([_entry(2, "all_reduce", "scheduled")] if waiting else [])
     if waiting:
         stack = [{"file": "Cell In[3]", "cell": "Cell In[3]", "line": 6, "function": "<module>",
@@ -49,7 +49,7 @@ def _state(rank: int, waiting: bool) -> RankState:
                   "code": "time.sleep(3600)", "library": False}]
     answer = {"fr": {"entries": entries, "pg_status": {}}, "stack": stack, "in_cell": True,
               "groups": {"0": {"default": True, "ranks": [0, 1, 2, 3]}}, "now_ns": 10_000_000_000}
-    return RankState(rank, answer)
+    return RankEvidence(rank, answer)
 
 
 def test_one_spelling_of_a_set_of_ranks() -> None:

@@ -17,16 +17,16 @@ import sys
 from typing import Any
 
 from ..rank_sets import rank_words
-from .entries import Entry, Progress, RankState, Verdict, entries_of, group_label, members_of, progress, unrecorded_pending
+from .entries import Entry, CollectiveProgress, RankEvidence, Verdict, entries_of, group_label, members_of, progress, unrecorded_pending
 from .where import where
 
 #: what other modules take from here: the verdict and the records it is made of
-__all__ = ["Progress", "RankState", "Verdict", "analyse", "progress"]
+__all__ = ["CollectiveProgress", "RankEvidence", "Verdict", "analyse", "progress"]
 
 logger = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ analysis
-def analyse(states: list[RankState]) -> Verdict:
+def analyse(states: list[RankEvidence]) -> Verdict:
     """The verdict for ranks ``states`` (every rank that runs, or ran, the cell)."""
     by_pg: dict[tuple[str, str], dict[int, dict[int, Entry]]] = {}
     for state in states:
@@ -52,7 +52,7 @@ def analyse(states: list[RankState]) -> Verdict:
     return verdict
 
 
-def _pushed_out(states: list[RankState]) -> Verdict | None:
+def _pushed_out(states: list[RankEvidence]) -> Verdict | None:
     """Instead of "no collective is pending", when ranks wait in operations whose entries are gone
     from their flight recorders (see :func:`unrecorded_pending`): which ranks, and where every
     other rank is. No rank is said to be missing from it: which group it is, and so who belongs
@@ -77,7 +77,7 @@ def _pushed_out(states: list[RankState]) -> Verdict | None:
 
 
 def _first_disagreement(pg: str, per_rank: dict[int, dict[int, Entry]],
-                        states: list[RankState]) -> Verdict | None:
+                        states: list[RankEvidence]) -> Verdict | None:
     members = members_of(pg, states)
     recorded = [r for r in members if r in per_rank]
     if not recorded:
@@ -155,7 +155,7 @@ def _for_torch(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], absent: list[int],
-             mismatch: str | None, states: list[RankState]) -> Verdict:
+             mismatch: str | None, states: list[RankEvidence]) -> Verdict:
     by_rank = {s.rank: s for s in states}
     ref = present[pending[0]] if pending else present[min(present)]
     group = group_label(pg, states)
@@ -192,14 +192,14 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
                    entered_ns=min((int(present[r].raw.get("time_created_ns") or 0) for r in pending), default=None))
 
 
-def _pending_elsewhere(state: RankState, pg: str) -> str | None:
+def _pending_elsewhere(state: RankEvidence, pg: str) -> str | None:
     for entry in entries_of(state):
         if not entry.completed and entry.pg != pg:
             return f"{entry.op} #{entry.seq} ({group_label(entry.pg, [state])})"
     return None
 
 
-def _no_collective(states: list[RankState]) -> Verdict:
+def _no_collective(states: list[RankEvidence]) -> Verdict:
     dead = [s for s in states if s.dead is not None]
     if dead:
         # A dead peer ends gloo's collectives at once (they fail on the survivors), so nothing is

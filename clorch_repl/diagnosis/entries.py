@@ -1,6 +1,6 @@
-"""What the ranks' answers hold, read into plain records: each rank's state (:class:`RankState`),
+"""What the ranks' answers hold, read into plain records: what each rank answered (:class:`RankEvidence`),
 its flight-recorder entries (:class:`Entry`, :func:`entries_of`), collectives it started that the
-recorder dropped (:func:`unrecorded_pending`), how far its groups got (:class:`Progress`), and the
+recorder dropped (:func:`unrecorded_pending`), how far its groups got (:class:`CollectiveProgress`), and the
 names the reports use for ops, tensors and groups. :mod:`.analyse` lines these up into a
 :class:`Verdict`; :mod:`.render` and the rank panel show them.
 """
@@ -22,7 +22,7 @@ _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16
 
 
 @dataclass
-class RankState:
+class RankEvidence:
     """One rank as the analysis sees it: its answer, or why there is none."""
 
     rank: int
@@ -78,7 +78,7 @@ class Verdict:
     waiting: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
     mismatch: bool = False
-    #: ranks waiting at a prompt for the user's answer (see RankState.prompt)
+    #: ranks waiting at a prompt for the user's answer (see RankEvidence.prompt)
     held: list[int] = field(default_factory=list)
 
     @property
@@ -97,7 +97,7 @@ class Verdict:
 
 
 # ------------------------------------------------------------------------------ entries
-def entries_of(state: RankState) -> list[Entry]:
+def entries_of(state: RankEvidence) -> list[Entry]:
     """The rank's collectives (point-to-point ops are keyed differently and left out here).
 
     A collective is complete once torch saw it end (``state``), retired it, or its group's status
@@ -153,7 +153,7 @@ class Unrecorded:
     capacity: int
 
 
-def unrecorded_pending(state: RankState) -> list[Unrecorded]:
+def unrecorded_pending(state: RankEvidence) -> list[Unrecorded]:
     """Operations a rank waits in whose entries are gone from its flight recorder.
 
     The ring (2,000 entries by default) is shared by every group of a recorder: while one group's
@@ -224,7 +224,7 @@ def _in_the_call(raws: list[dict[str, Any]], status: dict[str, Any],
 
 
 @dataclass(frozen=True)
-class Progress:
+class CollectiveProgress:
     """Where a rank's collectives stand, from its light answer (the flight recorder's group
     status, no entries): the notebook's periodic hang check compares two of these some seconds
     apart (:meth:`stood_still`), and a rank whose pending collectives moved on is not hung,
@@ -241,7 +241,7 @@ class Progress:
         """A collective may be pending: enqueued and not completed, or being called."""
         return self.calling or any(enqueued > completed for _, enqueued, completed in self.marks)
 
-    def stood_still(self, before: Progress | None) -> bool:
+    def stood_still(self, before: CollectiveProgress | None) -> bool:
         """Whether a collective may have been pending since ``before`` (None: no earlier look):
         a group with one enqueued and not completed whose last completed one is the same as
         then, or the main thread inside torch.distributed both times while some group's status
@@ -260,14 +260,14 @@ class Progress:
         return False
 
 
-def progress(answer: dict[str, Any]) -> Progress | None:
-    """A rank's :class:`Progress`, or None when its answer is an error."""
+def progress(answer: dict[str, Any]) -> CollectiveProgress | None:
+    """A rank's :class:`CollectiveProgress`, or None when its answer is an error."""
     if "error" in answer:
         return None
     status = (answer.get("fr") or {}).get("pg_status") or {}
     marks = tuple(sorted((str(key), int(v.get("last_enqueued_collective", -1)),
                           int(v.get("last_completed_collective", -1))) for key, v in status.items()))
-    return Progress(marks, _inside_torch_distributed(answer.get("stack") or []))
+    return CollectiveProgress(marks, _inside_torch_distributed(answer.get("stack") or []))
 
 
 def _is_torch_distributed(path: str) -> bool:
@@ -303,7 +303,7 @@ def describe_tensors(raw: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def group_label(pg: str, states: list[RankState]) -> str:
+def group_label(pg: str, states: list[RankEvidence]) -> str:
     for state in states:
         info = (state.answer or {}).get("groups", {}).get(pg) if state.answered else None
         if info:
@@ -313,7 +313,7 @@ def group_label(pg: str, states: list[RankState]) -> str:
     return "default group" if pg == "0" else f"group {pg}"
 
 
-def members_of(pg: str, states: list[RankState]) -> list[int]:
+def members_of(pg: str, states: list[RankEvidence]) -> list[int]:
     for state in states:
         info = (state.answer or {}).get("groups", {}).get(pg) if state.answered else None
         if info and info.get("ranks"):

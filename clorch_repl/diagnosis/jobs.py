@@ -22,7 +22,7 @@ import threading
 import time
 
 from . import probe, render
-from .analyse import RankState, analyse
+from .analyse import RankEvidence, analyse
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +106,9 @@ def explain(directory: str, pids: dict[int, int | None], exits: dict[int, str | 
     states = []
     for rank in sorted(set(pids) | set(exits)):
         if rank in answers:
-            states.append(RankState(rank, answer=answers[rank]))
+            states.append(RankEvidence(rank, answer=answers[rank]))
         elif exits.get(rank):
-            states.append(RankState(rank, dead=exits[rank]))
+            states.append(RankEvidence(rank, dead=exits[rank]))
         else:
-            states.append(RankState(rank))
+            states.append(RankEvidence(rank))
     return render.report(analyse(states), states)

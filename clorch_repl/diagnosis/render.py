@@ -8,7 +8,7 @@ from typing import Any
 
 from ..launchers.rankfiles import report_stack
 from ..rank_sets import merge_blocks, rank_words
-from .entries import RankState, Verdict, describe_tensors, entries_of, unrecorded_pending
+from .entries import RankEvidence, Verdict, describe_tensors, entries_of, unrecorded_pending
 from .where import frame_label
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def notice(verdict: Verdict) -> str:
     return f"clorch: no progress on any rank; {verdict.sentence}"
 
 
-def evidence(states: list[RankState], *, all_threads: bool = False, recent: int = RECENT) -> list[str]:
+def evidence(states: list[RankEvidence], *, all_threads: bool = False, recent: int = RECENT) -> list[str]:
     """Per rank: its last collectives (op, sequence number, tensors, state) and its stack; ranks
     of one host whose evidence reads the same (three ranks waiting in the same all_reduce at the
     same line) once, under one heading (``---- ranks 0,2-3 ----``), so the rank that differs is
@@ -41,7 +41,7 @@ def evidence(states: list[RankState], *, all_threads: bool = False, recent: int 
     return lines
 
 
-def _block(state: RankState, *, all_threads: bool, recent: int) -> list[str]:
+def _block(state: RankEvidence, *, all_threads: bool, recent: int) -> list[str]:
     """One rank's evidence, below its heading."""
     lines: list[str] = []
     if state.dead is not None:
@@ -93,6 +93,6 @@ def _stack_lines(head: str, stack: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def report(verdict: Verdict, states: list[RankState], *, all_threads: bool = False) -> str:
+def report(verdict: Verdict, states: list[RankEvidence], *, all_threads: bool = False) -> str:
     """Verdict, then evidence: the text of ``%clorch why`` and of a failed cell's diagnosis."""
     return "\n".join([verdict.sentence, *evidence(states, all_threads=all_threads)])

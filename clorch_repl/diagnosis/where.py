@@ -1,7 +1,7 @@
 """Where a rank is, in the words the notebook uses for lines (``Cell In[5], line 3 in <module>``):
 from its probe answer, its faulthandler stack when it could not answer, or its prompt.
 
-Pure: a :class:`~.entries.RankState` in, one phrase out (``is at ...``, ``died (...)``,
+Pure: a :class:`~.entries.RankEvidence` in, one phrase out (``is at ...``, ``died (...)``,
 ``is waiting for input ...``); :mod:`.analyse` builds its verdicts from these phrases and
 :mod:`.render` its evidence.
 """
@@ -14,12 +14,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .entries import RankState
+    from .entries import RankEvidence
 
 logger = logging.getLogger(__name__)
 
 
-def held_at_prompt(state: RankState) -> str:
+def held_at_prompt(state: RankEvidence) -> str:
     """A rank waiting for the user at a prompt: in the debugger (pdb's frames on its stack) or in
     input(), and where."""
     stack = ((state.answer or {}).get("stack") or []) if state.answered else []
@@ -35,7 +35,7 @@ def held_at_prompt(state: RankState) -> str:
     return f"{what}{at} (its prompt {state.prompt!r} waits for your answer in the notebook)"
 
 
-def where(state: RankState) -> str:
+def where(state: RankEvidence) -> str:
     """Where a rank is, as the notebook names lines: ``Cell In[5], line 3 in <module>``."""
     if state.dead is not None:
         return f"died ({state.dead})"

@@ -14,7 +14,7 @@ import time
 from typing import Protocol
 
 from ..diagnosis import render
-from ..diagnosis.analyse import Progress, RankState, Verdict, analyse, progress
+from ..diagnosis.analyse import CollectiveProgress, RankEvidence, Verdict, analyse, progress
 from .cell_run import CellRun
 from .sink import OutputSink
 
@@ -31,7 +31,7 @@ class Asker(Protocol):
         """Every live rank's flight-recorder group status (cheap), None where it did not answer."""
 
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False, fallback: bool = True,
-                 timeout_s: float = ..., unanswered: set[int] | None = None) -> tuple[Verdict, list[RankState]]:
+                 timeout_s: float = ..., unanswered: set[int] | None = None) -> tuple[Verdict, list[RankEvidence]]:
         """Where every rank is, lined up (see Relay.diagnose)."""
 
     def stack_of(self, rank: int) -> str:
@@ -45,8 +45,8 @@ class HangWatch:
         self.asker, self.run, self.sink, self.notice_s = asker, run, sink, notice_s
         #: None: the notice is off, or was given
         self.next_check: float | None = now + notice_s if notice_s > 0 else None
-        #: where each rank's collectives stood at the last check (analyse.Progress), per rank
-        self.seen: dict[int, Progress] = {}
+        #: where each rank's collectives stood at the last check (analyse.CollectiveProgress), per rank
+        self.seen: dict[int, CollectiveProgress] = {}
 
     def stop(self) -> None:
         """Being interrupted: the report will say why instead."""
@@ -84,7 +84,7 @@ class HangWatch:
     def _may_hang(self) -> tuple[bool, set[int]]:
         """The periodic check's first question, for the flight recorder's group status only
         (light): whether some rank may have had a collective pending since the last check
-        (analyse.Progress.stood_still; at the first check of a quiet stretch, pending is
+        (analyse.CollectiveProgress.stood_still; at the first check of a quiet stretch, pending is
         enough). A training loop that is merely quiet keeps moving, so its ranks are not asked
         for their whole flight record every few seconds: that costs each rank 20-30 ms of CPU
         with its GIL held on gloo, 70 ms and more on NCCL, the status well under 1 ms. Also

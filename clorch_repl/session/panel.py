@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 from ..diagnosis.analyse import analyse
-from ..diagnosis.entries import RankState, op_at, progress
+from ..diagnosis.entries import RankEvidence, op_at, progress
 from .panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
 
 logger = logging.getLogger(__name__)
@@ -197,8 +197,8 @@ class Panel:
         if not stuck:
             tracker.verdict = None
         elif self._whole_answers and not self._open("whole"):
-            states = [RankState(p.rank, answer=self._whole_answers.get(p.rank), host=p.host) if p.alive
-                      else RankState(p.rank, dead=p.exit, host=p.host) for p in procs]
+            states = [RankEvidence(p.rank, answer=self._whole_answers.get(p.rank), host=p.host) if p.alive
+                      else RankEvidence(p.rank, dead=p.exit, host=p.host) for p in procs]
             verdict = analyse(states)
             tracker.verdict = verdict.sentence if verdict.hang else None
             self._whole_answers = {}

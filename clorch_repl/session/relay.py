@@ -21,7 +21,7 @@ from typing import Any, Callable
 from jupyter_client.blocking.client import BlockingKernelClient
 
 from ..diagnosis import render
-from ..diagnosis.analyse import RankState, Verdict, analyse
+from ..diagnosis.analyse import RankEvidence, Verdict, analyse
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..launchers.base import Launcher
 from ..rank_sets import rank_words
@@ -333,7 +333,7 @@ class Relay:
     # ----------------------------------------------------------------------------- diagnosis
     def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,
                  fallback: bool = True, timeout_s: float = PROBE_TIMEOUT_S,
-                 unanswered: set[int] | None = None) -> tuple[Verdict, list[RankState]]:
+                 unanswered: set[int] | None = None) -> tuple[Verdict, list[RankEvidence]]:
         """Ask the ranks where they are (over control, while they run) and line the answers up.
 
         A rank that does not answer within ``timeout_s`` (native code holding its GIL) is shown
@@ -346,9 +346,9 @@ class Relay:
         for rank in ranks:
             proc = self._launcher.ranks[rank]
             if not proc.alive:
-                states.append(RankState(rank, dead=proc.exit, host=proc.host))
+                states.append(RankEvidence(rank, dead=proc.exit, host=proc.host))
                 continue
-            state = RankState(rank, answer=answers.get(rank), host=proc.host,
+            state = RankEvidence(rank, answer=answers.get(rank), host=proc.host,
                               prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
                               paused=rank in self.ledger.debug_paused)
             if not state.answered and fallback:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
-from ..launchers.base import Launcher
+from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
 from .bootstrap import LEAVE_CODE, boot_code
@@ -29,7 +29,6 @@ from .sink import OutputSink
 
 logger = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
 LauncherFactory = Callable[[Topology], Launcher]
 #: Time allowed, beyond the process-group timeout, for ranks to import torch and join.
 JOIN_MARGIN_S = 120.0
