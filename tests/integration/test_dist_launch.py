@@ -1,5 +1,5 @@
 """launch() and Job on real processes: training, failures (raise, SIGKILL), timeout, stop, logs,
-the registry, and every bad input refused before a process starts."""
+the registry. Bad input refused before a process starts: tests/unit/test_dist_launch_units.py."""
 
 from __future__ import annotations
 

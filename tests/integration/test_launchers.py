@@ -4,7 +4,7 @@ and no IPython shell: real rank kernels, a real gloo group, real interrupts and 
 
 ``local``: children of this process. ``attach``: two ranks started by a real torchrun on this
 host that call back over CurveZMQ to 127.0.0.1 (the multi-host path without the network; across
-simulated hosts and Slurm: tests/test_multihost.py). ``procs``: a launcher from outside the
+simulated hosts and Slurm: tests/integration/test_multihost.py). ``procs``: a launcher from outside the
 package (tests/plugins), found through the ``clorch_repl.launchers`` entry-point group as a
 plugin's would be, and written only to the documented hooks."""
 

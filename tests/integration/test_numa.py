@@ -1,4 +1,5 @@
-"""clorch_repl.numa: cpulists, a GPU's NUMA cores, and a rank binding itself at start.
+"""clorch_repl.numa: a rank binding itself at start. Cpulists and a GPU's NUMA cores, without
+processes: tests/unit/test_numa_units.py.
 
 Everything runs for real on this machine: sysfs is the machine's own, affinities are changed in
 child processes (never in the test process), and the rank kernel is the real worker entry point.

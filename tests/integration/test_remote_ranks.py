@@ -1,7 +1,7 @@
 """Ranks that call back (``--launcher attach``), on this one host: real torchrun, real nannies
 (``python -m clorch_repl.rank``), real kernels over TCP with CurveZMQ, driven from a real notebook
 kernel. Needs no root: the callback endpoint listens on 127.0.0.1. The same path across simulated
-hosts (network namespaces) and under a real Slurm cluster: tests/test_multihost.py."""
+hosts (network namespaces) and under a real Slurm cluster: tests/integration/test_multihost.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``%clorch top``: the live rank panel through a real notebook kernel and 2 gloo ranks (updates at
 least once a second while a cell runs, showing the running cell and the collective a rank waits
-in), ``--once`` and ``--stop``; and what a row shows, from hand-made snapshots."""
+in), ``--once`` and ``--stop``. What a row shows, from hand-made snapshots: tests/unit/test_top_units.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Values between the notebook and its ranks: %clorch pull/push and %%distributed --gather.
 
-The format's rules are tested on their own (fast, no ranks); the commands through a real notebook
-kernel driving two real gloo ranks, as JupyterLab drives one."""
+The format's rules are tested on their own (fast, no ranks: tests/unit/test_transfer_units.py); the
+commands through a real notebook kernel driving two real gloo ranks, as JupyterLab drives one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Checkpoints: round trip, atomic replacement under SIGKILL, refusal of bad files, no pickled code."""
+"""Checkpoints in one process: round trip, refusal of bad files, no pickled code. With ranks and
+SIGKILL: tests/integration/test_checkpoint_live.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The analysis on answers recorded from real gloo ranks (tests/hang_scenarios.py): each scenario
-runs 2 or 3 real processes in a real gloo group, each probed by a thread while its main thread is
-blocked, and the verdict must name the op, its sequence number, the ranks and the line."""
+"""The analysis on hand-written rank states and on NCCL answers recorded on GPUs (tests/gpu/recorded),
+without processes. On answers recorded from real gloo ranks (tests/hang_scenarios.py):
+tests/integration/test_hang_analysis_live.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The notebook kernel's status while a %%distributed cell runs (clorch_repl.session.kernel_status):
 a control request's idle does not make JupyterLab's status bar say Idle. Fast: a stand-in kernel
-records what would be published; tests/test_widgets.py checks it in a real notebook kernel."""
+records what would be published; tests/integration/test_widgets.py checks it in a real notebook kernel."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a rank's log gets of the cell's displayed results (``%clorch logs RANK``): their text, as
-the README promises everything the rank wrote. Fast: the pure rule; tests/test_session.py reads
+the README promises everything the rank wrote. Fast: the pure rule; tests/integration/test_session.py reads
 a real rank's log."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``%%distributed --profile``: a real 3-rank gloo session, one rank slowed on purpose (extra matmuls
-on rank 2): the verdict names rank 2 and the operator, the merged trace is JSON with one process
-per rank; and the verdict's logic on recorded summaries."""
+"""``%%distributed --profile``: on a real 3-rank gloo session, one rank slowed on purpose (extra matmuls
+on rank 2), the verdict names rank 2 and the operator, the merged trace is JSON with one process
+per rank (tests/integration/test_profile_live.py); here the verdict's logic on recorded summaries."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The relay's I/O loop (clorch_repl.session.relay) over stand-in channels and a stand-in launcher:
 it carries out what the cell's state machine decides (interrupts, giving up, deaths) and gives the
 sink every line, with no socket and no process. The state machine's own cases are in
-tests/test_cell_run.py; here only that the relay does what they ask."""
+tests/unit/test_cell_run.py; here only that the relay does what they ask."""
 
 from __future__ import annotations
 
