@@ -16,7 +16,8 @@ recorded on GPUs). The modules shared by both halves stay at ``tests/``: the hel
 notebook kernels and subprocesses import them as ``tests.X`` (the repository root is on their
 ``PYTHONPATH``) or by their bare names (``tests/`` is on ``sys.path``, which ``dist.launch`` passes
 on to its ranks). ``tests/unit`` and ``tests/integration`` are on ``sys.path`` too: a module split
-in two imports the helpers of its other half by bare name (``from test_merge_output import feed``).
+in two imports the helpers of its other half by bare name (``from test_merge_output import feed``),
+and ``tests/gpu`` those of the CPU tests it mirrors (``from test_remote_ranks import torchrun``).
 A module whose tests fell in both halves was split: the half with more lines kept its name in its
 folder, the other is ``test_<name>_units.py`` in ``tests/unit`` or ``test_<name>_live.py`` in
 ``tests/integration``.
@@ -59,7 +60,8 @@ atexit.register(shutil.rmtree, _CONNECT_DIR, True)
 # kernels, no notebook kernel, no torch.distributed group, no subprocess, no browser, no hosts.
 UNIT = os.path.join(HERE, "unit")
 # Bare-name imports: the shared helpers in tests/ (as before the split; pytest would add it for
-# this conftest alone), and the two halves' modules, which a split module's other half imports.
+# this conftest alone), and the two halves' modules, which a split module's other half and
+# tests/gpu import.
 for _folder in (os.path.join(HERE, "integration"), UNIT, HERE):
     if _folder not in sys.path:
         sys.path.insert(0, _folder)
