@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tests: set up, then pytest (real worker kernels and real 2-rank gloo groups on the CPU).
 #   bash scripts/test.sh              everything (what CI runs)
-#   bash scripts/test.sh --fast       the fast unit half only: tests that start no process (the FAST
-#                                     list in tests/conftest.py), in seconds; it skips the set-up when
+#   bash scripts/test.sh --fast       the fast unit half only: the tests in tests/unit, which start no
+#                                     process (tests/conftest.py), in seconds; it skips the set-up when
 #                                     .venv already has clorch_repl (run scripts/setup.sh after
 #                                     changing dependencies)
 # Other arguments go to pytest (a file, -k, -m "not browser", ...).

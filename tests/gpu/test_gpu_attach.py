@@ -4,8 +4,8 @@ kernels on TCP with Curve keys), then a restart inside the same torchrun and a s
 Skipped where there is no GPU (CI); run on the device machine with ``python -m pytest tests/gpu -q -s``
 (``scripts/gpu_check.sh`` does). It prints what the ranks printed, so a person can read the check.
 
-The same path without GPUs, on one host and on simulated hosts: tests/test_remote_ranks.py and
-tests/test_multihost.py."""
+The same path without GPUs, on one host and on simulated hosts: tests/integration/test_remote_ranks.py and
+tests/integration/test_multihost.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ notes).
 
 Sequence numbers: an NCCL session forms its group without a barrier (``device_id`` connects the
 communicator eagerly), so a cell's first collective is #1; a gloo session's start-up barrier makes
-it #2 there (tests/test_hang_notebook.py).
+it #2 there (tests/integration/test_hang_notebook.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 visible GPU) through a real notebook kernel, run twice (the second resumes from rank 0's
 snapshot), then init_process_group's agreement with the NCCL group (``device_id=device`` accepted,
 another GPU or gloo refused) and a collective on ``device`` after. Skipped where there is no GPU
-(CI); the same on gloo: tests/test_run_script.py."""
+(CI); the same on gloo: tests/integration/test_run_script.py."""
 
 from __future__ import annotations
 

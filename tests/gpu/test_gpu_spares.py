@@ -1,7 +1,7 @@
 """On a CUDA machine: a GPU session keeps warm spares by default; they hold no GPU memory (no CUDA
 context); a restart after a rank's death and after a hang makes them the ranks, with a working NCCL
 group in fresh processes; ``--spares 0`` keeps none. Prints the restart times and what the spares
-cost. Skipped where there is no GPU (CI); the same behaviour on CPU ranks: tests/test_spares.py."""
+cost. Skipped where there is no GPU (CI); the same behaviour on CPU ranks: tests/integration/test_spares.py."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
 """torchrun-style scripts of the tests' own, run unchanged by ``%clorch run`` on live ranks and by
-real torchrun (tests/test_run_script.py, tests/test_run_multihost.py)."""
+real torchrun (tests/integration/test_run_script.py, tests/integration/test_run_multihost.py)."""

@@ -1,0 +1,64 @@
+"""``%clorch top``: the live rank panel through a real notebook kernel and 2 gloo ranks (updates at
+least once a second while a cell runs, showing the running cell and the collective a rank waits
+in), ``--once`` and ``--stop``. What a row shows, from hand-made snapshots: tests/unit/test_top_units.py."""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from queue import Empty
+
+from notebook_kernel import clorch_session
+
+
+SLOW_BARRIER = """%%distributed
+import time, torch.distributed as dist
+if rank == 0:
+    time.sleep(5)
+dist.barrier()
+print("through")
+"""
+
+
+def _panel_updates(nb, seconds: float) -> list[tuple[float, str]]:
+    """(arrival, the panel's table as text) of every widget update within ``seconds``."""
+    out, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        try:
+            msg = nb.kc.get_iopub_msg(timeout=0.2)
+        except Empty:
+            continue
+        nb._held.append(msg)  # the cell's own messages stay for collect()
+        value = ((msg["content"].get("data") or {}).get("state") or {}).get("value") \
+            if msg["msg_type"] == "comm_msg" else None
+        if isinstance(value, str) and "clorch-top" in value:
+            out.append((time.monotonic() - t0, html.unescape(re.sub(r"<[^>]+>", " ", value))))
+    return out
+
+
+def test_the_panel_updates_while_a_cell_runs_and_closes() -> None:
+    with clorch_session() as nb:
+        once = nb.run("%clorch top --once")
+        assert once.status == "ok", once.text
+        lines = once.text.splitlines()
+        assert lines[1].split()[:4] == ["rank", "host", "state", "cell"], once.text
+        assert re.match(r"0\s+here\s+idle\s", lines[2]) and re.match(r"1\s+here\s+idle\s", lines[3]), once.text
+        opened = nb.run("%clorch top")
+        assert opened.status == "ok", opened.text
+        msg_id = nb.send(SLOW_BARRIER)
+        updates = _panel_updates(nb, 5.5)
+        ran = nb.collect(msg_id)
+        assert ran.status == "ok" and "[ranks 0-1] through" in ran.text, ran.text
+        times = [t for t, _ in updates]
+        assert len(updates) >= 4, updates
+        assert max(b - a for a, b in zip(times, times[1:])) < 1.6, times  # about once a second
+        busy = [text for _, text in updates if " busy " in text]
+        assert busy and any("time.sleep" not in t and "import time, torch.distributed as dist" in t for t in busy), busy
+        # rank 1 waits in the barrier for rank 0: the panel names the collective once it stands still
+        assert any(re.search(r"barrier #\d+ \(fr/\d+\) for \d+s", text) for _, text in updates), updates[-1]
+        closed = nb.run("%clorch top --stop")
+        assert "closed the %clorch top panel" in closed.text
+        after = _panel_updates(nb, 2.5)
+        assert after == [], after  # closed: nothing more is sent
+        assert "no %clorch top panel is open" in nb.run("%clorch top --stop").text

@@ -1,0 +1,78 @@
+"""The error hierarchy a user catches, the old import paths that still reach it, and the meaning
+given to torch's failure messages. Fast: no ranks, no torch for most of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from clorch_repl import errors
+from clorch_repl.distributed.failures import looks_like_cascade
+from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, Status
+
+
+def test_every_error_but_a_failed_cell_is_a_clorch_error() -> None:
+    classes = [getattr(errors, name) for name in errors.__all__]
+    outside = [c.__name__ for c in classes if not issubclass(c, errors.ClorchError)]
+    assert outside == ["DistributedCellError"]  # the user's own code failing on the ranks
+    assert issubclass(errors.ConfigError, ValueError) and issubclass(errors.SignatureError, ValueError)
+    assert issubclass(errors.JobTimeout, TimeoutError) and issubclass(errors.CollectiveTimeout, TimeoutError)
+    assert issubclass(errors.CollectiveMismatch, errors.CollectiveError)
+    assert errors.RankFailure("rank 1 failed", rank=1).rank == 1
+    assert errors.CollectiveMismatch("differs", ranks=(2,)).ranks == (2,)
+    assert errors.StartupError("no group").outcome is None
+
+
+def test_the_api_names_reach_the_same_classes() -> None:
+    """API.md's ``dist.X`` names are the classes of clorch_repl.errors, not copies."""
+    from clorch_repl import distributed as dist
+
+    assert dist.CollectiveMismatch is errors.CollectiveMismatch and dist.NoProcessGroup is errors.NoProcessGroup
+
+
+def _failed(rank: int, status: Status, ename: str = "", tb: tuple[str, ...] = ()) -> RankOutcome:
+    error = RankError(rank, ename, "boom", tb) if ename else None
+    return RankOutcome(rank, status, error, exit="killed by signal SIGKILL" if status is Status.DIED else None)
+
+
+def test_a_failed_cell_shows_each_rank_once_per_distinct_traceback() -> None:
+    tb = ("ValueError: boom", "Cell In[3], line 1")
+    outcome = CellOutcome(ranks={0: _failed(0, Status.ERROR, "ValueError", tb),
+                                 1: _failed(1, Status.ERROR, "ValueError", tb),
+                                 2: _failed(2, Status.DIED)})
+    err = errors.DistributedCellError(outcome, merge=True)
+    assert str(err) == "ranks 0-1: ValueError: boom; rank 2 died (killed by signal SIGKILL)"
+    assert err.failed_ranks == [0, 1, 2]
+    text = "\n".join(err._render_traceback_())
+    assert text.count("Cell In[3], line 1") == 1 and "---- ranks 0-1 ----" in text
+    assert "rank 2 died" in text and "%clorch restart" in text
+    separate = "\n".join(errors.DistributedCellError(outcome, merge=False)._render_traceback_())
+    assert separate.count("Cell In[3], line 1") == 2
+
+
+@pytest.mark.parametrize("kind, message, cascade", [
+    ("RuntimeError", "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5281", True),
+    ("DistBackendError", "NCCL communicator was aborted on rank 1", True),
+    ("RuntimeError", "Timed out waiting 30000ms for recv operation to complete", True),
+    ("CollectiveError", "all_reduce on rank 0 failed because another rank went away", True),
+    ("ValueError", "loss is nan at step 12", False),
+    ("KeyError", "'epochs'", False),
+])
+def test_cascade_or_cause(kind: str, message: str, cascade: bool) -> None:
+    assert looks_like_cascade(kind, message) is cascade
+
+
+def test_a_dead_rank_and_a_stuck_one_are_told_apart() -> None:
+    """A died rank broke the group (restart); a stuck one is still busy with the cell, maybe in
+    code that caught the interrupt: the report says which is which and what to do for each."""
+    outcome = CellOutcome(ranks={0: _failed(0, Status.STUCK), 1: _failed(1, Status.DIED)}, timed_out=True,
+                          interrupt_grace_s=5.0)
+    err = errors.DistributedCellError(outcome, timeout_s=2.0)
+    text = "\n".join(err._render_traceback_()).replace("\x1b[31m", "").replace("\x1b[1m", "").replace("\x1b[0m", "")
+    assert "Timed out after 2 s; the ranks were interrupted and given 5 s more to return." in text
+    assert "or its code caught the KeyboardInterrupt and went on" in text
+    assert "The process group is broken: rank 1 died. Run %clorch restart" in text
+    assert "Rank 0 is still running this cell, so it takes no other" in text
+    two = CellOutcome(ranks={r: _failed(r, Status.DIED) for r in (0, 1, 2, 5)}, timed_out=True)
+    assert "The process group is broken: ranks 0-2,5 died." in "\n".join(
+        errors.DistributedCellError(two, timeout_s=2.0)._render_traceback_())
+    assert str(err).startswith("the cell timed out after 2 s (the ranks were interrupted and given 5 s more to return)")

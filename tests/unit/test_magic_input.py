@@ -1,0 +1,92 @@
+"""Mistakes a user can make before and around %clorch start, and in the hang-diagnosis options
+(``--hang-notice``, ``%clorch why``): each gives one clear line, before any rank is started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from clorch_repl import cuda
+
+GPUS = cuda.device_count()
+
+
+def say(ip: Any, line: str) -> tuple[Any, str]:
+    with capture_output() as cap:
+        result = ip.run_cell(line)
+    return result, cap.stdout + cap.stderr
+
+
+@pytest.fixture()
+def no_session(ip: Any, magics: Any) -> Any:
+    magics.shutdown()
+    return ip
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%clorch start --bogus", "unrecognized arguments: --bogus"),
+    ("%clorch start --nproc 0", "nproc must be at least 1; got 0"),
+    ("%clorch start --nproc two", "nproc must be a whole number of ranks"),
+    ("%clorch start --devices 0,0", "devices repeats 0"),
+    ("%clorch start --devices 999", "no usable GPU" if GPUS == 0 else "devices names GPU 999, which does not exist"),
+    ("%clorch start --nproc 3 --devices 0,1", "nproc 3 and devices 0,1 disagree"),
+    pytest.param("%clorch start --backend nccl", "backend nccl needs GPUs",
+                 marks=pytest.mark.skipif(GPUS > 0, reason=f"this machine has {GPUS} GPU(s): nccl would start")),
+    ("%clorch start --backend mpi", "backend must be one of nccl, gloo"),
+    ("%clorch start --timeout 0", "timeout must be a positive number of seconds"),
+    ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
+    ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
+    ("%clorch logs 0", "no ranks are running: run %clorch start first"),
+    ("%clorch interrupt", "no ranks are running"),
+    ("%clorch restart", "nothing to restart: run %clorch start first"),
+])
+def test_bad_input_gives_one_clear_line(no_session: Any, line: str, message: str) -> None:
+    result, out = say(no_session, line)
+    assert not result.success
+    assert message in out
+    assert "Traceback" not in out and "clorch_repl/" not in out
+    assert len([l for l in out.splitlines() if l.strip()]) == 1, out
+
+
+def test_help_works_for_every_command(no_session: Any) -> None:
+    for line in ("%clorch --help", "%clorch start --help", "%clorch logs --help", "%%distributed --help\npass"):
+        result, out = say(no_session, line)
+        assert result.success, out
+        assert "%clorch" in out or "%distributed" in out, (line, out)
+    _, out = say(no_session, "%clorch start --help")
+    assert "--devices" in out and "--backend" in out
+
+
+def test_stop_without_ranks_says_so(no_session: Any) -> None:
+    result, out = say(no_session, "%clorch stop")
+    assert result.success and "no ranks are running" in out
+
+
+# ------------------------------------------------------------------ hang-diagnosis options
+@pytest.mark.parametrize("line, message", [
+    ("%clorch start --hang-notice -1", "--hang-notice must be 0 (off) or a positive number of seconds; got '-1'"),
+    ("%clorch start --hang-notice soon", "--hang-notice must be a number of seconds (0 turns it off); got 'soon'"),
+    ("%clorch start --hang-notice inf", "--hang-notice must be 0 (off) or a positive number of seconds"),
+    ("%%distributed --hang-notice -3\npass", "--hang-notice must be 0 (off) or a positive number of seconds"),
+    ("%clorch why", "no ranks are running: run %clorch start first"),
+    ("%clorch why --rank one", "--rank must be a rank number; got 'one'"),
+    ("%clorch why --bogus", "unrecognized arguments: --bogus"),
+])
+def test_bad_hang_options_give_one_clear_line(no_session: Any, magics: Any, line: str, message: str) -> None:
+    result, out = say(no_session, line)
+    assert not result.success
+    assert message in out, out
+    assert "Traceback" not in out and "clorch_repl/" not in out
+    assert len([l for l in out.splitlines() if l.strip()]) == 1, out
+    assert magics.session is None  # nothing was started
+
+
+def test_why_and_hang_notice_have_help(no_session: Any) -> None:
+    _, out = say(no_session, "%clorch why --help")
+    assert "--rank" in out and "--all-threads" in out
+    _, out = say(no_session, "%%distributed --help\npass")
+    assert "--hang-notice" in out
+    _, out = say(no_session, "%clorch --help")
+    assert "why" in out
