@@ -20,7 +20,7 @@ import pytest
 
 from clorch_repl.launchers.base import LaunchOptions, Launcher
 from clorch_repl.procs import free_port
-from clorch_repl.session.bootstrap import BOOT_CODE
+from clorch_repl.kernel.group import BOOT_CODE
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
 from clorch_repl.session.sink import PlainSink

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
-from clorch_repl.session.rank_torchrun import KEPT_NOTE
+from clorch_repl.kernel.torchrun import KEPT_NOTE
 from rank_text import lines_of
 
 pytestmark = pytest.mark.usefixtures("ranks")

@@ -6,6 +6,6 @@ messages mean and when it is over, ``relay`` does the I/O they ask for, ``hang_w
 notice, ``sink`` is the contract with what shows output, ``display`` what the notebook shows, ``protocol`` names what
 crosses between them, ``comms`` carries widgets' comms between the front end and the ranks,
 ``transfer``/``values`` move values, ``stdin``/``debugger`` serve prompts and the debugger panel,
-and ``session`` composes them. ``worker``, ``bootstrap`` and ``rank_kernel`` run inside the
-ranks; ``wire`` signs the relay's requests and verifies what the ranks send.
+and ``session`` composes them; ``wire`` signs the relay's requests and verifies what the ranks
+send. What runs inside the ranks is :mod:`clorch_repl.kernel`.
 """

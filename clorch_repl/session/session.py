@@ -18,7 +18,7 @@ from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..launchers.base import Launcher
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
-from .bootstrap import LEAVE_CODE, boot_code
+from ..kernel.group import LEAVE_CODE, boot_code
 from . import flood
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder

@@ -1,6 +1,7 @@
 """A rank's tracebacks without clorch_repl's own frames: an error raised inside the package's
 code on the user's behalf (a refused ``input()``, a Ctrl-C that lands while a print is being
-counted) is shown ending at the user's line, as in a plain kernel.
+counted, torchrun code's ``init_process_group`` refused, a ``%clorch run`` script's own error) is
+shown ending at the user's line, as in a plain kernel.
 
 ``__tracebackhide__`` cannot do it: IPython (9.x ultratb) never hides the frame an exception was
 raised in. IPython's showtraceback uses an exception's ``_render_traceback_`` instead of its own
@@ -67,3 +68,50 @@ def interrupts_at_users_line(method: F, file: str) -> F:
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+#: files whose frames a user's traceback leaves out (:func:`hide_frames_of`)
+_HIDDEN: set[str] = set()
+#: of those, files that run the user's code (the ``%clorch run`` runner): what lies above their
+#: first frame (the request's one-line cell) is not the user's either
+_RUNNERS: set[str] = set()
+
+
+def hide_frames_of(file: str, runner: bool = False) -> None:
+    """Leave ``file``'s frames out of what :func:`hide_own_frames` shows; ``runner``: also every
+    frame above its first one. A module registers itself when it is loaded, so a module no rank
+    loaded is never looked for (and none of these modules imports another for its file name)."""
+    _HIDDEN.add(file)
+    if runner:
+        _RUNNERS.add(file)
+
+
+def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` as the user wrote it: without the registered files' frames and, for code that
+    ``%clorch run`` ran, without the frames above the script (the request's one-line cell)."""
+    start = tb
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in _RUNNERS:
+            start = tb
+            break
+        tb = tb.tb_next
+    return without_frames(start, _HIDDEN)
+
+
+def hide_own_frames(error: BaseException) -> BaseException:
+    """``error``, rendered by the rank's shell without clorch's frames (see the module docstring).
+    An exception that takes no attributes keeps IPython's own rendering."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return error
+
+    def render() -> list[str]:
+        return shell.InteractiveTB.structured_traceback(type(error), error, user_traceback(error.__traceback__))
+
+    try:
+        error._render_traceback_ = render  # type: ignore[attr-defined]
+    except (AttributeError, TypeError) as exc:  # a built-in type with slots: shown with our frames
+        logger.debug("cannot shorten the traceback of %s: %s", type(error).__name__, exc)
+    return error
