@@ -34,10 +34,6 @@ GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
 SPARE_ENV = "CLORCH_SPARE"
 #: a spare's rank log: where it moves its stdout and stderr when it is made a rank
 RANK_LOG_ENV = "CLORCH_RANK_LOG"
-#: where the rank's kernel appends its main thread's stack on SIGUSR1 (clorch_repl.kernel.app)
-STACK_FILE_ENV = "CLORCH_STACK_FILE"
-#: the rank's kernel, as ``python -m KERNEL_MODULE -f CONNECTION_FILE`` (clorch_repl.kernel.app)
-KERNEL_MODULE = "clorch_repl.kernel.app"
 #: variables of an elastic agent (torchrun) that must not steer the rank's own process group:
 #: its store is torchrun's rendezvous, not the group's (API.md: never reuse torchrun's port)
 _AGENT_ONLY = ("TORCHELASTIC_USE_AGENT_STORE",)

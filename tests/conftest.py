@@ -77,6 +77,8 @@ FAST = frozenset({
     "test_liveness.py",
     # %clorch run's line, init_process_group's agreement, torchrun's variables, export's conversion
     "test_torchrun_units.py",
+    # issue 27: requests to ranks as named handlers and JSON data (builder and registry)
+    "test_requests.py",
     # checkpoints in one process (the multi-rank and SIGKILL cases start processes)
     "test_checkpoint.py::test_round_trip_single_process",
     "test_checkpoint.py::test_file_mode_follows_the_umask",

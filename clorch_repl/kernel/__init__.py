@@ -11,4 +11,12 @@ and ``profiler`` are the rank's halves of ``%clorch run``, ``%clorch pull/push``
 ipykernel at module level, and some torch); what both sides share (the wire format, the output
 budget's rules, the value format) lives in :mod:`clorch_repl.session` and
 :mod:`clorch_repl.diagnosis`.
+
+This file holds only what the notebook's side needs to start a rank's kernel and read its stack
+dumps (the launchers, :mod:`clorch_repl.launchers.rankfiles`), and imports nothing.
 """
+
+#: the rank's kernel, as ``python -m KERNEL_MODULE -f CONNECTION_FILE`` (:mod:`.app`)
+KERNEL_MODULE = "clorch_repl.kernel.app"
+#: where the rank's kernel appends its main thread's stack on SIGUSR1 (:mod:`.app`)
+STACK_FILE_ENV = "CLORCH_STACK_FILE"

@@ -44,7 +44,8 @@ import threading
 
 from .. import numa
 from ..procs import end_own_group, watch_parent
-from ..rank_env import SPARE_ENV, STACK_FILE_ENV
+from ..rank_env import SPARE_ENV
+from . import STACK_FILE_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def warm_imports() -> None:
 
     from .. import distributed, rendezvous  # noqa: F401
     from ..diagnosis import record  # noqa: F401
-    from . import group, probes  # noqa: F401
+    from . import group, probes, requests  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

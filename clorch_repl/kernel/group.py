@@ -3,7 +3,8 @@ rank's kernel when the session starts (and when a spare is made a rank) and give
 namespace ``rank``, ``local_rank``, ``world_size`` and ``device``; :func:`leave_group` ends the
 group before a clean stop.
 
-It runs through the kernel (an execute request), not before it, so a failure to form the group
+Both are requests of the rank's registry (``join``, ``leave``: :mod:`.requests`). A join runs
+through the kernel (an execute request), not before it, so a failure to form the group
 (a wrong device, an NCCL error, a rendezvous timeout) reaches the notebook as that rank's
 traceback, and a stuck rendezvous can be interrupted like any cell.
 """
@@ -16,15 +17,6 @@ import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-BOOT_CODE = "from clorch_repl.kernel.group import join_group as _clorch_join; _clorch_join(); del _clorch_join"
-LEAVE_CODE = "from clorch_repl.kernel.group import leave_group as _clorch_leave; _clorch_leave(); del _clorch_leave"
-
-
-def boot_code(env: dict[str, str] | None = None) -> str:
-    """:data:`BOOT_CODE`; with ``env`` (the launcher's ``join_environment()``) the rank first
-    sets those variables in its own environment."""
-    return BOOT_CODE.replace("_clorch_join()", f"_clorch_join({env!r})") if env else BOOT_CODE
 
 
 def join_group(env: dict[str, str] | None = None) -> None:

@@ -51,7 +51,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from .. import procs
 from ..atomic import remove_quietly
 from ..errors import ConfigError
-from ..rank_env import KERNEL_MODULE, RANK_LOG_ENV, SPARE_ENV, STACK_FILE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
+from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
+from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import NPROC_ENV, Topology, resolve_topology
 from . import logcap, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle

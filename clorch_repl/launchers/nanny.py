@@ -55,9 +55,9 @@ from .callback import HEARTBEAT_S, ConnectInfo, route_address
 from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode
 from .rank_process import RankProcess
 from .rankfiles import RankFiles
+from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..procs import free_port, tree_rss
-from ..rank_env import (KERNEL_MODULE, RANK_LOG_ENV, SPARE_ENV, STACK_FILE_ENV, Identity, RankPlace, rank_environment,
-                        read_identity)
+from ..rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger(__name__)
 

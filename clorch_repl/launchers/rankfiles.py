@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .. import procs
 from ..atomic import remove_quietly
-from ..rank_env import KERNEL_MODULE
+from ..kernel import KERNEL_MODULE
 from . import logcap
 
 logger = logging.getLogger(__name__)

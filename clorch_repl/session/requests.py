@@ -27,8 +27,9 @@ RANK_MODULE = "clorch_repl.kernel.requests"
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
-def request_code(name: str, **args: Any) -> str:
-    """The code that asks each rank for the request ``name`` with keyword arguments ``args``.
+def request_code(name: str, /, **args: Any) -> str:
+    """The code that asks each rank for the request ``name`` with keyword arguments ``args``
+    (``name`` is positional only: a handler may take a ``name`` of its own, a value's).
 
     ``args`` must be JSON data that comes back as it was (strings, finite numbers, booleans,
     None, lists and dicts with string keys): a tuple, a set, a path object or NaN is refused with
