@@ -80,7 +80,6 @@ class LeanExecute:
 
         self.session.send = counted
 
-
     async def dispatch_shell(self, msg, /, subshell_id=None, *, concurrent=False):  # type: ignore[no-untyped-def]
         """The relay's execute requests take :meth:`_lean_execute`; everything else ipykernel's path.
 

@@ -36,16 +36,21 @@ def without_frames(tb: types.TracebackType | None, files: Iterable[str]) -> type
     return chain
 
 
-def shown_without(error: BaseException, shell: Any, files: Iterable[str]) -> BaseException:
-    """``error``, rendered by ``shell`` without the frames of ``files`` (see the module docstring)."""
-    skip = tuple(files)
+def _rendered(error: BaseException, shell: Any,
+              cut: Callable[[types.TracebackType | None], types.TracebackType | None]) -> BaseException:
+    """``error``, rendered by ``shell`` with its traceback as ``cut`` leaves it (read when shown)."""
 
     def render() -> list[str]:
-        tb = without_frames(error.__traceback__, skip)
-        return shell.InteractiveTB.structured_traceback(type(error), error, tb)
+        return shell.InteractiveTB.structured_traceback(type(error), error, cut(error.__traceback__))
 
     error._render_traceback_ = render  # type: ignore[attr-defined]
     return error
+
+
+def shown_without(error: BaseException, shell: Any, files: Iterable[str]) -> BaseException:
+    """``error``, rendered by ``shell`` without the frames of ``files`` (see the module docstring)."""
+    skip = tuple(files)
+    return _rendered(error, shell, lambda tb: without_frames(tb, skip))
 
 
 def interrupts_at_users_line(method: F, file: str) -> F:
@@ -106,12 +111,8 @@ def hide_own_frames(error: BaseException) -> BaseException:
     shell = get_ipython()
     if shell is None:
         return error
-
-    def render() -> list[str]:
-        return shell.InteractiveTB.structured_traceback(type(error), error, user_traceback(error.__traceback__))
-
     try:
-        error._render_traceback_ = render  # type: ignore[attr-defined]
+        _rendered(error, shell, user_traceback)
     except (AttributeError, TypeError) as exc:  # a built-in type with slots: shown with our frames
         logger.debug("cannot shorten the traceback of %s: %s", type(error).__name__, exc)
     return error
