@@ -7,7 +7,8 @@ rank adds to a plain kernel's output, ``input()``, ``breakpoint()`` and tracebac
 answers the notebook's "where are you" on the control channel; ``group`` joins and leaves the
 process group; ``torchrun`` makes torchrun code agree with that group; ``script``, ``transfer``
 and ``profiler`` are the rank's halves of ``%clorch run``, ``%clorch pull/push`` and
-``--profile``. The notebook's process never imports this package's kernel modules (they import
+``--profile``; ``requests`` is the registry through which the notebook asks for any of these (by
+name, with JSON arguments); ``shell`` finds the rank's IPython shell. The notebook's process never imports this package's kernel modules (they import
 ipykernel at module level, and some torch); what both sides share (the wire format, the output
 budget's rules, the value format) lives in :mod:`clorch_repl.session` and
 :mod:`clorch_repl.diagnosis`.

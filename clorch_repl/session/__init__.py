@@ -7,5 +7,5 @@ notice, ``sink`` is the contract with what shows output, ``display`` what the no
 crosses between them, ``comms`` carries widgets' comms between the front end and the ranks,
 ``transfer``/``values`` move values, ``stdin``/``debugger`` serve prompts and the debugger panel,
 and ``session`` composes them; ``wire`` signs the relay's requests and verifies what the ranks
-send. What runs inside the ranks is :mod:`clorch_repl.kernel`.
+send; ``requests`` writes every request of clorch_repl's own to the ranks (a name and JSON data). What runs inside the ranks is :mod:`clorch_repl.kernel`.
 """
