@@ -136,10 +136,7 @@ class LeanExecute:
                 self.post_handler_hook()
             except Exception:  # noqa: BLE001 - as ipykernel
                 self.log.debug("Unable to signal in post_handler_hook:", exc_info=True)
-        if sys.stdout is not None:
-            sys.stdout.flush()
-        if sys.stderr is not None:
-            sys.stderr.flush()
+        _flush_streams()
         if replied:
             if isinstance(stream, ZMQStream) and stream.sending():
                 stream.flush()  # the reply went through the stream's queue: send it now
@@ -170,10 +167,7 @@ class LeanExecute:
             if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
                 self.shell.execution_count = number  # the notebook's [n] (wire.CELL_NUMBER_KEY)
         reply_content = await self.do_execute(**args)
-        if sys.stdout is not None:
-            sys.stdout.flush()
-        if sys.stderr is not None:
-            sys.stderr.flush()
+        _flush_streams()
         if self._execute_sleep:
             time.sleep(self._execute_sleep)
         reply_content = json_clean(reply_content)
@@ -186,3 +180,10 @@ class LeanExecute:
         if not silent and reply_content["status"] == "error" and content.get("stop_on_error", True):
             self._abort_queues(None)
         return True
+
+
+def _flush_streams() -> None:
+    """The cell's stdout and stderr flushed, as ipykernel flushes them around a request."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
