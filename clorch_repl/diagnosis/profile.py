@@ -1,13 +1,13 @@
 """``%%distributed --profile [DIR]`` on the notebook's side: torch.profiler on every rank for one
 cell, one merged trace, and a verdict on which rank the others waited for.
 
-Around the cell, two silent requests (:func:`clorch_repl.session.requests.request_code`): the
-rank's :func:`clorch_repl.kernel.profiler.start` (a barrier, then the profiler) and, whatever the
-cell did, its :func:`~clorch_repl.kernel.profiler.stop` (each rank writes ``DIR/rank-R.json`` and
-announces its summary in a private display message, collected here). The ranks' traces are merged into
-``DIR/trace.json`` (:func:`.straggler.merge_traces`: one process per rank, each rank's time zero
-at the shared barrier) and the summaries give one line per rank and, when one rank computed
-clearly longer than the others, one sentence naming it (:func:`.straggler.find_straggler`).
+Around the cell, two silent requests (:func:`clorch_repl.session.requests.request_code`): the rank's
+:func:`clorch_repl.kernel.profiler.start` (a barrier, then the profiler) and, whatever the cell did,
+its :func:`~clorch_repl.kernel.profiler.stop` (each rank writes ``DIR/rank-R.json`` and announces
+its summary in a private display message, collected here). The ranks' traces are merged into
+``DIR/trace.json`` (:func:`.straggler.merge_traces`: one process per rank, each rank's time zero at
+the shared barrier) and the summaries give one line per rank and, when one rank computed clearly
+longer than the others, one sentence naming it (:func:`.straggler.find_straggler`).
 
 DIR must be reachable by every rank's host at the same path (a shared filesystem across hosts);
 a rank's trace the notebook cannot read is named, the others are still merged.

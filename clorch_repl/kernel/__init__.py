@@ -5,13 +5,13 @@ kernel class, with the relay's lean execute path in ``lean_execute`` and the out
 stream in ``output``; ``display_log``, ``stdin_policy``, ``breakpoints`` and ``tracebacks`` what a
 rank adds to a plain kernel's output, ``input()``, ``breakpoint()`` and tracebacks; ``probes``
 answers the notebook's "where are you" on the control channel; ``group`` joins and leaves the
-process group; ``torchrun`` makes torchrun code agree with that group; ``script``, ``transfer``
-and ``profiler`` are the rank's halves of ``%clorch run``, ``%clorch pull/push`` and
-``--profile``; ``requests`` is the registry through which the notebook asks for any of these (by
-name, with JSON arguments); ``shell`` finds the rank's IPython shell. The notebook's process never imports this package's kernel modules (they import
-ipykernel at module level, and some torch); what both sides share (the wire format, the output
-budget's rules, the value format) lives in :mod:`clorch_repl.session` and
-:mod:`clorch_repl.diagnosis`.
+process group; ``torchrun`` makes torchrun code agree with that group; ``script``, ``transfer`` and
+``profiler`` are the rank's halves of ``%clorch run``, ``%clorch pull/push`` and ``--profile``;
+``requests`` is the registry through which the notebook asks for any of these (by name, with JSON
+arguments); ``shell`` finds the rank's IPython shell. The notebook's process never imports this
+package's kernel modules (they import ipykernel at module level, and some torch); what both sides
+share (the wire format, the output budget's rules, the value format) lives in
+:mod:`clorch_repl.session` and :mod:`clorch_repl.diagnosis`.
 
 This file holds only what the notebook's side needs to start a rank's kernel and read its stack
 dumps (the launchers, :mod:`clorch_repl.launchers.rankfiles`), and imports nothing.

@@ -1,7 +1,8 @@
 """Entry point of one rank's kernel process: ``python -m clorch_repl.kernel.app -f CONN``.
 
-The kernel is started by the rank's :mod:`clorch_repl.launchers.supervisor`, which ends it and everything it started
-when the notebook is gone or the rank is stopped. A rank is a plain ipykernel with these additions:
+The kernel is started by the rank's :mod:`clorch_repl.launchers.supervisor`, which ends it and
+everything it started when the notebook is gone or the rank is stopped. A rank is a plain ipykernel
+with these additions:
 
 * ``SIGUSR1`` dumps the Python stack of the main thread into the rank's stack file, from a C-level
   signal handler, so the notebook can show where a rank that ignores Ctrl-C is stuck (a hung
@@ -126,10 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     if stack_path:
         stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
         # The main thread only (Linux hands a process-directed signal to the main thread unless it
-        # cannot take it right then; rankfiles.main_thread_stack drops such a dump): walking every thread from a signal handler reads other threads'
-        # frames without the GIL and crashed a rank (SIGSEGV) when one of them changed under it
-        # (seen in CI: a rank stuck in a gloo barrier, probed by `%clorch why`). The other threads'
-        # stacks come from the probe, which reads them under the GIL.
+        # cannot take it right then; rankfiles.main_thread_stack drops such a dump): walking every
+        # thread from a signal handler reads other threads' frames without the GIL and crashed a
+        # rank (SIGSEGV) when one of them changed under it (seen in CI: a rank stuck in a gloo
+        # barrier, probed by `%clorch why`). The other threads' stacks come from the probe, which
+        # reads them under the GIL.
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False, chain=False)
 
     args = list(sys.argv[1:] if argv is None else argv)

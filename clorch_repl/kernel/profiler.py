@@ -2,13 +2,13 @@
 a summary of where the rank's time went.
 
 The notebook sends :func:`start` before the cell and :func:`stop` after it, as silent requests
-(:mod:`clorch_repl.diagnosis.profile`). What the notebook reads of a trace and a summary
-(the start mark, which operators are communication, the trace's times) is
-:mod:`clorch_repl.diagnosis.straggler`, shared by both sides. :func:`start` waits at a barrier of the chosen ranks and
-then marks the instant in the trace (``clorch:start``): that mark is each rank's time zero when the
-traces are merged, so ranks on hosts whose clocks differ still line up (barrier exits are
-simultaneous within the network's latency). :func:`stop` writes the rank's Chrome trace and
-announces a summary in a private display message that the notebook consumes (never shown):
+(:mod:`clorch_repl.diagnosis.profile`). What the notebook reads of a trace and a summary (the start
+mark, which operators are communication, the trace's times) is
+:mod:`clorch_repl.diagnosis.straggler`, shared by both sides. :func:`start` waits at a barrier of
+the chosen ranks and then marks the instant in the trace (``clorch:start``): that mark is each
+rank's time zero when the traces are merged, so ranks on hosts whose clocks differ still line up
+(barrier exits are simultaneous within the network's latency). :func:`stop` writes the rank's Chrome
+trace and announces a summary in a private display message that the notebook consumes (never shown):
 per-operator self times, split into compute and collectives, and the cell's wall time.
 """
 

@@ -1,9 +1,9 @@
 """The rank's half of ``%clorch run``: run a torchrun script as ``python SCRIPT ARGS`` would,
 inside this rank's live process (and group), with IPython's ``%run`` semantics.
 
-The notebook (:mod:`clorch_repl.session.script_run`) first asks every chosen rank to :func:`check` the script (so a
-script missing on one node fails before any rank starts it, instead of leaving the others
-waiting for that rank in their first collective), then sends :func:`run` as the cell.
+The notebook (:mod:`clorch_repl.session.script_run`) first asks every chosen rank to :func:`check`
+the script (so a script missing on one node fails before any rank starts it, instead of leaving the
+others waiting for that rank in their first collective), then sends :func:`run` as the cell.
 
 What the script sees is what torchrun gives it: ``__name__ == "__main__"``, ``sys.argv``
 (``[SCRIPT, *ARGS]``; the module's file for ``-m``), the script's folder (``-m``: the working

@@ -4,12 +4,12 @@ Options go before the script, the script's own arguments after it, as torchrun t
 (``%clorch run --ranks 0 train.py --ranks 5`` gives the script ``--ranks 5``); so ``--help`` is
 ``%clorch run``'s only before the script, and the script's after it.
 
-Two requests (:func:`.requests.request_code`: the script's path and arguments travel as JSON
-data, never as code), both through :meth:`Session.run` like every request to ranks: a silent pre-flight asks every chosen rank whether it has the script and
-whether it compiles (a file missing on one node would otherwise leave the other ranks waiting
-for it in their first collective until the group's timeout), then the run itself is an ordinary cell, so its output,
-interrupts, ``--timeout``, hang notices and death reports are a cell's. The rank's half is
-:mod:`clorch_repl.kernel.script`.
+Two requests (:func:`.requests.request_code`: the script's path and arguments travel as JSON data,
+never as code), both through :meth:`Session.run` like every request to ranks: a silent pre-flight
+asks every chosen rank whether it has the script and whether it compiles (a file missing on one node
+would otherwise leave the other ranks waiting for it in their first collective until the group's
+timeout), then the run itself is an ordinary cell, so its output, interrupts, ``--timeout``, hang
+notices and death reports are a cell's. The rank's half is :mod:`clorch_repl.kernel.script`.
 """
 
 from __future__ import annotations
