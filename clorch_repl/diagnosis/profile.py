@@ -65,8 +65,8 @@ def profiled(session: Any, ranks: list[int] | None, folder: str,
         raise ConfigError(f"--profile {folder}: that is a file; give a folder for the traces")
     os.makedirs(folder, exist_ok=True)
     chosen = session.chosen(ranks)
-    started = session.run(request_code("profile_start"), list(chosen), REQUEST_TIMEOUT_S, NotebookDisplay(ranks=chosen),
-                          silent=True)
+    started = session.run(request_code("profile_start"), list(chosen), REQUEST_TIMEOUT_S,
+                          NotebookDisplay(ranks=chosen), silent=True)
     if not started.ok:
         raise ClorchError(f"--profile could not start the profiler: {DistributedCellError(started).summary()}")
     collector = MimeCollector(chosen, MIME)

@@ -18,8 +18,8 @@ from typing import Any
 
 from ..errors import rank_words
 
-__all__ = ["Straggler", "find_straggler", "rank_lines", "merge_traces", "STRAGGLER_MIN_FRACTION", "STRAGGLER_MIN_S",
-           "MIME", "START_MARK", "is_collective", "trace_times"]
+__all__ = ["Straggler", "find_straggler", "rank_lines", "merge_traces", "STRAGGLER_MIN_FRACTION",
+           "STRAGGLER_MIN_S", "MIME", "START_MARK", "is_collective", "trace_times"]
 
 #: Private MIME type of the display message that carries a rank's profile summary.
 MIME = "application/x-clorch-profile+json"
