@@ -19,7 +19,7 @@ sides (``--sides``, comma-separated; torchrun is always there, as the baseline):
   ``notebook:ARGS`` a second session with ``ARGS`` added to its ``%clorch start``;
 * ``ipykernel``: plain ipykernels (no clorch_repl) under torchrun, driven over jupyter_client:
   what running the loop in a kernel costs;
-* ``rank-kernel``: clorch's rank kernel (``clorch_repl.session.worker``) under torchrun, without
+* ``rank-kernel``: clorch's rank kernel (``clorch_repl.kernel.app``) under torchrun, without
   the session around it: what clorch adds to the kernel;
 * each of the last three with ``+PART`` for any of :data:`PARTS`, one thing a clorch rank does
   in joining its group that torch's defaults do not: ``+env`` (its TORCH_* variables and the
@@ -212,7 +212,7 @@ PLAIN_INIT = textwrap.dedent("""
         kwargs["device_id"] = device
     dist.init_process_group("nccl" if nccl else "gloo", **kwargs)
 """)
-#: How a clorch rank forms its group (clorch_repl.session.bootstrap.join_group: its environment,
+#: How a clorch rank forms its group (clorch_repl.kernel.group.join_group: its environment,
 #: its private FileStore, the flight recorder's size, device_id), in a process that is not one:
 #: the ``+join`` sides, which tell the join's cost apart from the kernel's.
 CLORCH_INIT = textwrap.dedent("""
@@ -221,7 +221,7 @@ CLORCH_INIT = textwrap.dedent("""
                                         os.path.join({folder!r}, "store"), base={{}}))
     if not nccl:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # as for a CPU rank (ONE_GPU named a GPU there is none of)
-    from clorch_repl.session.bootstrap import join_group
+    from clorch_repl.kernel.group import join_group
     join_group()
     device = torch.device("cuda", 0) if nccl else torch.device("cpu")
 """)
@@ -254,11 +254,11 @@ TORCHRUN_LOOP = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 #: A torchrun worker that is a kernel: a plain ipykernel (no clorch_repl), or clorch's rank kernel
-#: (clorch_repl.session.worker, as a session starts it, minus the session around it), driven over
+#: (clorch_repl.kernel.app, as a session starts it, minus the session around it), driven over
 #: jupyter_client; it runs JOIN_HEAD + its init + WARM as one cell, then MEASURE once a burst.
 KERNEL_MAINS = {
     "ipykernel": "from ipykernel.kernelapp import launch_new_instance\nlaunch_new_instance()\n",
-    "rank-kernel": "from clorch_repl.session.worker import main\nmain(sys.argv[1:])\n",
+    "rank-kernel": "from clorch_repl.kernel.app import main\nmain(sys.argv[1:])\n",
 }
 KERNEL_SCRIPT = ONE_GPU + textwrap.dedent("""
     sys.path.insert(0, {root!r})

@@ -17,7 +17,8 @@
     ├── GroupConflict (ConfigError)     a rank's init_process_group() disagrees with the session's group
     ├── SpawnRefused                    code on a rank asked torch.multiprocessing to start ranks of its own
     ├── ScriptNotFound (ConfigError)    %clorch run: the script or module is not there on a rank
-    └── ScriptExit                      %clorch run: the script called sys.exit with a failing status
+    ├── ScriptExit                      %clorch run: the script called sys.exit with a failing status
+    └── UnknownRequest                  a rank was asked for a request it has no handler for
 
     DistributedCellError (Exception)    a ``%%distributed`` cell failed on one or more ranks
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
 __all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
            "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CheckpointError",
            "SignatureError", "GroupConflict", "SpawnRefused", "ScriptNotFound", "ScriptExit",
-           "DistributedCellError"]
+           "UnknownRequest", "DistributedCellError"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,12 @@ class ScriptExit(ClorchError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class UnknownRequest(ClorchError):
+    """A rank was asked for a request (:mod:`clorch_repl.kernel.requests`) it has no handler for,
+    or with arguments its handler does not take: the notebook and the rank run different
+    versions of clorch_repl."""
 
 
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"

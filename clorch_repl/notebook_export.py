@@ -40,7 +40,7 @@ from typing import Any, Mapping
 
 logger = logging.getLogger(__name__)
 
-#: the names a rank's namespace starts with (clorch_repl.session.bootstrap)
+#: the names a rank's namespace starts with (clorch_repl.kernel.group)
 RANK_NAMES = frozenset({"rank", "local_rank", "world_size", "device"})
 EXIT_USAGE = 2
 

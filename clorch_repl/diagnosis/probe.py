@@ -1,7 +1,7 @@
 """What a rank answers when asked "where are you", and how the notebook asks every rank at once.
 
 The answer is built on the rank's kernel control thread (see
-:class:`clorch_repl.session.rank_kernel.RankKernel`), so it comes while the main thread is blocked
+:mod:`clorch_repl.kernel.probes`), so it comes while the main thread is blocked
 in a collective or in native code that released the GIL. It holds the flight-recorder entries, the
 main thread's Python stack cut to the cell's frames, the process groups, and whether a CUDA stream
 is still busy. It travels over the rank's own control channel, signed like every message, so it
@@ -121,9 +121,10 @@ def cell_frames(frame: Any) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _executing() -> bool:
-    """Whether the rank's kernel is inside a cell's do_execute (clorch_repl.session.worker)."""
-    worker = sys.modules.get("clorch_repl.session.worker")
-    return bool(getattr(worker, "_in_cell", False))
+    """Whether the rank's kernel is inside a cell's do_execute (clorch_repl.kernel.output; not
+    imported here: a process without it is no rank's kernel)."""
+    output = sys.modules.get("clorch_repl.kernel.output")
+    return output is not None and output.in_cell()
 
 
 def _in_kernel() -> bool:

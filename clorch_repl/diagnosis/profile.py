@@ -1,13 +1,13 @@
 """``%%distributed --profile [DIR]`` on the notebook's side: torch.profiler on every rank for one
 cell, one merged trace, and a verdict on which rank the others waited for.
 
-Around the cell, two silent requests (as value transfers are sent, :mod:`..session.transfer`):
-the rank's :func:`~.rank_profile.start` (a barrier, then the profiler) and, whatever the cell
-did, its :func:`~.rank_profile.stop` (each rank writes ``DIR/rank-R.json`` and announces its
-summary in a private display message, collected here). The ranks' traces are merged into
-``DIR/trace.json`` (:func:`.straggler.merge_traces`: one process per rank, each rank's time zero
-at the shared barrier) and the summaries give one line per rank and, when one rank computed
-clearly longer than the others, one sentence naming it (:func:`.straggler.find_straggler`).
+Around the cell, two silent requests (:func:`clorch_repl.session.requests.request_code`): the rank's
+:func:`clorch_repl.kernel.profiler.start` (a barrier, then the profiler) and, whatever the cell did,
+its :func:`~clorch_repl.kernel.profiler.stop` (each rank writes ``DIR/rank-R.json`` and announces
+its summary in a private display message, collected here). The ranks' traces are merged into
+``DIR/trace.json`` (:func:`.straggler.merge_traces`: one process per rank, each rank's time zero at
+the shared barrier) and the summaries give one line per rank and, when one rank computed clearly
+longer than the others, one sentence naming it (:func:`.straggler.find_straggler`).
 
 DIR must be reachable by every rank's host at the same path (a shared filesystem across hosts);
 a rank's trace the notebook cannot read is named, the others are still merged.
@@ -25,15 +25,15 @@ from typing import Any, Callable
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from ..session.display import NotebookDisplay
 from ..session.protocol import CellOutcome
+from ..session.requests import request_code
 from ..session.transfer import MimeCollector
 from . import straggler
-from .rank_profile import MIME
+from .straggler import MIME
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProfileReport", "profiled", "default_folder"]
 
-_MODULE = "__import__('clorch_repl.diagnosis.rank_profile', fromlist=['_'])"
 #: Time allowed for the start (a barrier) and the stop (writing a trace) requests.
 REQUEST_TIMEOUT_S = 300.0
 
@@ -65,17 +65,16 @@ def profiled(session: Any, ranks: list[int] | None, folder: str,
         raise ConfigError(f"--profile {folder}: that is a file; give a folder for the traces")
     os.makedirs(folder, exist_ok=True)
     chosen = session.chosen(ranks)
-    started = session.run(f"{_MODULE}.start()", list(chosen), REQUEST_TIMEOUT_S, NotebookDisplay(ranks=chosen),
-                          silent=True)
+    started = session.run(request_code("profile_start"), list(chosen), REQUEST_TIMEOUT_S,
+                          NotebookDisplay(ranks=chosen), silent=True)
     if not started.ok:
         raise ClorchError(f"--profile could not start the profiler: {DistributedCellError(started).summary()}")
-    prefix = os.path.join(folder, "rank-")
     collector = MimeCollector(chosen, MIME)
     try:
         outcome = run_cell()
     finally:
-        stopped = session.run(f"{_MODULE}.stop({prefix!r} + __import__('os').environ['RANK'] + '.json')",
-                              list(chosen), REQUEST_TIMEOUT_S, collector, silent=True)
+        stopped = session.run(request_code("profile_stop", folder=folder), list(chosen), REQUEST_TIMEOUT_S,
+                              collector, silent=True)
     if not stopped.ok:
         return outcome, ProfileReport(None, (f"clorch profile: stopping the profiler failed: "
                                              f"{DistributedCellError(stopped).summary()}",), None)

@@ -1,5 +1,6 @@
 """Where each rank's time went in a profiled cell, which rank the others waited for, and one trace
-of all of them: pure functions of the ranks' summaries and traces (:mod:`.rank_profile`).
+of all of them: pure functions of the ranks' summaries and traces (written on each rank by
+:mod:`clorch_repl.kernel.profiler`, which reads its own trace with :func:`trace_times`).
 
 The verdict compares compute: time in operators that are not communication (self times, so a
 ``matmul`` and the ``mm`` inside it count once). On GPUs the device's kernel times decide, on CPUs
@@ -16,9 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import rank_words
-from .rank_profile import START_MARK, is_collective
 
-__all__ = ["Straggler", "find_straggler", "rank_lines", "merge_traces", "STRAGGLER_MIN_FRACTION", "STRAGGLER_MIN_S"]
+__all__ = ["Straggler", "find_straggler", "rank_lines", "merge_traces", "STRAGGLER_MIN_FRACTION",
+           "STRAGGLER_MIN_S", "MIME", "START_MARK", "is_collective", "trace_times"]
+
+#: Private MIME type of the display message that carries a rank's profile summary.
+MIME = "application/x-clorch-profile+json"
+#: The record_function that marks each rank's time zero in its trace.
+START_MARK = "clorch:start"
+#: Name fragments of the operators that are communication (c10d's ops, gloo's and NCCL's own
+#: records and kernels): time in them is a rank waiting for, or exchanging with, the others.
+_COLLECTIVE_MARKS = ("c10d::", "gloo:", "nccl", "record_param_comms")
 
 #: How much more compute than the others' median makes a rank a straggler (and at least this many
 #: seconds: a millisecond cell's noise is no straggler).
@@ -131,3 +140,38 @@ def merge_traces(traces: dict[int, dict[str, Any]]) -> dict[str, Any]:
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "clorch_repl %%distributed --profile", "ranks": sorted(traces)}}
+
+
+def is_collective(name: str) -> bool:
+    """Whether an operator or kernel of this name is communication between ranks."""
+    lowered = name.lower()
+    return any(mark in lowered for mark in _COLLECTIVE_MARKS)
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by ``intervals`` (microseconds, possibly overlapping)."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total / 1e6
+
+
+def trace_times(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """From a rank's trace events: the cell's span after the start mark, the time covered by
+    communication (any thread: gloo works on threads of its own, and a collective's record lasts
+    until the slowest rank joined it, so this is where a fast rank's waiting shows), and each
+    collective's total duration by name."""
+    timed = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+    marks = [e["ts"] for e in timed if e.get("name") == START_MARK]
+    zero = min(marks) if marks else min((e["ts"] for e in timed), default=0.0)
+    end = max((e["ts"] + float(e.get("dur", 0.0)) for e in timed), default=zero)
+    comm = [e for e in timed if is_collective(str(e.get("name", ""))) and e["ts"] >= zero]
+    spans: dict[str, float] = {}
+    for e in comm:
+        spans[e["name"]] = spans.get(e["name"], 0.0) + float(e.get("dur", 0.0)) / 1e6
+    return {"span_s": max(end - zero, 0.0) / 1e6,
+            "collective_span_s": _union_s([(e["ts"], e["ts"] + float(e.get("dur", 0.0))) for e in comm]),
+            "collective_spans": spans}

@@ -192,7 +192,7 @@ class Launcher(abc.ABC):
 
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see
-        :func:`clorch_repl.session.bootstrap.join_group`), for ranks whose process was started
+        :func:`clorch_repl.kernel.group.join_group`), for ranks whose process was started
         before the group's meeting point was known (warm spares); empty by default."""
         return {}
 

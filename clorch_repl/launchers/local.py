@@ -14,7 +14,7 @@ every message is HMAC-signed with the kernel's key.
 **Warm spares** (``%clorch start --spares 0|1``) make ``%clorch restart`` take seconds less. Once
 a group has formed, the launcher starts one spare per rank: a process like a rank's (same
 supervisor, same environment, the same GPU in ``CUDA_VISIBLE_DEVICES``) whose kernel is up and
-which has imported torch (``CLORCH_SPARE``, :func:`clorch_repl.session.worker.warm_imports`), but
+which has imported torch (``CLORCH_SPARE``, :func:`clorch_repl.kernel.app.warm_imports`), but
 which has no process group and no CUDA context: it touches no GPU and has never run user code, so
 nothing of the old ranks can leak into it. A restart ends the old ranks, makes the spares the
 ranks (they learn the new group's rendezvous file and port from the join request,
@@ -51,6 +51,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from .. import procs
 from ..atomic import remove_quietly
 from ..errors import ConfigError
+from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import NPROC_ENV, Topology, resolve_topology
 from . import logcap, supervisor
@@ -157,7 +158,7 @@ class LocalLauncher(Launcher):
         # The supervisor watches this process (the notebook kernel, which starts every rank).
         spec = {
             "argv": supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
-                                       [sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
+                                       [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"],
                                        pid_file="{connection_file}.pid", session_dir=self.dir),
             "display_name": "clorch_repl rank",
             "language": "python",
@@ -175,8 +176,6 @@ class LocalLauncher(Launcher):
             master_addr=procs.LOOPBACK, master_port=master_port, backend=topo.backend,
             timeout_s=topo.timeout_s, gpu=topo.visible_devices(rank) or None, store_file=self.store_file,
             socket_ifname="lo", cpu_bind=topo.cpu_bind))
-        from ..session.worker import STACK_FILE_ENV
-
         env[STACK_FILE_ENV] = self.files[rank].stack_path
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
@@ -272,7 +271,7 @@ class LocalLauncher(Launcher):
     def _promote(self, spare: LocalRank) -> None:
         """Make a spare the rank it was started for: the rank log gets its banner, then what the
         spare wrote while it waited (its start-up: imports, CPU binding), and the spare moves its
-        output there as it joins (bootstrap.join_group)."""
+        output there as it joins (kernel.group.join_group)."""
         files = self.files[spare.rank]
         os.close(files.open_log())
         files.take_spare_log(spare.log_path)

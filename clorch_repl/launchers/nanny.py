@@ -55,6 +55,7 @@ from .callback import HEARTBEAT_S, ConnectInfo, route_address
 from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode
 from .rank_process import RankProcess
 from .rankfiles import RankFiles
+from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..procs import free_port, tree_rss
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
@@ -166,8 +167,6 @@ class Nanny:
                           master_addr=cfg["master_addr"], master_port=int(cfg["master_port"]),
                           backend=cfg["backend"], timeout_s=float(cfg["timeout_s"]), gpu=cfg.get("gpu"),
                           socket_ifname=interface_of(self.address), cpu_bind=cfg.get("cpu_bind", "none"))
-        from ..session.worker import STACK_FILE_ENV
-
         env = rank_environment(place)
         env[STACK_FILE_ENV] = self.files.stack_path
         # as the local launcher does: debugpy's frozen-modules warning would fill a death report
@@ -190,7 +189,7 @@ class Nanny:
             log_fd = self.files.open_spare_log(spare_log)
         else:
             log_fd = self.files.open_log()
-        process = RankProcess.spawn([sys.executable, "-m", "clorch_repl.session.worker", "-f", connection_file],
+        process = RankProcess.spawn([sys.executable, "-m", KERNEL_MODULE, "-f", connection_file],
                                     env=env, log_fd=log_fd, pid_file=pid_file,
                                     cwd=cfg.get("cwd") if os.path.isdir(cfg.get("cwd") or "") else None)
         return process, connection_file, spare_log

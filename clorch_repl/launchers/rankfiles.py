@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .. import procs
 from ..atomic import remove_quietly
+from ..kernel import KERNEL_MODULE
 from . import logcap
 
 logger = logging.getLogger(__name__)
@@ -33,11 +34,15 @@ def private_file(path: str) -> int:
     return fd
 
 
+#: the kernel's entry point as a stack dump writes its file: its frame marks the main thread
+_KERNEL_FILE = KERNEL_MODULE.replace(".", "/") + ".py"
+
+
 def main_thread_stack(dump: str) -> str:
     """The main thread's stack from a faulthandler dump: that is where a cell runs.
 
     A rank's kernel dumps its main thread only (``Stack (most recent call first):``, see
-    :mod:`clorch_repl.session.worker`); a dump of every thread (``Current thread 0x...`` and
+    :mod:`clorch_repl.kernel.app`); a dump of every thread (``Current thread 0x...`` and
     ``Thread 0x...`` blocks, as older ranks wrote) is cut to the main thread's block, since the
     kernel's own threads (iopub, heartbeat, watchdogs) only bury it.
 
@@ -53,7 +58,7 @@ def main_thread_stack(dump: str) -> str:
         elif sections and line.strip():
             sections[-1].append(line)
     for section in sections:
-        if any("_run_module_as_main" in line or "clorch_repl/session/worker.py" in line for line in section):
+        if any("_run_module_as_main" in line or _KERNEL_FILE in line for line in section):
             return "\n".join(trim_kernel_frames(section))
     if len(sections) == 1 and sections[0][0].startswith("Stack (most recent call first)"):
         logger.debug("the stack dump caught another thread than the main one: %s", sections[0][1:2])

@@ -21,7 +21,7 @@ at the cell's end (:meth:`CellRun.withheld_lines`). The rule for late output: wh
 the notebook while a cell runs, of that cell or of an earlier one (a thread it left printing),
 passes the running cell's guard and is counted there; a rank's own budget, kept after its cell
 for such a thread, announces what it held back after its cell's line at the start of the next
-cell (worker.py), so nothing is held back without a line saying so.
+cell (kernel/output.py), so nothing is held back without a line saying so.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ from .hang_watch import HANG_RECHECK_S, HangWatch
 from .ledger import ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
 from .protocol import CellOutcome, CellRequest
 from .sink import OutputSink, PlainSink
-from .stdin import NO_STDIN_KEY, FrontEnd, StdinBroker
-from .wire import CELL_NUMBER_KEY, LEAN_KEY, OUTPUT_LIMITS_KEY
+from .stdin import FrontEnd, StdinBroker
+from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, OUTPUT_LIMITS_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ Options go before the script, the script's own arguments after it, as torchrun t
 (``%clorch run --ranks 0 train.py --ranks 5`` gives the script ``--ranks 5``); so ``--help`` is
 ``%clorch run``'s only before the script, and the script's after it.
 
-Two requests, both through :meth:`Session.run` like every request to ranks (the pattern of
-:mod:`.transfer`): a silent pre-flight asks every chosen rank whether it has the script and
-whether it compiles (a file missing on one node would otherwise leave the other ranks waiting
-for it in their first collective until the group's timeout), then the run itself is an ordinary cell, so its output,
-interrupts, ``--timeout``, hang notices and death reports are a cell's. The rank's half is
-:mod:`.rank_script`.
+Two requests (:func:`.requests.request_code`: the script's path and arguments travel as JSON data,
+never as code), both through :meth:`Session.run` like every request to ranks: a silent pre-flight
+asks every chosen rank whether it has the script and whether it compiles (a file missing on one node
+would otherwise leave the other ranks waiting for it in their first collective until the group's
+timeout), then the run itself is an ordinary cell, so its output, interrupts, ``--timeout``, hang
+notices and death reports are a cell's. The rank's half is :mod:`clorch_repl.kernel.script`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from IPython.utils.process import arg_split
 from ..errors import ClorchError, ConfigError, DistributedCellError, ScriptNotFound
 from .display import NotebookDisplay
 from .protocol import CellOutcome
+from .requests import request_code
 from .session import Session
 
 logger = logging.getLogger(__name__)
 
 #: how long the pre-flight may take (a stat, or a module search on each rank)
 CHECK_TIMEOUT_S = 120.0
-_MODULE = "__import__('clorch_repl.session.rank_script', fromlist=['_'])"
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ class RunRequest:
     def rank_code(self, check: bool = False) -> str:
         """The one line each rank runs: the pre-flight check, or the run."""
         if check:
-            return f"{_MODULE}.check({self.script!r}, {self.module!r})"
-        return (f"{_MODULE}.run({self.script!r}, {list(self.args)!r}, module={self.module!r}, "
-                f"interactive={self.interactive!r})")
+            return request_code("script_check", script=self.script, module=self.module)
+        return request_code("script_run", script=self.script, args=list(self.args), module=self.module,
+                            interactive=self.interactive)
 
 
 def parse_run(parser: Any, line: str) -> RunRequest | None:

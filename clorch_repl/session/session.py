@@ -18,13 +18,13 @@ from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
-from .bootstrap import LEAVE_CODE, boot_code
 from . import flood
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
 from .kernel_status import busy_during
 from .protocol import CellOutcome, CellRequest, RankState
 from .relay import INTERRUPT_GRACE_S, Relay
+from .requests import request_code
 from .sink import OutputSink
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class Session:
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
-        join = CellRequest(boot_code(self.group.join_environment()), tuple(range(n)),
+        join = CellRequest(request_code("join", env=self.group.join_environment()), tuple(range(n)),
                            timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
         if not outcome.ok:
@@ -170,7 +170,7 @@ class Session:
             idle = [p.rank for p in group.ranks if p.alive and relay.idle(p.rank)]
             if polite and idle and len(idle) == len(group.ranks):
                 try:  # a clean exit for NCCL; never waits long on a sick group
-                    relay.execute(CellRequest(LEAVE_CODE, tuple(idle), timeout_s=5.0), silent=True,
+                    relay.execute(CellRequest(request_code("leave"), tuple(idle), timeout_s=5.0), silent=True,
                                   interrupt_grace_s=1.0)
                 except Exception:  # noqa: BLE001 - stopping goes on whatever the leave did
                     logger.warning("clorch_repl: ranks %s did not leave the process group cleanly; "

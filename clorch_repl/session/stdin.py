@@ -35,9 +35,6 @@ logger = logging.getLogger(__name__)
 #: requests of other ranks arriving meanwhile are served in rank order, and the rank's output
 #: printed before it asked (a pdb location line) has reached the display.
 GATHER_S = 0.15
-#: The metadata key of an execute_request that tells a rank why it may not read stdin in this
-#: cell; the rank's kernel (clorch_repl.session.worker.RankKernel) raises with that text.
-NO_STDIN_KEY = "clorch_no_stdin"
 
 
 class FrontEnd:

@@ -1,9 +1,10 @@
 """Values between the notebook and its ranks, on the notebook's side.
 
 Everything here runs as silent requests through the session (:meth:`Session.run` with
-``silent=True``): the relay's plumbing is unchanged, the requests get the same checks as a cell
-(no dead or busy rank) and can be interrupted like one. What a value may be, how it is written and
-read, and the rank-side halves live in :mod:`.values`; see there why values travel through the
+``silent=True``; written by :func:`.requests.request_code`): the relay's plumbing is unchanged,
+the requests get the same checks as a cell (no dead or busy rank) and can be interrupted like
+one. What a value may be, how it is written and read live in :mod:`.values`, the rank's half in
+:mod:`clorch_repl.kernel.transfer`; see :mod:`.values` for why values travel through the
 session's private directory with their digest on the signed channel.
 
 * ``pull``: each chosen rank writes its value to a private file and announces the file and its
@@ -29,6 +30,7 @@ from ..errors import ClorchError, ConfigError, DistributedCellError
 from . import values
 from .display import NotebookDisplay
 from .protocol import CellOutcome, RankOutput
+from .requests import request_code
 from .session import Session
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,6 @@ logger = logging.getLogger(__name__)
 #: Time allowed for one transfer request (writing, reading and hashing a value of the default
 #: limit takes a few seconds; an interrupt stops it earlier).
 TRANSFER_TIMEOUT_S = 600.0
-_MODULE = "__import__('clorch_repl.session.values', fromlist=['_'])"
 
 
 def check_name(name: str, what: str = "NAME") -> str:
@@ -90,11 +91,10 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
     chosen = session.chosen(ranks)
     directory = _private_dir(session)
     token = secrets.token_hex(8)
-    paths = {r: os.path.join(directory, f"value-{token}-rank{r}.pt") for r in chosen}
-    # Every rank is told its own path: one request per rank would serialise them, so the code
-    # picks its path from the RANK it runs on.
-    code = (f"{_MODULE}.export_value({name!r}, {os.path.join(directory, f'value-{token}-rank')!r} "
-            f"+ __import__('os').environ['RANK'] + '.pt', {int(limit)})")
+    paths = {r: values.rank_file(directory, token, r) for r in chosen}
+    # One request for every rank (one per rank would serialise them): each rank writes the file
+    # of its own RANK, by the same rule.
+    code = request_code("export_value", name=name, folder=directory, token=token, limit=int(limit))
     collector = MimeCollector(chosen)
     try:
         outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, collector, silent=True)
@@ -125,7 +125,7 @@ def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit
             _, digest = values.save(value, path, limit, name)
         except values.TransferError as exc:
             raise ClorchError(f"%clorch push {name}: {exc}") from None
-        code = f"{_MODULE}.import_value({name!r}, {path!r}, {digest!r})"
+        code = request_code("import_value", name=name, path=path, sha256=digest)
         outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, NotebookDisplay(ranks=chosen),
                               silent=True)
         if not outcome.ok:

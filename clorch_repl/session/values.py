@@ -1,5 +1,6 @@
-"""Values that travel between the notebook and its ranks (``%clorch pull/push``, ``--gather``),
-and the few rank-side helpers the notebook calls through silent requests.
+"""Values that travel between the notebook and its ranks (``%clorch pull/push``, ``--gather``):
+what may travel, how it is written and read. The notebook's half of a transfer is
+:mod:`.transfer`, the rank's :mod:`clorch_repl.kernel.transfer`.
 
 Both the notebook and every rank import this module, so the rules about what may travel live in
 one place:
@@ -26,7 +27,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import io
-import json
 import logging
 import os
 from typing import Any
@@ -157,6 +157,13 @@ def load(path: str, sha256: str, where: str, limit: int | None = None) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
+def rank_file(folder: str, token: str, rank: int | str) -> str:
+    """Where rank ``rank`` writes its value of one ``%clorch pull`` (``token``: that pull's), in
+    the session's private ``folder``: the notebook names the files it will read, each rank the
+    one it writes (:func:`clorch_repl.kernel.transfer.export_value`), from the same rule."""
+    return os.path.join(folder, f"value-{token}-rank{rank}.pt")
+
+
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -172,38 +179,3 @@ def _type_name(obj: Any) -> str:
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes / 1e6:.1f} MB"
-
-
-# ---------------------------------------------------------------------------- run on a rank
-def _shell() -> Any:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        raise RuntimeError("clorch_repl.session.values: not inside a rank's kernel")
-    return shell
-
-
-def export_value(name: str | None, path: str, limit: int) -> None:
-    """Write the rank's ``name`` (or, for ``None``, the value of its last cell) to ``path`` and
-    announce it, with its digest, in a private display message the notebook consumes."""
-    shell = _shell()
-    if name is None:
-        count = shell.execution_count - 1  # the cell that just ran (silent requests do not count)
-        value = shell.user_ns.get("Out", {}).get(count)
-        where = "the cell's value"
-    else:
-        if name not in shell.user_ns:
-            raise NameError(f"name {name!r} is not defined")
-        value = shell.user_ns[name]
-        where = name
-    nbytes, digest = save(value, path, limit, where)
-    shell.display_pub.publish(data={MIME: json.dumps({"path": path, "sha256": digest, "nbytes": nbytes})},
-                              metadata={})
-
-
-def import_value(name: str, path: str, sha256: str) -> None:
-    """Put the value the notebook wrote to ``path`` into the rank's namespace as ``name``."""
-    shell = _shell()
-    shell.user_ns[name] = load(path, sha256, name)
-

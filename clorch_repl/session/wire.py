@@ -7,7 +7,7 @@ per relayed cell, and a good part of a rank's. Here:
 
 * :class:`MessageDecoder`: the relay reads the ranks' raw frames and hands them here;
 * :class:`MessageEncoder`: the relay's execute requests, built and signed directly;
-* :func:`read_lean_execute`: a rank's kernel reads those requests (see ``worker.RankKernel``).
+* :func:`read_lean_execute`: a rank's kernel reads those requests (see ``clorch_repl.kernel.lean_execute``).
 
 What is kept is what makes a message trustworthy: every message is signed with the rank's own
 key (HMAC), every signature is verified, and a signature seen before is refused (replay), as
@@ -29,7 +29,7 @@ from jupyter_client.session import DELIM, Session, protocol_version
 from ..errors import SignatureError
 
 #: Set in the metadata of the relay's execute requests: the rank's kernel may run them on its lean
-#: path (``worker.RankKernel``), which sends no ``execute_input`` (nothing reads a rank's copy of
+#: path (``clorch_repl.kernel.lean_execute``), which sends no ``execute_input`` (nothing reads a rank's copy of
 #: the code it was sent) and reads the request without jupyter_client's date parsing. A request
 #: must be in the lean frame (:data:`LEAN_MAGIC`) and say this too; any other (another client's,
 #: a Jupyter message that only claims it) takes ipykernel's own path.
@@ -42,6 +42,10 @@ CELL_NUMBER_KEY = "clorch_cell"
 #: In the metadata of a relay's execute request: the rank's output budget for the cell
 #: (``flood.Limits.to_wire``), read by the rank's stream; what exceeds it goes to the log only.
 OUTPUT_LIMITS_KEY = "clorch_output_limits"
+#: In the metadata of a relay's execute request: why the rank may not read stdin in this cell
+#: (not in ``--stdin-ranks``, or a front end without input); the rank's ``input()`` raises with
+#: that text (clorch_repl.kernel.stdin_policy).
+NO_STDIN_KEY = "clorch_no_stdin"
 #: How a lean request's single frame starts (see :meth:`MessageEncoder.request`). One frame, not
 #: the Jupyter protocol's six: pyzmq releases the GIL around every frame it sends, and in the
 #: notebook kernel another thread (its IOPub thread, publishing the cell's busy status and input
@@ -56,7 +60,7 @@ SEPARATOR = b"\x00"
 #: In the metadata of a rank's reply to such a request: how many iopub messages the request sent
 #: (streams, displays, errors, comms) before the reply. The relay ends the rank's part of the cell
 #: once it has read the reply and that many, instead of waiting for an idle status, which the
-#: lean path no longer sends (see ``worker.RankKernel._lean_execute``).
+#: lean path no longer sends (see ``clorch_repl.kernel.lean_execute``).
 IOPUB_COUNT_KEY = "clorch_iopub"
 #: In the metadata of each iopub message a rank counted for that number: the relay counts only
 #: these, so a message the rank did not count (a forked child's output, forwarded through

@@ -125,7 +125,7 @@ def test_interrupt_under_a_flood_on_one_rank(nb: NotebookKernel) -> None:
     # The flooding rank's KeyboardInterrupt ends at the user's print, as in a plain kernel: the
     # frames of clorch_repl's stream (its budget, its echo to the log) are not shown.
     assert "KeyboardInterrupt" in text and "Cell In[" in text, text[-3000:]
-    assert "clorch_repl/session/worker.py" not in text and "_admit" not in text, text[-3000:]
+    assert "clorch_repl/kernel/output.py" not in text and "_admit" not in text, text[-3000:]
     assert rss_mib(nb) - before <= 100, (before, rss_mib(nb))
     assert_next_cell_clean(nb)
 

@@ -20,9 +20,9 @@ import pytest
 
 from clorch_repl.launchers.base import LaunchOptions, Launcher
 from clorch_repl.procs import free_port
-from clorch_repl.session.bootstrap import BOOT_CODE
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
+from clorch_repl.session.requests import request_code
 from clorch_repl.session.sink import PlainSink
 from clorch_repl.topology import remote_topology, resolve_topology
 
@@ -47,7 +47,7 @@ class Started:
         self.launcher.launch(lambda _: None)
         self.relay = Relay(self.launcher)
         self.relay.connect(lambda k, n: None)
-        joined = self.relay.execute(CellRequest(BOOT_CODE, (0, 1), timeout_s=120), silent=True)
+        joined = self.relay.execute(CellRequest(request_code("join"), (0, 1), timeout_s=120), silent=True)
         assert joined.ok, joined
         return self.relay
 

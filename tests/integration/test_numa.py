@@ -105,7 +105,7 @@ def test_mode_none_and_a_cpu_rank_change_nothing() -> None:
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi: GPU 0 may bind")
 def test_a_rank_whose_binding_fails_starts_anyway_and_its_log_says_why(tmp_path) -> None:
-    """The real rank entry point (clorch_repl.session.worker) asked to bind on a machine without
+    """The real rank entry point (clorch_repl.kernel.app) asked to bind on a machine without
     a GPU: its kernel starts and runs a cell, unbound, and its log (stderr) holds the warning."""
     from jupyter_client import KernelManager
     from jupyter_client.kernelspec import KernelSpecManager
@@ -113,7 +113,7 @@ def test_a_rank_whose_binding_fails_starts_anyway_and_its_log_says_why(tmp_path)
     spec_dir = tmp_path / "kernels" / "rank"
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "clorch_repl.session.worker", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-m", "clorch_repl.kernel.app", "-f", "{connection_file}"],
         "display_name": "rank", "language": "python"}))
     log_path = tmp_path / "rank0.log"
     env = dict(os.environ, RANK="0", PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),

@@ -150,7 +150,7 @@ def test_no_secret_on_any_command_line_and_kernels_listen_on_one_address(attache
         line = " ".join(proc.info["cmdline"] or [])
         assert info["token"] not in line and info["server_key"] not in line, line
     kernels = [p for p in psutil.Process(attached.runner.pid).children(recursive=True)
-               if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"]]  # not their supervisors
+               if p.cmdline()[1:3] == ["-m", "clorch_repl.kernel.app"]]  # not their supervisors
     assert len(kernels) == 2
     for kernel in kernels:
         listening = {c.laddr.ip for c in kernel.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
@@ -245,7 +245,7 @@ def _spare_workers(runner: subprocess.Popen[bytes]) -> set[int]:
     found = set()
     for p in psutil.Process(runner.pid).children(recursive=True):
         try:
-            if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"] and p.environ().get("CLORCH_SPARE"):
+            if p.cmdline()[1:3] == ["-m", "clorch_repl.kernel.app"] and p.environ().get("CLORCH_SPARE"):
                 found.add(p.pid)
         except psutil.Error:
             continue

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from cluster import two_hosts, two_hosts_clean  # noqa: F401
-from clorch_repl.session.rank_torchrun import KEPT_NOTE
+from clorch_repl.kernel.torchrun import KEPT_NOTE
 from rank_text import lines_of
 from test_multihost import GONE_S, Cluster, cluster  # noqa: F401
 

@@ -6,6 +6,7 @@ of destroy_process_group() is checked first, and every later test's collectives 
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
-from clorch_repl.session.rank_torchrun import KEPT_NOTE
+from clorch_repl.kernel.torchrun import KEPT_NOTE
 from rank_text import lines_of
 
 pytestmark = pytest.mark.usefixtures("ranks")
@@ -168,6 +169,22 @@ def test_the_script_sees_what_torchrun_gives_it_and_leaves_its_globals(ip: Any, 
     res, cap = run(ip, "--ranks 1 -i -m tests.torchrun_scripts.report")  # -i: the rank's own namespace
     assert res.success, cap.stdout + cap.stderr
     assert lines_of(cap.stdout, 0) == [] and lines_of(cap.stdout, 1)[-1] == "sees rank True", cap.stdout
+
+
+def test_a_script_path_and_arguments_arrive_verbatim_never_as_code(ip: Any, tmp_path: Any) -> None:
+    """They travel as JSON data in a request (clorch_repl.session.requests), so quotes and a
+    would-be statement in them reach the script as the strings they were, and run nothing."""
+    folder = tmp_path / "it's \"quoted\""
+    folder.mkdir()
+    script = folder / "echo.py"
+    script.write_text("import sys\nprint('argv', repr(sys.argv[1:]))\n")
+    marker = tmp_path / "injected"
+    args = [f"'); open({str(marker)!r}, 'w'); ('", "'); import os; ('", '"); import os; ("', "a'b\"c\\n"]
+    res, cap = run(ip, " ".join(shlex.quote(a) for a in [str(script), *args]))
+    assert res.success, cap.stdout + cap.stderr
+    for r in (0, 1):
+        assert lines_of(cap.stdout, r) == [f"argv {args!r}"], cap.stdout
+    assert not marker.exists()
 
 
 def test_exit_statuses(ip: Any) -> None:

@@ -174,7 +174,7 @@ def test_cpu_sessions_keep_no_spares_unless_asked() -> None:
 def worker_pids(nb: NotebookKernel) -> list[int]:
     """The rank kernels and spares below the notebook kernel (not their supervisors)."""
     return sorted(p.pid for p in psutil.Process(nb.pid).children(recursive=True)
-                  if p.cmdline()[1:3] == ["-m", "clorch_repl.session.worker"])
+                  if p.cmdline()[1:3] == ["-m", "clorch_repl.kernel.app"])
 
 
 def wait_for_workers(nb: NotebookKernel, count: int, timeout: float = 30.0) -> list[int]:

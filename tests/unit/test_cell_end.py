@@ -10,8 +10,8 @@ SITE = "/work/wt24/.venv/lib/python3.11/site-packages"
 KERNEL_BASE = f'''  File "{SITE}/tornado/platform/asyncio.py", line 203 in start
   File "{SITE}/ipykernel/kernelapp.py", line 768 in start
   File "{SITE}/traitlets/config/application.py", line 1080 in launch_instance
-  File "/work/wt24/clorch_repl/session/worker.py", line 647 in main
-  File "/work/wt24/clorch_repl/session/worker.py", line 651 in <module>
+  File "/work/wt24/clorch_repl/kernel/app.py", line 138 in main
+  File "/work/wt24/clorch_repl/kernel/app.py", line 142 in <module>
   File "<frozen runpy>", line 88 in _run_code
   File "<frozen runpy>", line 198 in _run_module_as_main
 '''
@@ -23,12 +23,12 @@ IDLE = f'''Current thread 0x00007f95375c9b80 (most recent call first):
 ''' + KERNEL_BASE
 #: the same rank inside a cell's print loop (the flood of issue 24), cells named as the notebook does
 IN_CELL = f'''Current thread 0x00007f95375c9b80 (most recent call first):
-  File "/work/wt24/clorch_repl/session/worker.py", line 146 in write
+  File "/work/wt24/clorch_repl/kernel/output.py", line 151 in write
   File "{SITE}/IPython/core/interactiveshell.py", line 3171 in write
   File "Cell In[3]", line 2 in <module>
   File "{SITE}/IPython/core/interactiveshell.py", line 3701 in run_code
   File "{SITE}/IPython/core/interactiveshell.py", line 3641 in run_ast_nodes
-  File "/work/wt24/clorch_repl/session/worker.py", line 392 in do_execute
+  File "/work/wt24/clorch_repl/kernel/rank_kernel.py", line 58 in do_execute
   File "{PY}/asyncio/base_events.py", line 1936 in _run_once
   File "{PY}/asyncio/base_events.py", line 607 in run_forever
 ''' + KERNEL_BASE

@@ -1,7 +1,7 @@
 """A cell's state machine (clorch_repl.session.cell_run) and the ledger that routes messages to it
 (clorch_repl.session.ledger), driven by recorded message sequences: no socket, no process, no clock.
 
-The sequences are what a rank's kernel sends (worker.py's lean path counts the cell's iopub
+The sequences are what a rank's kernel sends (kernel/lean_execute.py counts the cell's iopub
 messages in its reply; ipykernel's own path ends with an idle status), in the orders a flood, a
 lost message, an interrupt or a death produce."""
 

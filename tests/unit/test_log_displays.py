@@ -4,7 +4,7 @@ a real rank's log."""
 
 from __future__ import annotations
 
-from clorch_repl.session.display_log import display_log_text
+from clorch_repl.kernel.display_log import display_log_text
 
 
 def test_displays_and_results_reach_the_log_as_text() -> None:

@@ -29,7 +29,7 @@ def test_the_verdict_on_recorded_summaries() -> None:
 
 
 def test_collective_time_is_taken_from_the_trace_on_any_thread() -> None:
-    from clorch_repl.diagnosis.rank_profile import trace_times
+    from clorch_repl.diagnosis.straggler import trace_times
 
     events = [{"ph": "X", "name": "clorch:start", "ts": 100.0, "dur": 1.0, "tid": 1},
               {"ph": "X", "name": "aten::mm", "ts": 110.0, "dur": 50.0, "tid": 1},

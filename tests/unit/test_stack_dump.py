@@ -15,9 +15,9 @@ SITE = "/v/lib/python3.11/site-packages"
 PY = "/py/lib/python3.11"
 BASE = f'''  File "{SITE}/IPython/core/interactiveshell.py", line 3701 in run_code
   File "{SITE}/IPython/core/interactiveshell.py", line 3641 in run_ast_nodes
-  File "/w/clorch_repl/session/worker.py", line 392 in do_execute
+  File "/w/clorch_repl/kernel/rank_kernel.py", line 58 in do_execute
   File "{PY}/asyncio/base_events.py", line 607 in run_forever
-  File "/w/clorch_repl/session/worker.py", line 667 in main
+  File "/w/clorch_repl/kernel/app.py", line 138 in main
   File "<frozen runpy>", line 198 in _run_module_as_main
 '''
 IN_BARRIER = f'''  File "{SITE}/torch/distributed/distributed_c10d.py", line 4791 in barrier
@@ -51,7 +51,7 @@ def test_a_main_thread_idle_between_cells_reads_as_returned() -> None:
             f'  File "{PY}/selectors.py", line 468 in select\n'
             f'  File "{PY}/asyncio/base_events.py", line 1884 in _run_once\n'
             f'  File "{PY}/asyncio/base_events.py", line 607 in run_forever\n'
-            '  File "/w/clorch_repl/session/worker.py", line 667 in main\n')
+            '  File "/w/clorch_repl/kernel/app.py", line 138 in main\n')
     assert idle_in_event_loop(idle)
 
 

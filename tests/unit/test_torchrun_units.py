@@ -12,11 +12,12 @@ import pytest
 from IPython.core.error import UsageError
 
 from clorch_repl.errors import ConfigError, ScriptNotFound
+from clorch_repl.kernel.script import resolve
+from clorch_repl.kernel.torchrun import GroupFacts, disagreement
 from clorch_repl.magics.core import ClorchMagics
 from clorch_repl.notebook_export import export_notebook
 from clorch_repl.rank_env import torchrun_extras
-from clorch_repl.session.rank_script import resolve
-from clorch_repl.session.rank_torchrun import GroupFacts, disagreement
+from clorch_repl.session.requests import request_code
 from clorch_repl.session.script_run import RunRequest, parse_run
 
 PARSER = ClorchMagics._run.parser  # type: ignore[attr-defined]
@@ -28,8 +29,9 @@ def test_run_line_options_before_the_script_and_its_own_after() -> None:
                              ranks=[0, 1], timeout_s=30.0)
     req = parse_run(PARSER, "-m pkg.train --epochs 2")
     assert req is not None and req.module and req.script == "pkg.train" and req.args == ("--epochs", "2")
-    assert "rank_script', fromlist=['_']).run('pkg.train', ['--epochs', '2'], module=True" in req.rank_code()
-    assert req.rank_code(check=True).endswith(".check('pkg.train', True)")
+    assert req.rank_code() == request_code("script_run", script="pkg.train", args=["--epochs", "2"], module=True,
+                                           interactive=False)
+    assert req.rank_code(check=True) == request_code("script_check", script="pkg.train", module=True)
     req = parse_run(PARSER, "--no-merge --hang-notice 0 t.py")
     assert req is not None and not req.merge and req.hang_notice_s == 0.0 and req.args == ()
 

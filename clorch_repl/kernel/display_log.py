@@ -1,6 +1,6 @@
 """What a rank's log gets of what its cells display: ``%clorch logs`` holds everything the rank
 wrote, and a cell's ``df.head()`` or ``display(x)`` is written too (streams are echoed where they
-are written, :mod:`.worker`). :func:`display_log_text` decides (pure); :func:`log_displays` hooks
+are written, :mod:`.output`). :func:`display_log_text` decides (pure); :func:`log_displays` hooks
 it into a rank kernel's session, where every iopub message passes.
 """
 

@@ -19,7 +19,8 @@ replaces three of torch's functions (:func:`install`, when it joins its group):
   of the world's processes.
 
 Errors raised here render without this package's frames (IPython's ``_render_traceback_``), so a
-rank's traceback ends at the user's own call, as the worker does for a refused ``input()``.
+rank's traceback ends at the user's own call, as the kernel does for a refused ``input()``
+(:mod:`.tracebacks`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import GroupConflict, SpawnRefused
+from . import tracebacks
+from .tracebacks import hide_own_frames
 
 logger = logging.getLogger(__name__)
+tracebacks.hide_frames_of(__file__)
 
 #: what the one-line note of a kept group starts with (said once per process)
 KEPT_NOTE = "clorch: destroy_process_group() kept the session's"
@@ -141,7 +144,7 @@ def session_facts() -> GroupFacts:
 
     device = "cpu"
     if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        device = "cuda:0"  # bootstrap.join_group: the rank's one visible GPU
+        device = "cuda:0"  # group.join_group: the rank's one visible GPU
     return GroupFacts(backend=str(dist.get_backend()).lower(), world_size=dist.get_world_size(),
                       rank=dist.get_rank(), device=device)
 
@@ -206,49 +209,3 @@ def _refuse(name: str) -> Callable[..., Any]:
     refused.__name__ = name.rsplit(".", 1)[1]
     refused.__qualname__ = refused.__name__
     return refused
-
-
-# ------------------------------------------------------------------------------ tracebacks
-def _own_files() -> frozenset[str]:
-    from . import rank_script
-
-    return frozenset({__file__, rank_script.__file__})
-
-
-def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` as the user wrote it: without this package's rank-side frames, and, for code that
-    ``%clorch run`` ran, without the frames above the script (the request's one-line cell)."""
-    own = _own_files()
-    entries: list[types.TracebackType] = []
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
-    firsts = [i for i, e in enumerate(entries) if e.tb_frame.f_code.co_filename in own]
-    from . import rank_script
-
-    script = [i for i in firsts if entries[i].tb_frame.f_code.co_filename == rank_script.__file__]
-    start = script[0] if script else 0
-    kept = [e for e in entries[start:] if e.tb_frame.f_code.co_filename not in own]
-    chain: types.TracebackType | None = None
-    for entry in reversed(kept):
-        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return chain
-
-
-def hide_own_frames(error: BaseException) -> BaseException:
-    """``error``, rendered by the rank's shell without clorch's frames (see the module docstring).
-    An exception that takes no attributes keeps IPython's own rendering."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        return error
-
-    def render() -> list[str]:
-        return shell.InteractiveTB.structured_traceback(type(error), error, user_traceback(error.__traceback__))
-
-    try:
-        error._render_traceback_ = render  # type: ignore[attr-defined]
-    except (AttributeError, TypeError) as exc:  # a built-in type with slots: shown with our frames
-        logger.debug("cannot shorten the traceback of %s: %s", type(error).__name__, exc)
-    return error

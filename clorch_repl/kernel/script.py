@@ -1,9 +1,9 @@
 """The rank's half of ``%clorch run``: run a torchrun script as ``python SCRIPT ARGS`` would,
 inside this rank's live process (and group), with IPython's ``%run`` semantics.
 
-The notebook (:mod:`.script_run`) first asks every chosen rank to :func:`check` the script (so a
-script missing on one node fails before any rank starts it, instead of leaving the others
-waiting for that rank in their first collective), then sends :func:`run` as the cell.
+The notebook (:mod:`clorch_repl.session.script_run`) first asks every chosen rank to :func:`check`
+the script (so a script missing on one node fails before any rank starts it, instead of leaving the
+others waiting for that rank in their first collective), then sends :func:`run` as the cell.
 
 What the script sees is what torchrun gives it: ``__name__ == "__main__"``, ``sys.argv``
 (``[SCRIPT, *ARGS]``; the module's file for ``-m``), the script's folder (``-m``: the working
@@ -17,7 +17,7 @@ moment one most wants to look at them). ``-i`` runs it in the rank's own namespa
 :class:`~clorch_repl.errors.ScriptExit`, one line naming the status (a message given to
 ``sys.exit`` is printed first, as Python prints it, so argparse's usage and error show as
 argparse wrote them). Other exceptions propagate as they are, rendered from the script's own
-frames (:func:`clorch_repl.session.rank_torchrun.user_traceback`).
+frames (:func:`clorch_repl.kernel.tracebacks.user_traceback`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ScriptExit, ScriptNotFound
+from . import tracebacks
+from .shell import rank_shell
+from .tracebacks import hide_own_frames
 
 logger = logging.getLogger(__name__)
+tracebacks.hide_frames_of(__file__, runner=True)
 
 #: names of the script's namespace that describe the script, not what it made: not copied over
 _OWN_NAMES = frozenset({"__name__", "__file__", "__builtins__", "__spec__", "__loader__", "__package__",
@@ -127,15 +131,6 @@ def check(script: str, module: bool) -> None:
     _code(resolve(script, module))
 
 
-def _shell() -> Any:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        raise RuntimeError("clorch_repl.session.rank_script runs inside a rank's kernel")
-    return shell
-
-
 def _code(target: Target) -> types.CodeType:
     if target.spec is not None:
         return target.spec.loader.get_code(target.spec.name)
@@ -146,7 +141,7 @@ def _code(target: Target) -> types.CodeType:
 
 def run(script: str, args: list[str], module: bool = False, interactive: bool = False) -> None:
     """Run the script on this rank (see the module docstring)."""
-    shell = _shell()
+    shell = rank_shell("%clorch run")
     target = resolve(script, module)
     code = _code(target)  # compiled by check() a moment ago: a SyntaxError stopped it there
     if interactive:
@@ -168,8 +163,6 @@ def run(script: str, args: list[str], module: bool = False, interactive: bool = 
     except SystemExit as exc:
         _exited(exc, target)
     except BaseException as exc:
-        from .rank_torchrun import hide_own_frames
-
         hide_own_frames(exc)
         raise
     finally:

@@ -2,11 +2,13 @@
 a summary of where the rank's time went.
 
 The notebook sends :func:`start` before the cell and :func:`stop` after it, as silent requests
-(:mod:`clorch_repl.diagnosis.profile`). :func:`start` waits at a barrier of the chosen ranks and
-then marks the instant in the trace (``clorch:start``): that mark is each rank's time zero when the
-traces are merged, so ranks on hosts whose clocks differ still line up (barrier exits are
-simultaneous within the network's latency). :func:`stop` writes the rank's Chrome trace and
-announces a summary in a private display message that the notebook consumes (never shown):
+(:mod:`clorch_repl.diagnosis.profile`). What the notebook reads of a trace and a summary (the start
+mark, which operators are communication, the trace's times) is
+:mod:`clorch_repl.diagnosis.straggler`, shared by both sides. :func:`start` waits at a barrier of
+the chosen ranks and then marks the instant in the trace (``clorch:start``): that mark is each
+rank's time zero when the traces are merged, so ranks on hosts whose clocks differ still line up
+(barrier exits are simultaneous within the network's latency). :func:`stop` writes the rank's Chrome
+trace and announces a summary in a private display message that the notebook consumes (never shown):
 per-operator self times, split into compute and collectives, and the cell's wall time.
 """
 
@@ -18,26 +20,16 @@ import os
 import time
 from typing import Any
 
+from ..diagnosis.straggler import MIME, START_MARK, is_collective, trace_times
+from .shell import rank_shell
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["MIME", "START_MARK", "is_collective", "start", "stop", "trace_times"]
+__all__ = ["start", "stop"]
 
-#: Private MIME type of the display message that carries a rank's profile summary.
-MIME = "application/x-clorch-profile+json"
-#: The record_function that marks each rank's time zero in its trace.
-START_MARK = "clorch:start"
-#: Name fragments of the operators that are communication (c10d's ops, gloo's and NCCL's own
-#: records and kernels): time in them is a rank waiting for, or exchanging with, the others.
-_COLLECTIVE_MARKS = ("c10d::", "gloo:", "nccl", "record_param_comms")
 TOP_OPS = 12
 
 _state: dict[str, Any] = {}
-
-
-def is_collective(name: str) -> bool:
-    """Whether an operator or kernel of this name is communication between ranks."""
-    lowered = name.lower()
-    return any(mark in lowered for mark in _COLLECTIVE_MARKS)
 
 
 def start() -> None:
@@ -59,8 +51,11 @@ def start() -> None:
         _state.update(profiler=profiler, started=time.perf_counter())
 
 
-def stop(path: str) -> None:
-    """Stop the profiler, write the Chrome trace to ``path`` and announce the summary."""
+def stop(folder: str) -> None:
+    """Stop the profiler, write the Chrome trace to this rank's file in ``folder``
+    (``rank-R.json``, R from its own ``RANK``: one request serves every rank) and announce the
+    summary, which names the file."""
+    path = os.path.join(folder, f"rank-{os.environ['RANK']}.json")
     profiler = _state.pop("profiler", None)
     if profiler is None:
         raise RuntimeError("the profiler of this cell was not running on this rank (its start failed)")
@@ -77,41 +72,8 @@ def stop(path: str) -> None:
         summary.update(trace_times(json.load(fh).get("traceEvents", [])))
     summary["trace"] = path
     summary["host"] = os.uname().nodename
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        raise RuntimeError("the profile summary is announced through the rank's kernel, and none runs here")
+    shell = rank_shell("the profile summary's announcement")
     shell.display_pub.publish(data={MIME: json.dumps(summary)}, metadata={})
-
-
-def _union_s(intervals: list[tuple[float, float]]) -> float:
-    """Seconds covered by ``intervals`` (microseconds, possibly overlapping)."""
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(intervals):
-        if hi <= end:
-            continue
-        total += hi - max(lo, end)
-        end = hi
-    return total / 1e6
-
-
-def trace_times(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """From a rank's trace events: the cell's span after the start mark, the time covered by
-    communication (any thread: gloo works on threads of its own, and a collective's record lasts
-    until the slowest rank joined it, so this is where a fast rank's waiting shows), and each
-    collective's total duration by name."""
-    timed = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
-    marks = [e["ts"] for e in timed if e.get("name") == START_MARK]
-    zero = min(marks) if marks else min((e["ts"] for e in timed), default=0.0)
-    end = max((e["ts"] + float(e.get("dur", 0.0)) for e in timed), default=zero)
-    comm = [e for e in timed if is_collective(str(e.get("name", ""))) and e["ts"] >= zero]
-    spans: dict[str, float] = {}
-    for e in comm:
-        spans[e["name"]] = spans.get(e["name"], 0.0) + float(e.get("dur", 0.0)) / 1e6
-    return {"span_s": max(end - zero, 0.0) / 1e6,
-            "collective_span_s": _union_s([(e["ts"], e["ts"] + float(e.get("dur", 0.0))) for e in comm]),
-            "collective_spans": spans}
 
 
 def _summary(profiler: Any, wall_s: float) -> dict[str, Any]:

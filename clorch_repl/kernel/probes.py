@@ -6,9 +6,9 @@ call that released the GIL). That is what lets the notebook explain a hang live,
 own signed channel, without interrupting anything.
 
 The handler is registered on the running kernel (:func:`install`, called when the rank joins its
-process group) rather than through a kernel subclass: the rank's kernel class
-(``clorch_repl.session.worker.RankKernel``) belongs to the worker, and ipykernel looks control
-handlers up per message in ``control_handlers``, so adding one there is all a subclass would do.
+process group, :mod:`.group`) rather than in the kernel class (:mod:`.rank_kernel`): ipykernel
+looks control handlers up per message in ``control_handlers``, so adding one there is all a
+subclass would do, and a kernel answers probes only once it is a rank of a group.
 """
 
 from __future__ import annotations

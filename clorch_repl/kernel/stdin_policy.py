@@ -1,7 +1,7 @@
 """A rank's own half of stdin: ``input()`` and ``getpass()`` in a rank kernel, refused with the
 reason where the relay said this cell may not read stdin (the rank is not in ``--stdin-ranks``,
 or the notebook's front end takes no input), and otherwise ipykernel's. The notebook's half,
-which forwards prompts and answers, is :mod:`.stdin`.
+which forwards prompts and answers, is :mod:`clorch_repl.session.stdin`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .rank_tracebacks import shown_without
+from ..session.wire import NO_STDIN_KEY
+from .tracebacks import shown_without
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +36,16 @@ class StdinPolicy:
 
     def _stdin_refused(self, why: str) -> BaseException:
         """The StdinNotImplementedError a refused ``input()`` raises, shown without this module's
-        frames (:mod:`.rank_tracebacks`): the rank's traceback ends at the user's ``input()``
+        frames (:mod:`.tracebacks`): the rank's traceback ends at the user's ``input()``
         line. The type stays StdinNotImplementedError, which user code may catch."""
         from IPython.core.error import StdinNotImplementedError
 
         return shown_without(StdinNotImplementedError(why), self.shell, (__file__,))
 
     def _no_stdin(self) -> str | None:
-        """Why this cell may not read stdin, when the relay said (clorch_repl.session.stdin's
+        """Why this cell may not read stdin, when the relay said (clorch_repl.session.wire's
         NO_STDIN_KEY: the rank is not in --stdin-ranks, or the notebook's front end takes no
         input): said instead of ipykernel's "this frontend does not support input requests"."""
         if self._allow_stdin:
             return None
-        from .stdin import NO_STDIN_KEY
-
         return (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)  # type: ignore[attr-defined]

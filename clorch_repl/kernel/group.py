@@ -1,7 +1,10 @@
-"""Runs inside every rank's kernel when the session starts: joins the process group and gives the
-user's namespace ``rank``, ``local_rank``, ``world_size`` and ``device``.
+"""A rank joins and leaves the session's process group: :func:`join_group` runs inside every
+rank's kernel when the session starts (and when a spare is made a rank) and gives the user's
+namespace ``rank``, ``local_rank``, ``world_size`` and ``device``; :func:`leave_group` ends the
+group before a clean stop.
 
-It runs through the kernel (an execute request), not before it, so a failure to form the group
+Both are requests of the rank's registry (``join``, ``leave``: :mod:`.requests`). A join runs
+through the kernel (an execute request), not before it, so a failure to form the group
 (a wrong device, an NCCL error, a rendezvous timeout) reaches the notebook as that rank's
 traceback, and a stuck rendezvous can be interrupted like any cell.
 """
@@ -14,15 +17,6 @@ import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-BOOT_CODE = "from clorch_repl.session.bootstrap import join_group as _clorch_join; _clorch_join(); del _clorch_join"
-LEAVE_CODE = "from clorch_repl.session.bootstrap import leave_group as _clorch_leave; _clorch_leave(); del _clorch_leave"
-
-
-def boot_code(env: dict[str, str] | None = None) -> str:
-    """:data:`BOOT_CODE`; with ``env`` (the launcher's ``join_environment()``) the rank first
-    sets those variables in its own environment."""
-    return BOOT_CODE.replace("_clorch_join()", f"_clorch_join({env!r})") if env else BOOT_CODE
 
 
 def join_group(env: dict[str, str] | None = None) -> None:
@@ -73,16 +67,16 @@ def join_group(env: dict[str, str] | None = None) -> None:
 def _accept_torchrun_code() -> None:
     """What a torchrun script finds in torchrun's workers: the rest of torchrun's variables, and
     its own init_process_group()/destroy_process_group() agreeing with the session's group
-    (:mod:`.rank_torchrun`), in %clorch run scripts and cells alike."""
+    (:mod:`.torchrun`), in %clorch run scripts and cells alike."""
     from ..errors import ConfigError
     from ..rank_env import torchrun_extras
-    from . import rank_torchrun
+    from . import torchrun
 
     try:
         os.environ.update(torchrun_extras(os.environ))
     except ConfigError as exc:  # a convenience for scripts: the rank works without it
         logger.warning("rank %s: torchrun's extra variables not set: %s", os.environ.get("RANK", "?"), exc)
-    rank_torchrun.install()
+    torchrun.install()
 
 
 def _move_output_to_rank_log() -> None:
@@ -114,7 +108,7 @@ def _answer_probes() -> None:
     """Let the notebook ask this rank where it is while a cell blocks it (``%clorch why``)."""
     from IPython import get_ipython
 
-    from .rank_kernel import install
+    from .probes import install
 
     kernel = getattr(get_ipython(), "kernel", None)
     if kernel is not None:
@@ -138,7 +132,7 @@ def leave_group() -> None:
     """Destroy the process group before a clean stop (NCCL warns at exit when it was not)."""
     import torch.distributed as dist
 
-    from .rank_torchrun import torch_destroy
+    from .torchrun import torch_destroy
 
     if dist.is_initialized():
         torch_destroy()()  # torch's own: the one user code reaches keeps the session's group

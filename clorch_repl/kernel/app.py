@@ -1,0 +1,142 @@
+"""Entry point of one rank's kernel process: ``python -m clorch_repl.kernel.app -f CONN``.
+
+The kernel is started by the rank's :mod:`clorch_repl.launchers.supervisor`, which ends it and
+everything it started when the notebook is gone or the rank is stopped. A rank is a plain ipykernel
+with these additions:
+
+* ``SIGUSR1`` dumps the Python stack of the main thread into the rank's stack file, from a C-level
+  signal handler, so the notebook can show where a rank that ignores Ctrl-C is stuck (a hung
+  collective blocks in C++ and never sees KeyboardInterrupt);
+* ``quiet=False`` echoes everything the rank prints to its real stdout/stderr, which the session
+  points at the rank's log file, so ``%clorch logs`` holds Python and native output alike; a
+  cell's traceback (KeyboardInterrupt too) is written there as well, and ipykernel's start-up
+  banner ("To connect another client...") is not, since it is no output of the rank's;
+* ``\r`` progress updates are coalesced before they are published (:mod:`.output`);
+* the relay's execute requests take a lean path through the kernel (:mod:`.lean_execute`):
+  an empty cell cost a rank about 2 ms of CPU in ipykernel's, most of it not the cell's;
+* no shell-channel thread: ipykernel 7 reads the shell socket on a thread of its own and hands each
+  request to the main thread (and each reply back) over an inproc socket, a thread hop each way
+  per cell for the subshells that nothing here uses; a rank reads and answers on its main thread,
+  as ipykernel 6 did and ipykernel 7 still does for a kernel without that thread;
+* a watchdog thread ends the kernel when its supervisor is gone (the supervisor itself needs no
+  GIL to end the kernel; this thread only covers a supervisor killed outright);
+* a warm spare (``CLORCH_SPARE`` set; :mod:`clorch_repl.launchers.local`) imports torch and what
+  joining a group needs before its kernel starts, and learns its group only when it is made a rank;
+* with ``CLORCH_CPU_BIND=numa`` the process binds itself to the CPU cores of its GPU's NUMA node
+  (:mod:`clorch_repl.numa`) before any thread starts, so every thread the kernel runs inherits
+  it; what it did or why it could not is written to the rank's log, and nothing there stops it.
+
+The process group itself is joined later, through the kernel (a request, :mod:`.group`), so
+that its failures arrive as ordinary tracebacks.
+
+This module keeps its own imports light: it binds the CPUs and (for a spare) imports torch
+before ipykernel is imported, which happens when ipykernel loads the classes named in
+:data:`KERNEL_OPTIONS` (:mod:`.rank_kernel`, :mod:`.output`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .. import numa
+from ..procs import end_own_group, watch_parent
+from ..rank_env import SPARE_ENV
+from . import STACK_FILE_ENV
+
+logger = logging.getLogger(__name__)
+
+#: quiet=False: Python-level output is echoed to the process's stdout/stderr, i.e. the rank's log.
+#: capture_fd_output=False: native output (NCCL, C++ warnings) goes straight to the log, once.
+#: HistoryManager.enabled=False: no SQLite history database per rank; writing it cost a rank
+#: about 3 ms per cell here, more than the rest of a cell's round trip. In/Out still work.
+#: outstream_class: see clorch_repl.kernel.output; kernel_class: see clorch_repl.kernel.rank_kernel.
+#: _execute_sleep=0: ipykernel sleeps 0.5 ms after every cell so that a client reading the shell
+#: reply first is less likely to miss late output; the relay drains iopub for a moment after the
+#: reply instead.
+KERNEL_OPTIONS = ("--IPKernelApp.quiet=False", "--IPKernelApp.capture_fd_output=False",
+                  "--HistoryManager.enabled=False",
+                  "--IPKernelApp.outstream_class=clorch_repl.kernel.output.RankOutStream",
+                  "--IPKernelApp.kernel_class=clorch_repl.kernel.rank_kernel.RankKernel",
+                  "--IPythonKernel._execute_sleep=0",
+                  # ipykernel's own parent poller would watch the supervisor; ours does.
+                  "--IPKernelApp.parent_handle=0")
+
+
+class _NoShellChannelThread:
+    """Stands in for ipykernel's shell channel thread, which a rank does without (see the module
+    docstring). Falsy, so that ipykernel takes its path for a kernel without one everywhere it
+    asks (``if self.shell_channel_thread``; RankKernel's ``_supports_kernel_subshells``), and
+    with ``parent_thread``, which ipykernel 7.4 still reads to run top-level-await cells on the
+    main thread with Ctrl-C support, where None would raise AttributeError."""
+
+    def __init__(self) -> None:
+        self.parent_thread = threading.main_thread()
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _app_class() -> type:
+    from ipykernel.kernelapp import IPKernelApp
+
+    class RankKernelApp(IPKernelApp):
+        """No start-up banner in the rank's log: "To connect another client..." and the note on
+        Ctrl-C are ipykernel talking to a terminal user, and the log is the rank's output."""
+
+        def init_sockets(self) -> None:
+            super().init_sockets()
+            thread = getattr(self, "shell_channel_thread", None)
+            if thread is not None:  # made, not started: see the module docstring
+                thread.io_loop.close()
+                self.shell_channel_thread = _NoShellChannelThread()
+
+        def log_connection_info(self) -> None:
+            self.log.debug("connection file: %s", self.connection_file)
+            self._ports = dict(shell=self.shell_port, iopub=self.iopub_port, stdin=self.stdin_port,
+                               hb=self.hb_port, control=self.control_port)
+
+    return RankKernelApp
+
+
+def warm_imports() -> None:
+    """What a warm spare does before its kernel starts: import what joining a group imports
+    (torch, torch.distributed, clorch's rendezvous and recorder), so that a restart does not wait
+    for it. It touches no GPU: CUDA is initialised when the spare joins a group as a rank."""
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    from .. import distributed, rendezvous  # noqa: F401
+    from ..diagnosis import record  # noqa: F401
+    from . import group, probes, requests  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> None:
+    numa.bind_rank()  # first: the watchdog thread below and the kernel's threads inherit the binding
+    watch_parent(os.getppid(), end_own_group)  # the supervisor; see the module's docstring
+    if os.environ.pop(SPARE_ENV, ""):
+        warm_imports()
+    # A segfault or abort prints the Python stacks into the rank's log (fd 2), whose tail the
+    # notebook shows when a rank dies mid-cell.
+    faulthandler.enable(file=sys.__stderr__, all_threads=False)  # the crashing thread: short
+    stack_path = os.environ.get(STACK_FILE_ENV)
+    if stack_path:
+        stack_file = open(stack_path, "a", buffering=1)  # noqa: SIM115 - must outlive main()
+        # The main thread only (Linux hands a process-directed signal to the main thread unless it
+        # cannot take it right then; rankfiles.main_thread_stack drops such a dump): walking every
+        # thread from a signal handler reads other threads' frames without the GIL and crashed a
+        # rank (SIGSEGV) when one of them changed under it (seen in CI: a rank stuck in a gloo
+        # barrier, probed by `%clorch why`). The other threads' stacks come from the probe, which
+        # reads them under the GIL.
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False, chain=False)
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    _app_class().launch_instance(argv=[*args, *KERNEL_OPTIONS])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""A rank's output on its way to the notebook: the cell's output budget and ``RankOutStream``.
+
+Imported on a rank only, by ipykernel when it builds the kernel's streams (the
+``outstream_class`` option in :data:`clorch_repl.kernel.app.KERNEL_OPTIONS`), so ipykernel is
+imported here at module level: the notebook's process never loads this module.
+
+* The budget (:mod:`clorch_repl.session.flood`): what a cell may publish; what it refuses goes to
+  the rank's log only, and one line at the cell's end says how much was held back. The kernel
+  opens and closes it around each cell (:func:`start_cell`, :func:`end_cell`).
+* ``RankOutStream``: ipykernel's stream, minus work that a flood of output would multiply, with
+  ``\r`` progress updates coalesced before they are published.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+
+from ipykernel.iostream import OutStream
+
+from ..session.flood import Budget, Limits
+from .tracebacks import interrupts_at_users_line
+
+logger = logging.getLogger(__name__)
+
+#: A user's flush of a line that only rewrote the current line (``\r``) within this long of the
+#: last send is left to the stream's own timed flush (ipykernel's flush_interval, 0.2 s).
+COALESCE_S = 0.1
+#: True while a cell's code runs; outside it (the kernel's own flush at a cell's end) every
+#: flush is done, so nothing of a cell is published after the cell's reply.
+_in_cell = False
+#: This rank's output budget for the running (or last) cell (clorch_repl.session.flood): what it
+#: refuses goes to the rank's log only. One for stdout and stderr together, shared by the cell's
+#: threads (hence the lock); kept after the cell, so a thread the cell left printing stays bounded.
+_budget: Budget | None = None
+_budget_lock = threading.Lock()
+_budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
+
+
+def _admit(string: str) -> bool:
+    """Whether the cell's budget lets ``string`` be published (it is echoed to the log either way)."""
+    __tracebackhide__ = True  # a KeyboardInterrupt landing here is the user's print's, not ours
+    budget = _budget
+    if budget is None or os.getpid() != _budget_pid:
+        return True
+    with _budget_lock:
+        return budget.admit(string, time.monotonic())
+
+
+def _start_budget(limits: Limits, silent: bool = False) -> None:
+    """A cell starts: a fresh budget. What the last one held after its cell's line (a thread
+    that cell left printing) is said first, so that nothing is held back unannounced; by the
+    next cell of the user's when this one is ``silent`` (clorch_repl's own request: a join, a
+    transfer, whose output is not where a user looks for a notice about an earlier cell)."""
+    global _budget
+    with _budget_lock:
+        previous, _budget = _budget, None
+    fresh = Budget(limits, time.monotonic())
+    line = None
+    if previous is not None and silent:
+        fresh.carry_late(previous)
+    elif previous is not None:
+        line = previous.late_line(os.environ.get("RANK", "?"))
+    try:
+        if line is not None and sys.stderr is not None:
+            sys.stderr.write(line)
+    finally:
+        with _budget_lock:
+            _budget = fresh
+
+
+def _publish_held_back() -> None:
+    """At the cell's end: the one line saying how much this rank held back (before the streams'
+    last flush, so that the reply counts it). Published whatever the budget says."""
+    global _budget
+    with _budget_lock:
+        budget, _budget = _budget, None
+    if budget is None:
+        return
+    line = budget.held_back_line(os.environ.get("RANK", "?"))
+    budget.mark_announced()  # published with the cell's output (a transfer's too): said once
+    try:
+        if line is not None and sys.stderr is not None:
+            sys.stderr.write(line)
+    finally:
+        with _budget_lock:
+            if _budget is None:
+                _budget = budget
+
+
+def _echo(echo: object, string: str) -> None:
+    """To the rank's log, as ipykernel's own echo does (its errors to the real stderr)."""
+    if echo is not None:
+        try:
+            echo.write(string)  # type: ignore[attr-defined]
+        except OSError as exc:
+            print(f"Write failed: {exc}", file=sys.__stderr__)
+
+
+
+# Coalescing edits ipykernel 7's per-parent buffers (``_buffers``, filled by ``write`` and
+# emptied by ``_flush_buffers``) in place. An ipykernel built otherwise (the package pins 7,
+# but a site may force another) gets ipykernel's own writes: correct, only not coalesced.
+_COALESCING = all(hasattr(OutStream, name) for name in ("_is_master_process", "_flush_buffers"))
+
+
+def in_cell() -> bool:
+    """Whether a cell's code runs now (:func:`clorch_repl.diagnosis.probe.cell_frames` asks)."""
+    return _in_cell
+
+
+def start_cell(limits: Limits, silent: bool) -> None:
+    """A cell starts: a fresh budget (see :func:`_start_budget`), and the streams in cell mode."""
+    global _in_cell
+    _start_budget(limits, silent)
+    _in_cell = True
+
+
+def end_cell() -> None:
+    """The cell's code returned: every flush is done again, and the held-back line is said."""
+    global _in_cell
+    _in_cell = False
+    _publish_held_back()
+
+
+class RankOutStream(OutStream):
+    """ipykernel's stream, minus work that a flood of output would multiply.
+
+    * A flush of a stream nothing was written to is skipped: ipykernel flushes stdout and
+      stderr around every cell, and each flush from the main thread waits for two hops
+      through the IOPub thread, over a millisecond per cell here.
+    * A flush returns once its text has been handed to the iopub socket (see ``flush``).
+    * ``\r`` progress updates are coalesced: a write whose last ``\r`` starts a rewrite of
+      the current line replaces what the buffer still holds of that line (the notebook shows
+      only a progress line's last state anyway), and while a cell runs, a user's flush of
+      nothing but such rewrites within :data:`COALESCE_S` of the last send is left to the
+      timed flush that every write schedules. A tqdm with ``mininterval=0`` then publishes
+      about ten messages a second instead of one per update: 300,000 flushed updates used
+      to be 300,000 iopub messages, past ZeroMQ's high-water mark, and the relay lost
+      messages. The rank's log still gets every write (the echo happens first).
+    """
+
+    _clean = False
+    _rewrite_only = False
+    _last_send = 0.0
+
+    def write(self, string: str) -> int | None:
+        __tracebackhide__ = True  # see _admit
+        self._clean = False
+        # A "\r" rewrite of the current line is not counted: coalescing (below) already bounds
+        # what it publishes to about ten messages a second, and the bar's last state must show.
+        rewrite = isinstance(string, str) and "\r" in string and "\n" not in string
+        if isinstance(string, str) and string and not rewrite and not _admit(string):
+            _echo(self.echo, string)  # held back: the rank's log still gets it (see flood)
+            return len(string)
+        if (not isinstance(string, str) or self.pub_thread is None or not _COALESCING
+                or not self._is_master_process()):
+            return super().write(string)  # its errors, and forked children, as ipykernel does them
+        p = string.rfind("\r")
+        if p < 0 or p + 1 == len(string) or "\n" in string[p:]:
+            self._rewrite_only = False
+            nl = string.rfind("\n")
+            with self._buffer_lock:
+                key = frozenset(self.parent_header.items())
+                result = super().write(string)
+                if nl >= 0:
+                    buf = self._buffers[key]
+                    self._line_starts[key] = (buf, buf.tell() - (len(string) - nl - 1))
+            return result
+        _echo(self.echo, string)
+        with self._buffer_lock:
+            key = frozenset(self.parent_header.items())
+            buf = self._buffers[key]
+            nl = string.rfind("\n", 0, p)
+            if nl >= 0:
+                buf.write(string[:nl + 1])  # lines it completes are kept
+                self._rewrite_only = False
+                start = buf.tell()
+            else:
+                owner, start = self._line_starts.get(key, (None, 0))
+                if owner is not buf:
+                    start = 0
+            buf.seek(start)
+            buf.truncate()
+            buf.write(string[p:])
+            self._line_starts[key] = (buf, start)
+        self._schedule_flush()
+        return len(string)
+
+    write = interrupts_at_users_line(write, __file__)  # Ctrl-C in a print ends at the user's line
+
+    @property
+    def _line_starts(self) -> dict:
+        starts = self.__dict__.get("_clorch_line_starts")
+        if starts is None:
+            starts = self.__dict__["_clorch_line_starts"] = {}
+        return starts
+
+    def _flush(self) -> None:
+        super()._flush()
+        self._last_send = time.monotonic()
+        self._rewrite_only = True
+
+    def flush(self) -> None:
+        if self._clean:
+            return
+        if self._rewrite_only and _in_cell and time.monotonic() - self._last_send < COALESCE_S:
+            return  # a timed flush is scheduled (every write schedules one)
+        self._clean = True
+        thread = self.pub_thread
+        if (thread is None or thread.thread is None or not thread.thread.is_alive()
+                or thread.thread.ident == threading.get_ident()):
+            super().flush()  # ipykernel sends at once in these cases
+            return
+        # ipykernel's flush waits until the IOPub thread has taken the text from the buffer,
+        # but the send itself is queued behind that, for the thread's next round: a cell that
+        # then holds the GIL in native code (``print('x', flush=True); sum(range(10**11))``)
+        # kept its flushed output from the notebook until it let go. Wait for that round
+        # too: the thread runs it on its own, so this costs no extra wake-up.
+        done = threading.Event()
+        thread.schedule(self._flush)
+        thread.schedule(lambda: thread.schedule(done.set))
+        if not done.wait(self.flush_timeout):
+            print("IOStream.flush timed out", file=sys.__stderr__)

@@ -1,0 +1,130 @@
+"""The rank's kernel class: ipykernel's ``IPythonKernel`` with what a rank adds.
+
+``RankKernel`` is named in :data:`clorch_repl.kernel.app.KERNEL_OPTIONS` (ipykernel's
+``kernel_class``), so only a rank imports this module, and ipykernel is imported at module level.
+It composes the rank's additions, each in its own module: the stdin policy
+(:mod:`.stdin_policy`), the lean execute path (:mod:`.lean_execute`), the output budget around
+each cell (:mod:`.output`), displays echoed to the log (:mod:`.display_log`) and the
+``breakpoint()`` hook (:mod:`.breakpoints`). Here: the cell's traceback written to the rank's log,
+no status messages for the notebook's probes, and two savings of a rank's CPU per cell
+(:func:`_memoize_accepts_parameters`, :class:`_TransformOnce`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from typing import Any
+
+from ipykernel import ipkernel
+from ipykernel.ipkernel import IPythonKernel
+
+from ..diagnosis.probe import PROBE_REQUEST
+from ..session.flood import Limits
+from . import breakpoints, output
+from .display_log import log_displays
+from .lean_execute import LeanExecute
+from .stdin_policy import StdinPolicy
+
+logger = logging.getLogger(__name__)
+
+
+class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
+    """ipykernel's kernel, marking when a cell runs (for RankOutStream) and writing a failed
+    cell's traceback into the rank's log, where ipykernel writes only the iopub message."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        breakpoints.install()  # after ipykernel imported debugpy, which replaces the hook
+        self._count_iopub()
+        log_displays(self)
+
+    def _publish_status(self, status, channel, parent=None):  # type: ignore[no-untyped-def]
+        """No busy/idle on iopub for the notebook's probes (the hang check, ``%clorch top``
+        once a second): nothing reads them, and published from the control thread while the
+        main thread's cell output went out they arrived split in two at the relay (seen with
+        a probe every 0.2 s: the status's frames, then its delimiter alone)."""
+        header = ((parent or self.get_parent(channel)) or {}).get("header") or {}
+        if header.get("msg_type") == PROBE_REQUEST:
+            return
+        super()._publish_status(status, channel, parent)
+
+    async def do_execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """ipykernel's, inside the cell's output budget (:mod:`.output`), with a failed cell's
+        traceback echoed to the rank's log."""
+        limits, self._next_limits = self._next_limits, None
+        silent = bool(kwargs.get("silent", args[1] if len(args) > 1 else False))
+        output.start_cell(limits or Limits(), silent)
+        transform = _TransformOnce(self.shell)
+        try:
+            reply = await super().do_execute(*args, **kwargs)
+        finally:
+            transform.close()
+            output.end_cell()
+        if isinstance(reply, dict) and reply.get("status") == "error":
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                text = "\n".join(reply.get("traceback") or [f"{reply.get('ename')}: {reply.get('evalue')}"])
+                sys.__stderr__.write(text + "\n")
+                sys.__stderr__.flush()
+            except (OSError, ValueError) as exc:  # the log is gone: nothing to write it to
+                self.log.debug("could not write the traceback to the rank's log: %s", exc)
+        return reply
+
+
+def _memoize_accepts_parameters(ipkernel: types.ModuleType) -> None:
+    """ipykernel asks ``inspect.signature`` of IPython's run_cell, every cell, which keyword
+    arguments it takes (about 30 us of a rank's CPU per cell): remember the answer per function.
+    An ipykernel without the helper is left as it is."""
+    ask = getattr(ipkernel, "_accepts_parameters", None)
+    if ask is None or getattr(ask, "_clorch_memo", False):
+        return
+    answers: dict[tuple, dict] = {}
+
+    def accepts_parameters(meth, param_names):  # type: ignore[no-untyped-def]
+        key = (getattr(meth, "__func__", meth), tuple(param_names))
+        try:
+            answer = answers[key]
+        except KeyError:
+            answer = answers[key] = ask(meth, param_names)
+        except TypeError:  # unhashable: ask every time
+            return ask(meth, param_names)
+        return dict(answer)
+
+    accepts_parameters._clorch_memo = True  # type: ignore[attr-defined]
+    ipkernel._accepts_parameters = accepts_parameters
+
+
+class _TransformOnce:
+    """ipykernel's do_execute transforms the cell's code (``shell.transform_cell``) to decide how
+    to run it, then IPython's run_cell transforms the same code again, with nothing run in
+    between: the second call gets the first one's result (about 80 us of a rank's CPU per cell).
+    Only that once: the shell's own method is back (and any later call computes afresh) as soon
+    as it was reused or the cell ends."""
+
+    def __init__(self, shell) -> None:  # type: ignore[no-untyped-def]
+        self.shell = shell
+        self.memo: tuple[str, str] | None = None
+        if shell is not None and "transform_cell" not in vars(shell):
+            shell.transform_cell = self
+        else:
+            self.shell = None
+
+    def __call__(self, raw_cell: str) -> str:
+        memo, self.memo = self.memo, None
+        if memo is not None and memo[0] == raw_cell:
+            self.close()
+            return memo[1]
+        cell = type(self.shell).transform_cell(self.shell, raw_cell)
+        self.memo = (raw_cell, cell)
+        return cell
+
+    def close(self) -> None:
+        if self.shell is not None:
+            if vars(self.shell).get("transform_cell") is self:
+                del self.shell.transform_cell
+            self.shell = None
+
+_memoize_accepts_parameters(ipkernel)

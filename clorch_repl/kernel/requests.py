@@ -1,0 +1,91 @@
+"""The rank's registry of what the notebook may ask it: a request is a name and JSON arguments.
+
+Why a registry, not source: the notebook used to send each request as Python written by string
+operations (a join's environment spliced in with ``repr``, a per-rank path built from
+``__import__('os').environ['RANK']``). Every caller then wrote code, and a value typed by the
+user (a ``%clorch run`` script's arguments) travelled inside it. Now the only code a request
+carries is the fixed line :func:`clorch_repl.session.requests.request_code` writes, which calls
+:func:`call` here with a name and a JSON text: the arguments are data, decoded by ``json.loads``,
+never evaluated. The transport is unchanged (an execute request through the relay: the cell's
+output budget, interrupts and tracebacks are a cell's).
+
+* :data:`HANDLERS` maps each name to ``module:function``, imported when first asked: a join does
+  not import the profiler, and this module imports nothing of the package at load time.
+* What differs per rank (its file in a value transfer or a profile) is worked out by the handler
+  from its own ``RANK``: one request serves every rank, and nothing rank-specific is spliced in.
+* A name this rank does not know, or arguments its handler does not take, raise
+  :class:`~clorch_repl.errors.UnknownRequest` saying which, on which rank, and that the notebook
+  and the rank run different versions of clorch_repl.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import os
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+#: request name -> "module:function" of its handler (the handler's keyword arguments are the
+#: request's JSON arguments)
+HANDLERS: dict[str, str] = {
+    "join": "clorch_repl.kernel.group:join_group",
+    "leave": "clorch_repl.kernel.group:leave_group",
+    "export_value": "clorch_repl.kernel.transfer:export_value",
+    "import_value": "clorch_repl.kernel.transfer:import_value",
+    "script_check": "clorch_repl.kernel.script:check",
+    "script_run": "clorch_repl.kernel.script:run",
+    "profile_start": "clorch_repl.kernel.profiler:start",
+    "profile_stop": "clorch_repl.kernel.profiler:stop",
+}
+_resolved: dict[str, Callable[..., Any]] = {}
+
+
+def _this_rank() -> str:
+    return f"rank {os.environ.get('RANK', '?')}"
+
+
+def _version_hint() -> str:
+    from .. import __version__
+
+    return (f"this rank runs clorch_repl {__version__}: the notebook and its ranks must run the same "
+            "version (install it on every host, then %clorch restart)")
+
+
+def handler(name: str, handlers: dict[str, str] | None = None) -> Callable[..., Any]:
+    """The function registered as ``name``, imported on first use."""
+    table = HANDLERS if handlers is None else handlers
+    target = table.get(name)
+    if target is None:
+        from ..errors import UnknownRequest
+
+        raise UnknownRequest(f"{_this_rank()} has no request {name!r} (it knows {', '.join(sorted(table))}); "
+                             + _version_hint())
+    if handlers is None and name in _resolved:
+        return _resolved[name]
+    module, _, function = target.partition(":")
+    found = getattr(importlib.import_module(module), function)
+    if handlers is None:
+        _resolved[name] = found
+    return found
+
+
+def call(name: str, arguments: str = "{}", handlers: dict[str, str] | None = None) -> Any:
+    """Run the request ``name`` with ``arguments`` (a JSON object: the handler's keyword
+    arguments); what the handler returns (None for every request the notebook sends, so that a
+    non-silent request shows no ``Out``). ``handlers``: another table (tests)."""
+    found = handler(name, handlers)
+    args = json.loads(arguments)
+    if not isinstance(args, dict):
+        raise TypeError(f"request {name!r}: its arguments must be a JSON object, got {type(args).__name__}")
+    try:
+        inspect.signature(found).bind(**args)
+    except TypeError as exc:
+        from ..errors import UnknownRequest
+
+        raise UnknownRequest(f"{_this_rank()} cannot take request {name!r} with arguments "
+                             f"{', '.join(sorted(args)) or 'none'} ({exc}); " + _version_hint()) from None
+    return found(**args)
