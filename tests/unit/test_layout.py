@@ -1,9 +1,9 @@
 """The package's shape, held where a review found it hard to change (issue 27): no module over
-:data:`FILE_LINES` lines, no function over :data:`FUNCTION_LINES`, and no cycle among the imports
-a module makes when it is loaded.
+:data:`FILE_LINES` lines, no function over :data:`FUNCTION_LINES`, and no cycle among the
+package's imports.
 
-The modules and functions still over the limits are listed with their size today: the lists may
-only shrink. A listed one that grows fails (split it instead), one that is now within the limit
+The modules and functions over the limits would be listed with their size (both lists are empty
+since the rank's kernel was split, issue 27): the lists may only shrink. A listed one that grows fails (split it instead), one that is now within the limit
 fails until it is taken off the list (so the list never hides the next offender), and a new one
 over the limit fails. Imports made inside functions (to keep a module's load light, or the
 notebook free of torch until it is needed) count too: a deferred import hides a loop between two
