@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from ..cell_boundary import calls_the_cell
 from . import record
 
 logger = logging.getLogger(__name__)
@@ -106,13 +107,13 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
 def cell_frames(frame: Any) -> tuple[list[dict[str, Any]], bool]:
     """The main thread's stack from the cell's code inwards, and whether a cell is running at all.
 
-    Cut where IPython's ``run_code`` calls the cell, as the stuck-rank report does: what lies
-    outside is the same kernel machinery on every rank.
+    Cut where IPython calls the cell (:mod:`clorch_repl.cell_boundary`, as the stuck-rank report
+    does): what lies outside is the same kernel machinery on every rank.
     """
     frames = _frames(frame)
     for i in range(len(frames) - 1, -1, -1):
         f = frames[i]
-        if f["function"] == "run_code" and f["file"].endswith(os.path.join("IPython", "core", "interactiveshell.py")):
+        if calls_the_cell(f["file"], f["function"]):
             return frames[i + 1:], True
     # No cell on the stack: a kernel between cells, or a plain program (a launch() rank), which
     # is always "running its cell"; or a top-level-await cell suspended in its await (its frames

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .. import procs
 from ..atomic import remove_quietly
+from ..cell_boundary import dump_line_calls_the_cell
 from ..kernel import KERNEL_MODULE
 from . import logcap
 
@@ -70,7 +71,7 @@ def trim_kernel_frames(lines: list[str]) -> list[str]:
     """Cut a faulthandler stack (most recent call first) where the cell's code was called from
     IPython: what lies below is the same kernel machinery in every dump."""
     for i, line in enumerate(lines):
-        if "IPython/core/interactiveshell.py" in line and " in run_code" in line:
+        if dump_line_calls_the_cell(line):
             return [*lines[:i], "  ... (the kernel's own frames)"]
     return lines
 

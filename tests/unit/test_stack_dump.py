@@ -61,3 +61,15 @@ def test_a_dump_of_another_thread_is_no_place_of_the_rank() -> None:
              f'  File "{PY}/threading.py", line 331 in wait\n'
              f'  File "{SITE}/ipykernel/iostream.py", line 100 in _thread_main\n')
     assert main_thread_stack(other) == ""
+
+
+def test_both_views_of_a_stack_cut_at_the_same_frame() -> None:
+    # The report (faulthandler text) and the live probe (frame records) share the rule: a dump line
+    # and a frame naming IPython's run_code are the cell's caller; a user's own run_code is not.
+    from clorch_repl.cell_boundary import calls_the_cell, dump_line_calls_the_cell
+
+    assert dump_line_calls_the_cell(f'  File "{SITE}/IPython/core/interactiveshell.py", line 3701 in run_code')
+    assert calls_the_cell(f"{SITE}/IPython/core/interactiveshell.py", "run_code")
+    assert not dump_line_calls_the_cell('  File "/home/me/train.py", line 12 in run_code')
+    assert not calls_the_cell("/home/me/train.py", "run_code")
+    assert not calls_the_cell(f"{SITE}/IPython/core/interactiveshell.py", "run_cell")
