@@ -13,6 +13,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..launchers.base import LaunchOptions
+    from ..session.script_run import RunRequest
 
 Func = Callable[..., Any]
 
@@ -186,5 +187,28 @@ def parse_ranks(value: str | None, what: str = "--ranks") -> list[int] | None:
     return parse_int_list(value, what)
 
 
+def parse_run(parser: Any, line: str) -> RunRequest | None:
+    """``%clorch run``'s line as a :class:`RunRequest`; None after printing the help (``--help``
+    before the script). ``parser``: the magic's argparse parser, with ``script`` and a REMAINDER
+    ``args``. Bad input raises :class:`ConfigError` (a ``UsageError`` from the parser itself)."""
+    from ..session.script_run import RunRequest
+    from ..topology import parse_timeout
+
+    args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
+    if args.help:
+        print(parser.format_help())
+        return None
+    if not args.script:
+        what = "MODULE" if args.module else "SCRIPT"
+        raise ConfigError(f"%clorch run needs a {what}: %clorch run [options] SCRIPT [ARGS...] or "
+                          "%clorch run [options] -m MODULE [ARGS...] (see --help)")
+    if args.module and not all(part.isidentifier() for part in args.script.split(".")):
+        raise ConfigError(f"-m takes a module name (e.g. pkg.train), got {args.script!r}; to run a file, leave -m out")
+    return RunRequest(script=args.script, args=tuple(args.args), module=args.module, interactive=args.interactive,
+                      ranks=parse_ranks(args.ranks), timeout_s=parse_timeout(args.timeout, "--timeout"),
+                      hang_notice_s=parse_hang_notice(args.hang_notice), merge=not args.no_merge)
+
+
 __all__ = ["launcher_options", "parse_launch", "parse_cpu_bind", "magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
-           "tail_option", "hang_notice_option", "stdin_ranks_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "ConfigError"]
+           "tail_option", "hang_notice_option", "stdin_ranks_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "parse_run",
+           "ConfigError"]

@@ -27,7 +27,8 @@ from ..topology import Topology, parse_timeout
 from . import views
 from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
-                        parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, ranks_option,
+                        parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
+                        ranks_option,
                         stdin_ranks_option, tail_option, timeout_option, topology_options)
 
 logger = logging.getLogger(__name__)
@@ -345,7 +346,7 @@ class ClorchMagics(Magics):
         ...); its globals stay in the rank's namespace. sys.exit(0) ends it cleanly."""
         from ..session import script_run
 
-        request = script_run.parse_run(self._run.parser, line)  # type: ignore[attr-defined]
+        request = parse_run(self._run.parser, line)  # type: ignore[attr-defined]
         if request is None:
             return
         session = self._session()

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-from IPython.utils.process import arg_split
 
 from ..errors import ClorchError, ConfigError, DistributedCellError, ScriptNotFound
 from .display import NotebookDisplay
@@ -51,28 +49,6 @@ class RunRequest:
             return request_code("script_check", script=self.script, module=self.module)
         return request_code("script_run", script=self.script, args=list(self.args), module=self.module,
                             interactive=self.interactive)
-
-
-def parse_run(parser: Any, line: str) -> RunRequest | None:
-    """``%clorch run``'s line as a :class:`RunRequest`; None after printing the help (``--help``
-    before the script). ``parser``: the magic's argparse parser, with ``script`` and a REMAINDER
-    ``args``. Bad input raises :class:`ConfigError` (a ``UsageError`` from the parser itself)."""
-    from ..magics.arguments import parse_hang_notice, parse_ranks
-    from ..topology import parse_timeout
-
-    args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
-    if args.help:
-        print(parser.format_help())
-        return None
-    if not args.script:
-        what = "MODULE" if args.module else "SCRIPT"
-        raise ConfigError(f"%clorch run needs a {what}: %clorch run [options] SCRIPT [ARGS...] or "
-                          "%clorch run [options] -m MODULE [ARGS...] (see --help)")
-    if args.module and not all(part.isidentifier() for part in args.script.split(".")):
-        raise ConfigError(f"-m takes a module name (e.g. pkg.train), got {args.script!r}; to run a file, leave -m out")
-    return RunRequest(script=args.script, args=tuple(args.args), module=args.module, interactive=args.interactive,
-                      ranks=parse_ranks(args.ranks), timeout_s=parse_timeout(args.timeout, "--timeout"),
-                      hang_notice_s=parse_hang_notice(args.hang_notice), merge=not args.no_merge)
 
 
 def run(session: Session, request: RunRequest, cell_number: int | None = None) -> CellOutcome:

@@ -100,7 +100,15 @@ def _imports(relative: str, path: pathlib.Path, known: set[str]) -> set[str]:
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
         else:
             found.update(alias.name for alias in node.names)
-    return {m for m in found if m in known and m != name}
+    # Importing a module runs its packages' __init__ first: ``from ..magics.arguments import x``
+    # also imports clorch_repl.magics, and whatever that package's __init__ imports.
+    found |= {parent for m in found for parent in _parents(m)}
+    return {m for m in found if m in known and m != name and not name.startswith(m + ".")}
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]  # below clorch_repl itself
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[str]:
@@ -140,3 +148,4 @@ def test_the_guards_catch_what_they_guard() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
     deferred = ast.parse("def f():\n    from . import b\nif TYPE_CHECKING:\n    from . import c\n")
     assert [n.names[0].name for n in _import_nodes(deferred)] == ["b"]
+    assert _parents("clorch_repl.magics.arguments") == ["clorch_repl.magics"]
