@@ -8,7 +8,10 @@ connect file) and ``rank``. Requests that expect an answer carry ``id``, and the
 The protocol has a version, :data:`PROTOCOL`, written into every connect file and sent with every
 registration. A nanny refuses a connect file of another version, and the notebook refuses a nanny
 of another version, each naming both versions: a node with another clorch_repl installed would
-otherwise fail later, and obscurely. Raise it whenever a message changes meaning.
+otherwise fail later, and obscurely. Raise it whenever a message changes meaning, and whenever
+what the notebook asks of the kernel a nanny starts changes (the kernel's module, the requests it
+answers: :mod:`clorch_repl.kernel.requests`): the version is the one check a node meets before
+its rank runs anything.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: The version of this protocol (1: issue 12's first multi-host session, unchecked; 2: checked).
-PROTOCOL = 2
+#: The version of this protocol (1: issue 12's first multi-host session, unchecked; 2: checked;
+#: 3: the rank's kernel is ``clorch_repl.kernel.app`` and the notebook's requests are named
+#: handlers, ``clorch_repl.kernel.requests``: a node of version 2 could not even join).
+PROTOCOL = 3
 
 
 class ToNanny:
