@@ -190,6 +190,14 @@ class Launcher(abc.ABC):
         none here (a nanny's spare is its host's business)."""
         return []
 
+    def value_dir(self) -> str:
+        """The folder through which the notebook and every rank exchange values (``%clorch
+        pull/push``, ``--gather``: :mod:`clorch_repl.session.transfer`): private to the user
+        (0700), read and written by both sides. By default :attr:`dir`, on the notebook's host,
+        which ranks on other hosts reach only where it lies on a filesystem they share; a launcher
+        that knows of a better place (a shared scratch of its cluster) returns that."""
+        return self.dir
+
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see
         :func:`clorch_repl.kernel.group.join_group`), for ranks whose process was started

@@ -359,6 +359,12 @@ class Session:
         check_unique_in_range([rank], self.topology.nproc, "logs", "rank")
         return group.log_tail(rank, tail)
 
+    def value_dir(self) -> str:
+        """Where values between the notebook and the ranks travel (the launcher's answer)."""
+        if self.group is None:
+            raise ConfigError("no ranks are running: run %clorch start first")
+        return self.group.value_dir()
+
     def hosts(self) -> dict[int, str]:
         """rank -> host for ranks on other hosts (empty when every rank runs on this one)."""
         return {p.rank: p.host for p in self.group.ranks if p.host} if self.group is not None else {}

@@ -74,12 +74,6 @@ class MimeCollector:
         self.display.notice(text)
 
 
-def _private_dir(session: Session) -> str:
-    if session.group is None:
-        raise ConfigError("no ranks are running: run %clorch start first")
-    return session.group.dir
-
-
 def _fail(what: str, outcome: CellOutcome) -> ClorchError:
     return ClorchError(f"{what} failed: {DistributedCellError(outcome).summary()}")
 
@@ -89,7 +83,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
     """``{rank: value}`` of ``name`` on each chosen rank (``None``: the last cell's value)."""
     what = what or f"%clorch pull {name}"
     chosen = session.chosen(ranks)
-    directory = _private_dir(session)
+    directory = session.value_dir()
     token = secrets.token_hex(8)
     paths = {r: values.rank_file(directory, token, r) for r in chosen}
     # One request for every rank (one per rank would serialise them): each rank writes the file
@@ -119,7 +113,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
 def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int) -> tuple[int, ...]:
     """Give every chosen rank ``value`` as ``name``; returns the ranks."""
     chosen = session.chosen(ranks)
-    path = os.path.join(_private_dir(session), f"value-{secrets.token_hex(8)}-push.pt")
+    path = os.path.join(session.value_dir(), f"value-{secrets.token_hex(8)}-push.pt")
     try:
         try:
             _, digest = values.save(value, path, limit, name)
