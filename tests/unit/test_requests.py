@@ -10,14 +10,19 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from clorch_repl.errors import UnknownRequest
+from clorch_repl.diagnosis import profile
+from clorch_repl.errors import ClorchError, UnknownRequest
 from clorch_repl.kernel import requests as registry
 from clorch_repl.session.requests import RANK_MODULE, request_code
+from clorch_repl.session import script_run, transfer
+from clorch_repl.session.protocol import CellOutcome, CellRequest
 from clorch_repl.session.script_run import RunRequest
+from clorch_repl.topology import Topology
 
 INJECTION = "'); import os; ('"
 
@@ -98,17 +103,93 @@ def test_arguments_a_handler_does_not_take_are_named(monkeypatch: pytest.MonkeyP
         registry.call("dedent", "[1]", handlers=TABLE)
 
 
-def test_every_request_the_notebook_writes_fits_its_handler() -> None:
-    """Each builder's arguments bind to the handler the rank runs for it (no call is made)."""
-    written = [
-        request_code("join", env={"A": "1"}), request_code("leave"),
-        request_code("export_value", name="x", folder="/d", token="t", limit=1),
-        request_code("import_value", name="x", path="/d/f.pt", sha256="0" * 64),
-        RunRequest(script="t.py", args=("a",)).rank_code(), RunRequest(script="t.py").rank_code(check=True),
-        request_code("profile_start"), request_code("profile_stop", folder="/d"),
-    ]
+class RecordingSession:
+    """Stands in for the session (no ranks: this half starts no process) and records the code of
+    every request the notebook's own call sites send; each "ran" everywhere without output."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.codes: list[str] = []
+        self.topology = Topology(2, (None, None), "gloo", 60.0)
+
+    def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
+        return (0, 1) if ranks is None else tuple(ranks)
+
+    def hosts(self) -> dict[int, str]:
+        return {}
+
+    def value_dir(self) -> str:
+        return self.folder
+
+    def run(self, code: str, ranks: Any, *args: Any, **kwargs: Any) -> CellOutcome:
+        self.codes.append(code)
+        return CellOutcome()
+
+
+class RecordingRelay:
+    """The relay as the session's start and stop use it, recording the code of what they send."""
+
+    codes: list[str] = []
+
+    def __init__(self, launcher: Any) -> None:
+        self.launcher = launcher
+
+    def set_comm_sink(self, sink: Any) -> None: ...
+    def connect(self, progress: Any) -> None: ...
+    def close(self) -> None: ...
+
+    def idle(self, rank: int) -> bool:
+        return True
+
+    def execute(self, request: CellRequest, *args: Any, **kwargs: Any) -> CellOutcome:
+        RecordingRelay.codes.append(request.code)
+        return CellOutcome()
+
+
+class QuietLauncher:
+    """Two "ranks" that are always there, and a meeting point for spares (join_environment)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.ranks = [SimpleNamespace(rank=r, alive=True, exit=None, host="") for r in (0, 1)]
+        self.from_spares = False
+
+    def launch(self, progress: Any) -> None: ...
+    def group_formed(self) -> None: ...
+    def stop(self, *args: Any, **kwargs: Any) -> list[str]:
+        return []
+    def close(self) -> None: ...
+
+    def join_environment(self) -> dict[str, str]:
+        return {"MASTER_PORT": "29511"}
+
+
+def _sent_by_the_call_sites(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The code of every request, as the notebook's own call sites write it: a start (join) and a
+    stop (leave), a pull, a push, %clorch run (its check and the run), --profile (start, stop)."""
+    from clorch_repl.session import session as session_module
+
+    monkeypatch.setattr(session_module, "Relay", RecordingRelay)
+    monkeypatch.setattr(session_module, "CommBridge", lambda relay: SimpleNamespace(from_rank=None, close=lambda: None))
+    RecordingRelay.codes = []
+    live = session_module.Session(Topology(2, (None, None), "gloo", 60.0), QuietLauncher)
+    live.start()
+    live.stop()
+    session = RecordingSession(str(tmp_path))
+    with pytest.raises(ClorchError, match="did not report its value"):  # nobody answers here
+        transfer.pull(session, "x", None, 1_000_000)
+    transfer.push(session, "x", {"a": 1}, [1], 1_000_000)
+    script_run.run(session, RunRequest(script=f"t{INJECTION}.py", args=(INJECTION,)))
+    profile.profiled(session, None, str(tmp_path / "traces"), CellOutcome)
+    return RecordingRelay.codes + session.codes
+
+
+def test_every_request_the_notebook_sends_fits_its_handler(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call site's arguments bind to the handler the rank runs for it (none is called), and
+    every name the rank answers is sent by some call site: a call site that sends a keyword its
+    handler lacks fails here, not first on real ranks."""
     names = set()
-    for code in written:
+    for code in _sent_by_the_call_sites(tmp_path, monkeypatch):
         name, args = decode(code)
         inspect.signature(registry.handler(name)).bind(**args)
         names.add(name)
