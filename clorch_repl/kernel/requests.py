@@ -10,7 +10,9 @@ never evaluated. The transport is unchanged (an execute request through the rela
 output budget, interrupts and tracebacks are a cell's).
 
 * :data:`HANDLERS` maps each name to ``module:function``, imported when first asked: a join does
-  not import the profiler, and this module imports nothing of the package at load time.
+  not import the profiler, and this module imports nothing of the package at load time but
+  :mod:`.tracebacks` (standard library only), with which it registers its own file: a request
+  that fails shows the handler's frames and the cause, never this dispatcher's.
 * What differs per rank (its file in a value transfer or a profile) is worked out by the handler
   from its own ``RANK``: one request serves every rank, and nothing rank-specific is spliced in.
 * A name this rank does not know, or arguments its handler does not take, raise
@@ -27,6 +29,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from . import tracebacks
+
 logger = logging.getLogger(__name__)
 
 #: request name -> "module:function" of its handler (the handler's keyword arguments are the
@@ -42,6 +46,8 @@ HANDLERS: dict[str, str] = {
     "profile_stop": "clorch_repl.kernel.profiler:stop",
 }
 _resolved: dict[str, Callable[..., Any]] = {}
+
+tracebacks.hide_frames_of(__file__)
 
 
 def _this_rank() -> str:
@@ -88,4 +94,8 @@ def call(name: str, arguments: str = "{}", handlers: dict[str, str] | None = Non
 
         raise UnknownRequest(f"{_this_rank()} cannot take request {name!r} with arguments "
                              f"{', '.join(sorted(args)) or 'none'} ({exc}); " + _version_hint()) from None
-    return found(**args)
+    try:
+        return found(**args)
+    except BaseException as exc:
+        tracebacks.hide_own_frames(exc)  # the handler's frames and the cause, not this dispatcher's
+        raise

@@ -48,9 +48,19 @@ def _rendered(error: BaseException, shell: Any,
 
 
 def shown_without(error: BaseException, shell: Any, files: Iterable[str]) -> BaseException:
-    """``error``, rendered by ``shell`` without the frames of ``files`` (see the module docstring)."""
-    skip = tuple(files)
+    """``error``, rendered by ``shell`` without the frames of ``files`` (see the module docstring).
+    The files are remembered on the error, so that a later :func:`hide_own_frames` (the request
+    or the script the error then leaves) cuts them too instead of bringing them back."""
+    skip = (*_skipped(error), *files)
+    try:
+        error._clorch_skipped = skip  # type: ignore[attr-defined]
+    except AttributeError:  # a built-in type with slots: rendered below with these files only
+        logger.debug("cannot remember the frames cut from %s", type(error).__name__)
     return _rendered(error, shell, lambda tb: without_frames(tb, skip))
+
+
+def _skipped(error: BaseException) -> tuple[str, ...]:
+    return getattr(error, "_clorch_skipped", ())
 
 
 def interrupts_at_users_line(method: F, file: str) -> F:
@@ -112,7 +122,7 @@ def hide_own_frames(error: BaseException) -> BaseException:
     if shell is None:
         return error
     try:
-        _rendered(error, shell, user_traceback)
+        _rendered(error, shell, lambda tb: without_frames(user_traceback(tb), _skipped(error)))
     except (AttributeError, TypeError) as exc:  # a built-in type with slots: shown with our frames
         logger.debug("cannot shorten the traceback of %s: %s", type(error).__name__, exc)
     return error
