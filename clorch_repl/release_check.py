@@ -98,7 +98,6 @@ class _Checks:
         raise AssertionError("the job succeeded although a rank raised")
 
     def interactive_session(self) -> str:
-        from .session.protocol import CellRequest
         from .session.session import Session
         from .topology import resolve_topology
 
@@ -110,7 +109,7 @@ class _Checks:
             code = ("import torch, torch.distributed as dist\n"
                     "t = torch.ones(1, device=device) * (rank + 1)\ndist.all_reduce(t)\n"
                     "assert t.item() == world_size * (world_size + 1) / 2, t")
-            outcome = session.relay.execute(CellRequest(code, tuple(range(nproc))))
+            outcome = session.run(code, None, None, None)  # as a %%distributed cell runs it
             failed = [f"rank {o.rank}: {o.error.evalue if o.error else o.status.value}" for o in outcome.failed]
             assert outcome.ok, "the all_reduce cell failed: " + "; ".join(failed)
         finally:

@@ -16,6 +16,8 @@ import logging
 import os
 from typing import Any
 
+from .shell import current_shell
+
 logger = logging.getLogger(__name__)
 
 
@@ -58,10 +60,14 @@ def join_group(env: dict[str, str] | None = None) -> None:
         if backend != "nccl":
             dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
     _accept_torchrun_code()
-    ns = _user_ns()
+    shell = current_shell()
+    # without a kernel (a benchmark joining from a plain script) the names go to this module
+    ns = shell.user_ns if shell is not None else globals()
     ns.update(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
-    _answer_probes()
-    _quiet_kernel_logger()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None:
+        _answer_probes(kernel)
+        _quiet_kernel_logger(kernel)
 
 
 def _accept_torchrun_code() -> None:
@@ -104,25 +110,18 @@ def _move_output_to_rank_log() -> None:
         os.close(fd)
 
 
-def _answer_probes() -> None:
+def _answer_probes(kernel: Any) -> None:
     """Let the notebook ask this rank where it is while a cell blocks it (``%clorch why``)."""
-    from IPython import get_ipython
-
     from .probes import install
 
-    kernel = getattr(get_ipython(), "kernel", None)
-    if kernel is not None:
-        install(kernel)
+    install(kernel)
 
 
-def _quiet_kernel_logger() -> None:
+def _quiet_kernel_logger(kernel: Any) -> None:
     """The kernel's logger is left at DEBUG with a WARNING handler, so every debug call (four per
     cell) builds a record that is then dropped: about 0.2 ms of a rank's CPU per cell. Raise the
     logger to its handlers' level; nothing that was shown before stops being shown."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    log = getattr(getattr(shell, "kernel", None), "log", None)
+    log = getattr(kernel, "log", None)
     handlers = getattr(log, "handlers", None)
     if log is not None and handlers:
         log.setLevel(max(log.level, min(h.level for h in handlers)))
@@ -137,9 +136,3 @@ def leave_group() -> None:
     if dist.is_initialized():
         torch_destroy()()  # torch's own: the one user code reaches keeps the session's group
 
-
-def _user_ns() -> dict[str, Any]:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return shell.user_ns if shell is not None else globals()

@@ -9,12 +9,18 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+def current_shell() -> Any | None:
+    """The running kernel's shell, or None in a process without one (a benchmark that joins a
+    group the way a rank does, from a plain script)."""
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
 def rank_shell(what: str) -> Any:
     """The running kernel's shell; ``what`` (the caller, for the message) needs one, and a
     process without a kernel (a script, a test) gets an error saying so."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
+    shell = current_shell()
     if shell is None:
         raise RuntimeError(f"{what} runs inside a rank's kernel, and none runs in this process")
     return shell
