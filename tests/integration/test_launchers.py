@@ -25,6 +25,7 @@ from clorch_repl.session.relay import Relay
 from clorch_repl.session.requests import request_code
 from clorch_repl.session.sink import PlainSink
 from clorch_repl.topology import remote_topology, resolve_topology
+from plugin_path import with_plugins, without_plugins
 
 
 class Collect(PlainSink):
@@ -82,25 +83,10 @@ def _attach() -> Started:
     return Started(launcher, runner)
 
 
-PLUGINS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins")
-
-
-def _with_plugins() -> None:
-    """tests/plugins on sys.path: its dist-info's entry points become visible to importlib.metadata
-    (taken off again by the fixture and the test that put it there)."""
-    if PLUGINS not in sys.path:
-        sys.path.insert(0, PLUGINS)
-
-
-def _without_plugins() -> None:
-    while PLUGINS in sys.path:
-        sys.path.remove(PLUGINS)
-
-
 def _procs() -> Started:
     from clorch_repl.launchers.registry import launcher_class
 
-    _with_plugins()
+    with_plugins()
     cls = launcher_class("procs")
     options = LaunchOptions(nodes=1, nproc_per_node=2, listen="127.0.0.1", start_timeout_s=60)
     return Started(cls(cls.topology(options, nproc=None, devices=None, backend="gloo", timeout=None), options), None)
@@ -120,7 +106,7 @@ def started(request: pytest.FixtureRequest) -> Iterator[Started]:
             s.relay.close()
         s.launcher.stop(5.0)
         s.launcher.close()
-        _without_plugins()
+        without_plugins()
         if s.runner is not None:
             assert s.runner.wait(timeout=30) == 0  # stop and close let torchrun end cleanly
 

@@ -1,13 +1,13 @@
 """The launcher registry without ranks: a plugin launcher (tests/plugins) is listed and batch jobs
 say where they can run; a launcher written before the topology hook says so. The suite over every
-launcher with real ranks: tests/integration/test_launchers.py (whose helpers these tests share)."""
+launcher with real ranks: tests/integration/test_launchers.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from clorch_repl.launchers.base import LaunchOptions, Launcher
-from test_launchers import _with_plugins, _without_plugins
+from plugin_path import with_plugins, without_plugins
 
 
 def test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run() -> None:
@@ -16,7 +16,7 @@ def test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run() -> 
     from clorch_repl.launchers.registry import names
 
     assert "procs" not in names()
-    _with_plugins()
+    with_plugins()
     try:
         assert names() == ["attach", "local", "procs", "slurm"]
         for name in ("procs", "attach"):  # neither names a JobRanks: ranks started outside clorch_repl
@@ -24,7 +24,7 @@ def test_a_plugin_launcher_is_listed_and_batch_jobs_say_where_they_can_run() -> 
                                                   "launcher='local' or 'slurm'"):
                 dist.launch(2, main="dist_workers:ok", launcher=name, backend="gloo")
     finally:
-        _without_plugins()
+        without_plugins()
     with pytest.raises(ConfigError, match="launcher must be 'local' or 'slurm'; got 'mpi'"):
         dist.launch(2, main="dist_workers:ok", launcher="mpi")
 
