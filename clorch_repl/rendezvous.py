@@ -15,7 +15,7 @@ pairs and NCCL's bootstrap and socket transport listen on TCP, kept on loopback 
 cannot reach them, but another local user who finds their ports can connect to them and disturb
 (or feed data into) a collective. Their addresses are only published through the store, which
 such a user can no longer read. The ranks' kernel channels are IPC sockets in the private
-directory and every message is HMAC-signed (see :mod:`clorch_repl.session.launcher`).
+directory and every message is HMAC-signed (see :mod:`clorch_repl.launchers.local`).
 
 **Remote ranks (several hosts):** a FileStore needs a shared filesystem, so ranks on other hosts
 rendezvous through :func:`loopback_store`'s TCPStore at MASTER_ADDR:MASTER_PORT, which has no

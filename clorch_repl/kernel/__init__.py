@@ -9,7 +9,8 @@ process group; ``torchrun`` makes torchrun code agree with that group; ``script`
 ``profiler`` are the rank's halves of ``%clorch run``, ``%clorch pull/push`` and ``--profile``;
 ``requests`` is the registry through which the notebook asks for any of these (by name, with JSON
 arguments); ``shell`` finds the rank's IPython shell. The notebook's process never imports this
-package's kernel modules (they import ipykernel at module level, and some torch); what both sides
+package's modules but this file (the kernel's, ``lean_execute``, ``output`` and ``rank_kernel``,
+import ipykernel's kernel at module level; the others torch or IPython when called); what both sides
 share (the wire format, the output budget's rules, the value format) lives in
 :mod:`clorch_repl.session` and :mod:`clorch_repl.diagnosis`.
 

@@ -1,8 +1,9 @@
 """A session: one group of ranks as the notebook sees it.
 
-It composes the process manager (:mod:`.launcher`) and the channels (:mod:`.relay`) and adds the
-rules that span both: a cell never runs on a dead rank or on one still busy with an abandoned
-cell, a failed start leaves no process behind, and restart keeps the settings and the logs.
+It composes where the ranks run (a launcher, :mod:`clorch_repl.launchers`) and the cells' I/O
+(:mod:`.relay`) and adds the rules that span both: a cell never runs on a dead rank or on one
+still busy with an abandoned cell, a failed start leaves no process behind, and restart keeps the
+settings and the logs.
 """
 
 from __future__ import annotations
