@@ -28,8 +28,7 @@ from . import views
 from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
-                        ranks_option,
-                        stdin_ranks_option, tail_option, timeout_option, topology_options)
+                        ranks_option, stdin_ranks_option, tail_option, timeout_option, topology_options)
 
 logger = logging.getLogger(__name__)
 

@@ -349,8 +349,8 @@ class Relay:
                 states.append(RankEvidence(rank, dead=proc.exit, host=proc.host))
                 continue
             state = RankEvidence(rank, answer=answers.get(rank), host=proc.host,
-                              prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
-                              paused=rank in self.ledger.debug_paused)
+                                 prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
+                                 paused=rank in self.ledger.debug_paused)
             if not state.answered and fallback:
                 state.fallback_stack = self.stack_of(rank)
             states.append(state)

@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-
-from ..errors import ClorchError, ConfigError, DistributedCellError, ScriptNotFound
+from ..errors import ClorchError, DistributedCellError, ScriptNotFound
 from .display import NotebookDisplay
 from .protocol import CellOutcome
 from .requests import request_code

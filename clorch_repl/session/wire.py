@@ -47,11 +47,11 @@ OUTPUT_LIMITS_KEY = "clorch_output_limits"
 #: that text (clorch_repl.kernel.stdin_policy).
 NO_STDIN_KEY = "clorch_no_stdin"
 #: How a lean request's single frame starts (see :meth:`MessageEncoder.request`). One frame, not
-#: the Jupyter protocol's six: pyzmq releases the GIL around every frame it sends, and in the
-#: notebook kernel another thread (its IOPub thread, publishing the cell's busy status and input
-#: to the front end at that very moment; IPython's history thread) takes it each time: each
-#: frame cost about 40 us there (cProfile of 600 empty cells: 7,200 sends, 0.29 s), about
-#: 0.5 ms of every 2-rank cell. Only the rank's kernel reads these (:func:`read_lean_execute`);
+#: the Jupyter protocol's six: in the notebook kernel each frame sent at the start of a cell cost
+#: about 40 us (cProfile of 600 empty cells: 7,200 sends, 0.29 s), about 0.5 ms of every 2-rank
+#: cell, while its other threads (IOPub, publishing the cell's busy status and input at that very
+#: moment) were busy. Not the GIL, as first thought: a send through libzmq with the GIL held costs
+#: as much then (docs/PERFORMANCE.md, issue 27); fewer sends is what helps. Only the rank's kernel reads these (:func:`read_lean_execute`);
 #: what it replies and publishes stays Jupyter's.
 LEAN_MAGIC = b"clorch-lean/1\x00"
 #: Between the parts of a lean frame: JSON never holds a raw NUL (it escapes control characters),

@@ -13,7 +13,6 @@ import time
 import torch
 
 from clorch_repl.distributed import load_checkpoint, save_checkpoint
-from clorch_repl.errors import CheckpointError
 from tests import train_helpers
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from clorch_repl.session.display import MERGE_HOLD_S
 from test_merge_output import _shell, feed, out  # noqa: F401  (_shell: its autouse fixture)
 
 

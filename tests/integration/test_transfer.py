@@ -5,12 +5,10 @@ commands through a real notebook kernel driving two real gloo ranks, as JupyterL
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterator
 
 import pytest
-import torch
 
 from notebook_kernel import NotebookKernel, clorch_session
 

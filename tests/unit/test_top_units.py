@@ -3,8 +3,6 @@ tests/integration/test_top.py."""
 
 from __future__ import annotations
 
-import html
-
 from clorch_repl.session.panel_view import Collective, RankSnapshot, render, rows
 
 
