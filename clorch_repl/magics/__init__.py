@@ -14,6 +14,7 @@ def load(ipython: Any) -> None:
     magics = ClorchMagics(ipython)
     ipython.register_magics(magics)
     _registered[id(ipython)] = magics
+    magics.head_start.install(getattr(ipython, "kernel", None))  # in a Jupyter kernel (ipykernel) only
     magics.prewarm()
 
 
@@ -23,6 +24,7 @@ def unload(ipython: Any) -> None:
     magics = _registered.pop(id(ipython), None)
     if magics is None:
         return
+    magics.head_start.uninstall()
     magics.shutdown()
     atexit.unregister(magics.shutdown)
     registry = ipython.magics_manager.magics

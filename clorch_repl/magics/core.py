@@ -25,6 +25,8 @@ from ..session.session import Session
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
 from . import views
+from .cell_options import cell_options
+from .head_start import HeadStart
 from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
@@ -71,6 +73,8 @@ class ClorchMagics(Magics):
         self.warm = LoadSpares()
         #: the live %clorch top panel, if one is open (clorch_repl.session.panel)
         self.panel: Any = None
+        #: %%distributed cells sent from ipykernel's shell handler (installed by load())
+        self.head_start = HeadStart(self)
         atexit.register(self.shutdown)
 
     def prewarm(self) -> None:
@@ -414,36 +418,33 @@ class ClorchMagics(Magics):
         An exception on any rank fails the cell and shows every failed rank's traceback.
         Interrupt the notebook kernel to interrupt every rank.
         """
-        args = parse(self.distributed, line)
-        if args is None:
-            return
         with user_errors():
-            timeout = parse_timeout(args.timeout, "--timeout")
-            ranks = parse_ranks(args.ranks)
-            stdin_ranks = parse_ranks(args.stdin_ranks, "--stdin-ranks")
-            hang_notice = parse_hang_notice(args.hang_notice)
-            from ..session import transfer
-
-            gather = None if args.gather is None else transfer.check_name(args.gather, "--gather")
-            limit = parse_max_mb(args.max_mb)
+            options = cell_options(self.distributed, line)
+            if options is None:
+                return
             session = self._session()
-            display_ = NotebookDisplay(session.chosen(ranks), merge=not args.no_merge, hosts=session.hosts())
             number = _notebook_cell_number(self.shell)
+            claimed = self.head_start.claim(line, cell, number)  # never a --profile cell
+            display_ = NotebookDisplay(session.chosen(options.rank_list), merge=options.merge, hosts=session.hosts())
 
             def run_cell() -> Any:
-                return session.run(cell, ranks, timeout, display_, hang_notice_s=hang_notice,
-                                   stdin_ranks=stdin_ranks, cell_number=number)
+                if claimed is not None:  # the head start sent it already (see .head_start)
+                    return session.finish(claimed[0], display_, interrupted=claimed[1])
+                return session.run(cell, options.rank_list, options.timeout_s, display_,
+                                   hang_notice_s=options.hang_notice_s, stdin_ranks=options.stdin_rank_list,
+                                   cell_number=number)
 
-            if args.profile is None:
+            if options.profile is None:
                 outcome = run_cell()
             else:
                 from ..diagnosis import profile
 
-                outcome, report = profile.profiled(session, ranks, args.profile or profile.default_folder(number),
-                                                   run_cell)
+                outcome, report = profile.profiled(session, options.rank_list,
+                                                   options.profile or profile.default_folder(number), run_cell)
                 print(report.text())
-            if outcome.ok and gather is not None:
-                self.shell.user_ns[gather] = transfer.pull(session, None, ranks, limit,
-                                                           what=f"--gather {gather}")
+            if outcome.ok and options.gather is not None:
+                from ..session.transfer import pull
+                self.shell.user_ns[options.gather] = pull(session, None, options.rank_list, options.max_bytes,
+                                                          what=f"--gather {options.gather}")
         if not outcome.ok:
-            raise DistributedCellError(outcome, timeout, merge=not args.no_merge)
+            raise DistributedCellError(outcome, options.timeout_s, merge=options.merge)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -23,6 +24,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from ..diagnosis import render
 from ..diagnosis.analyse import RankEvidence, Verdict, analyse
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
+from ..errors import ClorchError
 from ..launchers.base import Launcher
 from ..rank_sets import rank_words
 from .cell_files import CellNames
@@ -32,7 +34,8 @@ from .channels import PUMP_BATCH, Channels
 from .hang_watch import HANG_RECHECK_S, HangWatch
 from .ledger import ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
 from .protocol import CellOutcome, CellRequest
-from .sink import OutputSink, PlainSink
+from .ctrl_c import ctrl_c_deferred
+from .sink import OutputSink, PlainSink, complete_sink
 from .stdin import FrontEnd, StdinBroker
 from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, OUTPUT_LIMITS_KEY
 
@@ -40,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ABANDONED_KEPT", "FAILURE_GRACE_S", "HANG_RECHECK_S", "INTERRUPT_GRACE_S", "INTERRUPT_PROBE_S",
            "LIVENESS_PERIOD_S", "OUTPUT_TYPES", "PUMP_BATCH", "REPLY_DRAIN_MAX_S", "REPLY_DRAIN_S", "REPLY_QUIET_S",
-           "OutputSink", "Relay"]
+           "OutputSink", "Relay", "StartedCell"]
 
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
@@ -48,6 +51,15 @@ LIVENESS_PERIOD_S = 0.2
 INTERRUPT_PROBE_S = 1.0
 
 RankSink = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class StartedCell:
+    """A cell :meth:`Relay.begin` sent to its ranks, for :meth:`Relay.finish` to wait for."""
+
+    request: CellRequest
+    run: CellRun
+    stdin: StdinBroker
 
 
 class Relay:
@@ -69,6 +81,7 @@ class Relay:
         self._cell: CellRun | None = None
         self._stdin: StdinBroker | None = None
         self._sink: OutputSink = PlainSink()
+        self._started: StartedCell | None = None
         #: the notebook's cells, to name them in the ranks' faulthandler stacks (see stack_of)
         self.cell_names = CellNames()
 
@@ -142,27 +155,67 @@ class Relay:
         KeyboardInterrupt while waiting (Kernel > Interrupt in the notebook) interrupts the ranks
         and keeps waiting for the grace period; a second one stops waiting at once.
         """
-        sink = sink or PlainSink()
-        if not isinstance(sink, OutputSink):  # a missing comm() would lose a widget message mid-cell
-            raise TypeError(f"{type(sink).__name__} is not a complete output sink: it needs output, flush, comm "
-                            "and notice (clorch_repl.session.sink.OutputSink; PlainSink gives defaults)")
+        sink = complete_sink(sink)  # refused before anything is sent
+        return self.finish(self.begin(request, silent=silent, interrupt_grace_s=interrupt_grace_s), sink)
+
+    def begin(self, request: CellRequest, *, silent: bool = False, interrupt_grace_s: float = INTERRUPT_GRACE_S,
+              allow_stdin: bool | None = None) -> StartedCell:
+        """Send ``request`` to its ranks and return at once; :meth:`finish` waits for it.
+
+        Between the two nothing is read (the ranks' replies and output wait in ZeroMQ's queues),
+        so whatever the caller does meanwhile, the notebook kernel's own handling of the cell
+        (clorch_repl.magics.head_start), overlaps the ranks' run without anything being shown
+        early or lost. Exactly one cell may be begun and not finished. ``allow_stdin``: what the
+        notebook's front end allowed for this cell, when ipykernel has not yet recorded it (a
+        cell begun from its shell handler); None asks ipykernel."""
+        if self._cell is not None:
+            raise ClorchError("a cell was begun on the ranks and not finished; clorch_repl runs one cell at a time")
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
-        for item in self.ledger.take_late():
-            sink.output(item)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)
-        front, no_front = (None, "clorch_repl's own requests read no input") if silent else FrontEnd.current()
-        stdin = StdinBroker(front, self.channels.answer)
-        for rank in request.ranks:
-            run.sent(rank, self._send_execute(rank, request, silent, front is not None, no_front))
-        self._cell, self._stdin, self._sink = run, stdin, sink
+        front, no_front = (None, "clorch_repl's own requests read no input") if silent else (
+            FrontEnd.current(allow_stdin))
+        started = StartedCell(request, run, StdinBroker(front, self.channels.answer))
+        self._cell, self._stdin, self._started = run, started.stdin, started
         try:
-            self._wait(run, HangWatch(self, run, sink, request.hang_notice_s, time.monotonic()))
+            with ctrl_c_deferred() as deferred:
+                for rank in request.ranks:
+                    run.sent(rank, self._send_execute(rank, request, silent, front is not None, no_front))
+        except BaseException:
+            self.finish(started, PlainSink(), interrupted=True)  # the ranks already sent it must not run on
+            raise
+        if deferred.came:  # every rank has it: the caller finishes the cell as interrupted (see .unfinished)
+            raise KeyboardInterrupt
+        return started
+
+    def finish(self, started: StartedCell, sink: OutputSink | None = None, *,
+               interrupted: bool = False) -> CellOutcome:
+        """Wait for a cell :meth:`begin` sent, streaming its output to ``sink``; its outcome.
+        ``interrupted``: the notebook's cell was interrupted before it came to wait (the ranks
+        are interrupted at once and given the grace period, as for Kernel > Interrupt)."""
+        run, stdin = started.run, started.stdin
+        if self._cell is not run:
+            raise ClorchError("this cell was already finished")
+        try:
+            sink = complete_sink(sink)
+            for item in self.ledger.take_late():
+                sink.output(item)
+            self._sink = sink
+            watch = HangWatch(self, run, sink, started.request.hang_notice_s, run.now)
+            if interrupted:
+                self._on_keyboard_interrupt(run, watch)
+            self._wait(run, watch)
         finally:
-            self._cell, self._stdin, self._sink = None, None, PlainSink()
-            if front is not None:
-                self.channels.watch(front.socket, False)
+            self._cell, self._stdin, self._sink, self._started = None, None, PlainSink(), None
+            if stdin.front is not None:
+                self.channels.watch(stdin.front.socket, False)
         return run.outcome
+
+    @property
+    def unfinished(self) -> StartedCell | None:
+        """The cell begun and not yet finished, if any (nothing is read from the ranks meanwhile);
+        after a KeyboardInterrupt out of :meth:`begin`, the cell to finish as interrupted."""
+        return self._started
 
     def _send_execute(self, rank: int, request: CellRequest, silent: bool, front: bool, no_front: str) -> str:
         """Send the cell to one rank; allow_stdin only where its prompts can reach the front end
@@ -327,7 +380,7 @@ class Relay:
         rank's thread reaches the front end live (clorch_repl.session.comms calls this from the
         notebook kernel's event loop). Output meanwhile waits for the next cell as before; while
         ``late_limit`` pieces of it wait, nothing is read and ZeroMQ's queues hold the rest."""
-        if len(self.ledger.late) < late_limit:
+        if len(self.ledger.late) < late_limit and self._cell is None:
             self._pump(0)
 
     # ----------------------------------------------------------------------------- diagnosis

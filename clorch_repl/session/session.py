@@ -24,7 +24,7 @@ from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
 from .kernel_status import busy_during
 from .protocol import CellOutcome, CellRequest, RankState
-from .relay import INTERRUPT_GRACE_S, Relay
+from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .requests import request_code
 from .sink import OutputSink
 
@@ -213,6 +213,56 @@ class Session:
         the ranks' history or cell count: value transfers). ``stdin_ranks``: the ranks whose
         prompts reach the front end (every rank by default). ``cell_number``: the number the
         notebook shows for the cell, which the ranks give their run of it."""
+        if silent:
+            _, relay = self._require()
+            return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
+        try:
+            started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
+                                 cell_number=cell_number)
+        except KeyboardInterrupt:  # while the cell was being sent: every rank has it, and it ends interrupted
+            unfinished = self.relay.unfinished if self.relay is not None else None
+            if unfinished is None:
+                raise
+            return self.finish(unfinished, sink, interrupted=True)
+        return self.finish(started, sink)
+
+    def begin(self, code: str, ranks: list[int] | None, timeout_s: float | None, *,
+              hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
+              cell_number: int | None = None, allow_stdin: bool | None = None) -> StartedCell:
+        """Send a user's cell to the chosen ranks and return at once (see :meth:`Relay.begin`);
+        :meth:`finish` waits for it. Everything that can refuse the cell (a dead or busy rank, a
+        bad option) refuses it here, before any rank is sent anything. ``allow_stdin``: what
+        the front end allowed, for a cell begun before ipykernel records it."""
+        _, relay = self._require()
+        request = self._request(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
+                                cell_number=cell_number)
+        first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+        self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", request.ranks,
+                             time.monotonic())
+        try:
+            return relay.begin(request, allow_stdin=allow_stdin)
+        except BaseException:
+            if relay.unfinished is None:  # not sent (a Ctrl-C leaves it sent, for finish)
+                self.current_cell = None
+            raise
+
+    def finish(self, started: StartedCell, sink: OutputSink | None, *, interrupted: bool = False) -> CellOutcome:
+        """Wait for a cell :meth:`begin` sent, streaming its output to ``sink`` (see
+        :meth:`Relay.finish`); the notebook kernel reads busy meanwhile."""
+        try:
+            relay = self.relay
+            if relay is None:
+                raise ConfigError("the ranks were stopped before the cell sent to them finished")
+            with busy_during(notebook_kernel()):
+                return relay.finish(started, sink, interrupted=interrupted)
+        finally:
+            self.current_cell = None
+            self._bound_history(started.request.cell_number)
+
+    def _request(self, code: str, ranks: list[int] | None, timeout_s: float | None, *, silent: bool = False,
+                 hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
+                 cell_number: int | None = None) -> CellRequest:
+        """The request for a cell, once every rule that refuses one is checked."""
         group, relay = self._require()
         chosen = self.chosen(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
@@ -232,19 +282,9 @@ class Session:
         except ValueError as exc:
             raise ClorchError(f"{exc} (the output limits of %%distributed cells, read from the notebook's "
                               "environment: fix it with %env, or unset it for the default)") from None
-        request = CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
-                              stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
-                              cell_number=cell_number, output_limits=limits)
-        if silent:
-            return relay.execute(request, sink, silent=True)
-        first = next((line.strip() for line in code.splitlines() if line.strip()), "")
-        self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", chosen, time.monotonic())
-        try:
-            with busy_during(notebook_kernel()):
-                return relay.execute(request, sink, silent=False)
-        finally:
-            self.current_cell = None
-            self._bound_history(cell_number)
+        return CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
+                           stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
+                           cell_number=cell_number, output_limits=limits)
 
     def _bound_history(self, cell_number: int | None) -> None:
         """Keep IPython's record of this cell's relayed text bounded (see flood.bound_history).

@@ -53,3 +53,20 @@ class PlainSink:
 
     def notice(self, text: str) -> None:
         warnings.warn(text, RuntimeWarning, stacklevel=3)
+
+
+#: sink classes found complete (a runtime Protocol check costs tens of microseconds a cell)
+_COMPLETE_SINKS: set[type] = set()
+
+
+def complete_sink(sink: OutputSink | None) -> OutputSink:
+    """``sink``, or a PlainSink for None; refused when it lacks a part of the contract (a
+    missing comm() would lose a widget message mid-cell)."""
+    if sink is None:
+        return PlainSink()
+    if type(sink) not in _COMPLETE_SINKS:
+        if not isinstance(sink, OutputSink):
+            raise TypeError(f"{type(sink).__name__} is not a complete output sink: it needs output, flush, comm "
+                            "and notice (clorch_repl.session.sink.OutputSink; PlainSink gives defaults)")
+        _COMPLETE_SINKS.add(type(sink))
+    return sink

@@ -47,8 +47,11 @@ class FrontEnd:
         self._parent = kernel.get_parent("shell")
 
     @staticmethod
-    def current() -> tuple[FrontEnd | None, str]:
-        """The front end of the cell now running in the notebook kernel, or None and why not."""
+    def current(allow_stdin: bool | None = None) -> tuple[FrontEnd | None, str]:
+        """The front end of the cell now running in the notebook kernel, or None and why not.
+        ``allow_stdin``: what the cell's execute_request allowed, where ipykernel has not recorded
+        it yet (the cell is being handled in its shell handler, clorch_repl.magics.head_start);
+        None reads ipykernel's record of the cell running now."""
         try:
             from IPython import get_ipython
         except ImportError:  # pragma: no cover - IPython is a dependency
@@ -57,7 +60,7 @@ class FrontEnd:
         kernel = getattr(shell, "kernel", None)
         if kernel is None or getattr(kernel, "stdin_socket", None) is None:
             return None, "the notebook runs in no Jupyter kernel, so there is no front end to ask"
-        if not getattr(kernel, "_allow_stdin", False):
+        if not (getattr(kernel, "_allow_stdin", False) if allow_stdin is None else allow_stdin):
             return None, ("the notebook's front end sent this cell with allow_stdin=False (it does not "
                           "answer input requests: e.g. nbclient, or jupyter execute)")
         try:
