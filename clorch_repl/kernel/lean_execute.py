@@ -22,7 +22,8 @@ from jupyter_client.session import extract_header
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..session.flood import Limits
-from ..session.wire import CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, OUTPUT_LIMITS_KEY, read_lean_execute
+from ..session.wire import (CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, OUTPUT_LIMITS_KEY, MessageEncoder,
+                            lean_reply, read_lean_execute)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class LeanExecute:
     _counting: tuple[str, list[None]] | None = None
     #: the output limits the running lean request asked for, taken by the kernel's do_execute
     _next_limits: Limits | None = None
+    #: signs the replies to lean requests (made at the first one, with the kernel's session)
+    _reply_encoder: MessageEncoder | None = None
 
     @property
     def _supports_kernel_subshells(self) -> bool:
@@ -103,7 +106,8 @@ class LeanExecute:
         the request it sent, and what code it sent); each cost the rank a wake of its IOPub
         thread mid-cell and the notebook a message to read. Not done: ipykernel's debug log
         records, dateutil parsing of the header, the reply's trip through the stream's send
-        queue. Kept, in ipykernel's order: the parent (output, prompts and comms belong to
+        queue, and Jupyter's seven frames for the reply (one lean frame, wire.lean_reply: only
+        the relay reads it). Kept, in ipykernel's order: the parent (output, prompts and comms belong to
         the request), SIGINT as KeyboardInterrupt while the code runs, do_execute (IPython's
         run_cell: history, display hook, events, errors), the streams flushed before the
         reply, the reply, the queue aborted after an error when asked.
@@ -176,7 +180,10 @@ class LeanExecute:
             metadata[IOPUB_COUNT_KEY] = len(self._counting[1])
         if isinstance(stream, ZMQStream) and not stream.sending():
             stream = stream.socket  # this thread's own socket, nothing queued before: send now
-        self.session.send(stream, "execute_reply", reply_content, parent, metadata=metadata, ident=idents)
+        if self._reply_encoder is None:
+            self._reply_encoder = MessageEncoder(self.session)
+        frame = lean_reply(self._reply_encoder, self.session, "execute_reply", reply_content, parent, metadata)
+        stream.send_multipart([*idents, frame])  # one frame: only the relay reads it (wire.lean_reply)
         if not silent and reply_content["status"] == "error" and content.get("stop_on_error", True):
             self._abort_queues(None)
         return True

@@ -7,9 +7,10 @@ which forwards prompts and answers, is :mod:`clorch_repl.session.stdin`.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from ..session.wire import NO_STDIN_KEY
+from ..session.wire import NO_STDIN_KEY, NO_STDIN_RANK
 from .tracebacks import shown_without
 
 logger = logging.getLogger(__name__)
@@ -48,4 +49,7 @@ class StdinPolicy:
         input): said instead of ipykernel's "this frontend does not support input requests"."""
         if self._allow_stdin:
             return None
-        return (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)  # type: ignore[attr-defined]
+        why = (self.get_parent("shell").get("metadata") or {}).get(NO_STDIN_KEY)  # type: ignore[attr-defined]
+        if not isinstance(why, str):
+            return None
+        return why.replace(NO_STDIN_RANK, os.environ.get("RANK", "?"))  # one text for every rank

@@ -24,8 +24,10 @@ logger = logging.getLogger(__name__)
 
 #: The version of this protocol (1: issue 12's first multi-host session, unchecked; 2: checked;
 #: 3: the rank's kernel is ``clorch_repl.kernel.app`` and the notebook's requests are named
-#: handlers, ``clorch_repl.kernel.requests``: a node of version 2 could not even join).
-PROTOCOL = 3
+#: handlers, ``clorch_repl.kernel.requests``: a node of version 2 could not even join; 4: a rank
+#: answers the relay's cells with one lean frame, ``clorch_repl.session.wire.lean_reply``, which a
+#: notebook of version 3 would refuse as malformed).
+PROTOCOL = 4
 
 
 class ToNanny:

@@ -77,7 +77,7 @@ def split_cell(manager: Any, code: str) -> tuple[str, str] | None:
     rule (``IPython.core.inputtransformer2.cell_magic``: the first line's name and the rest of
     the line, the remaining lines as the body). A manager with other line transforms, and a
     shell with post transforms (``input_transformers_post``, which the caller checks), are not
-    read here. ``tests/unit/test_head_start.py`` holds this to IPython's full transform."""
+    read here. ``tests/unit/test_head_start_reading.py`` holds this to IPython's full transform."""
     if len(manager.line_transforms) != 1 or getattr(manager.line_transforms[0], "__name__", "") != "cell_magic":
         return None
     cell = code if code.endswith("\n") else code + "\n"

@@ -44,12 +44,20 @@ class Channels:
         self._encoders: dict[int, MessageEncoder] = {}
         self._rejected = 0
         self.prober = Prober()
+        #: one ZeroMQ context (one I/O thread) for every rank's channels; see :meth:`connect`
+        self._context = zmq.Context()
 
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
         """Open channels to every rank and wait until each answers on shell and iopub."""
         ready_kinds: dict[int, set[str]] = {}
         for proc in self.group.ranks:
             client = proc.client()
+            # jupyter_client gives each client a context of its own, so the notebook had an I/O
+            # thread per rank, asleep between cells: every request woke a different one (about
+            # 25 us a rank on the 16-core host, 80-190 on the 2-core box, docs/PERFORMANCE.md).
+            # One context: the first send of a cell wakes its I/O thread and the others find it
+            # awake; the ranks' replies come back through it too.
+            client.context = self._context
             client.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=False)
             self.clients[proc.rank] = client
             self._decoders[proc.rank] = MessageDecoder(client.session)
@@ -109,9 +117,11 @@ class Channels:
             prober.add(rank, client, MessageDecoder(client.session))
         return prober
 
-    def send(self, rank: int, msg_type: str, content: dict[str, Any], metadata: dict[str, Any]) -> str:
-        """Sign and send a request on ``rank``'s shell (one frame, see wire.py); its msg_id."""
-        msg_id, frames = self._encoders[rank].request(msg_type, content, metadata)
+    def send(self, rank: int, msg_type: str, metadata: bytes, content: bytes) -> str:
+        """Sign and send a request on ``rank``'s shell (one frame, see wire.py) whose metadata and
+        content are packed already (wire.pack: a cell's are packed once for all its ranks); its
+        msg_id."""
+        msg_id, frames = self._encoders[rank].request_packed(msg_type, metadata, content)
         self.clients[rank].shell_channel.socket.send_multipart(frames)
         return msg_id
 
@@ -166,3 +176,4 @@ class Channels:
             client.stop_channels()
         self.clients.clear()
         self._owner.clear()
+        self._context.destroy(linger=100)  # as jupyter_client ends the context a client made itself

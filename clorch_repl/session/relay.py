@@ -37,7 +37,7 @@ from .protocol import CellOutcome, CellRequest
 from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
 from .stdin import FrontEnd, StdinBroker
-from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, OUTPUT_LIMITS_KEY
+from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +179,7 @@ class Relay:
         self._cell, self._stdin, self._started = run, started.stdin, started
         try:
             with ctrl_c_deferred() as deferred:
-                for rank in request.ranks:
-                    run.sent(rank, self._send_execute(rank, request, silent, front is not None, no_front))
+                self._send_all(run, request, silent, front is not None, no_front)
         except BaseException:
             self.finish(started, PlainSink(), interrupted=True)  # the ranks already sent it must not run on
             raise
@@ -217,10 +216,24 @@ class Relay:
         after a KeyboardInterrupt out of :meth:`begin`, the cell to finish as interrupted."""
         return self._started
 
-    def _send_execute(self, rank: int, request: CellRequest, silent: bool, front: bool, no_front: str) -> str:
-        """Send the cell to one rank; allow_stdin only where its prompts can reach the front end
-        (see clorch_repl.session.stdin); otherwise the rank's kernel raises with the reason."""
-        allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
+    def _send_all(self, run: CellRun, request: CellRequest, silent: bool, front: bool, no_front: str) -> None:
+        """Send the cell to each of its ranks. The request's content and metadata are the same
+        for every rank allowed stdin and for every rank refused it, so each is packed once a
+        cell (wire.NO_STDIN_RANK: the rank puts in its own number); only the header and the
+        signature are a rank's own."""
+        packed: dict[bool, tuple[bytes, bytes]] = {}
+        for rank in request.ranks:
+            allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
+            if allowed not in packed:
+                packed[allowed] = self._packed_request(request, silent, allowed, front, no_front)
+            run.sent(rank, self.channels.send(rank, "execute_request", *packed[allowed]))
+
+    @staticmethod
+    def _packed_request(request: CellRequest, silent: bool, allowed: bool, front: bool,
+                        no_front: str) -> tuple[bytes, bytes]:
+        """(metadata, content) of the cell's request, packed; allow_stdin only where its prompts
+        can reach the front end (see clorch_repl.session.stdin); otherwise the rank's kernel
+        raises with the reason."""
         content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                        allow_stdin=allowed, stop_on_error=False)
         metadata: dict[str, Any] = {LEAN_KEY: True}
@@ -229,11 +242,12 @@ class Relay:
         if request.cell_number is not None and not silent:
             metadata[CELL_NUMBER_KEY] = int(request.cell_number)
         if not allowed:
+            rank = NO_STDIN_RANK
             why = no_front if not front else (
                 f"only {rank_words(request.stdin_ranks or ())} may read input in this cell "
                 f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
             metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
-        return self.channels.send(rank, "execute_request", content, metadata)
+        return pack(metadata), pack(content)
 
     def _wait(self, run: CellRun, watch: HangWatch) -> None:
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S

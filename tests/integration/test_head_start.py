@@ -7,7 +7,7 @@ run of the cell writes. With the head start the file comes while the callback wa
 ``CLORCH_HEAD_START=0`` the ranks are not sent the cell until the magic runs, after the callback,
 so the file cannot come while it waits. And a cell that IPython fails before reaching the magic
 (here: an input transformer that raises on IPython's own reading) leaves no rank running it.
-The pure half (the reading of the cell against IPython's) is tests/unit/test_head_start.py.
+The pure half (the reading of the cell against IPython's) is tests/unit/test_head_start_reading.py.
 """
 
 from __future__ import annotations

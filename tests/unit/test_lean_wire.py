@@ -8,9 +8,12 @@ no process (the path itself runs in every session test: every cell takes it).
 
 from __future__ import annotations
 
+import pytest
 from jupyter_client.session import Session
 
-from clorch_repl.session.wire import LEAN_KEY, LEAN_MAGIC, SEPARATOR, MessageEncoder, read_lean_execute
+from clorch_repl.errors import SignatureError
+from clorch_repl.session.wire import (LEAN_KEY, LEAN_MAGIC, SEPARATOR, MessageDecoder, MessageEncoder, lean_reply,
+                                      read_lean_execute)
 
 KEY = b"0123456789abcdef0123456789abcdef"
 CONTENT = {"code": "print('é')", "silent": False, "store_history": True, "user_expressions": {},
@@ -56,3 +59,37 @@ def test_forged_replayed_and_foreign_requests_are_not_taken() -> None:
     msg = jupyter.msg("execute_request", CONTENT, metadata={LEAN_KEY: True})
     assert read_lean_execute(rank, [b"router-id", *jupyter.serialize(msg)]) is None
     assert read_lean_execute(rank, [LEAN_MAGIC + b"only\x00three\x00parts"]) is None
+
+
+def test_a_ranks_lean_reply_reads_back_at_the_relay_and_only_with_the_ranks_key() -> None:
+    """A rank answers the relay's request with one lean frame (wire.lean_reply); the relay's
+    decoder reads it as the Jupyter reply jupyter_client's Session.send would have made, and
+    refuses it forged, tampered or replayed."""
+    rank_session = Session(key=KEY)
+    _, frames = request()
+    _, parent = read_lean_execute(rank_session, [b"router-id", *frames])
+    content = {"status": "ok", "execution_count": 3, "user_expressions": {}, "payload": []}
+    frame = lean_reply(MessageEncoder(rank_session), rank_session, "execute_reply", content, parent,
+                       {"clorch_iopub": 2})
+    decoder = MessageDecoder(Session(key=KEY))
+    msg = decoder.decode([frame])
+    assert msg["msg_type"] == "execute_reply" and msg["content"] == content
+    assert msg["parent_header"]["msg_id"] == parent["msg_id"] and msg["metadata"] == {"clorch_iopub": 2}
+    assert msg["header"]["session"] == rank_session.session
+    with pytest.raises(SignatureError, match="replayed"):
+        decoder.decode([frame])
+    forged = lean_reply(MessageEncoder(Session(key=b"x" * 32)), rank_session, "execute_reply", content, parent, {})
+    with pytest.raises(SignatureError, match="invalid signature"):
+        MessageDecoder(Session(key=KEY)).decode([forged])
+    with pytest.raises(SignatureError, match="invalid signature"):
+        MessageDecoder(Session(key=KEY)).decode([frame.replace(b'"ok"', b'"error"')])
+    with pytest.raises(SignatureError, match="malformed lean"):
+        MessageDecoder(Session(key=KEY)).decode([LEAN_MAGIC + b"only\x00three\x00parts"])
+
+
+def test_message_ids_of_the_encoder_never_collide_with_the_sessions_own() -> None:
+    session = Session(key=KEY)
+    encoder = MessageEncoder(session)
+    ours = {encoder.request("execute_request", CONTENT, {LEAN_KEY: True})[0] for _ in range(50)}
+    theirs = {session.msg_id for _ in range(50)}
+    assert len(ours) == 50 and not ours & theirs
