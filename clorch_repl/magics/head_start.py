@@ -1,16 +1,16 @@
 """The head start: a ``%%distributed`` cell goes to the ranks as soon as the notebook kernel gets it.
 
 Why: between ipykernel receiving an execute_request and IPython calling the ``%%distributed``
-magic, the notebook kernel publishes the cell's input, stores its history, transforms and compiles
-it and dispatches the magic, about a millisecond on the machines measured (docs/PERFORMANCE.md),
-during which the ranks sat idle. Their own round trip, a millisecond or more, came after it.
-Sending the cell from ipykernel's shell handler instead lets the two overlap: by the time the
-magic runs, the ranks are running the cell or done with it, and the magic only waits for and
-shows what they did (:meth:`clorch_repl.session.session.Session.finish`).
+magic, the notebook kernel reads the message, publishes its busy status and the cell's input,
+stores its history, transforms and compiles the cell and dispatches the magic, 1.5-1.9 ms on the
+16-core host (docs/PERFORMANCE.md), during which the ranks sat idle; their own round trip, over a
+millisecond, came after it. Sending the cell as ipykernel's dispatch receives it lets the two
+overlap: by the time the magic runs, the ranks are running the cell or done with it, and the magic
+only waits for and shows what they did (:meth:`clorch_repl.session.session.Session.finish`).
 
 What makes it safe:
 
-- The text sent is the text the magic is handed: the handler reads the cell with the shell's
+- The text sent is the text the magic is handed: the head start reads the cell with the shell's
   own input transformers, the way IPython reads a cell magic (:func:`split_cell`, pure, held to
   IPython's full transform by its tests), and the magic checks that what it was called with is
   what was sent (:meth:`HeadStart.claim`). A cell that is anything else, a shell with AST or
@@ -18,15 +18,20 @@ What makes it safe:
   ``--profile`` (its profiler starts before the cell) takes the ordinary path.
 - The line is read by the magic's own reader (:func:`clorch_repl.magics.cell_options.cell_options`)
   and the cell is refused by the session's own rules (:meth:`Session.begin`): whatever would make
-  the magic refuse the cell makes the handler not send it, and the magic then says why, in the cell.
+  the magic refuse the cell makes the head start not send it, and the magic then says why, in the cell.
+- Only a signed execute_request is read (:func:`clorch_repl.session.wire.peek_execute`: the
+  session's key, its replay history, as ipykernel checks them), and none while ipykernel aborts
+  queued requests after an error.
 - Nothing is read from the ranks before the magic claims the cell (:meth:`HeadStart.claim`), so
-  their output lands in the cell, after its input, in order; a cell the magic never claims (a
-  Ctrl-C before IPython reached it) is interrupted on the ranks and its output shown when
-  ipykernel's handler returns, so no rank is left running a cell nobody waits for.
+  their output lands in the cell, after its input, in order; a cell the magic never claims
+  (IPython failed before reaching it) is interrupted on the ranks and its output shown when
+  ipykernel's dispatch returns, so no rank is left running a cell nobody waits for.
 - ``CLORCH_HEAD_START=0`` in the notebook's environment (``%env CLORCH_HEAD_START=0``) turns it off.
 
-The one seam of ipykernel touched is its table of shell handlers (``kernel.shell_handlers``),
-wrapped for ``execute_request`` once and restored by ``%unload_ext``.
+The seams of ipykernel touched are its ``dispatch_shell`` (an instance attribute over the
+class's method, as ipykernel 6 and 7 look it up; subshells' and concurrent comm dispatches pass
+straight through) and its execute_request handler (``kernel.shell_handlers``), wrapped once each
+and restored by ``%unload_ext``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from IPython.core.error import UsageError
 
 from ..errors import ClorchError, DistributedCellError
+from ..session.wire import peek_execute
 from .cell_options import cell_options
 
 if TYPE_CHECKING:
@@ -53,8 +59,10 @@ __all__ = ["ENV", "HeadStart", "split_cell", "wanted"]
 #: the notebook environment's switch: "0" turns the head start off, "1" (the default) on
 ENV = "CLORCH_HEAD_START"
 MAGIC = "distributed"
+#: what the content frame of a message must hold to be read at all (every other message passes)
+MARKER = b"%%" + MAGIC.encode()
 
-Handler = Callable[[Any, Any, dict[str, Any]], Awaitable[Any] | Any]
+Dispatch = Callable[..., Awaitable[Any]]
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
@@ -95,7 +103,7 @@ def split_cell(manager: Any, code: str) -> tuple[str, str] | None:
 
 @dataclass
 class _Pending:
-    """A cell the handler sent to the ranks, waiting for the magic to claim it."""
+    """A cell the head start sent to the ranks, waiting for the magic to claim it."""
 
     msg_id: str
     line: str
@@ -107,60 +115,97 @@ class _Pending:
 
 
 class HeadStart:
-    """Sends ``%%distributed`` cells from ipykernel's shell handler (see the module docstring)."""
+    """Sends ``%%distributed`` cells from ipykernel's shell dispatch (see the module docstring)."""
 
     def __init__(self, magics: ClorchMagics) -> None:
         self._magics = magics
         self._kernel: Any = None
-        self._original: Handler | None = None
-        self._handler: Handler | None = None
+        self._original: Dispatch | None = None
+        self._handler: Dispatch | None = None
+        self._original_execute: Callable[..., Any] | None = None
+        self._execute_handler: Callable[..., Any] | None = None
         self._pending: _Pending | None = None
 
     # ---------------------------------------------------------------------------- the seam
     def install(self, kernel: Any) -> bool:
-        """Wrap ``kernel``'s execute_request handler (the notebook's ipykernel; None or another
-        kind of kernel: nothing to wrap, every cell takes the ordinary path). Whether it did."""
+        """Wrap ``kernel``'s ``dispatch_shell`` and its execute_request handler (the notebook's
+        ipykernel; None or another kind of kernel: nothing to wrap, every cell takes the ordinary
+        path). Whether it did.
+
+        Why the dispatch and not only the handler: between the two, ipykernel reads the message
+        (jupyter_client's deserialize, dates through dateutil), makes it the current request and
+        publishes the busy status, 0.4 ms on the 16-core host (docs/PERFORMANCE.md), which the
+        ranks can spend running the cell instead. The handler's wrapper only ends a cell the
+        magic never claimed, before ipykernel says the request is over (its idle status, after
+        which a front end shows nothing more of the cell)."""
+        dispatch = getattr(kernel, "dispatch_shell", None)
         handlers = getattr(kernel, "shell_handlers", None)
-        if self._original is not None or not isinstance(handlers, dict) or "execute_request" not in handlers:
+        if (self._original is not None or not callable(dispatch) or getattr(kernel, "session", None) is None
+                or not isinstance(handlers, dict) or "execute_request" not in handlers):
             return False
-        self._kernel, self._original = kernel, handlers["execute_request"]
-        self._handler = self._execute_request
-        handlers["execute_request"] = self._handler
+        self._kernel, self._original, self._original_execute = kernel, dispatch, handlers["execute_request"]
+        self._handler, self._execute_handler = self._dispatch_shell, self._execute_request
+        kernel.dispatch_shell = self._handler
+        handlers["execute_request"] = self._execute_handler
         return True
 
     def uninstall(self) -> None:
-        """Give ipykernel its own handler back (if nothing replaced ours since)."""
+        """Give ipykernel its own dispatch and handler back (where nothing replaced ours since)."""
         if self._original is None:
             return
-        handlers = self._kernel.shell_handlers
-        if handlers.get("execute_request") is self._handler:
-            handlers["execute_request"] = self._original
-        self._kernel = self._original = self._handler = None
+        kernel = self._kernel
+        if getattr(kernel, "dispatch_shell", None) is self._handler:
+            del kernel.dispatch_shell  # the class's own method again
+        if kernel.shell_handlers.get("execute_request") is self._execute_handler:
+            kernel.shell_handlers["execute_request"] = self._original_execute
+        self._kernel = self._original = self._handler = self._original_execute = self._execute_handler = None
 
-    async def _execute_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
+    async def _dispatch_shell(self, msg: Any, *args: Any, **kwargs: Any) -> Any:
         assert self._original is not None
+        if args or kwargs.get("subshell_id") is not None or kwargs.get("concurrent"):
+            return await self._original(msg, *args, **kwargs)  # a subshell's or a comm beside a cell
+        parent = None
         try:
-            self._pending = self._begin(parent)
+            parent = self._peek(msg)
+            self._pending = None if parent is None else self._begin(parent)
         except KeyboardInterrupt:  # Ctrl-C in the moment the cell was sent: it ends interrupted
-            self._pending = self._recovered(parent)
+            self._pending = self._recovered()
         except Exception:  # noqa: BLE001 - the cell must still run: ipykernel's own path will say what failed
             logger.warning("clorch_repl: sending the cell ahead of IPython failed; it runs the ordinary way",
                            exc_info=True)
-            self._pending = self._recovered(parent)
+            self._pending = self._recovered()
         try:
-            result = self._original(stream, ident, parent)
+            return await self._original(msg, *args, **kwargs)
+        finally:
+            self._end_unclaimed()  # ipykernel never ran the handler (nothing else leaves one)
+
+    async def _execute_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
+        assert self._original_execute is not None
+        try:
+            result = self._original_execute(stream, ident, parent)
             if inspect.isawaitable(result):
                 result = await result
             return result
         finally:
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                self._abandon(pending)
+            self._end_unclaimed()  # IPython failed the cell before the magic: shown in the cell
+
+    def _end_unclaimed(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._abandon(pending)
+
+    def _peek(self, msg: Any) -> dict[str, Any] | None:
+        """The execute_request in ``msg`` if it may be a ``%%distributed`` cell that ipykernel
+        will run (not while it aborts queued requests after an error)."""
+        kernel = self._kernel
+        if getattr(kernel, "_aborting", False) or self._magics.session is None:
+            return None
+        return peek_execute(kernel.session, msg, MARKER)
 
     # ----------------------------------------------------------------------------- the cell
     def _begin(self, parent: dict[str, Any]) -> _Pending | None:
-        """Send the cell of ``parent`` (an execute_request) to the ranks if it is a
-        ``%%distributed`` cell the magic would run; None, having sent nothing, otherwise."""
+        """Send the cell of ``parent`` (an execute_request's header and content) to the ranks if
+        it is a ``%%distributed`` cell the magic would run; None, having sent nothing, otherwise."""
         content = parent.get("content") or {}
         code = content.get("code")
         if not isinstance(code, str) or not code.lstrip().startswith("%%" + MAGIC):
@@ -188,7 +233,7 @@ class HeadStart:
             return None  # refused: the magic refuses it again, in the cell, with the same words
         return _Pending(str(parent.get("header", {}).get("msg_id", "")), line, body, number, started)
 
-    def _recovered(self, parent: dict[str, Any]) -> _Pending | None:
+    def _recovered(self) -> _Pending | None:
         """After a Ctrl-C (or a failure) inside :meth:`_begin`: the cell, if the relay had sent
         it, marked interrupted (a cell sent and then lost would keep its ranks busy with nobody
         reading them); None when nothing was sent."""
@@ -197,12 +242,10 @@ class HeadStart:
         started = None if relay is None else relay.unfinished
         if started is None:
             return None  # nothing was sent: the cell runs as if the Ctrl-C had come before it
-        code = started.request.code
-        return _Pending(str(parent.get("header", {}).get("msg_id", "")), "", code,
-                        started.request.cell_number or 0, started, interrupted=True)
+        return _Pending("", "", started.request.code, started.request.cell_number or 0, started, interrupted=True)
 
     def claim(self, line: str, body: str, number: int) -> tuple[StartedCell, bool] | None:
-        """The cell the handler sent for this magic call, and whether it was interrupted; None
+        """The cell the head start sent for this magic call, and whether it was interrupted; None
         when none was sent (the magic sends it itself)."""
         pending, self._pending = self._pending, None
         if pending is None:

@@ -43,8 +43,13 @@ class FrontEnd:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.socket: zmq.Socket = kernel.stdin_socket
-        self._ident = kernel._parent_ident["shell"]  # ipykernel 6 and 7 (a compatibility view in 7)
-        self._parent = kernel.get_parent("shell")
+        kernel._parent_ident["shell"]  # noqa: B018 - there in ipykernel 6 and 7 (a view in 7); read in _cell
+
+    def _cell(self) -> tuple[Any, dict[str, Any]]:
+        """The routing identity and parent of the notebook's cell running now, read when a prompt
+        is opened, not when the cell was sent: a cell can be sent to the ranks before ipykernel
+        has made it the current request (clorch_repl.magics.head_start)."""
+        return self.kernel._parent_ident["shell"], self.kernel.get_parent("shell")
 
     @staticmethod
     def current(allow_stdin: bool | None = None) -> tuple[FrontEnd | None, str]:
@@ -75,8 +80,9 @@ class FrontEnd:
             if stream is not None:
                 stream.flush()
         self.purge()
+        ident, parent = self._cell()
         self.kernel.session.send(self.socket, "input_request", {"prompt": prompt, "password": password},
-                                 self._parent, ident=self._ident)
+                                 parent, ident=ident)
 
     def purge(self) -> None:
         """Drop stale replies (to a prompt that was closed: the rank was interrupted or died)."""

@@ -181,6 +181,39 @@ def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes],
                     "buffers": []}
 
 
+def peek_execute(session: Session, frames: list[Any], marker: bytes) -> dict[str, Any] | None:
+    """In the notebook kernel: the header and content of an execute_request from its front end
+    whose content holds ``marker``, before ipykernel reads it (clorch_repl.magics.head_start);
+    None for any other message, and for one that is unsigned, forged or replayed (ipykernel then
+    refuses it as it always does). Nothing is recorded: ipykernel's own reading still checks the
+    signature and adds it to the session's replay history. Dates are left as strings (no
+    dateutil). Other messages cost only the search for ``marker`` in their content frame."""
+    try:  # ipykernel's dispatch passes zmq frames (copy=False); bytes are read as bytes
+        _, parts = session.feed_identities(frames, copy=bool(frames) and isinstance(frames[0], bytes))
+    except ValueError:
+        return None
+    if len(parts) < 5:
+        return None
+    raw = [p.bytes if hasattr(p, "bytes") else bytes(p) for p in parts[1:5]]
+    header_b, parent_b, metadata_b, content_b = raw
+    if marker not in content_b:
+        return None
+    if session.auth is not None:
+        signature = parts[0].bytes if hasattr(parts[0], "bytes") else bytes(parts[0])
+        if not signature or signature in session.digest_history:
+            return None
+        mac = session.auth.copy()
+        for part in raw:
+            mac.update(part)
+        if not compare_digest(signature, mac.hexdigest().encode()):
+            return None
+    header = _unpack(header_b)
+    if not isinstance(header, dict) or header.get("msg_type") != "execute_request" or header.get("subshell_id"):
+        return None
+    content = _unpack(content_b)
+    return {"header": header, "content": content} if isinstance(content, dict) else None
+
+
 class MessageDecoder:
     """Verifies and decodes the multipart messages of one rank, with that rank's session key."""
 

@@ -13,7 +13,7 @@ from jupyter_client.session import Session
 
 from clorch_repl.errors import SignatureError
 from clorch_repl.session.wire import (LEAN_KEY, LEAN_MAGIC, SEPARATOR, MessageDecoder, MessageEncoder, lean_reply,
-                                      read_lean_execute)
+                                      peek_execute, read_lean_execute)
 
 KEY = b"0123456789abcdef0123456789abcdef"
 CONTENT = {"code": "print('é')", "silent": False, "store_history": True, "user_expressions": {},
@@ -93,3 +93,31 @@ def test_message_ids_of_the_encoder_never_collide_with_the_sessions_own() -> Non
     ours = {encoder.request("execute_request", CONTENT, {LEAN_KEY: True})[0] for _ in range(50)}
     theirs = {session.msg_id for _ in range(50)}
     assert len(ours) == 50 and not ours & theirs
+
+
+def test_the_head_start_reads_only_signed_fresh_execute_requests_and_records_nothing() -> None:
+    """wire.peek_execute: the notebook kernel's look at a front end's message before ipykernel
+    reads it; what ipykernel would refuse it refuses too, and ipykernel's own reading (replay
+    check included) is left as it was."""
+    front = Session(key=KEY)
+    kernel = Session(key=KEY)
+    msg = front.msg("execute_request", {"code": "%%distributed\npass", "silent": False})
+    frames = [b"client-id", *front.serialize(msg)]
+    peeked = peek_execute(kernel, frames, b"%%distributed")
+    assert peeked is not None and peeked["content"]["code"] == "%%distributed\npass"
+    assert peeked["header"]["msg_id"] == msg["header"]["msg_id"]
+    assert peek_execute(kernel, frames, b"%%distributed") is not None  # nothing recorded by peeking
+    idents, rest = kernel.feed_identities(frames)
+    kernel.deserialize(rest)  # ipykernel's reading still accepts it, and records it
+    assert peek_execute(kernel, frames, b"%%distributed") is None, "a replayed request was read"
+    forged = Session(key=b"y" * 32)
+    assert peek_execute(kernel, [b"id", *forged.serialize(forged.msg("execute_request", msg["content"]))],
+                        b"%%distributed") is None
+    tampered = [b"id", *front.serialize(front.msg("execute_request", msg["content"]))]
+    tampered[-1] = tampered[-1].replace(b"pass", b"boom")
+    assert peek_execute(kernel, tampered, b"%%distributed") is None
+    other = front.msg("comm_msg", {"data": {"code": "%%distributed"}, "comm_id": "c"})
+    assert peek_execute(kernel, [b"id", *front.serialize(other)], b"%%distributed") is None
+    plain = front.msg("execute_request", {"code": "print(1)"})
+    assert peek_execute(kernel, [b"id", *front.serialize(plain)], b"%%distributed") is None
+    assert peek_execute(kernel, [b"no delimiter"], b"%%distributed") is None
