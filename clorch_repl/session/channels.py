@@ -42,6 +42,8 @@ class Channels:
         self._owner: dict[Any, tuple[int, str]] = {}
         self._decoders: dict[int, MessageDecoder] = {}
         self._encoders: dict[int, MessageEncoder] = {}
+        #: each rank's shell socket (a client's channel is reached through traitlets each time)
+        self._shell: dict[int, Any] = {}
         self._rejected = 0
         self.prober = Prober()
         #: one ZeroMQ context (one I/O thread) for every rank's channels; see :meth:`connect`
@@ -68,6 +70,7 @@ class Channels:
                 sock = getattr(client, f"{kind}_channel").socket
                 self.poller.register(sock, zmq.POLLIN)
                 self._owner[sock] = (proc.rank, kind)
+            self._shell[proc.rank] = client.shell_channel.socket
         self._await_ready(ready_kinds, progress, timeout_s)
 
     def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
@@ -122,7 +125,7 @@ class Channels:
         content are packed already (wire.pack: a cell's are packed once for all its ranks); its
         msg_id."""
         msg_id, frames = self._encoders[rank].request_packed(msg_type, metadata, content)
-        self.clients[rank].shell_channel.socket.send_multipart(frames)
+        self._shell[rank].send_multipart(frames)
         return msg_id
 
     def answer(self, rank: int, value: str) -> None:
@@ -151,6 +154,8 @@ class Channels:
             if kind == "front":  # the front end's answer: read by the cell's stdin broker
                 continue
             for _ in range(PUMP_BATCH):
+                if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    break  # asked, not found out by a zmq.Again (an exception a socket a pass costs ~10 us)
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
@@ -175,5 +180,6 @@ class Channels:
                     pass
             client.stop_channels()
         self.clients.clear()
+        self._shell.clear()
         self._owner.clear()
         self._context.destroy(linger=100)  # as jupyter_client ends the context a client made itself

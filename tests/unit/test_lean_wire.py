@@ -121,3 +121,14 @@ def test_the_head_start_reads_only_signed_fresh_execute_requests_and_records_not
     plain = front.msg("execute_request", {"code": "print(1)"})
     assert peek_execute(kernel, [b"id", *front.serialize(plain)], b"%%distributed") is None
     assert peek_execute(kernel, [b"no delimiter"], b"%%distributed") is None
+
+
+def test_a_header_with_awkward_names_reads_back_whole() -> None:
+    """The encoder writes the header's JSON from a template: a user name with quotes, a percent
+    sign or non-ASCII letters must come back as it was, through jupyter_client too."""
+    session = Session(key=KEY, username='ü "x" %s %d \\')
+    msg_id, frames = MessageEncoder(session).request("execute_request", CONTENT, {LEAN_KEY: True})
+    _, msg = read_lean_execute(Session(key=KEY), [b"id", *frames])
+    assert msg["header"]["username"] == 'ü "x" %s %d \\' and msg["header"]["msg_id"] == msg_id
+    theirs = Session(key=KEY).deserialize(frames[0][len(LEAN_MAGIC):].split(SEPARATOR))
+    assert theirs["header"]["username"] == 'ü "x" %s %d \\'
