@@ -125,6 +125,8 @@ class HeadStart:
         self._original_execute: Callable[..., Any] | None = None
         self._execute_handler: Callable[..., Any] | None = None
         self._pending: _Pending | None = None
+        #: installed and not uninstalled since (the originals are kept: a wrapper still held passes through)
+        self._active = False
 
     # ---------------------------------------------------------------------------- the seam
     def install(self, kernel: Any) -> bool:
@@ -140,29 +142,35 @@ class HeadStart:
         which a front end shows nothing more of the cell)."""
         dispatch = getattr(kernel, "dispatch_shell", None)
         handlers = getattr(kernel, "shell_handlers", None)
-        if (self._original is not None or not callable(dispatch) or getattr(kernel, "session", None) is None
+        if (self._active or not callable(dispatch) or getattr(kernel, "session", None) is None
                 or not isinstance(handlers, dict) or "execute_request" not in handlers):
+            return False
+        if not callable(getattr(kernel, "shell_main", None)):
+            # ipykernel 6 binds dispatch_shell once, when the kernel starts: a wrapper put on the
+            # instance later is never called, and one bound at start outlives an uninstall.
+            logger.info("clorch_repl: this ipykernel binds its shell dispatch at start; no head start")
             return False
         self._kernel, self._original, self._original_execute = kernel, dispatch, handlers["execute_request"]
         self._handler, self._execute_handler = self._dispatch_shell, self._execute_request
         kernel.dispatch_shell = self._handler
         handlers["execute_request"] = self._execute_handler
+        self._active = True
         return True
 
     def uninstall(self) -> None:
         """Give ipykernel its own dispatch and handler back (where nothing replaced ours since)."""
-        if self._original is None:
+        if not self._active:
             return
+        self._active = False  # the wrappers pass straight through from now on, wherever they are still held
         kernel = self._kernel
         if getattr(kernel, "dispatch_shell", None) is self._handler:
             del kernel.dispatch_shell  # the class's own method again
         if kernel.shell_handlers.get("execute_request") is self._execute_handler:
             kernel.shell_handlers["execute_request"] = self._original_execute
-        self._kernel = self._original = self._handler = self._original_execute = self._execute_handler = None
 
     async def _dispatch_shell(self, msg: Any, *args: Any, **kwargs: Any) -> Any:
         assert self._original is not None
-        if args or kwargs.get("subshell_id") is not None or kwargs.get("concurrent"):
+        if not self._active or args or kwargs.get("subshell_id") is not None or kwargs.get("concurrent"):
             return await self._original(msg, *args, **kwargs)  # a subshell's or a comm beside a cell
         parent = None
         try:

@@ -156,7 +156,13 @@ class Relay:
         and keeps waiting for the grace period; a second one stops waiting at once.
         """
         sink = complete_sink(sink)  # refused before anything is sent
-        return self.finish(self.begin(request, silent=silent, interrupt_grace_s=interrupt_grace_s), sink)
+        try:
+            started = self.begin(request, silent=silent, interrupt_grace_s=interrupt_grace_s)
+        except KeyboardInterrupt:  # while it was being sent: every rank has it, and it ends interrupted
+            if self._started is None:
+                raise
+            return self.finish(self._started, sink, interrupted=True)
+        return self.finish(started, sink)
 
     def begin(self, request: CellRequest, *, silent: bool = False, interrupt_grace_s: float = INTERRUPT_GRACE_S,
               allow_stdin: bool | None = None) -> StartedCell:
@@ -168,8 +174,11 @@ class Relay:
         early or lost. Exactly one cell may be begun and not finished. ``allow_stdin``: what the
         notebook's front end allowed for this cell, when ipykernel has not yet recorded it (a
         cell begun from its shell handler); None asks ipykernel."""
-        if self._cell is not None:
-            raise ClorchError("a cell was begun on the ranks and not finished; clorch_repl runs one cell at a time")
+        if self._started is not None:
+            # A cell begun and then lost (an interrupt between its send and its wait): end it on the
+            # ranks rather than refuse every cell from now on.
+            logger.warning("clorch_repl: a cell sent to the ranks was never waited for; interrupting it")
+            self.finish(self._started, PlainSink(), interrupted=True)
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)

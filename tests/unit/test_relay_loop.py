@@ -170,3 +170,29 @@ def test_a_sink_without_every_hook_is_refused_before_the_cell_runs() -> None:
         raise AssertionError("an incomplete sink was taken")
     assert relay.idle(0)  # nothing was sent
     assert isinstance(MimeCollector((0, 1)), OutputSink)
+
+
+class _CameDeferred:
+    came = True
+
+
+def test_a_ctrl_c_during_the_sends_ends_the_cell_interrupted_and_leaves_nothing_begun(monkeypatch) -> None:
+    """A Ctrl-C held back while a silent request (a transfer, the join) was sent: Relay.execute
+    finishes it as interrupted instead of leaving it begun, which refused every later cell."""
+    import contextlib
+
+    from clorch_repl.session import relay as relay_module
+
+    relay, _, _ = relay_for({0: 1, 1: 1})
+    monkeypatch.setattr(relay_module, "ctrl_c_deferred", contextlib.contextmanager(lambda: iter([_CameDeferred()])))
+    outcome = relay.execute(CellRequest("pass", (0, 1)), Collect(), silent=True, interrupt_grace_s=0.3)
+    assert outcome.interrupted and relay.unfinished is None
+    monkeypatch.undo()
+    assert relay.execute(CellRequest("pass", (0, 1)), Collect()).ok  # the next cell runs
+
+
+def test_a_begun_cell_that_was_lost_is_interrupted_by_the_next_begin() -> None:
+    relay, group, _ = relay_for({0: 1, 1: 1})
+    relay.begin(CellRequest("pass", (0, 1)), interrupt_grace_s=0.3)  # and never finished
+    outcome = relay.execute(CellRequest("pass", (0, 1)), Collect())
+    assert outcome.ok and relay.unfinished is None and group.interrupted
