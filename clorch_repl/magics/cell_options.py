@@ -1,7 +1,7 @@
 """What a ``%%distributed`` line asks for, parsed and checked once for both of its readers.
 
 Two places read the line: the magic itself, and the head start (:mod:`.head_start`), which sends
-the cell to the ranks from ipykernel's shell handler before IPython reaches the magic. Both take
+the cell to the ranks from ipykernel's shell dispatch before IPython reaches the magic. Both take
 :func:`cell_options`, so a line the magic would refuse is never sent early, and what the ranks
 are sent is what the magic would have sent.
 

@@ -230,6 +230,8 @@ class HeadStart:
             if call is None:
                 return None
             line, body = call
+            if "$" in line or "{" in line:
+                return None  # IPython expands variables in a magic's line ($x, {x}) before the magic reads it
             options = cell_options(magics.distributed, line, quiet_help=True)
             if options is None or options.profile is not None:
                 return None
@@ -255,9 +257,10 @@ class HeadStart:
     def claim(self, line: str, body: str, number: int) -> tuple[StartedCell, bool] | None:
         """The cell the head start sent for this magic call, and whether it was interrupted; None
         when none was sent (the magic sends it itself)."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return None
+        pending = self._pending
+        if pending is None or not self._for_current_request(pending):
+            return None  # another request's magic call (a subshell's, a nested run_cell): not this cell
+        self._pending = None
         if not pending.interrupted and (pending.line, pending.body, pending.number) != (line, body, number):
             # Cannot happen by construction (the same transform, the same reader); if it does,
             # the ranks run what was sent, the cell shows it, and the log says so.
@@ -265,6 +268,13 @@ class HeadStart:
                          "showing the ranks' run of what was sent. Set %s=0 to turn the head start off.",
                          (pending.line, pending.body), pending.number, (line, body), number, ENV)
         return pending.started, pending.interrupted
+
+    def _for_current_request(self, pending: _Pending) -> bool:
+        """Whether the magic call runs in the request the head start sent ``pending`` for."""
+        if not pending.msg_id:
+            return True  # recovered after a failure, with no request to compare
+        parent = self._kernel.get_parent("shell") if self._kernel is not None else None
+        return (parent or {}).get("header", {}).get("msg_id") == pending.msg_id
 
     def _abandon(self, pending: _Pending) -> None:
         """The magic never claimed the cell (the notebook's cell was interrupted, or failed, before

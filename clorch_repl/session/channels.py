@@ -113,8 +113,9 @@ class Channels:
                     seen[rank].add(kind)
 
     def new_prober(self) -> Prober:
-        """A prober of every rank with sockets and signature checks of its own, for a thread other
-        than the relay's (``%clorch top``): ZeroMQ sockets and the replay check are per thread."""
+        """A prober of every rank with sockets and signature checks of its own (``%clorch top``,
+        whose questions must not take the relay's answers): ZeroMQ sockets and the replay check
+        are per user."""
         prober = Prober()
         for rank, client in self.clients.items():
             prober.add(rank, client, MessageDecoder(client.session))

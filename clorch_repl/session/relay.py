@@ -173,7 +173,7 @@ class Relay:
         (clorch_repl.magics.head_start), overlaps the ranks' run without anything being shown
         early or lost. Exactly one cell may be begun and not finished. ``allow_stdin``: what the
         notebook's front end allowed for this cell, when ipykernel has not yet recorded it (a
-        cell begun from its shell handler); None asks ipykernel."""
+        cell begun from its shell dispatch); None asks ipykernel."""
         if self._started is not None:
             # A cell begun and then lost (an interrupt between its send and its wait): end it on the
             # ranks rather than refuse every cell from now on.

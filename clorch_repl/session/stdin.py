@@ -55,7 +55,7 @@ class FrontEnd:
     def current(allow_stdin: bool | None = None) -> tuple[FrontEnd | None, str]:
         """The front end of the cell now running in the notebook kernel, or None and why not.
         ``allow_stdin``: what the cell's execute_request allowed, where ipykernel has not recorded
-        it yet (the cell is being handled in its shell handler, clorch_repl.magics.head_start);
+        it yet (the cell is being sent from its shell dispatch, clorch_repl.magics.head_start);
         None reads ipykernel's record of the cell running now."""
         try:
             from IPython import get_ipython

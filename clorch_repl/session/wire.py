@@ -11,9 +11,9 @@ per relayed cell, and a good part of a rank's. Here:
 
 What is kept is what makes a message trustworthy: every message is signed with the rank's own
 key (HMAC), every signature is verified, and a signature seen before is refused (replay), as
-jupyter_client does. The relay's execute requests travel as one frame (:data:`LEAN_MAGIC`) holding
-the Jupyter message's parts; everything else on the wire is the Jupyter protocol's; dates stay
-ISO strings.
+jupyter_client does. The relay's execute requests, and a rank's replies to them
+(:func:`lean_reply`), travel as one frame (:data:`LEAN_MAGIC`) holding the Jupyter message's
+parts; everything else on the wire is the Jupyter protocol's; dates stay ISO strings.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes],
     if not last.startswith(LEAN_MAGIC):
         return None  # a Jupyter message: ipykernel's own path
     idents = [f.bytes if hasattr(f, "bytes") else bytes(f) for f in frames[:-1]]
-    parts = last[len(LEAN_MAGIC):].split(SEPARATOR)
+    parts = last[len(LEAN_MAGIC):].split(SEPARATOR, 4)  # a stray NUL in the content cannot cut it
     if len(parts) != 5:
         return None
     signature, header_b, parent_b, metadata_b, content_b = parts
@@ -199,10 +199,11 @@ def peek_execute(session: Session, frames: list[Any], marker: bytes) -> dict[str
         return None
     if len(parts) < 5:
         return None
-    raw = [p.bytes if hasattr(p, "bytes") else bytes(p) for p in parts[1:5]]
-    header_b, parent_b, metadata_b, content_b = raw
+    content_b = parts[4].bytes if hasattr(parts[4], "bytes") else bytes(parts[4])
     if marker not in content_b:
-        return None
+        return None  # the other frames are not even copied
+    header_b, parent_b, metadata_b = (p.bytes if hasattr(p, "bytes") else bytes(p) for p in parts[1:4])
+    raw = [header_b, parent_b, metadata_b, content_b]
     if session.auth is not None:
         signature = parts[0].bytes if hasattr(parts[0], "bytes") else bytes(parts[0])
         if not signature or signature in session.digest_history:
@@ -232,7 +233,7 @@ class MessageDecoder:
         """``[topic..., DELIM, signature, header, parent, metadata, content, buffers...]`` to a
         message; or one lean frame (:data:`LEAN_MAGIC`, a rank's reply to a lean request)."""
         if len(frames) == 1 and frames[0].startswith(LEAN_MAGIC):
-            parts = frames[0][len(LEAN_MAGIC):].split(SEPARATOR)
+            parts = frames[0][len(LEAN_MAGIC):].split(SEPARATOR, 4)
             if len(parts) != 5:
                 raise SignatureError("malformed lean message: not 5 parts")
         else:
