@@ -59,7 +59,9 @@ def cell_options(magic: Callable[..., Any], line: str, *, quiet_help: bool = Fal
     :class:`~clorch_repl.errors.ClorchError` (a value the parser let through)."""
     if "-h" in line and {"-h", "--help"} & set(arg_split(line)):
         return None if quiet_help else parse(magic, line)  # the help, printed every time it is asked for
-    return _read(magic, line)
+    # Memoised by the function under a bound magic: its parser is the function's (magic_arguments),
+    # and a key holding the ClorchMagics would keep an unloaded extension's instance alive.
+    return _read(getattr(magic, "__func__", magic), line)
 
 
 @functools.lru_cache(maxsize=MEMO_LINES)  # a line that raises is not memoised: it raises each time

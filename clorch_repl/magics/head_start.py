@@ -64,12 +64,16 @@ MARKER = b"%%" + MAGIC.encode()
 
 Dispatch = Callable[..., Awaitable[Any]]
 
+#: the wrong values of :data:`ENV` already said in the log (it is read every cell: said once each)
+_warned: set[str] = set()
+
 
 def wanted(environ: Mapping[str, str]) -> bool:
     """Whether the head start is on: ``CLORCH_HEAD_START`` unset, ``1`` or empty; ``0`` is off.
-    Anything else is a mistake, said in the notebook kernel's log, and leaves it on."""
+    Anything else is a mistake, said once in the notebook kernel's log, and leaves it on."""
     value = environ.get(ENV, "1").strip()
-    if value not in ("", "0", "1"):
+    if value not in ("", "0", "1") and value not in _warned:
+        _warned.add(value)
         logger.warning("clorch_repl: %s=%r is neither 0 nor 1; the head start stays on", ENV, value)
     return value != "0"
 

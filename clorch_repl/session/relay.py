@@ -211,6 +211,10 @@ class Relay:
             self._sink = sink
             watch = HangWatch(self, run, sink, started.request.hang_notice_s, run.now)
             if interrupted:
+                # Nothing was read since the sends: what the ranks already sent comes first, so
+                # that only those still running are asked where they are and interrupted.
+                self._pump(0)
+                run.end_drained(time.monotonic())
                 self._on_keyboard_interrupt(run, watch)
             self._wait(run, watch)
         finally:

@@ -162,14 +162,8 @@ def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes],
     if len(parts) != 5:
         return None
     signature, header_b, parent_b, metadata_b, content_b = parts
-    header = _unpack(header_b)
-    if not isinstance(header, dict) or header.get("msg_type") != "execute_request" or header.get("subshell_id"):
-        return None
-    metadata = _unpack(metadata_b)
-    if not isinstance(metadata, dict) or not metadata.get(LEAN_KEY):
-        return None
     add_digest = getattr(session, "_add_digest", None)
-    if session.auth is not None:
+    if session.auth is not None:  # verified before anything in it is parsed, as jupyter_client does
         if add_digest is None or not signature or signature in session.digest_history:
             return None
         mac = session.auth.copy()
@@ -177,7 +171,14 @@ def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes],
             mac.update(part)
         if not compare_digest(signature, mac.hexdigest().encode()):
             return None
-        add_digest(signature)
+    header = _unpack(header_b)
+    if not isinstance(header, dict) or header.get("msg_type") != "execute_request" or header.get("subshell_id"):
+        return None
+    metadata = _unpack(metadata_b)
+    if not isinstance(metadata, dict) or not metadata.get(LEAN_KEY):
+        return None
+    if session.auth is not None:
+        add_digest(signature)  # type: ignore[misc]  # recorded only for a request taken here
     content = _unpack(content_b)
     if not isinstance(content, dict):
         return None

@@ -192,7 +192,26 @@ def test_a_ctrl_c_during_the_sends_ends_the_cell_interrupted_and_leaves_nothing_
 
 
 def test_a_begun_cell_that_was_lost_is_interrupted_by_the_next_begin() -> None:
-    relay, group, _ = relay_for({0: 1, 1: 1})
+    relay, group, channels = relay_for({0: 1, 1: None})  # rank 1 never answers the lost cell
     relay.begin(CellRequest("pass", (0, 1)), interrupt_grace_s=0.3)  # and never finished
+    channels.script[1] = 1  # it answers the next one
     outcome = relay.execute(CellRequest("pass", (0, 1)), Collect())
-    assert outcome.ok and relay.unfinished is None and group.interrupted
+    assert outcome.ok and relay.unfinished is None
+    assert group.interrupted == [[1]]  # rank 0 had answered: only rank 1 was still running it
+
+
+def test_a_cell_finished_as_interrupted_reads_what_came_first_and_interrupts_only_the_running() -> None:
+    """A cell the head start sent and the magic never claimed (or claimed after a Ctrl-C) is
+    finished as interrupted with nothing read since its sends: ranks whose replies already wait
+    are done, shown as such, and neither probed nor interrupted."""
+    relay, group, _ = relay_for({0: 2, 1: None})
+    started = relay.begin(CellRequest("pass", (0, 1)), interrupt_grace_s=0.3)
+    sink = Collect()
+    outcome = relay.finish(started, sink, interrupted=True)
+    assert outcome.interrupted and group.interrupted == [[1]]
+    assert outcome.ranks[0].status is Status.OK
+    assert [(i.rank, i.content["text"]) for i in sink.items] == [(0, "line 0\n"), (0, "line 1\n")]
+
+    relay, group, _ = relay_for({0: 0, 1: 0})
+    outcome = relay.finish(relay.begin(CellRequest("pass", (0, 1))), Collect(), interrupted=True)
+    assert group.interrupted == [] and all(r.status is Status.OK for r in outcome.ranks.values())
