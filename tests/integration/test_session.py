@@ -194,6 +194,18 @@ def test_bad_cell_options_give_one_clear_line(ip: Any, line: str, message: str) 
     assert "Traceback" not in cap.stdout + cap.stderr
 
 
+def test_top_level_await_runs_on_every_rank_and_a_plain_cell_after_it(ip: Any) -> None:
+    # the ranks answer "is this a coroutine?" without compiling cells that cannot be one
+    # (clorch_repl.kernel.rank_kernel.cheap_async_check): both kinds must still run as IPython runs them
+    res, cap = run(ip, "import asyncio\nawait asyncio.sleep(0.01)\nprint('awaited', rank)")
+    assert res.success, cap.stdout
+    assert lines_of(cap.stdout, 0) == ["awaited 0"] and lines_of(cap.stdout, 1) == ["awaited 1"]
+    res, cap = run(ip, "async def twice(x):\n    return 2 * x\nprint(await twice(rank))")
+    assert res.success and lines_of(cap.stdout, 1) == ["2"], cap.stdout
+    res, cap = run(ip, "print('plain', rank)")
+    assert res.success and lines_of(cap.stdout, 0) == ["plain 0"]
+
+
 def test_timeout_interrupts_the_cell_and_the_ranks_stay_usable(ip: Any) -> None:
     res, cap = run(ip, "import time\ntime.sleep(60)", "--timeout 1")
     assert not res.success
