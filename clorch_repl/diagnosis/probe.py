@@ -131,7 +131,7 @@ def _executing() -> bool:
 def _in_kernel() -> bool:
     if "ipykernel" not in sys.modules:
         return False
-    from IPython import get_ipython
+    from IPython.core.getipython import get_ipython
 
     return get_ipython() is not None
 
@@ -139,7 +139,7 @@ def _in_kernel() -> bool:
 def _cell_labeller() -> Any:
     """``Cell In[5]`` for a cell's compiled file name, as IPython's tracebacks name it."""
     try:
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython
 
         shell = get_ipython()
         fmt = shell.compile.format_code_name if shell is not None else None

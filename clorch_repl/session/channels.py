@@ -154,9 +154,11 @@ class Channels:
             rank, kind = self._owner[sock]
             if kind == "front":  # the front end's answer: read by the cell's stdin broker
                 continue
-            for _ in range(PUMP_BATCH):
-                if not sock.get(zmq.EVENTS) & zmq.POLLIN:
-                    break  # asked, not found out by a zmq.Again (an exception a socket a pass costs ~10 us)
+            for i in range(PUMP_BATCH):
+                # the poll said the first message is there; after it the socket is asked, not found
+                # out by a zmq.Again (an exception a socket a pass costs ~10 us)
+                if i and not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    break
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:

@@ -324,7 +324,7 @@ class Session:
                 self.relay.set_debug_sink(None)
         if rank is None:
             return
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython
 
         shell = get_ipython()
         kernel = getattr(shell, "kernel", None)
@@ -425,7 +425,7 @@ class Session:
 def _ipython() -> Any:
     """The notebook's IPython shell, or None outside one (a script using the Python API)."""
     try:
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython
     except ImportError:
         return None
     return get_ipython()

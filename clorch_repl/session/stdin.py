@@ -58,7 +58,7 @@ class FrontEnd:
         it yet (the cell is being sent from its shell dispatch, clorch_repl.magics.head_start);
         None reads ipykernel's record of the cell running now."""
         try:
-            from IPython import get_ipython
+            from IPython.core.getipython import get_ipython
         except ImportError:  # pragma: no cover - IPython is a dependency
             return None, "IPython is not available"
         shell = get_ipython()

@@ -257,9 +257,9 @@ class MessageDecoder:
             if not compare_digest(signature, mac.hexdigest().encode()):
                 raise SignatureError("invalid signature")
             self._remember(signature)
-        head = json.loads(header)
-        return {"header": head, "msg_type": head["msg_type"], "parent_header": json.loads(parent),
-                "metadata": json.loads(metadata), "content": json.loads(content), "buffers": parts[5:]}
+        head = _unpack(header)  # decoded as jupyter_client's unpacker does (json.loads of bytes guesses the encoding)
+        return {"header": head, "msg_type": head["msg_type"], "parent_header": _unpack(parent),
+                "metadata": _unpack(metadata), "content": _unpack(content), "buffers": parts[5:]}
 
     def _remember(self, signature: bytes) -> None:
         self._seen.add(signature)
