@@ -210,11 +210,11 @@ class Relay:
                 sink.output(item)
             self._sink = sink
             watch = HangWatch(self, run, sink, started.request.hang_notice_s, run.now)
-            if interrupted:
-                # Nothing was read since the sends: what the ranks already sent comes first, so
-                # that only those still running are asked where they are and interrupted.
-                self._pump(0)
-                run.end_drained(time.monotonic())
+            if interrupted:  # nothing read since the sends: what came first frees the ranks that finished
+                try:
+                    self._pump(0)
+                except KeyboardInterrupt:  # another Ctrl-C as that output is shown: the next is the second
+                    run.user_interrupt()
                 self._on_keyboard_interrupt(run, watch)
             self._wait(run, watch)
         finally:

@@ -59,6 +59,13 @@ def test_forged_replayed_and_foreign_requests_are_not_taken() -> None:
     msg = jupyter.msg("execute_request", CONTENT, metadata={LEAN_KEY: True})
     assert read_lean_execute(rank, [b"router-id", *jupyter.serialize(msg)]) is None
     assert read_lean_execute(rank, [LEAN_MAGIC + b"only\x00three\x00parts"]) is None
+    # nothing of an unsigned or forged frame is parsed: its signature is checked first
+    not_json = LEAN_MAGIC + SEPARATOR.join([b"deadbeef", b"{not json", b"{}", b"{}", b"{}"])
+    assert read_lean_execute(rank, [not_json]) is None
+    # a validly signed request that is not lean is not recorded: ipykernel's path still reads it once
+    _, plain = request(metadata={})
+    assert read_lean_execute(rank, plain) is None
+    assert plain[0].split(SEPARATOR, 1)[0][len(LEAN_MAGIC):] not in rank.digest_history
 
 
 def test_a_ranks_lean_reply_reads_back_at_the_relay_and_only_with_the_ranks_key() -> None:

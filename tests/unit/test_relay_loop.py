@@ -215,3 +215,24 @@ def test_a_cell_finished_as_interrupted_reads_what_came_first_and_interrupts_onl
     relay, group, _ = relay_for({0: 0, 1: 0})
     outcome = relay.finish(relay.begin(CellRequest("pass", (0, 1))), Collect(), interrupted=True)
     assert group.interrupted == [] and all(r.status is Status.OK for r in outcome.ranks.values())
+
+
+def test_a_ctrl_c_while_the_queued_output_is_shown_still_interrupts_the_running_ranks() -> None:
+    """Users press interrupt twice: the second may land while finish(interrupted=True) shows
+    what the ranks sent before it (found by review: it escaped, and rank 1 ran on, forgotten)."""
+
+    class CtrlCOnFirstLine(Collect):
+        def output(self, item: RankOutput) -> None:
+            if not self.items:
+                self.items.append(item)
+                raise KeyboardInterrupt
+            super().output(item)
+
+    relay, group, _ = relay_for({0: 2, 1: None}, answers={1: {"in_cell": True}})
+    started = relay.begin(CellRequest("pass", (0, 1)), interrupt_grace_s=0.3)
+    try:
+        outcome = relay.finish(started, CtrlCOnFirstLine(), interrupted=True)
+    except KeyboardInterrupt:
+        raise AssertionError("the second Ctrl-C escaped finish: rank 1 was left running, unread") from None
+    assert outcome.interrupted and group.interrupted and 1 in group.interrupted[0]
+    assert relay.unfinished is None and outcome.ranks[1].status is not Status.OK
