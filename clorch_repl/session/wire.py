@@ -24,7 +24,7 @@ import os
 from collections import deque
 from datetime import datetime, timezone
 from hmac import compare_digest
-from typing import Any
+from typing import Any, Iterable
 
 from jupyter_client.session import DELIM, Session, protocol_version
 
@@ -87,6 +87,15 @@ def _unpack(part: bytes) -> Any:
     return json.loads(part.decode("utf8", "replace"))
 
 
+def _sign(auth: Any, parts: Iterable[bytes]) -> bytes:
+    """The hex HMAC of a message's header, parent, metadata and content with the key ``auth``
+    holds (a keyed ``hmac`` object, copied), as jupyter_client's ``Session.sign`` computes it."""
+    mac = auth.copy()
+    for part in parts:
+        mac.update(part)
+    return mac.hexdigest().encode()
+
+
 class MessageEncoder:
     """Builds signed requests for one rank, with that rank's session (key, id, message counter)."""
 
@@ -127,10 +136,7 @@ class MessageEncoder:
         parts = [header.encode("utf8", errors="surrogateescape"), parent, metadata, content]
         signature = b""
         if self._auth is not None:
-            mac = self._auth.copy()
-            for part in parts:
-                mac.update(part)
-            signature = mac.hexdigest().encode()
+            signature = _sign(self._auth, parts)
         return msg_id, LEAN_MAGIC + SEPARATOR.join([signature, *parts])
 
 
@@ -166,10 +172,7 @@ def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes],
     if session.auth is not None:  # verified before anything in it is parsed, as jupyter_client does
         if add_digest is None or not signature or signature in session.digest_history:
             return None
-        mac = session.auth.copy()
-        for part in (header_b, parent_b, metadata_b, content_b):
-            mac.update(part)
-        if not compare_digest(signature, mac.hexdigest().encode()):
+        if not compare_digest(signature, _sign(session.auth, (header_b, parent_b, metadata_b, content_b))):
             return None
     header = _unpack(header_b)
     if not isinstance(header, dict) or header.get("msg_type") != "execute_request" or header.get("subshell_id"):
@@ -209,10 +212,7 @@ def peek_execute(session: Session, frames: list[Any], marker: bytes) -> dict[str
         signature = parts[0].bytes if hasattr(parts[0], "bytes") else bytes(parts[0])
         if not signature or signature in session.digest_history:
             return None
-        mac = session.auth.copy()
-        for part in raw:
-            mac.update(part)
-        if not compare_digest(signature, mac.hexdigest().encode()):
+        if not compare_digest(signature, _sign(session.auth, raw)):
             return None
     header = _unpack(header_b)
     if not isinstance(header, dict) or header.get("msg_type") != "execute_request" or header.get("subshell_id"):
@@ -251,10 +251,7 @@ class MessageDecoder:
                 raise SignatureError("unsigned message")
             if signature in self._seen:
                 raise SignatureError("replayed message")
-            mac = self._auth.copy()
-            for part in (header, parent, metadata, content):
-                mac.update(part)
-            if not compare_digest(signature, mac.hexdigest().encode()):
+            if not compare_digest(signature, _sign(self._auth, (header, parent, metadata, content))):
                 raise SignatureError("invalid signature")
             self._remember(signature)
         head = _unpack(header)  # decoded as jupyter_client's unpacker does (json.loads of bytes guesses the encoding)
