@@ -21,11 +21,13 @@ from .shell import current_shell
 logger = logging.getLogger(__name__)
 
 
-def join_group(env: dict[str, str] | None = None) -> None:
+def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
     """Initialise the default process group from the launcher's environment (see API.md).
 
     ``env``: variables a warm spare learns only now (the group's rendezvous file and port); they
-    are set first. A spare (local or a remote rank's) then moves its output to its rank's log."""
+    are set first. A spare (local or a remote rank's) then moves its output to its rank's log.
+    ``generation``: the session's re-form count when this rank replaces a dead one: it meets the
+    survivors where their re-formed group meets (:mod:`.regroup`)."""
     if env:
         os.environ.update(env)
     _move_output_to_rank_log()
@@ -46,12 +48,13 @@ def join_group(env: dict[str, str] | None = None) -> None:
     if not dist.is_initialized():
         from ..diagnosis import record
         from ..rendezvous import loopback_store
+        from . import regroup
 
         record.enable()  # read only when a group is created: now, before init_process_group
-
+        regroup.track_group_sockets()  # what an abort must shut (hang recovery)
+        store = regroup.joining_store(loopback_store(rank, world_size, timeout), generation)
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
-                                  "timeout": timeout,
-                                  "store": loopback_store(rank, world_size, timeout)}
+                                  "timeout": timeout, "store": store}
         if backend == "nccl":
             # With device_id the NCCL communicator is created eagerly, here, instead of on the
             # first collective of the first cell.

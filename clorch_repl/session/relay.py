@@ -28,11 +28,11 @@ from ..errors import ClorchError
 from ..launchers.base import Launcher
 from ..rank_sets import rank_words
 from .cell_files import CellNames
-from .cell_run import (FAILURE_GRACE_S, INTERRUPT_GRACE_S, OUTPUT_TYPES, REPLY_DRAIN_MAX_S, REPLY_DRAIN_S,
-                       REPLY_QUIET_S, CellRun, GiveUp, Interrupt)
-from .channels import PUMP_BATCH, Channels
-from .hang_watch import HANG_RECHECK_S, HangWatch
-from .ledger import ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
+from .cell_run import INTERRUPT_GRACE_S, REPLY_QUIET_S, CellRun, FreeGroup, GiveUp, Interrupt
+from .channels import Channels
+from .group_abort import free_group
+from .hang_watch import HangWatch
+from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
 from .protocol import CellOutcome, CellRequest
 from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
@@ -41,9 +41,8 @@ from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ABANDONED_KEPT", "FAILURE_GRACE_S", "HANG_RECHECK_S", "INTERRUPT_GRACE_S", "INTERRUPT_PROBE_S",
-           "LIVENESS_PERIOD_S", "OUTPUT_TYPES", "PUMP_BATCH", "REPLY_DRAIN_MAX_S", "REPLY_DRAIN_S", "REPLY_QUIET_S",
-           "OutputSink", "Relay", "StartedCell"]
+__all__ = ["INTERRUPT_GRACE_S", "INTERRUPT_PROBE_S", "LIVENESS_PERIOD_S", "REPLY_QUIET_S", "OutputSink", "Relay",
+           "StartedCell"]
 
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
@@ -301,10 +300,13 @@ class Relay:
             self._do(run, watch, command)
         return next_liveness
 
-    def _do(self, run: CellRun, watch: HangWatch, command: Interrupt | GiveUp) -> None:
+    def _do(self, run: CellRun, watch: HangWatch, command: Interrupt | GiveUp | FreeGroup) -> None:
         """Carry out a command of the cell's state machine."""
         if isinstance(command, GiveUp):
             self._give_up(run, command)
+            return
+        if isinstance(command, FreeGroup):
+            run.group_checked(free_group(self._prober, self._launcher, command.ranks), time.monotonic())
             return
         watch.stop()  # being interrupted: the report will say why instead
         if command.diagnose:
