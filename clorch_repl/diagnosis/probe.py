@@ -194,6 +194,16 @@ class Prober:
         self._poller.register(socket, zmq.POLLIN)
         self._ranks[rank] = (socket, client.session, decoder)
 
+    def remove(self, rank: int) -> None:
+        """Forget ``rank`` (its process is being replaced); its socket is closed."""
+        entry = self._ranks.pop(rank, None)
+        if entry is not None:
+            try:
+                self._poller.unregister(entry[0])
+            except KeyError:
+                pass
+            entry[0].close(linger=0)
+
     def ask(self, ranks: list[int], *, all_threads: bool = False, light: bool = False, usage: bool = False,
             abort: bool = False, timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, dict[str, Any] | None]:
         """Every rank's answer; None for a rank that did not answer within ``timeout_s``.

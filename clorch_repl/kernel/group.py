@@ -139,3 +139,20 @@ def leave_group() -> None:
     if dist.is_initialized():
         torch_destroy()()  # torch's own: the one user code reaches keeps the session's group
 
+
+def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] | None = None) -> None:
+    """The ``regroup`` request (:mod:`.requests`), sent to every live rank at once: a rank in
+    ``fresh`` (a new process in a dead rank's place) joins the group with ``env`` as a start would
+    (:func:`join_group`); every other rank gives its groups new backends
+    (:func:`.regroup.reform`; only the default group when some rank is fresh, which has none of the others)
+    and says on its output which groups were not carried over and how to make them again."""
+    if int(os.environ["RANK"]) in (fresh or ()):
+        join_group(env, generation)
+        return
+    from .regroup import reform
+
+    left = reform(generation, only_default=bool(fresh))
+    if left:
+        print("clorch: not carried over to the re-formed group: " + "; ".join(left)
+              + ". Make them again on every rank (dist.new_group, init_device_mesh) before using them.",
+              flush=True)

@@ -325,12 +325,3 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
     _STATE.aborted = False
     return left
 
-
-def reform_request(generation: int, only_default: bool = False) -> None:
-    """The ``reform`` request (:mod:`.requests`): :func:`reform`, saying on the rank's output which
-    groups were not carried over and how to make them again."""
-    left = reform(generation, only_default)
-    if left:
-        print("clorch: not carried over to the re-formed group: " + "; ".join(left)
-              + ". Make them again on every rank (dist.new_group, init_device_mesh) before using them.",
-              flush=True)

@@ -198,6 +198,13 @@ class Launcher(abc.ABC):
         that knows of a better place (a shared scratch of its cluster) returns that."""
         return self.dir
 
+    def replace(self, ranks: list[int], progress: Progress) -> None:
+        """End ``ranks``' kernels (where alive) and start fresh ones in their place, the other
+        ranks untouched (``%clorch restart --ranks``); each fresh one joins the group through
+        :meth:`join_environment`. By default refused: a launcher that can, says so by overriding."""
+        raise ConfigError(f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts "
+                          "every rank afresh")
+
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see
         :func:`clorch_repl.kernel.group.join_group`), for ranks whose process was started

@@ -288,6 +288,28 @@ class LocalLauncher(Launcher):
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
 
+    def replace(self, ranks: list[int], progress: Progress) -> None:
+        """Fresh kernels for ``ranks`` beside the others (see Launcher.replace): each rank's warm
+        spare where the set is ready and current (the rest of the set is ended: it was made for a
+        whole start), else started cold; they meet the others in this start's rendezvous file."""
+        old = [self.ranks[r] for r in ranks]
+        self._end(old, 1.0, polite=False)
+        spares, self.spares = self.spares, []
+        usable = spares and not self._stale(spares) and all(s.listening for s in spares)
+        self._end([s for s in spares if not usable or s.rank not in ranks], 1.0, polite=False)
+        tag = secrets.token_hex(3)
+        for rank in ranks:
+            spare = next((s for s in spares if usable and s.rank == rank), None)
+            if spare is not None:
+                self._promote(spare)
+                self.ranks[rank] = spare
+                continue
+            files = self.files[rank]
+            self.ranks[rank] = self._start_kernel(f"rank{rank}-{tag}", self.rank_env(rank, self.master_port), files,
+                                                  files.open_log())
+        self._joining = {STORE_FILE_ENV: self.store_file, "MASTER_PORT": str(self.master_port)}
+        progress(f"{len(ranks)} fresh rank(s) started" + (" from warm spares" if usable else ""))
+
     def adopt(self, options: LaunchOptions) -> None:
         """Take a start's options: a launcher made before it (warm spares made at load) becomes
         that start's, keeping the spares it holds."""

@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..errors import ClorchError, ranks_are
+from ..errors import ClorchError
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
@@ -203,27 +203,26 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch interrupt")
     def _interrupt(self, line: str) -> None:
-        """KeyboardInterrupt on every rank."""
+        """KeyboardInterrupt on every rank (ranks stuck in a collective: the group aborted and formed again)."""
         if parse(self._interrupt, line) is None:
             return
-        stuck = self._session().interrupt()
-        if not stuck:
-            print("clorch: interrupted every rank; all are idle")
-            return
-        for rank, stack in stuck.items():
-            print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
-        verdict = self._session().why().splitlines()[0]  # the first collective the ranks disagree on
-        print(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)")
-        raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
+        stuck, recovered = self._session().interrupt()
+        views.interrupted(stuck, recovered, self._session().why)
 
     @magic_arguments(name="clorch restart")
+    @argument("--ranks", metavar="LIST", default=None,
+              help="only these ranks start afresh (dead or stuck ones): the others keep their variables and "
+                   "form the group again with them")
     def _restart(self, line: str) -> None:
-        """Fresh ranks and a fresh process group, same settings."""
-        if parse(self._restart, line) is None:
+        """Fresh ranks and a fresh process group, same settings (or only --ranks afresh)."""
+        args = parse(self._restart, line)
+        if args is None:
             return
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
-        self.session.restart(views.StartProgress())
+        ranks = parse_ranks(args.ranks)
+        sink = None if ranks is None else NotebookDisplay(tuple(range(self.session.topology.nproc)))
+        self.session.restart(views.StartProgress(), ranks=ranks, sink=sink)
 
     @magic_arguments(name="clorch stop")
     def _stop(self, line: str) -> None:
@@ -423,6 +422,7 @@ class ClorchMagics(Magics):
             if options is None:
                 return
             session = self._session()
+            views.notice(session.degraded_notice())  # ranks lost: the cell runs on the others
             number = _notebook_cell_number(self.shell)
             claimed = self.head_start.claim(line, cell, number)  # never a --profile cell
             display_ = NotebookDisplay(session.chosen(options.rank_list), merge=options.merge, hosts=session.hosts())

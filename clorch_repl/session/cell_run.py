@@ -307,7 +307,7 @@ class CellRun:
         is the abort's doing)."""
         if not aborted:
             return
-        self.outcome.group_aborted = True
+        self.outcome.group_aborted, self.outcome.aborted_at = True, now
         for rank in self.pending:
             self.outcome.ranks[rank].freed = True
         self.give_up_at = max(self.give_up_at or now, now + ABORT_GRACE_S)

@@ -114,6 +114,8 @@ class CellOutcome:
     cut_short: bool = False
     #: the session's group was aborted to free ranks waiting in a collective (cell_run.FreeGroup)
     group_aborted: bool = False
+    #: when (time.monotonic()) it was aborted
+    aborted_at: float | None = None
     #: what the session did about it afterwards, one line (the group formed again, or why not)
     recovery: str | None = None
 
