@@ -60,6 +60,8 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
             # first collective of the first cell.
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
+        if generation:
+            regroup.adopt_group_count(store)
         if backend != "nccl":
             dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
     _accept_torchrun_code()
@@ -149,9 +151,13 @@ def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] 
     if int(os.environ["RANK"]) in (fresh or ()):
         join_group(env, generation)
         return
+    import torch.distributed as dist
+
     from .regroup import reform
 
     left = reform(generation, only_default=bool(fresh))
+    if fresh and os.environ["CLORCH_DIST_BACKEND"] != "nccl":
+        dist.barrier()  # the one a fresh gloo rank ends its join with (see join_group)
     if left:
         print("clorch: not carried over to the re-formed group: " + "; ".join(left)
               + ". Make them again on every rank (dist.new_group, init_device_mesh) before using them.",

@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 #: Where a re-formed group's backends meet in the session's store (GEN: the session's count).
 PREFIX = "clorch-regroup"
+#: The survivors' count of groups made, for a fresh rank to take (see :func:`adopt_group_count`).
+GROUP_COUNT_KEY = "clorch-group-count"
 
 
 class RegroupError(RuntimeError):
@@ -66,9 +68,21 @@ class _State:
     aborted: bool = False
     #: the session's rendezvous store as the rank joined with it (every re-form meets under it)
     root: Any = None
+    #: id(ProcessGroup) of groups left behind when a fresh rank joined (it has none of them): no
+    #: later re-form gives them backends, since the fresh rank would never meet them
+    dropped: set[int] = field(default_factory=set)
 
 
 _STATE = _State()
+
+
+def adopt_group_count(store: Any) -> None:
+    """In a fresh rank that joined survivors: number the groups it makes from now on as they do.
+    torch names a ``dist.new_group`` by a count of the groups each process made; the fresh rank
+    has made one, the survivors more, and groups named differently never meet."""
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d._world.group_count = int(store.get(GROUP_COUNT_KEY).decode())
 
 
 def store_prefix(generation: int) -> str:
@@ -256,15 +270,15 @@ def _own_type(pg: Any) -> Any:
     return ProcessGroup.BackendType.NCCL if "nccl" in name else ProcessGroup.BackendType.GLOO
 
 
-def _new_backend(pg: Any, store: Any, device_key: str, kind: str) -> Any:
-    """A backend of ``kind`` for ``pg``'s members, met through ``store`` as torch's own helper
-    would meet (``DEVICE/`` under the group's name)."""
+def _new_backend(pg: Any, group_store: Any, device_key: str, kind: str) -> Any:
+    """A backend of ``kind`` for ``pg``'s members, met through ``group_store`` (the group's own
+    store, ``NAME/`` on its base) under ``DEVICE/``, as torch's own helper meets."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     name = c10d._world.pg_names[pg]  # never pg.group_name: it reads the first backend's, "" on ours
     members = sorted(c10d._world.pg_group_ranks[pg], key=lambda g: c10d._world.pg_group_ranks[pg][g])
-    meeting = dist.PrefixStore(f"{device_key}/", dist.PrefixStore(f"{name}/", store))
+    meeting = dist.PrefixStore(f"{device_key}/", group_store)
     old = _backends(pg)[0]
     timeout = getattr(getattr(old, "options", None), "_timeout", None) or c10d.default_pg_timeout
     if kind == "nccl":
@@ -295,14 +309,21 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
     if not dist.is_initialized():
         raise RegroupError(f"rank {os.environ.get('RANK', '?')} has no process group to form again")
     default = c10d._get_default_group()
-    # torch's own chain for a group whose store was given to init_process_group: the group's
-    # name, then the device (_new_backend), on that store; ours meets under the re-form's prefix
-    root = _STATE.root if _STATE.root is not None else c10d._world.pg_map[default][1]
+    # torch's own chain, on a store given to init_process_group (the root): the default group
+    # meets under its name, every later group under its name on the default group's store, then
+    # the device (_new_backend); a re-form's root is the session's store under its own prefix
+    root = _STATE.root if _STATE.root is not None else c10d._world.pg_map[default][1].underlying_store
     store = dist.PrefixStore(store_prefix(generation), root)
+    default_store = dist.PrefixStore(f"{c10d._world.pg_names[default]}/", store)
+    if only_default:
+        store.set(GROUP_COUNT_KEY, str(c10d._world.group_count))  # for the fresh rank (adopt_group_count)
     record.retire_current()  # the dead backends' records must not read as pending collectives
     left: list[str] = []
     for pg in _groups():
+        if id(pg) in _STATE.dropped:
+            continue
         if only_default and pg is not default:
+            _STATE.dropped.add(id(pg))
             ranks = sorted(c10d._world.pg_group_ranks.get(pg, {}))
             left.append(f"the group {c10d._world.pg_names[pg]!r} of ranks {ranks} (made by dist.new_group or a DeviceMesh)")
             continue
@@ -312,8 +333,10 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
                                "as often as torch allows in one process; %clorch restart gives fresh ranks")
         name, desc = c10d._world.pg_names[pg], pg.group_desc  # read before a backend of ours is first
         kind = "nccl" if _own_type(pg) == dist.ProcessGroup.BackendType.NCCL else "gloo"
+        group_store = default_store if pg is default else dist.PrefixStore(f"{name}/", default_store)
         with recording():
-            backend = _new_backend(pg, store, "cuda" if kind == "nccl" else "cpu", kind)
+            backend = _new_backend(pg, group_store, "cuda" if kind == "nccl" else "cpu", kind)
+        c10d._world.pg_map[pg] = (c10d._world.pg_map[pg][0], group_store)  # where later new_group meets
         for device_type in pg._device_types:
             pg._register_backend(torch.device(_device_name(device_type)), slots[0], backend)
         _STATE.slots[id(pg)].append(slots[0])
@@ -321,7 +344,6 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
         pg._set_group_desc(desc)
         if kind == "nccl" and pg.bound_device_id is not None:
             backend.eager_connect_single_device(pg.bound_device_id)
-    c10d._world.pg_map[default] = (c10d._world.pg_map[default][0], store)  # later new_group meets there
     _STATE.aborted = False
     return left
 

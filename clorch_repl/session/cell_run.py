@@ -308,6 +308,8 @@ class CellRun:
         if not aborted:
             return
         self.outcome.group_aborted, self.outcome.aborted_at = True, now
+        if self.outcome.diagnosis is None:  # the verdict taken before the interrupt: why they were stuck
+            self.outcome.diagnosis = self.diagnosis
         for rank in self.pending:
             self.outcome.ranks[rank].freed = True
         self.give_up_at = max(self.give_up_at or now, now + ABORT_GRACE_S)

@@ -43,6 +43,8 @@ class Regrouped:
     line: str
     #: why the group does not work (for the session's state), "" when it does
     why: str = ""
+    #: the ranks that cannot be in a group now (dead or stuck), until they are replaced
+    lost: tuple[int, ...] = ()
 
 
 def _busy_after(relay: Relay, launcher: Launcher, wait_s: float) -> list[int]:
@@ -108,7 +110,7 @@ def lost(launcher: Launcher, dead: list[int], stuck: list[int]) -> Regrouped:
             f"%clorch restart --ranks {','.join(str(r) for r in gone)} starts {'it' if len(gone) == 1 else 'them'} "
             f"afresh and forms the group again (cells run on {rank_words(keep) if keep else 'no rank'} meanwhile; "
             "collectives there fail)")
-    return Regrouped(False, line, why)
+    return Regrouped(False, line, why, tuple(gone))
 
 
 def replace(relay: Relay, launcher: Launcher, ranks: list[int], generation: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
@@ -65,6 +65,8 @@ class Session:
         self.life = Lifecycle()
         #: how often the group was formed again in place (kernel.regroup meets under this number)
         self._generation = 0
+        #: ranks that cannot be in a group (dead or stuck) while the session is degraded
+        self._lost: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -232,12 +234,11 @@ class Session:
         try:
             done = recovery.replace(relay, group, ranks, self._generation, progress, sink)
         except BaseException:
-            self.life.move("degrade", f"replacing {rank_words(ranks)} failed")
+            self._settle(False, f"replacing {rank_words(ranks)} failed", ranks)
             raise
+        self._settle(done.ok, done.why, ranks)
         if not done.ok:
-            self.life.move("degrade", done.why)
             raise ClorchError(done.line.removeprefix("clorch: "))
-        self.life.move("formed")
         progress(done.line.removeprefix("clorch: "))
         try:
             group.group_formed()  # warm spares for the next replacement or restart
@@ -252,16 +253,20 @@ class Session:
         self.life.move("abort", why)
         self._generation += 1
         done = recovery.after_abort(relay, group, self._generation, aborted_at)
-        self.life.move("formed" if done.ok else "degrade", done.why)
+        self._settle(done.ok, done.why, done.lost)
         return done.line
+
+    def _settle(self, formed: bool, why: str, lost: Iterable[int]) -> None:
+        """The end of a recovery: the group formed (nothing lost), or ``lost`` ranks cannot be in one."""
+        self.life.move("formed" if formed else "degrade", why)
+        self._lost = () if formed else tuple(sorted(set(self._lost) | set(lost)))
 
     def degraded_notice(self) -> str | None:
         """One line before each cell while the session has lost ranks, None otherwise."""
         if self.life.state is not SessionState.DEGRADED or self.group is None:
             return None
-        lost = [p.rank for p in self.group.ranks if p.rank not in self.chosen(None)]
         return (f"clorch: {self.life.why}: cells run on {rank_words(self.chosen(None))}, which have no group "
-                f"(collectives fail) until %clorch restart --ranks {','.join(map(str, lost))}")
+                f"(collectives fail) until %clorch restart --ranks {','.join(map(str, self._lost))}")
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
@@ -356,9 +361,8 @@ class Session:
         live, idle rank while the session has lost some: see .lifecycle)."""
         if ranks is not None:
             return tuple(ranks)
-        if self.life.state is SessionState.DEGRADED and self.group is not None and self.relay is not None:
-            busy = set(self.relay.busy())
-            return tuple(p.rank for p in self.group.ranks if p.alive and p.rank not in busy)
+        if self.life.state is SessionState.DEGRADED:
+            return tuple(r for r in range(self.topology.nproc) if r not in self._lost)
         return tuple(range(self.topology.nproc))
 
     def debug_rank(self, rank: int | None) -> None:

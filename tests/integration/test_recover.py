@@ -124,7 +124,9 @@ def test_a_dead_rank_is_replaced_while_the_others_keep_theirs() -> None:
         assert "rank 1 started afresh and the group formed again" in back.text, back.text
         assert "not carried over" in back.text, back.text  # the user's new_group is named
 
-        check = nb.run("%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item(), 'x' in dir())\n")
+        check = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                       "dist.all_reduce(t)\nprint(t.item(), 'x' in dir())\nlate = dist.new_group([0, 1, 2])\n"
+                       "dist.all_reduce(t, group=late)\n")
         assert check.status == "ok", check.text
         assert lines_of(check.text, 0) == ["3.0 True"] and lines_of(check.text, 2) == ["3.0 True"], check.text
         assert lines_of(check.text, 1) == ["3.0 False"], check.text  # the fresh rank
@@ -136,5 +138,6 @@ def test_a_dead_rank_is_replaced_while_the_others_keep_theirs() -> None:
         assert killed.status == "error" and "rank 2 died" in _plain(killed.text), killed.text
         again = nb.run("%clorch restart --ranks 2", timeout=120)
         assert again.status == "ok", again.text
-        final = nb.run("%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())\n")
+        final = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                       "dist.all_reduce(t)\nprint(t.item())\n")
         assert [lines_of(final.text, r) for r in range(3)] == [["3.0"]] * 3, final.text
