@@ -75,6 +75,14 @@ class Lifecycle:
         self.state, self.why, self.since = target, why, time.monotonic()
         return target
 
+    def move_if(self, name: str, why: str = "") -> bool:
+        """Make the move ``name`` where it is legal now (a stop, which may find the session
+        stopped already); whether it was made."""
+        if not self.can(name):
+            return False
+        self.move(name, why)
+        return True
+
     def can(self, name: str) -> bool:
         """Whether the move ``name`` is legal now."""
         return self.state in MOVES[name][0]

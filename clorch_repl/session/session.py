@@ -73,10 +73,6 @@ class Session:
     def running(self) -> bool:
         return self.relay is not None and self.life.running
 
-    @property
-    def state(self) -> SessionState:
-        return self.life.state
-
     def start(self, progress: Progress = lambda _: None) -> float:
         """Start every rank and form the process group; returns the seconds it took.
 
@@ -154,8 +150,7 @@ class Session:
         ``polite=False`` ends the ranks at once, without asking them to leave the group and shut
         down (their state is being thrown away)."""
         group, relay = self.group, self.relay
-        if self.life.can("stop"):
-            self.life.move("stop")
+        self.life.move_if("stop")
         self.relay = None
         if not keep_logs:
             self.group = None
@@ -166,8 +161,7 @@ class Session:
             self.comms.close()
             self.comms = None
         if group is None:
-            if self.life.can("stopped"):
-                self.life.move("stopped")
+            self.life.move_if("stopped")
             return []
         if relay is not None:
             idle = [p.rank for p in group.ranks if p.alive and relay.idle(p.rank)]
@@ -182,8 +176,7 @@ class Session:
         try:
             left = group.stop(polite=polite)
         finally:
-            if self.life.can("stopped"):
-                self.life.move("stopped")
+            self.life.move_if("stopped")
             if not keep_logs:
                 group.close()  # even after a second Ctrl-C during the stop
         return left
