@@ -25,7 +25,7 @@ from ..session.session import Session
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
 from . import views
-from .cell_options import cell_options
+from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
@@ -49,17 +49,6 @@ def user_errors() -> Iterator[None]:
         raise UsageError(str(exc)) from None
     except ClorchError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _notebook_cell_number(shell: Any) -> int:
-    """The number the notebook shows for the cell running now (``[12]``), which the ranks give
-    their run of a ``%%distributed`` cell: a rank's traceback then says ``Cell In[12]`` where the
-    notebook shows ``[12]``. Numbering on the rank, rather than rewriting the traceback text
-    afterwards, keeps every place that shows it right (tracebacks, the rank's ``In``/``Out``,
-    ``%clorch why`` stacks) without parsing text."""
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    count = getattr(result, "execution_count", None)
-    return int(count if count is not None else shell.execution_count)
 
 
 @magics_class
@@ -170,6 +159,7 @@ class ClorchMagics(Magics):
                 print("clorch: no ranks are running; %clorch start starts them")
             return
         session = self._session()
+        views.notice(views.session_line(session.life.state.value, session.life.why))
         header, body = views.status_rows(session.status())
         display(views.table_bundle(header, body), raw=True)
         spares = session.spares()
@@ -352,7 +342,7 @@ class ClorchMagics(Magics):
         if request is None:
             return
         session = self._session()
-        outcome = script_run.run(session, request, _notebook_cell_number(self.shell))
+        outcome = script_run.run(session, request, notebook_cell_number(self.shell))
         if not outcome.ok:
             raise DistributedCellError(outcome, request.timeout_s, merge=request.merge)
 
@@ -423,7 +413,7 @@ class ClorchMagics(Magics):
                 return
             session = self._session()
             views.notice(session.degraded_notice())  # ranks lost: the cell runs on the others
-            number = _notebook_cell_number(self.shell)
+            number = notebook_cell_number(self.shell)
             claimed = self.head_start.claim(line, cell, number)  # never a --profile cell
             display_ = NotebookDisplay(session.chosen(options.rank_list), merge=options.merge, hosts=session.hosts())
 

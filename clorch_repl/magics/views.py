@@ -104,3 +104,10 @@ def notice(text: str | None) -> None:
     """A line of clorch's own before a cell's output (on stdout: information, not an error)."""
     if text:
         print(text)
+
+
+def session_line(state: str, why: str) -> str | None:
+    """``%clorch status``'s first line where the session is not simply ready (recovering, degraded)."""
+    if state == "ready":
+        return None
+    return f"clorch: the session is {state}" + (f": {why}" if why else "")
