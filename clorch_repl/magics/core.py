@@ -196,8 +196,9 @@ class ClorchMagics(Magics):
         """KeyboardInterrupt on every rank (ranks stuck in a collective: the group aborted and formed again)."""
         if parse(self._interrupt, line) is None:
             return
-        stuck, recovered = self._session().interrupt()
-        views.interrupted(stuck, recovered, self._session().why)
+        session = self._session()
+        stuck, recovered = session.interrupt()
+        views.interrupted(stuck, recovered, session.why, session.topology.nproc)
 
     @magic_arguments(name="clorch restart")
     @argument("--ranks", metavar="LIST", default=None,

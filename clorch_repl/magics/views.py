@@ -82,9 +82,10 @@ class StartProgress:
             self.handle.update(bundle, raw=True)
 
 
-def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str]) -> None:
+def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str], nproc: int) -> None:
     """What ``%clorch interrupt`` says: ranks that did not return (each one's stack, the verdict
-    from ``why``) fail the command; a recovery's line when the group was aborted to free them."""
+    from ``why``) fail the command, with the restart that can help (of those ranks alone while
+    some others are free); a recovery's line when the group was aborted to free them."""
     if recovered:
         print(recovered)
     if not stuck:
@@ -94,6 +95,8 @@ def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], 
     for rank, stack in stuck.items():
         print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
     print(f"clorch: why: {why().splitlines()[0]} (%clorch why shows each rank's collectives)")
+    if len(stuck) == nproc:
+        raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
     lost = ",".join(str(r) for r in stuck)
     raise ClorchError(f"{ranks_are(stuck)} stuck: %clorch restart --ranks {lost} starts "
                       f"{'it' if len(stuck) == 1 else 'them'} afresh while the others keep their variables; "
