@@ -123,6 +123,8 @@ class Launcher(abc.ABC):
     #: ``"module:Class"`` of the :class:`~clorch_repl.distributed.job_ranks.JobRanks` that runs
     #: batch jobs (``launch(launcher=name)``) where this launcher runs ranks; None: it cannot
     batch_ranks: ClassVar[str | None] = None
+    #: whether :meth:`replace` can start single ranks afresh beside the others
+    replaces_ranks: ClassVar[bool] = False
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         #: what the ranks are; a remote launcher completes it (backend, devices) once they call back
@@ -201,9 +203,13 @@ class Launcher(abc.ABC):
     def replace(self, ranks: list[int], progress: Progress) -> None:
         """End ``ranks``' kernels (where alive) and start fresh ones in their place, the other
         ranks untouched (``%clorch restart --ranks``); each fresh one joins the group through
-        :meth:`join_environment`. By default refused: a launcher that can, says so by overriding."""
-        raise ConfigError(f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts "
-                          "every rank afresh")
+        :meth:`join_environment`. By default refused: a launcher that can, overrides it and sets
+        :attr:`replaces_ranks`."""
+        raise ConfigError(self.cannot_replace())
+
+    def cannot_replace(self) -> str:
+        return (f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts every rank "
+                "afresh (the ranks keep their variables until then)")
 
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see

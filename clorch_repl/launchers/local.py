@@ -136,6 +136,7 @@ class LocalLauncher(Launcher):
 
     name = "local"
     batch_ranks = "clorch_repl.distributed.job_ranks:LocalJobRanks"
+    replaces_ranks = True
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         super().__init__(topology, options)
@@ -292,8 +293,7 @@ class LocalLauncher(Launcher):
         """Fresh kernels for ``ranks`` beside the others (see Launcher.replace): each rank's warm
         spare where the set is ready and current (the rest of the set is ended: it was made for a
         whole start), else started cold; they meet the others in this start's rendezvous file."""
-        old = [self.ranks[r] for r in ranks]
-        self._end(old, 1.0, polite=False)
+        self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
         spares, self.spares = self.spares, []
         usable = spares and not self._stale(spares) and all(s.listening for s in spares)
         self._end([s for s in spares if not usable or s.rank not in ranks], 1.0, polite=False)

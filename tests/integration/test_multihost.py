@@ -469,6 +469,22 @@ def test_interrupt_reaches_a_rank_on_host_b_and_a_stuck_one_is_shown(cluster: Cl
     assert "---- rank 1 ----" in reply.text and "KeyboardInterrupt" in reply.text, reply.text
     assert "did not return" not in reply.text, reply.text
 
+    # a collective that can never complete across the hosts: rank 0 waits for rank 1, asleep on
+    # hostB; the interrupt frees rank 0 by aborting the group, formed again through the rendezvous
+    # store on hostA (issue 34), and every rank keeps its variables
+    msg_id = c.nb.send("%%distributed\nimport time, torch, torch.distributed as dist\nkept = rank + 1\n"
+                       "print('in', flush=True)\nif rank == 1:\n    time.sleep(600)\nelse:\n"
+                       "    dist.all_reduce(torch.ones(2))\n")
+    c.nb.wait_for_ranks(msg_id, "in", timeout=30)
+    time.sleep(0.5)
+    c.nb.km.interrupt_kernel()
+    hung = c.nb.collect(msg_id, timeout=90)
+    assert "the group was aborted and formed again" in hung.text, hung.text
+    after = c.nb.run("%%distributed\nt = torch.ones(1) * kept\ndist.all_reduce(t)\nprint(t.item())\n", timeout=60)
+    assert after.status == "ok" and all(lines_of(after.text, r) == ["3.0"] for r in (0, 1)), after.text
+    replace = c.nb.run("%clorch restart --ranks 1", timeout=60)  # refused with the reason, the ranks kept
+    assert replace.status == "error" and "cannot replace single ranks yet" in replace.text, replace.text
+
     code = ("%%distributed\nimport signal, time\nprint('in', flush=True)\n"
             "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(600)\n")
     msg_id = c.nb.send(code)
