@@ -84,7 +84,6 @@ class Session:
         t0 = time.monotonic()
         if self.group is None:
             self.group = self._make_launcher(self.topology)
-        self.life.move("start")
         try:
             try:
                 self._form_group(progress)
@@ -118,6 +117,7 @@ class Session:
     def _form_group(self, progress: Progress) -> None:
         """Launch the ranks, open their channels and have them join the process group."""
         assert self.group is not None
+        self.life.move("start")  # from stopped: a first start, a restart, or a cold retry after spares failed
         self.group.launch(progress)
         self.topology = self.group.topology  # a remote launcher learns devices and backend
         n = self.topology.nproc
