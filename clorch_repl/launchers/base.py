@@ -123,8 +123,6 @@ class Launcher(abc.ABC):
     #: ``"module:Class"`` of the :class:`~clorch_repl.distributed.job_ranks.JobRanks` that runs
     #: batch jobs (``launch(launcher=name)``) where this launcher runs ranks; None: it cannot
     batch_ranks: ClassVar[str | None] = None
-    #: whether :meth:`replace` can start single ranks afresh beside the others
-    replaces_ranks: ClassVar[bool] = False
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         #: what the ranks are; a remote launcher completes it (backend, devices) once they call back
@@ -203,11 +201,12 @@ class Launcher(abc.ABC):
     def replace(self, ranks: list[int], progress: Progress) -> None:
         """End ``ranks``' kernels (where alive) and start fresh ones in their place, the other
         ranks untouched (``%clorch restart --ranks``); each fresh one joins the group through
-        :meth:`join_environment`. By default refused: a launcher that can, overrides it and sets
-        :attr:`replaces_ranks`."""
-        raise ConfigError(self.cannot_replace())
+        :meth:`join_environment`. Asked only where :meth:`cannot_replace` found nothing against it."""
+        raise ConfigError(self.cannot_replace(ranks))
 
-    def cannot_replace(self) -> str:
+    def cannot_replace(self, ranks: list[int]) -> str:
+        """Why :meth:`replace` cannot replace ``ranks`` here ("" when it can), asked before anything
+        changes. By default it cannot: a launcher that can overrides both."""
         return (f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts every rank "
                 "afresh (the ranks keep their variables until then)")
 

@@ -212,8 +212,8 @@ class Session:
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()
         check_unique_in_range(ranks, self.topology.nproc, "--ranks", "rank")
-        if not group.replaces_ranks:
-            raise ConfigError(group.cannot_replace())
+        if why := group.cannot_replace(ranks):
+            raise ConfigError(why)
         if len(ranks) == self.topology.nproc:
             raise ConfigError("--ranks names every rank: %clorch restart (without --ranks) starts them all afresh")
         busy = [r for r in relay.busy() if r not in ranks and group.ranks[r].alive]
