@@ -18,7 +18,11 @@ the supervisor ends all of it:
   session's private directory (``--session-dir``) and exits; it polls ``getppid`` every 0.1 s
   and compares it with ``--parent``, the pid the launcher passed, not with its own first
   ``getppid``: a notebook that died while the supervisor was starting would otherwise never be
-  noticed (the supervisor would already be an orphan at its first look);
+  noticed (the supervisor would already be an orphan at its first look). A detached session
+  (``%clorch detach``) is the one exception: a hold file in the session directory (:mod:`.hold`)
+  names the kernel that drives it now, and the supervisor keeps the rank while that kernel lives
+  and ``keep_for`` after it is gone; then it ends the rank (SIGTERM and ``--grace`` this time) and
+  removes the directory and the session's file as above;
 * on SIGTERM (``%clorch stop``): SIGTERM to the kernel and every descendant, ``--grace`` seconds
   for them to go, then SIGKILL to what is left;
 * when the kernel exits cleanly (status 0: what a shutdown request gives, which is how
@@ -60,9 +64,10 @@ import sys
 import time
 
 try:
-    from . import logcap
-except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap lies beside it
+    from . import hold, logcap
+except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap and hold lie beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hold  # type: ignore[no-redef]
     import logcap  # type: ignore[no-redef]
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -168,6 +173,8 @@ class Supervisor:
         self.kernel_pid = 0
         self.log = logcap.Watcher(0, 0)
         self.kernel_status: int | None = None  # raw wait status
+        #: a detached session's hold (see .hold): keeps the rank after the notebook is gone
+        self.hold = hold.Watcher(session_dir)
 
     def start(self) -> None:
         pid = os.fork()
@@ -216,12 +223,15 @@ class Supervisor:
                     reason = "stop"
                     break
             self._reap()
-            if os.getppid() != self.parent:
+            if os.getppid() != self.parent and not self.hold.keep():
                 reason = "orphaned"
                 break
             wait_s = min(POLL_S, self.log.check())
         if reason == "orphaned":
-            self._end_all(0.0)
+            held = self.hold.hold is not None  # a detached session's keep-for ran out: a graceful end
+            self._end_all(self.grace_s if held else 0.0)
+            if held:
+                self.hold.remove_session_file()
             if self.session_dir:
                 shutil.rmtree(self.session_dir, ignore_errors=True)
         else:

@@ -27,6 +27,7 @@ from ..topology import Topology, parse_timeout
 from . import views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
+from .sessions import SessionCommands
 from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
@@ -35,7 +36,7 @@ from .arguments import (argument, hang_notice_option, launcher_options, magic_ar
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("start", "status", "top", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run",
-            "debug", "debugger")
+            "debug", "debugger", "detach", "connect", "sessions")
 
 
 @contextlib.contextmanager
@@ -52,7 +53,7 @@ def user_errors() -> Iterator[None]:
 
 
 @magics_class
-class ClorchMagics(Magics):
+class ClorchMagics(SessionCommands, Magics):
     """Holds the notebook's one session of ranks."""
 
     def __init__(self, shell: Any) -> None:
@@ -73,13 +74,14 @@ class ClorchMagics(Magics):
     def shutdown(self) -> None:
         """Stop the ranks and end warm spares (extension unload, notebook kernel exit)."""
         try:
-            if self.session is not None:
+            if self.session is not None and not self.release_detached():  # a detached session outlives us
                 self.session.stop()
                 self.session = None
         finally:
             self.warm.end()
 
     def _session(self) -> Session:
+        self.check_driver()  # another kernel took this detached session: say so
         if self.session is None or not self.session.running:
             raise ClorchError("no ranks are running: run %clorch start first")
         return self.session
@@ -96,6 +98,8 @@ class ClorchMagics(Magics):
             raise UsageError(f"unknown %clorch command {command!r}; expected one of: {', '.join(COMMANDS)}")
         handler: Callable[[str], Any] = getattr(self, f"_{command}")
         with user_errors():
+            if command not in ("connect", "sessions"):
+                self.check_driver()
             return handler(rest)
 
     def _overview(self) -> str:
@@ -111,6 +115,7 @@ class ClorchMagics(Magics):
     @topology_options
     @launcher_options
     @hang_notice_option
+    @argument("--name", metavar="NAME", default=None, help="the session's name, should it be detached (%%clorch detach)")
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
         args = parse(self._start, line)
@@ -123,6 +128,7 @@ class ClorchMagics(Magics):
         if self.session is not None:  # an interrupted restart's leftovers: end them, never orphan them
             self.session.stop()
             self.session = None
+        self.remember_name(args.name)
         launcher = launcher_class(args.launcher)
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)

@@ -1,0 +1,157 @@
+"""Ranks this kernel did not start: a detached local session, adopted by ``%clorch connect``.
+
+Why a launcher of its own rather than a LocalLauncher: a LocalLauncher's ranks are its children
+through jupyter_client's ``KernelManager`` (which owns their processes, their exit status and the
+interrupt), and none of that can be handed to another process. What the ranks' supervisors
+(:mod:`.supervisor`) already do is enough to drive them from anywhere on the host, as the same
+user: their channels from each rank's connection file (0600, in the session's 0700 directory),
+interrupts by signalling each rank's process group (the supervisor leads it and blocks SIGINT, as
+for jupyter_client's interrupt), stacks and logs from the rank's files (:mod:`.rankfiles`), and a
+stop by SIGTERM to the supervisors, which end their rank and everything it started. No process is
+started here: :meth:`AdoptedLauncher.launch` refuses, so a session adopted this way cannot be
+restarted in place (``%clorch stop`` and ``%clorch start`` make a new one).
+
+The exit of an adopted rank cannot be read (it is not our child): a rank whose kernel is gone is
+reported as ended, its log (``%clorch logs N``) saying how.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from typing import Any
+
+from .. import procs
+from ..errors import ConfigError
+from ..topology import Topology
+from . import hold
+from .base import LaunchOptions, Launcher, Progress, RankHandle
+from .rankfiles import RankFiles
+from .supervisor import STOP_GRACE_S
+
+logger = logging.getLogger(__name__)
+
+_NO_START = ("a session connected from another kernel cannot start ranks: %clorch stop ends it, then "
+             "%clorch start starts a new one")
+
+
+class AdoptedRank(RankHandle):
+    """One rank of a detached session: its connection file and its two processes."""
+
+    def __init__(self, rank: int, connection_file: str, pid: int, supervisor_pid: int, started_at: float,
+                 files: RankFiles) -> None:
+        self.rank = rank
+        self.host = ""
+        self.connection_file = connection_file
+        self._pid = pid
+        self.supervisor_pid = supervisor_pid
+        self.started_at = started_at
+        self.files = files
+        self._info: dict[str, Any] | None = None
+        self._ended = False
+
+    def connection_info(self, session: bool = False) -> dict[str, Any]:
+        if self._info is None:
+            try:
+                with open(self.connection_file) as fh:
+                    self._info = json.load(fh)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"rank {self.rank}'s connection file {self.connection_file} cannot be read ({exc}): "
+                                  "the session has ended or its directory was removed") from None
+        return dict(self._info)
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def exit(self) -> str | None:
+        if not self._ended and not procs.pid_running(self._pid):
+            self._ended = True
+        return f"ended (see %clorch logs {self.rank})" if self._ended else None
+
+
+class AdoptedLauncher(Launcher):
+    """The ranks of a detached local session (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(self, topology: Topology, session_dir: str, ranks: list[AdoptedRank], session_file: str) -> None:
+        super().__init__(topology, LaunchOptions())
+        self.dir = session_dir
+        self.ranks: list[AdoptedRank] = ranks  # type: ignore[assignment]
+        self.files = [r.files for r in ranks]
+        #: the session file to remove when the session is stopped from here
+        self.session_file = session_file
+
+    @classmethod
+    def from_entries(cls, topology: Topology, session_dir: str, entries: list[tuple[int, str, int, int, float]],
+                     session_file: str) -> "AdoptedLauncher":
+        """From the session file's rank entries (rank, connection file, pid, supervisor pid, started at)."""
+        ranks = [AdoptedRank(r, conn, pid, sup, t, RankFiles(session_dir, r)) for r, conn, pid, sup, t in entries]
+        return cls(topology, session_dir, ranks, session_file)
+
+    @classmethod
+    def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
+                 timeout: str | None) -> Topology:
+        raise ConfigError(_NO_START)
+
+    def launch(self, progress: Progress) -> None:
+        raise ConfigError(_NO_START)
+
+    def cannot_replace(self, ranks: list[int]) -> str:
+        return ("a session connected from another kernel cannot replace ranks yet (its ranks are not this kernel's "
+                "children): %clorch stop, then %clorch start")
+
+    def interrupt(self, ranks: list[int] | None = None) -> None:
+        """SIGINT to each chosen rank's process group, as jupyter_client's interrupt does: the
+        supervisor leads the group and blocks SIGINT, so its kernel and the kernel's children get it."""
+        for proc in self.ranks if ranks is None else [self.ranks[r] for r in ranks]:
+            if proc.alive:
+                procs.signal_group(proc.supervisor_pid, signal.SIGINT)
+
+    def dump_stack(self, rank: int) -> str:
+        proc = self.ranks[rank]
+        return proc.files.dump_stack(proc.pid) if proc.alive else ""
+
+    def log_tail(self, rank: int, lines: int | None = 200) -> str:
+        return self.files[rank].log_tail(lines)
+
+    def death_report(self, rank: int, lines: int = 15) -> str:
+        return self.files[rank].death_report(lines)
+
+    def memory(self) -> dict[int, tuple[int | None, int | None]]:
+        from .. import cuda
+
+        gpu = cuda.memory_by_pid() if self.topology.uses_gpu else {}
+        return {p.rank: (procs.tree_rss(p.pid), gpu.get(p.pid)) for p in self.ranks if p.alive}
+
+    def stop(self, grace_s: float = STOP_GRACE_S, *, polite: bool = True) -> list[str]:
+        """SIGTERM to every supervisor (each ends its rank and all it started, with its own
+        grace, then SIGKILL); then SIGKILL to whatever of their trees is left. ``polite`` changes
+        nothing here: the session's stop has already asked the ranks to leave their group."""
+        start = time.monotonic()
+        sups = [p.supervisor_pid for p in self.ranks if procs.pid_running(p.supervisor_pid)]
+        trees = {pid: procs.process_tree(pid) for pid in sups}
+        for pid in sups:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        procs.wait_gone(sups, timeout_s=max(0.0, grace_s + 0.5 - (time.monotonic() - start)))
+        for pid, tree in trees.items():
+            procs.kill_tree(pid, tree)
+        pids = sups + [p.pid for p in self.ranks] + [t.pid for tree in trees.values() for t in tree]
+        left = procs.wait_gone(pids, timeout_s=2.0)
+        if left:
+            logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
+        return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
+
+    def close(self) -> None:
+        """Remove the session's directory and its session file: the session is over."""
+        hold.remove_session_file(self.session_file, self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)

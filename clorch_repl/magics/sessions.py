@@ -1,0 +1,121 @@
+"""``%clorch detach``, ``%clorch connect`` and ``%clorch sessions``: sessions that outlive the kernel.
+
+A mixin of :class:`~clorch_repl.magics.core.ClorchMagics` (whose module is full): the commands
+parse and render here; what they do is :mod:`clorch_repl.session.reattach`'s. Also the two rules
+the rest of the magics ask of a detached session: the kernel's exit lets go of it rather than
+ending it (:meth:`SessionCommands.release_detached`), and a kernel that another one took the
+session from is told so at its next command (:meth:`SessionCommands.check_driver`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from IPython.display import display
+
+from ..errors import ClorchError
+from ..session import registry
+from . import views
+from .arguments import argument, magic_arguments, parse
+
+logger = logging.getLogger(__name__)
+
+
+class SessionCommands:
+    """The session-file commands of ``%clorch`` (see the module docstring)."""
+
+    session: Any
+    #: the name ``%clorch start --name`` gave, used by a later ``%clorch detach``
+    session_name: str | None = None
+
+    def remember_name(self, name: str | None) -> None:
+        """Check ``%clorch start --name`` before anything starts, and keep it for the detach."""
+        self.session_name = None if name is None else registry.check_name(name)
+
+    def release_detached(self) -> bool:
+        """At the kernel's exit: let go of a detached session (its ranks live on, kept by their
+        supervisors); whether there was one. A session never detached is stopped as always."""
+        from ..session.reattach import ConnectedSession, release
+
+        if not isinstance(self.session, ConnectedSession):
+            return False
+        release(self.session)
+        self.session = None
+        return True
+
+    def check_driver(self) -> None:
+        """Raise when another kernel took this kernel's detached session (it is let go here)."""
+        from ..session.reattach import check_owner
+
+        if self.session is not None and (why := check_owner(self.session)):
+            self.session = None
+            raise ClorchError(why)
+
+    @magic_arguments(name="clorch detach")
+    @argument("--keep-for", metavar="DURATION", dest="keep_for", default=None,
+              help="how long the ranks are kept once no kernel drives them, e.g. 90s, 30m, 2h (default 1h)")
+    @argument("--name", metavar="NAME", default=None,
+              help="the session's name for %%clorch connect (default: the --name of %%clorch start, else USER-N)")
+    def _detach(self, line: str) -> None:
+        """Let the ranks outlive this kernel: %clorch connect NAME from any kernel of yours drives them again."""
+        args = parse(self._detach, line)
+        if args is None:
+            return
+        from ..session.reattach import ConnectedSession, detach
+
+        keep_for = (registry.DEFAULT_KEEP_FOR_S if args.keep_for is None
+                    else registry.parse_duration(args.keep_for))
+        if isinstance(self.session, ConnectedSession):
+            raise ClorchError(f"session {self.session.name!r} is detached already: it outlives this kernel")
+        if self.session is None or not self.session.running:
+            raise ClorchError("no ranks are running: run %clorch start first")
+        name = registry.check_name(args.name) if args.name else self.session_name or registry.default_name()
+        self.session = detach(self.session, name, keep_for, views.StartProgress())
+        print(f"clorch: session {name!r} detached: its ranks outlive this kernel and are kept "
+              f"{_words(keep_for)} once no kernel drives them; %clorch connect {name} drives them from another "
+              "kernel, %clorch stop ends them")
+
+    @magic_arguments(name="clorch connect")
+    @argument("name", nargs="?", default=None, help="the session (default: the only one)")
+    @argument("--take", action="store_true", help="take the session over from the kernel that drives it now")
+    def _connect(self, line: str) -> None:
+        """Drive a detached session of yours from this kernel (%clorch sessions lists them)."""
+        args = parse(self._connect, line)
+        if args is None:
+            return
+        from ..session.reattach import check_owner, connect
+
+        if self.session is not None and check_owner(self.session):  # taken from us: ours no longer
+            self.session = None
+        if self.session is not None and self.session.running:
+            raise ClorchError("this kernel drives ranks already: %clorch stop (or %clorch detach) first")
+        name = None if args.name is None else registry.check_name(args.name)
+        session, tail = connect(name, args.take, views.StartProgress())
+        self.session = session
+        topo = session.topology
+        print(f"clorch: connected to session {session.name!r}: {topo.nproc} {topo.backend} rank(s), "
+              f"generation {session.generation}")
+        if tail:
+            print(f"what the ranks printed lately (their logs, in {session.record.dir}):\n{tail}")
+
+    @magic_arguments(name="clorch sessions")
+    def _sessions(self, line: str) -> None:
+        """Your detached sessions on this host: name, ranks, owner, idle time, how long they are kept."""
+        if parse(self._sessions, line) is None:
+            return
+        from ..session.reattach import status_rows
+
+        header, rows = status_rows()
+        if not rows:
+            print("clorch: no detached sessions (%clorch detach makes one)")
+            return
+        display(views.table_bundle(header, rows), raw=True)
+
+
+def _words(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:.0f} h"
+    if seconds % 60 == 0:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:g} s"

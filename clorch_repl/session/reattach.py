@@ -1,0 +1,236 @@
+"""Detach a local session from its kernel and connect to it again from another one.
+
+``detach`` (``%clorch detach``): the ranks stop depending on this kernel. It ends the warm spares
+(they would outlive everything, owned by nobody), writes the hold (:mod:`clorch_repl.launchers.hold`:
+the supervisors then keep their ranks after this kernel is gone, ``keep_for`` without any owner),
+then the session file (:mod:`.registry`), and finally drives its own ranks the way any other
+kernel would: it lets go of its LocalLauncher (closing only its channels) and adopts the ranks
+(:class:`~clorch_repl.launchers.adopted.AdoptedLauncher`) in a :class:`ConnectedSession`. One
+path for the first kernel and every later one: whoever drives a detached session drives it the
+same way, and its exit (atexit, Kernel > Restart, SIGKILL) never ends the ranks.
+
+``connect`` (``%clorch connect``): refuses while the hold's owner lives, unless ``take``; makes
+this kernel the owner, adopts the ranks, opens their channels and carries the group's
+generation (each in-place re-form of the group meets under ``clorch-regroup/<generation>`` in
+its store; starting again at 0 would meet an earlier re-form's stale keys). The kernel that was
+taken from learns it at its next ``%clorch`` or ``%%distributed`` (:func:`check_owner`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from ..launchers import hold
+from ..launchers.adopted import AdoptedLauncher
+from ..launchers.base import Progress
+from . import registry
+from .comms import CommBridge
+from .relay import Relay
+from .session import Session
+
+logger = logging.getLogger(__name__)
+
+#: How long connecting waits for the ranks to answer on their channels.
+CONNECT_TIMEOUT_S = 30.0
+#: Lines of each rank's log shown on connect (what they printed while nobody was connected).
+TAIL_LINES = 10
+
+
+class ConnectedSession(Session):
+    """A session whose ranks this kernel adopted (see the module docstring): cells, status,
+    interrupts, ``why`` and stop work as in the first kernel; it cannot restart the ranks."""
+
+    def __init__(self, record: registry.SessionRecord, session_file: str) -> None:
+        launcher = AdoptedLauncher.from_entries(
+            record.topology, record.dir,
+            [(r.rank, r.connection_file, r.pid, r.supervisor_pid, r.started_at) for r in record.ranks], session_file)
+        super().__init__(record.topology, lambda _topology: launcher)
+        self.record = record
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def start(self, progress: Progress = lambda _: None) -> float:
+        """Open the adopted ranks' channels (they are in their group already: no join)."""
+        t0 = time.monotonic()
+        self.group = self._make_launcher(self.topology)
+        self.life.move("start")
+        try:
+            self.relay = Relay(self.group)
+            self.comms = CommBridge(self.relay)
+            self.relay.set_comm_sink(self.comms.from_rank)
+            self.relay.connect(lambda k, total: progress(f"ranks answering {k}/{total}"), CONNECT_TIMEOUT_S)
+        except BaseException:
+            release(self)
+            raise
+        self.started_at = min(r.started_at for r in self.record.ranks)
+        self._generation = self.record.generation
+        self.life.move("formed")
+        return time.monotonic() - t0
+
+    def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
+                sink: Any = None) -> float:
+        if ranks is None:
+            raise ConfigError("a detached session cannot restart its ranks in place: %clorch stop ends it, then "
+                              "%clorch start starts a new one")
+        return super().restart(progress, ranks, sink)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def running(self) -> bool:
+        """Running, and still this kernel's to drive: a kernel another one took the session from
+        must send the ranks nothing, not even a cell ipykernel's shell handler begins early
+        (clorch_repl.magics.head_start asks this)."""
+        return super().running and self.owned()
+
+    def owned(self) -> bool:
+        """Whether the session's hold still names this kernel (see .launchers.hold)."""
+        current = hold.read(self.record.dir)
+        return current is not None and int(current.get("owner_pid", 0)) == os.getpid()
+
+
+def release(session: Session) -> None:
+    """Let go of ``session``'s ranks without ending them: close this kernel's channels and comm
+    proxies, forget the launcher (never closed: its directory is the ranks')."""
+    relay, comms = session.relay, session.comms
+    session.relay = session.comms = None
+    session.group = None
+    if comms is not None:
+        comms.close()
+    if relay is not None:
+        relay.set_comm_sink(None)
+        relay.close()
+    session.life.move_if("stop", "released to the session's next kernel")
+    session.life.move_if("stopped", "released to the session's next kernel")
+
+
+def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -> ConnectedSession:
+    """Detach ``session`` (a running local session of this kernel) as ``name``; the session
+    this kernel drives from now on (see the module docstring)."""
+    from ..launchers.local import LocalLauncher
+
+    group = session.group
+    if not isinstance(group, LocalLauncher):
+        launcher = getattr(group, "name", "?")
+        raise ConfigError(f"%clorch detach works for --launcher local sessions only; this one is {launcher}: its "
+                          "ranks' nannies do not yet keep them for a kernel that is gone (see the README, "
+                          "\"Sessions that outlive the notebook\")")
+    if session.relay is None or session.life.state.value != "ready" or session.relay.busy():
+        raise ConfigError(f"only a ready, idle session can be detached; this one is {session.life.state.value}"
+                          f"{' (' + session.life.why + ')' if session.life.why else ''}: wait, or %clorch restart")
+    path = registry.path_of(name)
+    if os.path.exists(path):
+        raise ConfigError(f"a session called {name!r} exists already ({path}): pick another --name, or end it "
+                          f"(%clorch connect {name} then %clorch stop)")
+    if group.spares:  # nobody could end them once this kernel is gone
+        spares, group.spares = group.spares, []
+        group._end(spares, 1.0, polite=False)  # noqa: SLF001 - local.py is full; this is its own clean-up
+    group.spares_wanted = 0
+    entries = []
+    for p in group.ranks:
+        # jupyter_client removes a connection file it wrote when its KernelManager is collected:
+        # the file now belongs to the session, not to this kernel's manager
+        p.manager._connection_file_written = False  # noqa: SLF001
+        if p.pid is None or p.supervisor_pid is None:
+            raise ConfigError(f"rank {p.rank}'s process is not known yet: try again in a moment")
+        entries.append(registry.RankEntry(p.rank, os.path.realpath(p.manager.connection_file), p.pid,
+                                          p.supervisor_pid, p.started_at))
+    record = registry.SessionRecord(name=name, launcher=group.name, dir=group.dir, topology=session.topology,
+                                    ranks=tuple(entries), generation=session._generation,  # noqa: SLF001
+                                    keep_for_s=keep_for_s, owner_pid=os.getpid())
+    hold.write(group.dir, os.getpid(), keep_for_s, path)  # first: from here on this kernel's end keeps them
+    registry.write(record)
+    release(session)
+    connected = ConnectedSession(record, path)
+    connected.start(progress)
+    logger.info("clorch_repl: detached session %s (%s)", name, group.dir)
+    return connected
+
+
+def connect(name: str | None, take: bool, progress: Progress) -> tuple[ConnectedSession, str]:
+    """Adopt the detached session ``name`` (the only one when None); the session and what its
+    ranks printed lately (a tail of each log, and where the rest is)."""
+    if name is None:
+        known = registry.names()
+        if len(known) != 1:
+            raise ConfigError("%clorch connect NAME: " + (f"there are {len(known)} sessions: {', '.join(known)}"
+                                                          if known else "no detached session of yours is running"))
+        name = known[0]
+    record = registry.read(name)
+    if not registry.live(record):
+        registry.remove(name, record.dir)
+        raise ConfigError(f"session {name!r} has ended (none of its ranks runs); its file was removed")
+    current = hold.read(record.dir)
+    if current is None:
+        raise ConfigError(f"session {name!r} is being stopped (it has no hold): start a new one")
+    owner = int(current.get("owner_pid", 0))
+    if owner != os.getpid() and hold.owner_alive(current) and not take:
+        raise ConfigError(f"session {name!r} is driven by the kernel with pid {owner}: %clorch connect {name} --take "
+                          "takes it over (that kernel is told at its next %clorch or %%distributed)")
+    path = registry.path_of(name)
+    hold.write(record.dir, os.getpid(), record.keep_for_s, path)
+    record = dataclasses.replace(record, owner_pid=os.getpid(), written_at=time.time())
+    registry.write(record)
+    session = ConnectedSession(record, path)
+    session.start(progress)
+    return session, tails(session)
+
+
+def tails(session: ConnectedSession) -> str:
+    """The last lines each rank wrote to its log (what it printed while nobody was connected)."""
+    parts = []
+    for rank in range(session.topology.nproc):
+        text = session.logs(rank, TAIL_LINES).rstrip("\n")
+        if text:
+            parts.append(f"--- rank {rank}, last {TAIL_LINES} lines of {session.group.files[rank].log_path} "
+                         f"(%clorch logs {rank} --tail 0: all) ---\n{text}")
+    return "\n".join(parts)
+
+
+def check_owner(session: Session) -> str:
+    """"" while this kernel drives ``session``; else why not (another kernel took it), after
+    letting go of it here. Sessions that were never detached are always this kernel's."""
+    if not isinstance(session, ConnectedSession) or session.group is None or session.owned():
+        return ""
+    current = hold.read(session.record.dir)
+    release(session)
+    if current is None:
+        return f"session {session.name!r} was stopped from another kernel"
+    return (f"session {session.name!r} was taken over by the kernel with pid {current.get('owner_pid')}: "
+            f"%clorch connect {session.name} --take takes it back")
+
+
+def status_rows() -> tuple[list[str], list[list[str]]]:
+    """``%clorch sessions``: one row per session file of this user; stale files are removed."""
+    header = ["name", "ranks", "launcher", "state", "owner", "idle", "kept until"]
+    rows = []
+    now = time.time()
+    for name in registry.names():
+        try:
+            record = registry.read(name)
+        except ConfigError as exc:
+            rows.append([name, "?", "?", f"unreadable: {exc}", "-", "-", "-"])
+            continue
+        if not registry.live(record):
+            registry.remove(name, record.dir)
+            continue
+        current = hold.read(record.dir) or {}
+        alive = bool(current) and hold.owner_alive(current)
+        owner = f"pid {current.get('owner_pid')}" + (" (this kernel)" if current.get("owner_pid") == os.getpid()
+                                                      else "" if alive else " (gone)")
+        since = None if alive else hold.unowned_since(record.dir)
+        idle = "-" if since is None else f"{now - since:.0f} s"
+        until = ("while owned" if alive else
+                 time.strftime("%H:%M:%S", time.localtime(since + record.keep_for_s)) if since else "?")
+        topo = record.topology
+        rows.append([name, f"{topo.nproc} x {topo.backend}", record.launcher, "running", owner, idle, until])
+    return header, rows

@@ -1,0 +1,238 @@
+"""Issue 36: sessions that outlive the notebook kernel (local launcher), through real notebook kernels.
+
+A session is detached, its notebook kernel killed (SIGKILL), and a new kernel connects: the ranks'
+variables, a collective and a DDP model's next step are there. Also: a second kernel is refused
+while the first lives, then takes over with --take (the first is told); --keep-for expiry and
+%clorch stop leave no process and no file; another local user cannot list, read or signal.
+Each test has a runtime directory of its own (JUPYTER_RUNTIME_DIR), so sessions of other tests
+running on this machine are never seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Iterator
+
+import pytest
+
+from clorch_repl.procs import pid_running, wait_gone
+
+from notebook_kernel import NotebookKernel, Reply
+
+START = "%clorch start --nproc 2 --backend gloo --name {name}"
+SETUP = """%%distributed
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+x = rank * 10
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+def step():
+    torch.manual_seed(100 + rank + len(losses))
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
+step()
+print('steps', len(losses))
+"""
+CHECK = """%%distributed
+print('x is', x)
+t = torch.tensor([rank + 1.0]); dist.all_reduce(t); print('sum', t.item())
+step()
+w = model.module.weight.detach().clone(); w0 = w.clone(); dist.broadcast(w0, 0)
+print('same weights', torch.equal(w, w0), 'steps', len(losses))
+"""
+
+
+class Kernels:
+    """Notebook kernels sharing one private runtime directory; all shut down at the end."""
+
+    def __init__(self, runtime: str) -> None:
+        self.runtime = runtime
+        self.kernels: list[NotebookKernel] = []
+
+    def new(self) -> NotebookKernel:
+        kernel = NotebookKernel(env={"JUPYTER_RUNTIME_DIR": self.runtime})
+        self.kernels.append(kernel)
+        ok(kernel.run("%load_ext clorch_repl"))
+        return kernel
+
+    def session_file(self, name: str) -> str:
+        return os.path.join(self.runtime, "clorch", f"{name}.json")
+
+    def record(self, name: str) -> dict:
+        with open(self.session_file(name)) as fh:
+            return json.load(fh)
+
+
+def ok(reply: Reply) -> Reply:
+    assert reply.status == "ok", reply.text
+    return reply
+
+
+def pids_of(record: dict) -> list[int]:
+    return [r["pid"] for r in record["ranks"]] + [r["supervisor_pid"] for r in record["ranks"]]
+
+
+@pytest.fixture()
+def kernels(tmp_path) -> Iterator[Kernels]:
+    made = Kernels(str(tmp_path / "runtime"))
+    try:
+        yield made
+    finally:
+        pids: list[int] = []
+        for name in os.listdir(os.path.join(made.runtime, "clorch")) if os.path.isdir(
+                os.path.join(made.runtime, "clorch")) else []:
+            try:
+                pids += pids_of(made.record(name[:-5]))
+            except (OSError, ValueError, KeyError):
+                pass
+        for kernel in made.kernels:
+            kernel.shutdown()
+        for pid in pids:  # a failed test must not leave detached ranks for an hour
+            if pid_running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def detached(kernels: Kernels, name: str, keep_for: str = "60s") -> tuple[NotebookKernel, dict]:
+    first = kernels.new()
+    ok(first.run(START.format(name=name)))
+    assert "steps 1" in ok(first.run(SETUP)).text
+    reply = ok(first.run(f"%clorch detach --keep-for {keep_for}"))
+    assert f"session {name!r} detached" in reply.text, reply.text
+    record = kernels.record(name)
+    assert oct(os.stat(kernels.session_file(name)).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(os.path.dirname(kernels.session_file(name))).st_mode & 0o777) == "0o700"
+    return first, record
+
+
+def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: Kernels) -> None:
+    first, record = detached(kernels, "train")
+    # a cell running when the kernel dies finishes into the rank logs
+    msg = first.send("%%distributed\nimport time\nprint('working', flush=True)\ntime.sleep(2)\n"
+                     "print('finished while away', flush=True)")
+    first.wait_for_ranks(msg, "working")
+    os.kill(first.pid, signal.SIGKILL)
+    time.sleep(3)
+    assert all(pid_running(p) for p in pids_of(record)), "a detached session's ranks died with the notebook"
+
+    second = kernels.new()
+    reply = ok(second.run("%clorch connect train"))
+    assert "connected to session 'train': 2 gloo rank(s)" in reply.text, reply.text
+    assert "finished while away" in reply.text, reply.text  # the logs' tail
+    text = ok(second.run(CHECK)).text
+    assert "x is 0" in text and "x is 10" in text, text
+    assert "sum 3.0" in text, text
+    assert text.count("same weights True steps 2") == 2 or "[ranks 0-1] same weights True steps 2" in text, text
+    status = ok(second.run("%clorch status")).text
+    assert "ready" in status, status
+    listed = ok(second.run("%clorch sessions")).text
+    assert "train" in listed and f"pid {second.pid} (this kernel)" in listed, listed
+
+    stopped = ok(second.run("%clorch stop"))
+    assert "stopped 2 rank(s)" in stopped.text
+    assert wait_gone(pids_of(record), 10) == []
+    assert not os.path.exists(record["dir"]) and not os.path.exists(kernels.session_file("train"))
+    assert "no detached sessions" in ok(second.run("%clorch sessions")).text
+
+
+def test_a_second_kernel_is_refused_until_it_takes_over(kernels: Kernels) -> None:
+    first, record = detached(kernels, "shared")
+    second = kernels.new()
+    refused = second.run("%clorch connect shared")
+    assert refused.status == "error" and f"driven by the kernel with pid {first.pid}" in refused.text, refused.text
+    ok(second.run("%clorch connect shared --take"))
+    told = first.run("%%distributed\nprint('still mine?')")
+    assert told.status == "error" and f"taken over by the kernel with pid {second.pid}" in told.text, told.text
+    assert "x is 10" in ok(second.run("%%distributed\nprint('x is', x)")).text
+    first.shutdown()  # the first kernel's exit lets go; it never stops a session it no longer drives
+    time.sleep(1)
+    assert all(pid_running(p) for p in pids_of(record))
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
+    assert not os.path.exists(record["dir"]) and not os.path.exists(kernels.session_file("shared"))
+
+
+def test_keep_for_expiry_frees_everything(kernels: Kernels) -> None:
+    first, record = detached(kernels, "brief", keep_for="3s")
+    os.kill(first.pid, signal.SIGKILL)
+    time.sleep(1.5)
+    assert all(pid_running(p) for p in pids_of(record)), "ended before --keep-for ran out"
+    assert wait_gone(pids_of(record), 15) == [], "a detached session outlived its --keep-for"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (os.path.exists(record["dir"]) or
+                                           os.path.exists(kernels.session_file("brief"))):
+        time.sleep(0.1)
+    assert not os.path.exists(record["dir"]), "the session directory was left behind"
+    assert not os.path.exists(kernels.session_file("brief")), "the session file was left behind"
+
+
+def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: Kernels) -> None:
+    first, record = detached(kernels, "restarted")
+    first.shutdown()  # what Kernel > Restart does to the old kernel: its atexit runs
+    time.sleep(1.5)
+    assert all(pid_running(p) for p in pids_of(record))
+    second = kernels.new()
+    ok(second.run("%clorch connect"))  # the only session: no name needed
+    assert "x is 0" in ok(second.run("%%distributed --ranks 0\nprint('x is', x)")).text
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
+
+
+def test_detach_input_is_checked(kernels: Kernels) -> None:
+    first = kernels.new()
+    assert "no ranks are running" in first.run("%clorch detach").text
+    bad = first.run("%clorch start --nproc 2 --backend gloo --name 'a b'")
+    assert bad.status == "error" and "session name" in bad.text, bad.text
+    ok(first.run("%clorch start --nproc 2 --backend gloo"))
+    for line, said in (("%clorch detach --keep-for 0", "--keep-for must be a duration"),
+                       ("%clorch detach --keep-for soon", "--keep-for must be a duration"),
+                       ("%clorch connect nothing-here", "no detached session called 'nothing-here'")):
+        reply = first.run(line)
+        assert reply.status == "error" and said in reply.text, (line, reply.text)
+    ok(first.run("%clorch stop"))
+
+
+ATTACK = textwrap.dedent("""
+    import json, os, sys
+    uid, gid, runtime, session_file, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    os.setgid(gid); os.setuid(uid)
+    got = {}
+    for what, act in (("list", lambda: os.listdir(runtime)), ("read", lambda: open(session_file).read()),
+                      ("signal", lambda: os.kill(pid, 0))):
+        try:
+            act(); got[what] = "allowed"
+        except OSError as exc:
+            got[what] = type(exc).__name__
+    print(json.dumps(got))
+""")
+
+
+def test_another_local_user_cannot_list_read_or_signal(kernels: Kernels) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to create a second local user with useradd")
+    if subprocess.run(["which", "useradd"], capture_output=True).returncode != 0:
+        pytest.skip("useradd is not installed")
+    first, record = detached(kernels, "private")
+    name = f"clorch{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        user = pwd.getpwnam(name)
+        out = subprocess.run([sys.executable, "-c", ATTACK, str(user.pw_uid), str(user.pw_gid),
+                              os.path.join(kernels.runtime, "clorch"), kernels.session_file("private"),
+                              str(record["ranks"][0]["pid"])], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got == {"list": "PermissionError", "read": "PermissionError", "signal": "PermissionError"}, got
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+    ok(first.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
