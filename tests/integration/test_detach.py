@@ -133,7 +133,7 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     assert "sum 3.0" in text, text
     assert text.count("same weights True steps 2") == 2 or "[ranks 0-1] same weights True steps 2" in text, text
     status = ok(second.run("%clorch status")).text
-    assert "ready" in status, status
+    assert status.count(" idle ") == 2 and str(record["ranks"][1]["pid"]) in status, status
     listed = ok(second.run("%clorch sessions")).text
     assert "train" in listed and f"pid {second.pid} (this kernel)" in listed, listed
 
@@ -190,12 +190,15 @@ def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: K
 def test_detach_input_is_checked(kernels: Kernels) -> None:
     first = kernels.new()
     assert "no ranks are running" in first.run("%clorch detach").text
+    missing = first.run("%clorch connect nothing-here")
+    assert missing.status == "error" and "no detached session called 'nothing-here'" in missing.text, missing.text
     bad = first.run("%clorch start --nproc 2 --backend gloo --name 'a b'")
     assert bad.status == "error" and "session name" in bad.text, bad.text
     ok(first.run("%clorch start --nproc 2 --backend gloo"))
     for line, said in (("%clorch detach --keep-for 0", "--keep-for must be a duration"),
                        ("%clorch detach --keep-for soon", "--keep-for must be a duration"),
-                       ("%clorch connect nothing-here", "no detached session called 'nothing-here'")):
+                       ("%clorch detach --name ../x", "session name '../x' must be"),
+                       ("%clorch connect other", "this kernel drives ranks already")):
         reply = first.run(line)
         assert reply.status == "error" and said in reply.text, (line, reply.text)
     ok(first.run("%clorch stop"))
