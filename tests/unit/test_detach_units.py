@@ -1,0 +1,137 @@
+"""Issue 36, the pure parts: the hold rule the supervisors follow, and the session file's content
+and validation (what a kernel reads before it connects to ranks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from clorch_repl.errors import ConfigError
+from clorch_repl.launchers import hold
+from clorch_repl.session import registry
+from clorch_repl.topology import Topology
+
+HOLD = {"owner_pid": 1234, "owner_start": 5, "keep_for_s": 10.0, "session_file": ""}
+
+
+def test_no_hold_ends_the_rank_as_an_undetached_session() -> None:
+    assert hold.decide(None, alive=False, unowned_since=None, now=100.0) == (False, None)
+
+
+def test_a_live_owner_keeps_the_rank_and_clears_the_idle_clock() -> None:
+    assert hold.decide(HOLD, alive=True, unowned_since=50.0, now=100.0) == (True, None)
+
+
+def test_without_an_owner_the_rank_is_kept_for_keep_for_then_ended() -> None:
+    kept, since = hold.decide(HOLD, alive=False, unowned_since=None, now=100.0)
+    assert kept and since == 100.0
+    assert hold.decide(HOLD, alive=False, unowned_since=since, now=109.9) == (True, 100.0)
+    assert hold.decide(HOLD, alive=False, unowned_since=since, now=110.0) == (False, 100.0)
+
+
+def test_a_new_owner_before_expiry_starts_the_clock_again() -> None:
+    _, since = hold.decide(HOLD, alive=False, unowned_since=None, now=100.0)
+    _, since = hold.decide(HOLD, alive=True, unowned_since=since, now=105.0)
+    assert since is None
+    assert hold.decide(HOLD, alive=False, unowned_since=since, now=200.0) == (True, 200.0)
+
+
+def test_the_watcher_reads_the_hold_and_notices_a_dead_owner(tmp_path) -> None:
+    now = [0.0]
+    watcher = hold.Watcher(str(tmp_path), clock=lambda: now[0])
+    assert not watcher.keep()  # no hold file: ended, as today
+    hold.write(str(tmp_path), os.getpid(), 2.0, "")
+    now[0] = 1.0
+    assert watcher.keep()  # this process is alive
+    assert oct(stat.S_IMODE(os.stat(tmp_path / hold.HOLD_NAME).st_mode)) == "0o600"
+    with open(tmp_path / hold.HOLD_NAME, "w") as fh:  # an owner that is gone (pid reused: start differs)
+        json.dump({**HOLD, "owner_pid": os.getpid(), "owner_start": -1, "keep_for_s": 2.0}, fh)
+    now[0] = 2.0
+    assert watcher.keep() and hold.unowned_since(str(tmp_path)) is not None
+    now[0] = 4.1
+    assert not watcher.keep()
+
+
+def test_a_watcher_without_a_session_dir_never_keeps() -> None:
+    assert not hold.Watcher(None).keep()
+
+
+def test_the_session_file_is_removed_only_while_it_names_this_session(tmp_path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"dir": "/other"}))
+    assert not hold.remove_session_file(str(path), "/mine") and path.exists()
+    path.write_text(json.dumps({"dir": "/mine"}))
+    assert hold.remove_session_file(str(path), "/mine") and not path.exists()
+
+
+def record(**changes) -> registry.SessionRecord:
+    fields = dict(name="alice-1", launcher="local", dir="/tmp/clorch-x",
+                  topology=Topology(nproc=2, devices=(None, None), backend="gloo", timeout_s=60.0),
+                  ranks=tuple(registry.RankEntry(r, f"/tmp/clorch-x/rank{r}.json", 100 + r, 200 + r, 1.0)
+                              for r in range(2)),
+                  generation=3, keep_for_s=3600.0, owner_pid=42)
+    fields.update(changes)
+    return registry.SessionRecord(**fields)
+
+
+def test_a_record_survives_its_json() -> None:
+    original = record()
+    data = json.loads(json.dumps(original.to_json()))
+    assert "key" not in json.dumps(data)  # the keys stay in the connection files
+    assert registry.parse_record(data, "f.json") == original
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda d: d.update(version=99), "another clorch_repl version"),
+    (lambda d: d.pop("dir"), "'dir' is missing"),
+    (lambda d: d.update(generation="3"), "'generation' is missing or not a int"),
+    (lambda d: d["ranks"].pop(), "lists ranks [0] for 2 rank(s)"),
+    (lambda d: d.update(uid=os.getuid() + 1), "not yours to connect to"),
+    (lambda d: d.update(keep_for_s=0), "out of range"),
+    (lambda d: d.update(name="../etc"), "session name '../etc'"),
+    (lambda d: d["ranks"][0].update(pid=True), "'pid' is missing"),
+])
+def test_a_damaged_session_file_is_refused_naming_the_file(damage, said) -> None:
+    data = record().to_json()
+    damage(data)
+    with pytest.raises(ConfigError) as err:
+        registry.parse_record(data, "/run/clorch/alice-1.json")
+    assert said in str(err.value)
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90.0), ("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0),
+                                           ("1d", 86400.0), ("0.5h", 1800.0)])
+def test_durations(text, seconds) -> None:
+    assert registry.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "-1s", "soon", "1w", "1h30m"])
+def test_bad_durations_are_named(text) -> None:
+    with pytest.raises(ConfigError, match="--keep-for must be a duration"):
+        registry.parse_duration(text)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "../x", "-x", "x" * 65, "a/b"])
+def test_bad_names_are_refused(name) -> None:
+    with pytest.raises(ConfigError, match="session name"):
+        registry.check_name(name)
+
+
+def test_the_runtime_dir_is_private_and_a_shared_one_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    folder = registry.runtime_dir()
+    assert oct(stat.S_IMODE(os.stat(folder).st_mode)) == "0o700"
+    written = record()
+    path = registry.write(written)
+    assert oct(stat.S_IMODE(os.stat(path).st_mode)) == "0o600"
+    assert registry.names() == ["alice-1"] and registry.read("alice-1") == written
+    first = registry.default_name()
+    assert first.endswith("-1")
+    registry.write(record(name=first))
+    assert registry.default_name() == first[:-1] + "2"  # the next free number
+    os.chmod(folder, 0o755)
+    with pytest.raises(ConfigError, match="mode 0700"):
+        registry.runtime_dir()
