@@ -135,3 +135,13 @@ def test_the_runtime_dir_is_private_and_a_shared_one_refused(tmp_path, monkeypat
     os.chmod(folder, 0o755)
     with pytest.raises(ConfigError, match="mode 0700"):
         registry.runtime_dir()
+
+
+def test_detach_refuses_other_launchers_saying_why() -> None:
+    from types import SimpleNamespace
+
+    from clorch_repl.session.reattach import detach
+
+    session = SimpleNamespace(group=SimpleNamespace(name="slurm"))
+    with pytest.raises(ConfigError, match="--launcher local sessions only; this one is slurm: its ranks' nannies"):
+        detach(session, "alice-1", 60.0, lambda _: None)  # type: ignore[arg-type]
