@@ -7,7 +7,7 @@ the rule stays the supervisor's, and ``%clorch detach`` only leaves it a note in
 private directory (0700): ``hold.json``, naming the kernel that drives the session now (its pid
 and the kernel's start time, so that a reused pid is never taken for it), how long the ranks are
 kept once no such kernel is alive, and the session file to remove when they end. A supervisor
-whose parent is gone reads it (:class:`Watcher`) and keeps its rank while :func:`decide` says so;
+reads it (:class:`Watcher`, every half second) and keeps its rank while :func:`decide` says so;
 when it no longer does (no hold, or no owner alive for ``keep_for_s``), it ends the rank as it
 always did and removes the session's directory and session file. ``%clorch connect`` rewrites the
 hold with the new kernel as owner, which is how a second kernel keeps the ranks alive.
@@ -51,14 +51,15 @@ def owner_alive(hold: dict[str, Any]) -> bool:
     return start is not None and start == hold.get("owner_start")
 
 
-def decide(hold: dict[str, Any] | None, alive: bool, unowned_since: float | None,
+def decide(hold: dict[str, Any] | None, parent_alive: bool, alive: bool, unowned_since: float | None,
            now: float) -> tuple[bool, float | None]:
-    """The hold rule, pure: whether a rank whose notebook is gone is kept, and since when no
-    owner is alive (None while one is). No hold: not kept (an undetached session ends with its
-    kernel). An owner alive: kept. Otherwise kept until ``keep_for_s`` after the first time
-    no owner was seen."""
+    """The hold rule, pure: whether the rank is kept, and since when no owner is alive (None
+    while one is). No hold: kept while its parent (the notebook that started it) lives, as
+    always. With a hold the parent no longer matters (a kernel that was taken over may live on
+    without driving anything): kept while the owner ``alive``, then until ``keep_for_s`` after
+    the first time no owner was seen."""
     if hold is None:
-        return False, None
+        return parent_alive, None
     if alive:
         return True, None
     since = now if unowned_since is None else unowned_since
@@ -116,24 +117,25 @@ class Watcher:
         self._read_at = float("-inf")
         self._since: float | None = None
 
-    def keep(self) -> bool:
-        """Whether to keep the rank now that its notebook is gone."""
+    def keep(self, parent_alive: bool) -> bool:
+        """Whether to keep the rank (:func:`decide`); ``parent_alive``: whether the notebook that
+        started it lives. Without a session directory only the parent counts, as before holds."""
         if not self.session_dir:
-            return False
+            return parent_alive
         now = self._clock()
         if now - self._read_at >= READ_EVERY_S:
             self._read_at = now
             self.hold = read(self.session_dir)
             alive = self.hold is not None and owner_alive(self.hold)
             was = self._since
-            kept, self._since = decide(self.hold, alive, self._since, now)
+            kept, self._since = decide(self.hold, parent_alive, alive, self._since, now)
             if was is None and self._since is not None:  # for %clorch sessions: idle since
                 try:
                     _write_private(os.path.join(self.session_dir, UNOWNED_NAME), str(time.time()))
                 except OSError:
                     pass  # the directory is going; the decision stands
             return kept
-        return decide(self.hold, self._since is None and self.hold is not None, self._since, now)[0]
+        return decide(self.hold, parent_alive, self._since is None and self.hold is not None, self._since, now)[0]
 
     def remove_session_file(self) -> None:
         """Remove the session file the hold names, once the ranks have ended."""

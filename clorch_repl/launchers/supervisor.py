@@ -21,7 +21,7 @@ the supervisor ends all of it:
   noticed (the supervisor would already be an orphan at its first look). A detached session
   (``%clorch detach``) is the one exception: a hold file in the session directory (:mod:`.hold`)
   names the kernel that drives it now, and the supervisor keeps the rank while that kernel lives
-  and ``keep_for`` after it is gone; then it ends the rank (SIGTERM and ``--grace`` this time) and
+  (its own parent no longer counts) and ``keep_for`` after it is gone; then it ends the rank (SIGTERM and ``--grace`` this time) and
   removes the directory and the session's file as above;
 * on SIGTERM (``%clorch stop``): SIGTERM to the kernel and every descendant, ``--grace`` seconds
   for them to go, then SIGKILL to what is left;
@@ -223,7 +223,7 @@ class Supervisor:
                     reason = "stop"
                     break
             self._reap()
-            if os.getppid() != self.parent and not self.hold.keep():
+            if not self.hold.keep(os.getppid() == self.parent):
                 reason = "orphaned"
                 break
             wait_s = min(POLL_S, self.log.check())

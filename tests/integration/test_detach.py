@@ -175,6 +175,23 @@ def test_keep_for_expiry_frees_everything(kernels: Kernels) -> None:
     assert not os.path.exists(kernels.session_file("brief")), "the session file was left behind"
 
 
+def test_keep_for_counts_once_the_driver_is_gone_though_the_first_kernel_lives(kernels: Kernels) -> None:
+    """The kernel that started the ranks (their supervisors' parent) was taken over and lives on
+    idle: it holds nothing, so the session still ends keep-for after its driver died."""
+    first, record = detached(kernels, "handed", keep_for="3s")
+    second = kernels.new()
+    ok(second.run("%clorch connect handed --take"))
+    os.kill(second.pid, signal.SIGKILL)
+    assert wait_gone(pids_of(record), 20) == [], "the first kernel's life kept a session it does not drive"
+    assert first.km.is_alive()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(kernels.session_file("handed")):
+        time.sleep(0.1)
+    assert not os.path.exists(record["dir"]) and not os.path.exists(kernels.session_file("handed"))
+    told = first.run("%clorch status")
+    assert "was stopped from another kernel" in told.text or "no ranks are running" in told.text, told.text
+
+
 def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: Kernels) -> None:
     first, record = detached(kernels, "restarted")
     first.shutdown()  # what Kernel > Restart does to the old kernel: its atexit runs

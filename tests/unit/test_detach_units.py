@@ -17,46 +17,52 @@ from clorch_repl.topology import Topology
 HOLD = {"owner_pid": 1234, "owner_start": 5, "keep_for_s": 10.0, "session_file": ""}
 
 
-def test_no_hold_ends_the_rank_as_an_undetached_session() -> None:
-    assert hold.decide(None, alive=False, unowned_since=None, now=100.0) == (False, None)
+def test_without_a_hold_the_rank_lives_exactly_as_long_as_its_notebook() -> None:
+    assert hold.decide(None, parent_alive=True, alive=False, unowned_since=None, now=100.0) == (True, None)
+    assert hold.decide(None, parent_alive=False, alive=False, unowned_since=None, now=100.0) == (False, None)
 
 
 def test_a_live_owner_keeps_the_rank_and_clears_the_idle_clock() -> None:
-    assert hold.decide(HOLD, alive=True, unowned_since=50.0, now=100.0) == (True, None)
+    assert hold.decide(HOLD, parent_alive=False, alive=True, unowned_since=50.0, now=100.0) == (True, None)
 
 
 def test_without_an_owner_the_rank_is_kept_for_keep_for_then_ended() -> None:
-    kept, since = hold.decide(HOLD, alive=False, unowned_since=None, now=100.0)
+    kept, since = hold.decide(HOLD, parent_alive=False, alive=False, unowned_since=None, now=100.0)
     assert kept and since == 100.0
-    assert hold.decide(HOLD, alive=False, unowned_since=since, now=109.9) == (True, 100.0)
-    assert hold.decide(HOLD, alive=False, unowned_since=since, now=110.0) == (False, 100.0)
+    assert hold.decide(HOLD, parent_alive=False, alive=False, unowned_since=since, now=109.9) == (True, 100.0)
+    assert hold.decide(HOLD, parent_alive=False, alive=False, unowned_since=since, now=110.0) == (False, 100.0)
+
+
+def test_a_live_parent_that_was_taken_over_does_not_keep_the_rank() -> None:
+    """The first kernel lives on after another took the session and ended: keep-for still counts."""
+    assert hold.decide(HOLD, parent_alive=True, alive=False, unowned_since=100.0, now=110.0) == (False, 100.0)
 
 
 def test_a_new_owner_before_expiry_starts_the_clock_again() -> None:
-    _, since = hold.decide(HOLD, alive=False, unowned_since=None, now=100.0)
-    _, since = hold.decide(HOLD, alive=True, unowned_since=since, now=105.0)
+    _, since = hold.decide(HOLD, parent_alive=False, alive=False, unowned_since=None, now=100.0)
+    _, since = hold.decide(HOLD, parent_alive=False, alive=True, unowned_since=since, now=105.0)
     assert since is None
-    assert hold.decide(HOLD, alive=False, unowned_since=since, now=200.0) == (True, 200.0)
+    assert hold.decide(HOLD, parent_alive=False, alive=False, unowned_since=since, now=200.0) == (True, 200.0)
 
 
 def test_the_watcher_reads_the_hold_and_notices_a_dead_owner(tmp_path) -> None:
     now = [0.0]
     watcher = hold.Watcher(str(tmp_path), clock=lambda: now[0])
-    assert not watcher.keep()  # no hold file: ended, as today
+    assert watcher.keep(parent_alive=True) and not watcher.keep(parent_alive=False)  # no hold: as today
     hold.write(str(tmp_path), os.getpid(), 2.0, "")
     now[0] = 1.0
-    assert watcher.keep()  # this process is alive
+    assert watcher.keep(parent_alive=False)  # this process, the owner, is alive
     assert oct(stat.S_IMODE(os.stat(tmp_path / hold.HOLD_NAME).st_mode)) == "0o600"
     with open(tmp_path / hold.HOLD_NAME, "w") as fh:  # an owner that is gone (pid reused: start differs)
         json.dump({**HOLD, "owner_pid": os.getpid(), "owner_start": -1, "keep_for_s": 2.0}, fh)
     now[0] = 2.0
-    assert watcher.keep() and hold.unowned_since(str(tmp_path)) is not None
+    assert watcher.keep(parent_alive=True) and hold.unowned_since(str(tmp_path)) is not None
     now[0] = 4.1
-    assert not watcher.keep()
+    assert not watcher.keep(parent_alive=True)
 
 
-def test_a_watcher_without_a_session_dir_never_keeps() -> None:
-    assert not hold.Watcher(None).keep()
+def test_a_watcher_without_a_session_dir_follows_the_parent() -> None:
+    assert hold.Watcher(None).keep(True) and not hold.Watcher(None).keep(False)
 
 
 def test_the_session_file_is_removed_only_while_it_names_this_session(tmp_path) -> None:
