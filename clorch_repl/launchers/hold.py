@@ -123,19 +123,23 @@ class Watcher:
         if not self.session_dir:
             return parent_alive
         now = self._clock()
-        if now - self._read_at >= READ_EVERY_S:
-            self._read_at = now
-            self.hold = read(self.session_dir)
-            alive = self.hold is not None and owner_alive(self.hold)
-            was = self._since
-            kept, self._since = decide(self.hold, parent_alive, alive, self._since, now)
-            if was is None and self._since is not None:  # for %clorch sessions: idle since
-                try:
-                    _write_private(os.path.join(self.session_dir, UNOWNED_NAME), str(time.time()))
-                except OSError:
-                    pass  # the directory is going; the decision stands
-            return kept
-        return decide(self.hold, parent_alive, self._since is None and self.hold is not None, self._since, now)[0]
+        if now - self._read_at < READ_EVERY_S:
+            alive = self._since is None and self.hold is not None
+            if decide(self.hold, parent_alive, alive, self._since, now)[0]:
+                return True
+            # never end a rank on a stale reading: the hold may have been written since (a
+            # notebook killed right after %clorch detach)
+        self._read_at = now
+        self.hold = read(self.session_dir)
+        alive = self.hold is not None and owner_alive(self.hold)
+        was = self._since
+        kept, self._since = decide(self.hold, parent_alive, alive, self._since, now)
+        if was is None and self._since is not None:  # for %clorch sessions: idle since
+            try:
+                _write_private(os.path.join(self.session_dir, UNOWNED_NAME), str(time.time()))
+            except OSError:
+                pass  # the directory is going; the decision stands
+        return kept
 
     def remove_session_file(self) -> None:
         """Remove the session file the hold names, once the ranks have ended."""

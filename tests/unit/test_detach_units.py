@@ -151,3 +151,14 @@ def test_detach_refuses_other_launchers_saying_why() -> None:
     session = SimpleNamespace(group=SimpleNamespace(name="slurm"))
     with pytest.raises(ConfigError, match="--launcher local sessions only; this one is slurm: its ranks' nannies"):
         detach(session, "alice-1", 60.0, lambda _: None)  # type: ignore[arg-type]
+
+
+def test_the_watcher_never_ends_a_rank_on_a_stale_reading(tmp_path) -> None:
+    """A hold written just before the notebook died (within the half second between readings)
+    is read before the rank is ended."""
+    now = [0.0]
+    watcher = hold.Watcher(str(tmp_path), clock=lambda: now[0])
+    assert watcher.keep(parent_alive=True)  # read: no hold yet
+    hold.write(str(tmp_path), os.getpid(), 60.0, "")
+    now[0] = 0.1  # the notebook dies before the next regular reading
+    assert watcher.keep(parent_alive=False)
