@@ -52,14 +52,16 @@ def owner_alive(hold: dict[str, Any]) -> bool:
 
 
 def decide(hold: dict[str, Any] | None, parent_alive: bool, alive: bool, unowned_since: float | None,
-           now: float) -> tuple[bool, float | None]:
+           now: float, *, was_held: bool = False) -> tuple[bool, float | None]:
     """The hold rule, pure: whether the rank is kept, and since when no owner is alive (None
     while one is). No hold: kept while its parent (the notebook that started it) lives, as
     always. With a hold the parent no longer matters (a kernel that was taken over may live on
     without driving anything): kept while the owner ``alive``, then until ``keep_for_s`` after
-    the first time no owner was seen."""
+    the first time no owner was seen. A hold that was there and is gone (``was_held``) means the
+    session is over (another rank's supervisor ended first and removed the directory): ended,
+    whoever the parent is."""
     if hold is None:
-        return parent_alive, None
+        return parent_alive and not was_held, None
     if alive:
         return True, None
     since = now if unowned_since is None else unowned_since
@@ -116,6 +118,8 @@ class Watcher:
         self._clock = clock
         self._read_at = float("-inf")
         self._since: float | None = None
+        #: whether a hold was ever read: once there, its disappearance ends the rank
+        self._was_held = False
 
     def keep(self, parent_alive: bool) -> bool:
         """Whether to keep the rank (:func:`decide`); ``parent_alive``: whether the notebook that
@@ -125,21 +129,29 @@ class Watcher:
         now = self._clock()
         if now - self._read_at < READ_EVERY_S:
             alive = self._since is None and self.hold is not None
-            if decide(self.hold, parent_alive, alive, self._since, now)[0]:
+            if decide(self.hold, parent_alive, alive, self._since, now, was_held=self._was_held)[0]:
                 return True
             # never end a rank on a stale reading: the hold may have been written since (a
             # notebook killed right after %clorch detach)
         self._read_at = now
         self.hold = read(self.session_dir)
+        if self.hold is None and self._was_held and os.path.exists(os.path.join(self.session_dir, HOLD_NAME)):
+            return True  # there but unreadable this once: read again before ending anything
         alive = self.hold is not None and owner_alive(self.hold)
         was = self._since
-        kept, self._since = decide(self.hold, parent_alive, alive, self._since, now)
+        kept, self._since = decide(self.hold, parent_alive, alive, self._since, now, was_held=self._was_held)
+        self._was_held = self._was_held or self.hold is not None
         if was is None and self._since is not None:  # for %clorch sessions: idle since
             try:
                 _write_private(os.path.join(self.session_dir, UNOWNED_NAME), str(time.time()))
             except OSError:
                 pass  # the directory is going; the decision stands
         return kept
+
+    @property
+    def was_held(self) -> bool:
+        """Whether this rank's session was ever detached."""
+        return self._was_held
 
     def remove_session_file(self) -> None:
         """Remove the session file the hold names, once the ranks have ended."""

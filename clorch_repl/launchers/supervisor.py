@@ -228,7 +228,7 @@ class Supervisor:
                 break
             wait_s = min(POLL_S, self.log.check())
         if reason == "orphaned":
-            held = self.hold.hold is not None  # a detached session's keep-for ran out: a graceful end
+            held = self.hold.hold is not None or self.hold.was_held  # a detached session's end: graceful
             self._end_all(self.grace_s if held else 0.0)
             if held:
                 self.hold.remove_session_file()

@@ -182,7 +182,10 @@ def test_keep_for_counts_once_the_driver_is_gone_though_the_first_kernel_lives(k
     second = kernels.new()
     ok(second.run("%clorch connect handed --take"))
     os.kill(second.pid, signal.SIGKILL)
-    assert wait_gone(pids_of(record), 20) == [], "the first kernel's life kept a session it does not drive"
+    left = wait_gone(pids_of(record), 30)
+    assert left == [], ("the first kernel's life kept a session it does not drive",
+                        subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "-p", ",".join(map(str, left))],
+                                       capture_output=True, text=True).stdout)
     assert first.km.is_alive()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and os.path.exists(kernels.session_file("handed")):

@@ -162,3 +162,21 @@ def test_the_watcher_never_ends_a_rank_on_a_stale_reading(tmp_path) -> None:
     hold.write(str(tmp_path), os.getpid(), 60.0, "")
     now[0] = 0.1  # the notebook dies before the next regular reading
     assert watcher.keep(parent_alive=False)
+
+
+def test_a_hold_that_vanished_ends_the_rank_though_its_parent_lives() -> None:
+    """Another rank's supervisor ended first and removed the session directory."""
+    assert hold.decide(None, parent_alive=True, alive=False, unowned_since=None, now=1.0, was_held=True) == (False, None)
+
+
+def test_the_watcher_ends_its_rank_once_the_session_directory_is_gone(tmp_path) -> None:
+    now = [0.0]
+    folder = tmp_path / "session"
+    folder.mkdir()
+    watcher = hold.Watcher(str(folder), clock=lambda: now[0])
+    hold.write(str(folder), os.getpid(), 60.0, "")
+    assert watcher.keep(parent_alive=True)
+    (folder / hold.HOLD_NAME).unlink()
+    folder.rmdir()
+    now[0] = 1.0
+    assert not watcher.keep(parent_alive=True)
