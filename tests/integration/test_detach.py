@@ -195,6 +195,20 @@ def test_keep_for_counts_once_the_driver_is_gone_though_the_first_kernel_lives(k
     assert "was stopped from another kernel" in told.text or "no ranks are running" in told.text, told.text
 
 
+def test_connect_waits_for_a_cell_the_killed_kernel_left_running(kernels: Kernels) -> None:
+    first, record = detached(kernels, "busy")
+    msg = first.send("%%distributed\nimport time\nprint('working', flush=True)\ntime.sleep(6)\ny = 5\n"
+                     "print('done late', flush=True)")
+    first.wait_for_ranks(msg, "working")
+    os.kill(first.pid, signal.SIGKILL)
+    second = kernels.new()
+    reply = ok(second.run("%clorch connect busy"))
+    assert "the ranks are busy" in reply.text and "done late" in reply.text, reply.text
+    assert "y is 5" in ok(second.run("%%distributed\nprint('y is', y)")).text
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
+
+
 def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: Kernels) -> None:
     first, record = detached(kernels, "restarted")
     first.shutdown()  # what Kernel > Restart does to the old kernel: its atexit runs
