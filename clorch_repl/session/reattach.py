@@ -31,6 +31,7 @@ from ..launchers.base import Progress
 from . import registry
 from .comms import CommBridge
 from .relay import Relay
+from .lifecycle import SessionState
 from .session import Session
 
 logger = logging.getLogger(__name__)
@@ -154,10 +155,12 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
         raise ConfigError(f"%clorch detach works for --launcher local sessions only; this one is {launcher}: its "
                           "ranks' nannies do not yet keep them for a kernel that is gone (see the README, "
                           "\"Sessions that outlive the notebook\")")
-    if session.relay is None or session.life.state.value != "ready" or session.relay.busy():
+    if session.relay is None or session.life.state is not SessionState.READY or session.relay.busy():
         raise ConfigError(f"only a ready, idle session can be detached; this one is {session.life.state.value}"
                           f"{' (' + session.life.why + ')' if session.life.why else ''}: wait, or %clorch restart")
     path = registry.path_of(name)
+    if os.path.exists(path) and _stale(name):
+        registry.remove(name)  # a session of that name that has ended: its file is all that is left
     if os.path.exists(path):
         raise ConfigError(f"a session called {name!r} exists already ({path}): pick another --name, or end it "
                           f"(%clorch connect {name} then %clorch stop)")
@@ -184,6 +187,15 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
     connected.start(progress)
     logger.info("clorch_repl: detached session %s (%s)", name, group.dir)
     return connected
+
+
+def _stale(name: str) -> bool:
+    """Whether the session file ``name`` is of a session that ended (none of its ranks runs)."""
+    try:
+        return not registry.live(registry.read(name))
+    except ConfigError as exc:  # damaged, or not this user's: never removed silently
+        logger.info("clorch_repl: session file %s kept: %s", name, exc)
+        return False
 
 
 def connect(name: str | None, take: bool, progress: Progress) -> tuple[ConnectedSession, str]:

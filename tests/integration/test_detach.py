@@ -132,6 +132,13 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     assert "x is 0" in text and "x is 10" in text, text
     assert "sum 3.0" in text, text
     assert text.count("same weights True steps 2") == 2 or "[ranks 0-1] same weights True steps 2" in text, text
+    why = ok(second.run("%clorch why")).text
+    assert "rank 0" in why and "rank 1" in why, why
+    msg = second.send("%%distributed\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    second.wait_for_ranks(msg, "sleeping")
+    second.km.interrupt_kernel()  # Kernel > Interrupt reaches ranks this kernel did not start
+    interrupted = second.collect(msg, timeout=60)
+    assert interrupted.status == "error" and "KeyboardInterrupt" in interrupted.text, interrupted.text
     status = ok(second.run("%clorch status")).text
     assert status.count(" idle ") == 2 and str(record["ranks"][1]["pid"]) in status, status
     listed = ok(second.run("%clorch sessions")).text

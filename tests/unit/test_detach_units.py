@@ -180,3 +180,14 @@ def test_the_watcher_ends_its_rank_once_the_session_directory_is_gone(tmp_path) 
     folder.rmdir()
     now[0] = 1.0
     assert not watcher.keep(parent_alive=True)
+
+
+def test_a_session_file_whose_ranks_are_gone_is_stale_and_a_damaged_one_is_kept(tmp_path, monkeypatch) -> None:
+    from clorch_repl.session.reattach import _stale
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    registry.write(record(dir=str(tmp_path)))  # pids 100, 101: not ours, long gone in a test's namespace
+    assert _stale("alice-1") == (not any(os.path.exists(f"/proc/{p}") for p in (100, 101)))
+    with open(registry.path_of("bob-1"), "w") as fh:
+        fh.write("{not json")
+    assert not _stale("bob-1")  # never removed silently: the user is told what is wrong with it
