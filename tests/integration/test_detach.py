@@ -125,6 +125,8 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     assert all(pid_running(p) for p in pids_of(record)), "a detached session's ranks died with the notebook"
 
     second = kernels.new()
+    waiting = ok(second.run("%clorch sessions")).text
+    assert "train" in waiting and "2 x gloo" in waiting and f"pid {first.pid} (gone)" in waiting, waiting
     reply = ok(second.run("%clorch connect train"))
     assert "connected to session 'train': 2 gloo rank(s)" in reply.text, reply.text
     assert "finished while away" in reply.text, reply.text  # the logs' tail
@@ -214,6 +216,36 @@ def test_connect_waits_for_a_cell_the_killed_kernel_left_running(kernels: Kernel
     assert "y is 5" in ok(second.run("%%distributed\nprint('y is', y)")).text
     ok(second.run("%clorch stop"))
     assert wait_gone(pids_of(record), 10) == []
+
+
+HANG = "%%distributed --timeout 3\nimport time\nif rank == 0:\n    time.sleep(3600)\nelse:\n    dist.barrier()\n"
+FORMED = "the group was aborted and formed again"
+
+
+def test_the_group_re_forms_from_the_new_kernel_under_the_next_generation(kernels: Kernels) -> None:
+    """A hang freed by aborting the group re-forms it in place under clorch-regroup/<generation>:
+    the connecting kernel goes on counting from the first kernel's, else it would meet stale keys."""
+    first, record = detached_after(kernels, "regrouped", before=HANG)
+    assert record["generation"] == 1, record
+    os.kill(first.pid, signal.SIGKILL)
+    second = kernels.new()
+    assert "generation 1" in ok(second.run("%clorch connect regrouped")).text
+    hung = second.run(HANG, timeout=120)
+    assert hung.status == "error" and FORMED in hung.text, hung.text
+    text = ok(second.run(CHECK)).text
+    assert "sum 3.0" in text and "same weights True steps 2" in text, text
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
+
+
+def detached_after(kernels: Kernels, name: str, before: str) -> tuple[NotebookKernel, dict]:
+    first = kernels.new()
+    ok(first.run(START.format(name=name)))
+    ok(first.run(SETUP))
+    hung = first.run(before, timeout=120)
+    assert hung.status == "error" and FORMED in hung.text, hung.text
+    ok(first.run(f"%clorch detach --keep-for 60s"))
+    return first, kernels.record(name)
 
 
 def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: Kernels) -> None:
