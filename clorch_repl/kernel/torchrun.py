@@ -50,7 +50,8 @@ class GroupFacts:
     backend: str
     world_size: int
     rank: int
-    #: this rank's device as torch writes it: ``cpu`` or ``cuda:0`` (each rank sees its own GPU only)
+    #: this rank's device as torch writes it: ``cpu`` or ``cuda:N`` (N: LOCAL_RANK where the rank
+    #: sees its host's GPUs, as under torchrun; 0 where it sees its own GPU only)
     device: str
 
 
@@ -80,12 +81,12 @@ def disagreement(facts: GroupFacts, backend: Any = None, init_method: str | None
         found.append("pg_options cannot change a group that is already formed: leave them out")
     if device_id is not None:
         given = _device_text(device_id)
-        if facts.device == "cpu":
+        if facts.device == "cpu" and given != "cpu":
             found.append(f"device_id={given}, but this rank has no GPU (a {facts.backend} session on the CPU): "
-                         "leave device_id out, or pass device_id=device")
-        elif given not in (facts.device, facts.device.split(":")[0]):
-            found.append(f"device_id={given}, but this rank's GPU is {facts.device} in its process (each rank "
-                         "sees only its own GPU): pass device_id=device")
+                         "leave device_id out, or pass the rank's device (device_id=device, which is cpu here)")
+        elif facts.device != "cpu" and given not in (facts.device, facts.device.split(":")[0]):
+            found.append(f"device_id={given}, but this rank's GPU is {facts.device} in its process: pass "
+                         "device_id=device (or torch.device('cuda', int(os.environ['LOCAL_RANK'])))")
     return found
 
 
@@ -142,9 +143,10 @@ def session_facts() -> GroupFacts:
     """The session's default group, from torch and the rank's environment."""
     import torch.distributed as dist
 
-    device = "cpu"
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        device = "cuda:0"  # group.join_group: the rank's one visible GPU
+    from ..rank_env import device_index
+
+    index = device_index(os.environ)  # group.join_group's choice: cuda:{LOCAL_RANK} under torchrun's convention
+    device = "cpu" if index is None else f"cuda:{index}"
     return GroupFacts(backend=str(dist.get_backend()).lower(), world_size=dist.get_world_size(),
                       rank=dist.get_rank(), device=device)
 

@@ -13,7 +13,7 @@ every message is HMAC-signed with the kernel's key.
 
 **Warm spares** (``%clorch start --spares 0|1``) make ``%clorch restart`` take seconds less. Once
 a group has formed, the launcher starts one spare per rank: a process like a rank's (same
-supervisor, same environment, the same GPU in ``CUDA_VISIBLE_DEVICES``) whose kernel is up and
+supervisor, same environment, the same GPUs in ``CUDA_VISIBLE_DEVICES``) whose kernel is up and
 which has imported torch (``CLORCH_SPARE``, :func:`clorch_repl.kernel.app.warm_imports`), but
 which has no process group and no CUDA context: it touches no GPU and has never run user code, so
 nothing of the old ranks can leak into it. A restart ends the old ranks, makes the spares the
@@ -174,8 +174,8 @@ class LocalLauncher(Launcher):
         env = rank_environment(RankPlace(
             rank=rank, local_rank=rank, world_size=topo.nproc, local_world_size=topo.nproc,
             master_addr=procs.LOOPBACK, master_port=master_port, backend=topo.backend,
-            timeout_s=topo.timeout_s, gpu=topo.visible_devices(rank) or None, store_file=self.store_file,
-            socket_ifname="lo", cpu_bind=topo.cpu_bind))
+            timeout_s=topo.timeout_s, gpu=topo.visible_devices(rank) or None, host_gpus=topo.host_gpus(),
+            store_file=self.store_file, socket_ifname="lo", cpu_bind=topo.cpu_bind))
         env[STACK_FILE_ENV] = self.files[rank].stack_path
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env

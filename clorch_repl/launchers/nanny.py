@@ -166,6 +166,7 @@ class Nanny:
                           world_size=self.identity.world_size, local_world_size=self.identity.local_world_size,
                           master_addr=cfg["master_addr"], master_port=int(cfg["master_port"]),
                           backend=cfg["backend"], timeout_s=float(cfg["timeout_s"]), gpu=cfg.get("gpu"),
+                          host_gpus=tuple(str(g) for g in cfg.get("host_gpus") or ()),
                           socket_ifname=interface_of(self.address), cpu_bind=cfg.get("cpu_bind", "none"))
         env = rank_environment(place)
         env[STACK_FILE_ENV] = self.files.stack_path
