@@ -114,6 +114,7 @@ def install() -> None:
     originals = _state["originals"]
     originals["init"] = c10d.init_process_group
     originals["destroy"] = c10d.destroy_process_group
+    originals["spawn"], originals["start_processes"] = mp.spawn, mp.start_processes
     for module in (dist, c10d):
         module.init_process_group = init_process_group
         module.destroy_process_group = destroy_process_group
@@ -122,6 +123,26 @@ def install() -> None:
             module.spawn = _refuse("torch.multiprocessing.spawn")
             module.start_processes = _refuse("torch.multiprocessing.start_processes")
     _state["installed"] = True
+
+
+def uninstall() -> None:
+    """torch's own ``init_process_group``, ``destroy_process_group``, ``spawn`` and
+    ``start_processes`` back: a script job's rank (``launch(script=...)``) once its script ended,
+    whose group is then destroyed by torch's own function."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    import torch.multiprocessing as mp
+
+    if not _state["installed"]:
+        return
+    originals = _state["originals"]
+    for module in (dist, c10d):
+        module.init_process_group = originals["init"]
+        module.destroy_process_group = originals["destroy"]
+    for module in (mp, sys.modules.get("torch.multiprocessing.spawn")):
+        if module is not None and "spawn" in originals:
+            module.spawn, module.start_processes = originals["spawn"], originals["start_processes"]
+    _state["installed"] = False
 
 
 def torch_destroy() -> Callable[..., None]:
