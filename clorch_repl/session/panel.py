@@ -253,7 +253,11 @@ class Panel:
         table = ipywidgets.HTML(value=bundle["text/html"])
         button = ipywidgets.Button(description="close", layout=ipywidgets.Layout(width="80px"))
         button.on_click(lambda _b: self.close())
-        display(ipywidgets.VBox([table, button]))
+        box = ipywidgets.VBox([table, button])
+        # A front end without a widget manager (nbclient, a console) shows the bundle's text, which
+        # for a widget is its repr, "VBox(children=...)": give it the table instead.
+        display({**box._repr_mimebundle_(), "text/plain": bundle["text/plain"], "text/html": bundle["text/html"]},
+                raw=True)
 
         def update(b: dict[str, str]) -> None:
             table.value = b["text/html"]
