@@ -135,6 +135,8 @@ class Launcher(abc.ABC):
         #: a private directory (0700) on the notebook's host for the session's own files
         #: (transfers, connect file); removed by close(). Every launcher makes one.
         self.dir = ""
+        #: where close() kept the ranks' logs on this host ("" when none were kept here)
+        self.kept_logs = ""
 
     @classmethod
     @abc.abstractmethod

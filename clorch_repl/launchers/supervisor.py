@@ -65,6 +65,17 @@ except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import logcap  # type: ignore[no-redef]
 
+
+
+def _keep_logs(session_dir: str) -> str:
+    """:func:`.logfiles.keep_logs`, imported only when a notebook died (it imports logging)."""
+    if __package__:
+        from .logfiles import keep_logs
+    else:  # run as a script: logfiles lies beside it, on sys.path since logcap's import above
+        from logfiles import keep_logs  # type: ignore[no-redef]
+    return keep_logs(session_dir)
+
+
 PR_SET_CHILD_SUBREAPER = 36
 #: How often the parent (the notebook) is checked while nothing else happens.
 POLL_S = 0.1
@@ -223,6 +234,9 @@ class Supervisor:
         if reason == "orphaned":
             self._end_all(0.0)
             if self.session_dir:
+                kept = _keep_logs(self.session_dir)  # the notebook died: its logs are what one reads next
+                if kept:
+                    sys.stderr.write(f"clorch supervisor: the notebook is gone; the rank logs are kept in {kept}\n")
                 shutil.rmtree(self.session_dir, ignore_errors=True)
         else:
             clean = (reason == "kernel" and self.kernel_status is not None

@@ -22,6 +22,7 @@ from ..errors import ClorchError, ranks_are
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
+from ..launchers.logfiles import without_ansi
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
 from . import views
@@ -199,7 +200,7 @@ class ClorchMagics(Magics):
             text = get_job(args.job).logs(args.rank, tail=tail)
         else:
             text = self._session().logs(args.rank, tail)
-        print(text, end="" if text.endswith("\n") else "\n")
+        print(without_ansi(text), end="" if text.endswith("\n") else "\n")  # the log's colour codes are a terminal's
 
     @magic_arguments(name="clorch interrupt")
     def _interrupt(self, line: str) -> None:
@@ -235,17 +236,16 @@ class ClorchMagics(Magics):
                 self.session.stop()  # what an interrupted restart left (its launcher, warm spares)
                 self.session = None
             count = self.warm.end()
-            if count:
-                print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded")
-                return
-            print("clorch: no ranks are running")
+            print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded"
+                  if count else "clorch: no ranks are running")
             return
-        n = self.session.topology.nproc
+        n, launcher = self.session.topology.nproc, self.session.group
         left = self.session.stop()
         self.session = None
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
-        print(f"clorch: stopped {n} rank(s)")
+        kept = getattr(launcher, "kept_logs", "")  # the session's files are gone, its rank logs are not
+        print(f"clorch: stopped {n} rank(s)" + (f"; their logs are kept in {kept}" if kept else ""))
 
     @magic_arguments(name="clorch top")
     @argument("--once", action="store_true", help="print one table now instead of a live panel")

@@ -4,7 +4,9 @@ Kernel > Interrupt, a rank stuck in a collective, and the notebook kernel killed
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import time
 from typing import Iterator
 
@@ -90,11 +92,34 @@ def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel
     assert len(pids) == 2 and all(pid_running(p) for p in pids) and os.path.isdir(session_dir)
     os.kill(nb.pid, signal.SIGKILL)
     assert wait_gone(pids, 10) == [], "ranks outlived the notebook kernel"
+    deadline = time.monotonic() + 5  # the supervisors remove it right after ending their ranks
+    while os.path.exists(session_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not os.path.exists(session_dir), "the session's directory was left behind"
+    # the rank logs outlive the crash, beside where the session's files were, and nothing else does
+    kept = session_dir + "-logs"
+    try:
+        assert sorted(os.listdir(kept)) == ["rank0.log", "rank1.log"]
+        assert stat.S_IMODE(os.stat(kept).st_mode) == 0o700
+        with open(os.path.join(kept, "rank1.log")) as fh:
+            assert "--- clorch_repl: rank 1 starting at" in fh.read()
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
 
 
-def test_stop_ends_every_rank(nb: NotebookKernel) -> None:
+def test_stop_ends_every_rank_and_keeps_their_logs(nb: NotebookKernel) -> None:
     pids = rank_pids(nb)
+    coloured = nb.run("%%distributed\nprint('\\x1b[31mred\\x1b[0m on', rank)")
+    assert coloured.status == "ok", coloured.text
+    shown = nb.run("%clorch logs 1").text  # the log holds the colour codes; %clorch logs shows text
+    assert "red on 1" in shown and "\x1b[" not in shown, repr(shown)
     reply = nb.run("%clorch stop")
-    assert reply.status == "ok" and "stopped 2 rank(s)" in reply.text
+    assert reply.status == "ok" and "stopped 2 rank(s); their logs are kept in " in reply.text, reply.text
     assert wait_gone(pids, 5) == []
+    kept = reply.text.split("their logs are kept in ")[1].split()[0]
+    try:
+        assert sorted(os.listdir(kept)) == ["rank0.log", "rank1.log"]  # the logs only: no key, socket or store
+        with open(os.path.join(kept, "rank1.log")) as fh:
+            assert "\x1b[31mred\x1b[0m on 1" in fh.read()  # the file is as the rank wrote it
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
