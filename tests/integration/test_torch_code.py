@@ -38,7 +38,11 @@ def torchrun(script: str, *args: str) -> dict[int, list[str]]:
         assert len(paths) == 1, (paths, out.stdout, out.stderr)
         with open(paths[0]) as fh:
             found[r] = [line for line in fh.read().splitlines() if " rank " in f" {line}"]
-    assert out.returncode == 0, (out.stdout, out.stderr, found)
+    if out.returncode != 0:
+        said = {path: open(path).read()[-3000:] for path in glob.glob(os.path.join(logs, "*", "attempt_0", "*",
+                                                                                "stderr.log"))}
+        raise AssertionError(f"torchrun failed ({out.returncode}): {out.stderr[-2000:]}\nranks' stderr: {said}\n"
+                             f"stdout: {found}")
     return found
 
 
@@ -93,7 +97,10 @@ def test_lightning_fabric_ddp_runs_with_torchruns_numbers(ip: Any) -> None:
     assert res.success, cap.stdout + cap.stderr
     assert {r: [x for x in lines_of(cap.stdout, r) if x.startswith("fabric")] for r in (0, 1)} == expected
     with open(os.path.join(SCRIPTS, "lightning_fabric.py")) as fh:  # pasted into a cell: the same
-        res, cap = clorch(ip, "%%distributed\n" + fh.read())
+        source = fh.read()
+    pasted = source.replace("main(*sys.argv[1:3])", "main()")  # a cell's sys.argv is the kernel's
+    assert pasted != source
+    res, cap = clorch(ip, "%%distributed\n" + pasted)
     assert res.success, cap.stdout + cap.stderr
     assert {r: [x for x in lines_of(cap.stdout, r) if x.startswith("fabric")] for r in (0, 1)} == expected
 

@@ -2,16 +2,19 @@
 finds torchrun's variables and joins the group (no processes of its own). Prints the trained
 weights per rank, which torchrun and ``%clorch run`` must agree on.
 
-    torchrun --nproc-per-node 2 lightning_fabric.py
+    torchrun --nproc-per-node 2 lightning_fabric.py [ACCELERATOR [STRATEGY]]   (default: cpu ddp)
 """
+
+import os
+import sys
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def main() -> None:
-    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp")
+def main(accelerator: str = "cpu", strategy: str = "ddp") -> None:
+    fabric = L.Fabric(accelerator=accelerator, devices=int(os.environ.get("LOCAL_WORLD_SIZE", "2")), strategy=strategy)
     fabric.launch()
     fabric.seed_everything(7)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -24,10 +27,12 @@ def main() -> None:
             optimizer.zero_grad()
             fabric.backward(torch.nn.functional.mse_loss(model(x), y))
             optimizer.step()
-    total = sum(p.detach().sum() for p in model.parameters())
+    total = sum(p.detach().float().sum() for p in model.parameters())
+    if strategy == "fsdp":  # each rank holds a shard: the whole model's sum is the ranks' sum
+        total = fabric.all_reduce(total, reduce_op="sum")
     print(f"fabric rank {fabric.global_rank} of {fabric.world_size} local {fabric.local_rank} "
-          f"weights {total.item():.6f}")
+          f"on {fabric.device} weights {total.item():.6f}")
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:3])
