@@ -211,6 +211,8 @@ class DistributedCellError(Exception):
                 parts.append(f"{who} interrupted")
             elif result.status is Status.RETURNED:
                 parts.append(f"{who} returned after the interrupt")
+            elif result.freed:
+                parts.append(f"{who} freed from a collective by aborting the group")
             elif result.error is not None:
                 parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
         if self.outcome.timed_out:
@@ -220,6 +222,8 @@ class DistributedCellError(Exception):
             parts.append("interrupted")
         if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this
             parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
+        if self.outcome.recovery:
+            parts.append(self.outcome.recovery.removeprefix("clorch: "))
         return "; ".join(parts) or "the cell failed"
 
     def _grace_said(self) -> str:
@@ -258,6 +262,9 @@ class DistributedCellError(Exception):
                              f"{'its reply' if one else 'their replies'} had not reached the notebook when the "
                              f"wait ended (an error, if any, is in the log: {logs}). "
                              f"{'It takes' if one else 'They take'} the next cell at once.")
+            elif result.freed and result.status is not Status.STUCK:
+                lines.append(f"{who} waited in the collective and {'was' if one else 'were'} freed by aborting "
+                             "the session's group (what it raised then is the abort's, not the code's).")
             elif result.status is Status.STUCK:
                 lines.append(f"{_RED}{who} did not return{_RESET} within the grace period after "
                              f"being interrupted and {'is' if one else 'are'} stuck: "
@@ -272,6 +279,9 @@ class DistributedCellError(Exception):
                 lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
         stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]
+        if self.outcome.recovery:  # the group was aborted: what the session did about it says what is next
+            lines.append(f"{_BOLD}{self.outcome.recovery}{_RESET}")
+            return lines
         if dead:
             lines.append(f"The process group is broken: {rank_words(dead)} died. Run %clorch restart for a "
                          "fresh group (%clorch status shows each rank).")

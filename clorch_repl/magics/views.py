@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import html
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from IPython.display import display
 
+from ..errors import ClorchError, ranks_are
 from ..human import duration as _duration
 from ..human import size as _bytes
-from ..session.session import RankReport
+from ..session.rank_report import RankReport
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
@@ -79,3 +80,37 @@ class StartProgress:
             self.handle = display(bundle, raw=True, display_id=True)
         else:
             self.handle.update(bundle, raw=True)
+
+
+def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str], nproc: int) -> None:
+    """What ``%clorch interrupt`` says: ranks that did not return (each one's stack, the verdict
+    from ``why``) fail the command, with the restart that can help (of those ranks alone while
+    some others are free); a recovery's line when the group was aborted to free them."""
+    if recovered:
+        print(recovered)
+    if not stuck:
+        if not recovered:
+            print("clorch: interrupted every rank; all are idle")
+        return
+    for rank, stack in stuck.items():
+        print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
+    print(f"clorch: why: {why().splitlines()[0]} (%clorch why shows each rank's collectives)")
+    if len(stuck) == nproc:
+        raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
+    lost = ",".join(str(r) for r in stuck)
+    raise ClorchError(f"{ranks_are(stuck)} stuck: %clorch restart --ranks {lost} starts "
+                      f"{'it' if len(stuck) == 1 else 'them'} afresh while the others keep their variables; "
+                      "%clorch restart starts every rank afresh")
+
+
+def notice(text: str | None) -> None:
+    """A line of clorch's own before a cell's output (on stdout: information, not an error)."""
+    if text:
+        print(text)
+
+
+def session_line(state: str, why: str) -> str | None:
+    """``%clorch status``'s first line where the session is not simply ready (recovering, degraded)."""
+    if state == "ready":
+        return None
+    return f"clorch: the session is {state}" + (f": {why}" if why else "")
