@@ -7,8 +7,7 @@ pid comes from the supervisor's pid file (stack dumps, ``%clorch status``). The 
 ends everything a rank started, daemons included, when the rank is stopped or the notebook dies.
 
 Every file of the group (connection files, IPC sockets, logs, stack dumps, the rendezvous store)
-lives in one private directory (0700) that :meth:`LocalLauncher.close` removes, the rank logs
-moved out first into ``<directory>-logs`` (:mod:`.logfiles`). Ranks talk over IPC
+lives in one private directory (0700) that :meth:`LocalLauncher.close` removes, logs kept. Ranks talk over IPC
 sockets in that directory: nothing listens on a network port, and only this user can connect;
 every message is HMAC-signed with the kernel's key.
 
@@ -55,9 +54,8 @@ from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import NPROC_ENV, Topology, resolve_topology
-from . import logcap, supervisor
+from . import logcap, logfiles, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .logfiles import keep_logs
 from .spares import wanted_spares
 from .rankfiles import RankFiles
 
@@ -443,12 +441,10 @@ class LocalLauncher(Launcher):
         return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
 
     def close(self) -> None:
-        """End the warm spares (nothing of theirs is worth a grace period) and remove the files,
-        but for the rank logs, kept in :attr:`kept_logs` (:mod:`.logfiles`)."""
+        """End the warm spares (no grace needed) and remove the files, but for the logs (:mod:`.logfiles`)."""
         spares, self.spares = self.spares, []
         try:
             if spares:
                 self._end(spares, 1.0, polite=False)
         finally:
-            self.kept_logs = keep_logs(self.dir)
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.kept_logs = logfiles.remove_keeping_logs(self.dir)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import stat
 import tempfile
 
@@ -49,6 +50,14 @@ def keep_logs(session_dir: str) -> str:
         except OSError as exc:
             logger.warning("clorch_repl: could not keep the rank log %s (%s); it is removed with its session",
                            name, exc)
+    return kept
+
+
+def remove_keeping_logs(session_dir: str) -> str:
+    """Remove ``session_dir`` and everything in it but its rank logs (:func:`keep_logs`); returns
+    where those are ("" when none were kept)."""
+    kept = keep_logs(session_dir)
+    shutil.rmtree(session_dir, ignore_errors=True)
     return kept
 
 

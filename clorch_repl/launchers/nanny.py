@@ -50,7 +50,7 @@ from .. import cuda
 from ..atomic import remove_quietly
 from ..errors import ClorchError
 from . import supervisor
-from .logfiles import keep_logs
+from .logfiles import remove_keeping_logs
 from .base import ORPHAN_TIMEOUT_S
 from .callback import HEARTBEAT_S, ConnectInfo, route_address
 from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode
@@ -375,10 +375,9 @@ class Nanny:
             self.socket.disable_monitor()
             self.monitor.close(linger=0)
             self.socket.close(linger=500)
-            kept = keep_logs(self.dir)
+            kept = remove_keeping_logs(self.dir)
             if kept:
                 sys.stderr.write(f"clorch-rank {self.identity.rank}: its log is kept in {kept} on {self.host}\n")
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

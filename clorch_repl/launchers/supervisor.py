@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import sys
 import time
@@ -67,13 +66,13 @@ except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap 
 
 
 
-def _keep_logs(session_dir: str) -> str:
-    """:func:`.logfiles.keep_logs`, imported only when a notebook died (it imports logging)."""
+def _remove_keeping_logs(session_dir: str) -> str:
+    """:func:`.logfiles.remove_keeping_logs`, imported only when a notebook died (it imports logging)."""
     if __package__:
-        from .logfiles import keep_logs
+        from .logfiles import remove_keeping_logs
     else:  # run as a script: logfiles lies beside it, on sys.path since logcap's import above
-        from logfiles import keep_logs  # type: ignore[no-redef]
-    return keep_logs(session_dir)
+        from logfiles import remove_keeping_logs  # type: ignore[no-redef]
+    return remove_keeping_logs(session_dir)
 
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -234,10 +233,9 @@ class Supervisor:
         if reason == "orphaned":
             self._end_all(0.0)
             if self.session_dir:
-                kept = _keep_logs(self.session_dir)  # the notebook died: its logs are what one reads next
+                kept = _remove_keeping_logs(self.session_dir)  # the notebook died: its logs are what one reads next
                 if kept:
                     sys.stderr.write(f"clorch supervisor: the notebook is gone; the rank logs are kept in {kept}\n")
-                shutil.rmtree(self.session_dir, ignore_errors=True)
         else:
             clean = (reason == "kernel" and self.kernel_status is not None
                      and os.WIFEXITED(self.kernel_status) and os.WEXITSTATUS(self.kernel_status) == 0)
