@@ -10,6 +10,10 @@ the keys, sockets and store go with the directory. The name is derived from the 
 directory so that the supervisors of several ranks, ending at once, put every rank's log into one
 folder.
 
+``CLORCH_KEEP_LOGS=0`` in the notebook kernel's environment (each rank's supervisor inherits it;
+a remote rank's nanny reads its own) removes the logs with the rest, as before; a test suite
+that starts hundreds of sessions sets it.
+
 A rank's log holds what its process wrote, colour codes included (IPython's tracebacks); those
 are for a terminal, and :func:`without_ansi` takes them out where a log is shown as text
 (``%clorch logs``).
@@ -26,6 +30,8 @@ import tempfile
 
 logger = logging.getLogger(__name__)
 
+#: "0" removes the rank logs with their session's files (the default, "1", keeps them)
+KEEP_ENV = "CLORCH_KEEP_LOGS"
 _LOG_NAME = re.compile(r"rank\d+\.log(\.1)?")
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links), as terminals read them
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
@@ -33,7 +39,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)
 
 def keep_logs(session_dir: str) -> str:
     """Move the rank logs of ``session_dir`` into ``<session_dir>-logs``; returns that folder, or
-    "" when there was no log to keep. Safe to call from several processes at once."""
+    "" when there was no log to keep (or :data:`KEEP_ENV` is "0"). Safe to call from several
+    processes at once."""
+    if os.environ.get(KEEP_ENV, "1").strip() == "0":
+        return ""
     try:
         names = sorted(n for n in os.listdir(session_dir) if _LOG_NAME.fullmatch(n))
     except OSError as exc:  # gone already (another rank's supervisor removed it)

@@ -23,7 +23,8 @@ PIDS = ("from clorch_repl.magics import magics_for\n"
 
 @pytest.fixture()
 def nb() -> Iterator[NotebookKernel]:
-    with clorch_session("--nproc 2", stop=False) as kernel:  # tests kill the notebook or stop it themselves
+    # tests kill the notebook or stop it themselves; the rank logs kept as by default (conftest turns it off)
+    with clorch_session("--nproc 2", stop=False, env={"CLORCH_KEEP_LOGS": "1"}) as kernel:
         assert kernel.start_reply is not None and "ranks ready 2/2" in kernel.start_reply.text
         yield kernel
 

@@ -111,6 +111,13 @@ def test_lightning_trainer_ddp_runs_with_torchruns_numbers(ip: Any, tmp_path: An
     res, cap = clorch(ip, f"%clorch run {os.path.join(SCRIPTS, 'lightning_trainer.py')} {tmp_path / 'clorch'}")
     assert res.success, cap.stdout + cap.stderr
     assert {r: [x for x in lines_of(cap.stdout, r) if x.startswith("trainer")] for r in (0, 1)} == expected
+    with open(os.path.join(SCRIPTS, "lightning_trainer.py")) as fh:  # pasted into a cell: the same
+        source = fh.read()
+    pasted = source.replace("main(sys.argv[1])", f"main({str(tmp_path / 'cell')!r})")  # a cell's argv is the kernel's
+    assert pasted != source
+    res, cap = clorch(ip, "%%distributed\n" + pasted)
+    assert res.success, cap.stdout + cap.stderr
+    assert {r: [x for x in lines_of(cap.stdout, r) if x.startswith("trainer")] for r in (0, 1)} == expected
     res, cap = clorch(ip, "%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
                           "dist.all_reduce(t)\nprint('after', t.item())")  # the session's group still works
     assert res.success and all(lines_of(cap.stdout, r) == ["after 2.0"] for r in (0, 1)), cap.stdout
