@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from ..errors import ConfigError
 from ..topology import Topology
@@ -34,3 +35,15 @@ def wanted_spares(topology: Topology, given: int | None = None) -> int:
                               "(one per rank); fix or unset it")
         return int(env)
     return 1 if topology.uses_gpu else 0
+
+
+def end_spares(launcher: Any) -> int:
+    """End ``launcher``'s warm spares now; how many. A suspend gives back what they hold (issue
+    37), and the launcher's ``group_formed`` starts a set again at the resume. A launcher that keeps
+    none on this host (a nanny's spare is its host's business) has none to end."""
+    spares = list(getattr(launcher, "spares", None) or [])
+    if not spares:
+        return 0
+    launcher.spares = []
+    launcher._end(spares, 1.0, polite=False)  # the local launcher's own way of ending its kernels
+    return len(spares)

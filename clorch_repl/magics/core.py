@@ -28,6 +28,7 @@ from . import views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
+from .suspend import parse_duration, resume_command, set_idle_suspend, suspend_after_option, suspend_command
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, stdin_ranks_option, tail_option, timeout_option, topology_options)
@@ -35,7 +36,7 @@ from .arguments import (argument, hang_notice_option, launcher_options, magic_ar
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("start", "status", "top", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run",
-            "debug", "debugger")
+            "debug", "debugger", "suspend", "resume")
 
 
 @contextlib.contextmanager
@@ -111,6 +112,7 @@ class ClorchMagics(Magics):
     @topology_options
     @launcher_options
     @hang_notice_option
+    @suspend_after_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
         args = parse(self._start, line)
@@ -126,7 +128,7 @@ class ClorchMagics(Magics):
         launcher = launcher_class(args.launcher)
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
-        hang_notice = parse_hang_notice(args.hang_notice)
+        hang_notice, suspend_after = parse_hang_notice(args.hang_notice), parse_duration(args.suspend_after)
         topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
                                      timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
@@ -142,6 +144,9 @@ class ClorchMagics(Magics):
             session.hang_notice_s = hang_notice
         session.start(views.StartProgress())
         self.session = session
+        views.notice(set_idle_suspend(self, suspend_after))
+
+    _suspend, _resume = suspend_command, resume_command  # (clorch_repl.magics.suspend)
 
     @magic_arguments(name="clorch status")
     def _status(self, line: str) -> None:
@@ -165,7 +170,7 @@ class ClorchMagics(Magics):
         spares = session.spares()
         if spares:
             print(views.spares_line(spares))
-        saves = views.saves_line(session.saves_in_flight())
+        saves = None if session.life.state.value == "suspended" else views.saves_line(session.saves_in_flight())
         if saves:
             print(saves)
 

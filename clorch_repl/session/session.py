@@ -29,6 +29,7 @@ from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .requests import request_code
 from .sink import OutputSink
+from .suspend import Suspending, refuse_cell
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ LauncherFactory = Callable[[Topology], Launcher]
 JOIN_MARGIN_S = 120.0
 
 
-class Session:
+class Session(Suspending):
     """Start, run cells on, inspect, restart and stop one group of worker kernels.
 
     Where the ranks run is the launcher's business (:mod:`clorch_repl.launchers`): ``launcher``
@@ -324,6 +325,7 @@ class Session:
                  cell_number: int | None = None) -> CellRequest:
         """The request for a cell, once every rule that refuses one is checked."""
         group, relay = self._require()
+        refuse_cell(self.life)  # suspended: no rank runs anything until %clorch resume
         chosen = self.chosen(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
         dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
