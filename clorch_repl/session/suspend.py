@@ -200,6 +200,14 @@ def regroup(relay: "Relay", launcher: "Launcher", generation: int) -> str:
     return f"rank {first.rank}: {first.error.evalue if first.error is not None else first.status.value}"
 
 
+def _spares_again(group: "Launcher") -> None:
+    """Warm spares again, as after a start (the group works without them)."""
+    try:
+        group.group_formed()
+    except (ClorchError, OSError, RuntimeError) as exc:
+        logger.warning("clorch_repl: could not start warm spares again (%s); restarts start cold", exc)
+
+
 def _held_line(total: int) -> str:
     """The session's why while suspended (``%clorch status``)."""
     return f"{size(total)} of GPU memory held in host memory since {time.strftime('%H:%M:%S')}; %clorch resume"
@@ -233,13 +241,13 @@ class Suspending:
         total = sum(b for b in self._held.values() if b)
         self.life.move("suspend", f"{size(total)} of GPU memory moving to host memory")
         progress(f"suspending {rank_words(ranks)}: taking the group down")
+        spares = end_spares(group)  # first: the driver's host memory need not compete with theirs
         silent = abort_groups(relay, ranks)
         moved = drive("suspend", group, ranks, total) if not silent else {}
         if silent or not all(m.ok for m in moved.values()):
             failure = (f"{ranks_are(silent)} did not confirm the abort of its groups" if silent
                        else _failures(moved))
             return self._undo_suspend([r for r, m in moved.items() if m.ok], failure, total)
-        spares = end_spares(group)
         took = time.monotonic() - t0
         self.life.move("suspended", _held_line(total))
         logger.info("clorch_repl: suspended in %.1f s (%s); %d warm spare(s) ended", took, moved, spares)
@@ -257,6 +265,7 @@ class Suspending:
             raise ClorchError(f"the suspend failed ({failure}) and the group could not be formed again ({lost}); "
                               "every rank kept its variables: %clorch restart gives fresh ranks and a fresh group")
         self.life.move("resumed", f"a suspend failed: {failure}")
+        _spares_again(group)
         raise ClorchError(f"the suspend failed and the session runs on as before (its group formed again): {failure}")
 
     def resume(self: Any, progress: Progress = lambda _: None) -> str:
@@ -286,10 +295,7 @@ class Suspending:
             raise ClorchError(f"every rank has its GPU back and kept its variables, but the group could not be "
                               f"formed again ({lost}): %clorch restart gives fresh ranks and a fresh group")
         self.life.move("resumed")
-        try:
-            group.group_formed()  # warm spares again, as after a start
-        except (ClorchError, OSError, RuntimeError) as exc:
-            logger.warning("clorch_repl: could not start warm spares after the resume (%s); restarts start cold", exc)
+        _spares_again(group)
         return (f"clorch: resumed {rank_words(ranks)} in {time.monotonic() - t0:.1f} s: each rank back on its own "
                 "GPU with every variable and tensor, the group formed again")
 

@@ -86,8 +86,13 @@ class _Launcher:
     """Stands in for the local launcher of 2 GPU ranks (no GPU here to start them on)."""
 
     ranks: list[_Rank] = field(default_factory=lambda: [_Rank(0, 100), _Rank(1, 101)])
-    spares: list[Any] = field(default_factory=list)
+    spares: list[Any] = field(default_factory=lambda: ["spare0", "spare1"])
     formed: int = 0
+    ended: list[Any] = field(default_factory=list)
+
+    def _end(self, handles: list[Any], grace_s: float, polite: bool) -> list[str]:
+        self.ended.extend(handles)
+        return []
 
     def memory(self) -> dict[int, tuple[int | None, int | None]]:
         return {0: (2**30, 20 * 2**30), 1: (2**30, 20 * 2**30)}
@@ -144,6 +149,7 @@ def test_suspend_then_resume_moves_the_state_and_forms_the_group_again(monkeypat
     line = session.suspend()
     assert "40.0 GiB of GPU memory moved to host memory" in line and session.life.state is S.SUSPENDED
     assert relay.asked == [([0, 1], True)] and calls == [("suspend", [0, 1])]
+    assert session.group.ended == ["spare0", "spare1"] and session.group.spares == []  # warm spares ended
     assert "40.0 GiB of GPU memory held in host memory" in session.life.why
     with pytest.raises(ClorchError, match="suspended"):
         session.run("x = 1", None, None, None)
@@ -162,6 +168,7 @@ def test_a_failed_suspend_gives_back_what_it_took_and_runs_on(monkeypatch: pytes
         session.suspend()
     assert calls == [("suspend", [0, 1]), ("resume", [0])] and session.life.state is S.READY
     assert len(relay.requests) == 1 and "regroup" in relay.requests[0]
+    assert session.group.formed == 1  # the warm spares ended for it are started again
 
 
 def test_a_driver_without_the_api_is_refused_before_anything_is_touched(monkeypatch: pytest.MonkeyPatch) -> None:
