@@ -58,8 +58,7 @@ HELPER_FLOOR_S = 120.0
 Progress = Callable[[str], None]
 
 
-def refusal(state: SessionState, topology: "Topology", busy: list[int], remote: dict[int, str],
-            dead: list[int]) -> str | None:
+def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: list[int]) -> str | None:
     """Why the session cannot be suspended now, with what to do; None when it can. Pure: the
     driver's own check (:func:`cuda_checkpoint.api_problem`) comes after these."""
     if state is SessionState.SUSPENDED:
@@ -75,10 +74,6 @@ def refusal(state: SessionState, topology: "Topology", busy: list[int], remote: 
     if busy:
         return (f"{ranks_are(busy)} running a cell: wait for it to finish or %clorch interrupt, "
                 "then %clorch suspend")
-    if remote:
-        where = ", ".join(f"rank {r} on {h}" for r, h in sorted(remote.items()))
-        return (f"{where} runs on another host: suspend works for ranks on the notebook's host "
-                "(--launcher local) so far")
     return None
 
 
@@ -107,14 +102,18 @@ def _where(launcher: "Launcher", rank: int) -> str:
 
 def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) -> dict[int, Moved]:
     """``action`` (suspend or resume) on ``ranks``' processes through the helper process (see
-    :mod:`clorch_repl.cuda_checkpoint` for why not here); every rank's result, failures named."""
+    :mod:`clorch_repl.cuda_checkpoint` for why not here), run here or, for ranks on other hosts,
+    by each rank's nanny there; every rank's result, failures named."""
+    timeout = HELPER_FLOOR_S + held_bytes / SLOWEST_BYTES_S
+    replies = launcher.checkpoint(action, ranks, timeout)
+    if replies is not None:
+        return {r: _from_nanny(r, launcher, action, replies.get(r), timeout) for r in ranks}
     pids = {launcher.ranks[r].pid: r for r in ranks}
     if None in pids:
         raise ClorchError(f"{ranks_are([r for p, r in pids.items() if p is None])} without a known process id: "
                           "%clorch restart")
     targets = [f"{pid}={_where(launcher, rank)}" for pid, rank in pids.items()]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # the ranks' GPUs, whichever
-    timeout = HELPER_FLOOR_S + held_bytes / SLOWEST_BYTES_S
     command = [sys.executable, "-m", "clorch_repl.cuda_checkpoint", action, *targets]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
@@ -135,6 +134,18 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
             moved[rank] = Moved(rank, False, {}, f"{_where(launcher, rank)}: the checkpoint helper said nothing "
                                 f"of it (exit {done.returncode}): {done.stderr.strip()[-400:]}")
     return moved
+
+
+def _from_nanny(rank: int, launcher: "Launcher", action: str, reply: dict[str, Any] | None,
+                timeout: float) -> Moved:
+    """A nanny's reply to ``checkpoint`` as a :class:`Moved`."""
+    if reply is None:
+        return Moved(rank, False, {}, f"{_where(launcher, rank)}: its nanny did not report the {action} within "
+                                      f"{timeout:.0f} s")
+    outcome = reply.get("outcome")
+    if not isinstance(outcome, dict):
+        return Moved(rank, False, {}, str(reply.get("error") or f"{_where(launcher, rank)}: no report of the {action}"))
+    return Moved(rank, bool(outcome.get("ok")), outcome.get("seconds") or {}, str(outcome.get("error") or ""))
 
 
 def gpu_holders(gpu: str) -> tuple[int | None, list[str]]:
@@ -160,12 +171,15 @@ def gpu_holders(gpu: str) -> tuple[int | None, list[str]]:
 
 
 def room_problem(topology: "Topology", held: dict[int, int | None],
-                 holders: Callable[[str], tuple[int | None, list[str]]] = gpu_holders) -> str | None:
+                 holders: Callable[[str], tuple[int | None, list[str]]] = gpu_holders,
+                 remote: frozenset[int] = frozenset()) -> str | None:
     """Why some rank's GPU cannot take its state back now (which GPU, who holds it, retry); None
     when every GPU has room. Checked before the driver is asked: a restore that fails midway is
     not one the driver promises to leave the process whole after."""
     problems = []
     for rank, need in sorted(held.items()):
+        if rank in remote:
+            continue  # its host's nvidia-smi is its nanny's; a restore there that lacks room says so itself
         gpu = topology.visible_devices(rank)
         free, who = holders(gpu)
         if free is None or need is None or free >= need:
@@ -200,6 +214,10 @@ def regroup(relay: "Relay", launcher: "Launcher", generation: int) -> str:
     return f"rank {first.rank}: {first.error.evalue if first.error is not None else first.status.value}"
 
 
+def _remote(group: "Launcher") -> frozenset[int]:
+    return frozenset(p.rank for p in group.ranks if p.host)
+
+
 def _spares_again(group: "Launcher") -> None:
     """Warm spares again, as after a start (the group works without them)."""
     try:
@@ -228,10 +246,10 @@ class Suspending:
         docstring); the line that says what was done. A refusal or a failure raises
         :class:`ClorchError`, and a failure leaves the session running as before."""
         group, relay = self._require()
-        remote = {p.rank: p.host for p in group.ranks if p.host}
         dead = [p.rank for p in group.ranks if not p.alive]
-        why = refusal(self.life.state, self.topology, relay.busy(), remote, dead)
-        problem = why or cuda_checkpoint.api_problem()
+        why = refusal(self.life.state, self.topology, relay.busy(), dead)
+        local = any(not p.host for p in group.ranks)  # a rank elsewhere: its nanny's driver says for itself
+        problem = why or (cuda_checkpoint.api_problem() if local else None)
         if problem:
             raise ClorchError(f"cannot suspend: {problem}")
         t0 = time.monotonic()
@@ -276,7 +294,7 @@ class Suspending:
             raise ClorchError(f"nothing to resume: the session is {self.life.state.value} (%clorch suspend gives "
                               "the GPUs back)")
         held = getattr(self, "_held", {})
-        problem = room_problem(self.topology, held)
+        problem = room_problem(self.topology, held, remote=_remote(group))
         if problem:
             raise ClorchError(f"cannot resume yet: {problem}")
         t0 = time.monotonic()
@@ -310,7 +328,7 @@ class Suspending:
             self.life.move("degrade", f"a resume failed midway ({failure}; {_failures(again)})")
             raise ClorchError(f"the resume failed ({failure}) and {rank_words(restored)} could not be suspended "
                               f"again ({_failures(again)}): %clorch stop, then %clorch start")
-        holders = room_problem(self.topology, getattr(self, "_held", {})) or ""
+        holders = room_problem(self.topology, getattr(self, "_held", {}), remote=_remote(group)) or ""
         self.life.move("resume_failed", _held_line(total))
         raise ClorchError(f"cannot resume yet: {failure}{'; ' + holders if holders else ''}; the session stays "
                           "suspended: run %clorch resume again")

@@ -52,13 +52,12 @@ def test_cells_are_refused_while_suspended_and_offer_resume() -> None:
 
 # --------------------------------------------------------------------------------- refusals
 def test_refusals_say_why_and_what_to_do() -> None:
-    assert "hold no GPU to give back" in susp.refusal(S.READY, CPU, [], {}, [])
-    assert "running a cell: wait for it to finish or %clorch interrupt" in susp.refusal(S.READY, GPU, [1], {}, [])
-    assert "rank 1 on hostB runs on another host" in susp.refusal(S.READY, GPU, [], {1: "hostB"}, [])
-    assert "rank 0 is dead: %clorch restart --ranks 0" in susp.refusal(S.READY, GPU, [], {}, [0])
-    assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], {}, [])
-    assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], {}, [])
-    assert susp.refusal(S.READY, GPU, [], {}, []) is None
+    assert "hold no GPU to give back" in susp.refusal(S.READY, CPU, [], [])
+    assert "running a cell: wait for it to finish or %clorch interrupt" in susp.refusal(S.READY, GPU, [1], [])
+    assert "rank 0 is dead: %clorch restart --ranks 0" in susp.refusal(S.READY, GPU, [], [0])
+    assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], [])
+    assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], [])
+    assert susp.refusal(S.READY, GPU, [], []) is None
 
 
 def test_a_gpu_taken_at_resume_is_named_with_who_holds_it() -> None:
@@ -143,7 +142,7 @@ def test_suspend_then_resume_moves_the_state_and_forms_the_group_again(monkeypat
     calls: list[tuple[str, list[int]]] = []
     monkeypatch.setattr(susp, "drive", _drive({}, calls))  # stand-in: no driver to checkpoint with here
     monkeypatch.setattr(susp.cuda_checkpoint, "api_problem", lambda: None)
-    monkeypatch.setattr(susp, "room_problem", lambda topology, held: None)
+    monkeypatch.setattr(susp, "room_problem", lambda topology, held, remote: None)
     relay = _Relay()
     session = _session(relay)
     line = session.suspend()
@@ -350,3 +349,17 @@ def test_the_helper_runs_every_process_and_reports_each() -> None:
     outcomes = cuda_checkpoint.act(cuda_checkpoint.Driver(lib), "suspend", [(1, "rank 0 on a"), (2, "rank 1 on a")])
     assert [o.pid for o in outcomes] == [1, 2] and not any(o.ok for o in outcomes)
     assert "rank 1 on a: cuCheckpointProcessCheckpoint(2)" in outcomes[1].error
+
+
+def test_ranks_on_other_hosts_are_moved_by_their_nannies_and_silence_is_named() -> None:
+    class Remote(_Launcher):
+        """Stands in for a remote launcher's nannies (their real round trip: tests/integration/test_suspend.py)."""
+
+        def checkpoint(self, action: str, ranks: list[int], timeout_s: float) -> dict[int, Any]:
+            return {0: {"outcome": {"pid": 100, "ok": True, "seconds": {"lock": 0.0, "checkpoint": 9.5}}},
+                    1: None}
+
+    launcher = Remote(ranks=[_Rank(0, 100, "nodeA"), _Rank(1, 101, "nodeB")])
+    moved = susp.drive("suspend", launcher, [0, 1], 0)  # type: ignore[arg-type]
+    assert moved[0].ok and moved[0].seconds["checkpoint"] == 9.5
+    assert not moved[1].ok and moved[1].error == "rank 1 on nodeB: its nanny did not report the suspend within 120 s"
