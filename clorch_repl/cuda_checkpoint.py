@@ -29,6 +29,7 @@ import enum
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -226,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("action", choices=("suspend", "resume", "state"))
     parser.add_argument("targets", nargs="+", metavar="PID=WHERE")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # never stopped midway: a process left locked is worse
     targets = []
     for text in args.targets:
         pid, _, where = text.partition("=")

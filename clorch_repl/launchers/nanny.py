@@ -274,16 +274,17 @@ class Nanny:
         """``%clorch suspend/resume`` of this rank: the driver's checkpoint of its kernel's process,
         by the helper process (clorch_repl.cuda_checkpoint) on this host. Not waited for here: the
         loop goes on beating and answers when the helper ends (:meth:`_check_checkpoints`)."""
-        kernel = self.kernel
-        if action not in ("suspend", "resume") or kernel is None or not kernel.running or kernel.rank_pid is None:
-            self.send({"op": FromNanny.REPLY, "id": rid, "error": f"rank {self.identity.rank} on {self.host} has no "
-                       f"running kernel to {action}" if action in ("suspend", "resume") else f"unknown action {action!r}"})
+        kernel, where = self.kernel, f"rank {self.identity.rank} on {self.host}"
+        if action not in ("suspend", "resume"):
+            self.send({"op": FromNanny.REPLY, "id": rid, "error": f"{where}: no such checkpoint action {action!r}"})
+            return
+        if kernel is None or not kernel.running or kernel.rank_pid is None:
+            self.send({"op": FromNanny.REPLY, "id": rid, "error": f"{where} has no running kernel to {action}"})
             return
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        where = f"rank {self.identity.rank} on {self.host}"
         self.checkpoints.append((rid, subprocess.Popen(
             [sys.executable, "-m", "clorch_repl.cuda_checkpoint", action, f"{kernel.rank_pid}={where}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)))
 
     def _check_checkpoints(self) -> None:
         for rid, proc in list(self.checkpoints):

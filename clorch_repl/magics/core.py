@@ -28,7 +28,7 @@ from . import views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
-from .suspend import parse_duration, resume_command, set_idle_suspend, suspend_after_option, suspend_command
+from .suspend import parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option, suspend_command
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, stdin_ranks_option, tail_option, timeout_option, topology_options)
@@ -217,6 +217,8 @@ class ClorchMagics(Magics):
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
         ranks = parse_ranks(args.ranks)
+        if ranks is not None:
+            refuse_cell(self.session.life, "then %clorch restart --ranks")  # suspended ranks form no group
         sink = None if ranks is None else NotebookDisplay(tuple(range(self.session.topology.nproc)))
         self.session.restart(views.StartProgress(), ranks=ranks, sink=sink)
 
@@ -236,7 +238,7 @@ class ClorchMagics(Magics):
             print("clorch: no ranks are running")
             return
         n = self.session.topology.nproc
-        left = self.session.stop()
+        left = self.session.stop(polite=self.session.life.state.value != "suspended")  # no clean leave: no CUDA
         self.session = None
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")

@@ -21,10 +21,14 @@ from typing import Any, Callable
 from ..errors import ClorchError, ConfigError
 from ..human import duration
 from ..session.lifecycle import SessionState
+from ..session.suspend import refuse_cell
 from . import views
 from .arguments import argument, magic_arguments, parse
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["IdleSuspend", "parse_duration", "refuse_cell", "resume_command", "set_idle_suspend",
+           "suspend_after_option", "suspend_command"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 

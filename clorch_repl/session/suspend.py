@@ -77,12 +77,13 @@ def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: li
     return None
 
 
-def refuse_cell(life: Lifecycle) -> None:
-    """A cell (or a value transfer) while the ranks are suspended: refused, saying so."""
+def refuse_cell(life: Lifecycle, then: str = "then run the cell again") -> None:
+    """A cell (or a value transfer, or ``then``'s command) while the ranks are suspended: refused,
+    saying so and offering the resume."""
     if life.state in (SessionState.SUSPENDING, SessionState.SUSPENDED, SessionState.RESUMING):
         what = {"suspending": "being suspended", "resuming": "being resumed"}.get(life.state.value, "suspended")
         raise ClorchError(f"the ranks are {what} ({life.why or 'their GPUs given back'}): "
-                          "%clorch resume gives them their GPUs back, then run the cell again")
+                          f"%clorch resume gives them their GPUs back, {then}")
 
 
 @dataclass(frozen=True)
@@ -115,13 +116,11 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
     targets = [f"{pid}={_where(launcher, rank)}" for pid, rank in pids.items()]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # the ranks' GPUs, whichever
     command = [sys.executable, "-m", "clorch_repl.cuda_checkpoint", action, *targets]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise ClorchError(f"the CUDA driver did not {action} {rank_words(ranks)} within {timeout:.0f} s; "
-                          "%clorch status shows their state, %clorch stop ends them") from None
+    helper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True)  # a Ctrl-C of the notebook's group never reaches it
+    stdout, stderr = _finish(helper, action, ranks, timeout)
     moved: dict[int, Moved] = {}
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         try:
             report: dict[str, Any] = json.loads(line)
         except ValueError:
@@ -132,8 +131,25 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
     for rank in ranks:
         if rank not in moved:
             moved[rank] = Moved(rank, False, {}, f"{_where(launcher, rank)}: the checkpoint helper said nothing "
-                                f"of it (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+                                f"of it (exit {helper.returncode}): {stderr.strip()[-400:]}")
     return moved
+
+
+def _finish(helper: "subprocess.Popen[str]", action: str, ranks: list[int], timeout: float) -> tuple[str, str]:
+    """The helper's output once it ends. An interrupt (Ctrl-C) does not stop it: the driver is
+    midway through each process, and a process stopped there stays locked; the interrupt is
+    logged and the suspend or resume finishes (seconds later), saying what it did."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return helper.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            logger.warning("clorch_repl: an interrupt during the %s is not taken: the CUDA driver is midway", action)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.communicate()
+            raise ClorchError(f"the CUDA driver did not {action} {rank_words(ranks)} within {timeout:.0f} s; "
+                              "%clorch stop ends them") from None
 
 
 def _from_nanny(rank: int, launcher: "Launcher", action: str, reply: dict[str, Any] | None,

@@ -76,3 +76,18 @@ def test_a_remote_ranks_nanny_runs_the_checkpoint_on_its_host_and_answers() -> N
             assert line.startswith(f"{r} False rank {r} on ") and "driver 570 or later" in line, asked.text
         alive = nb.run("%%distributed\nprint(rank)\n")  # the ranks were never touched
         assert alive.status == "ok" and lines_of(alive.text, 1) == ["1"], alive.text
+
+
+def test_the_session_side_runs_the_helper_and_maps_each_ranks_report() -> None:
+    """clorch_repl.session.suspend.drive with a local launcher's ranks: the real helper process,
+    its JSON reports read back per rank (no driver here, so each is a named failure)."""
+    from types import SimpleNamespace
+
+    from clorch_repl.session import suspend
+
+    launcher = SimpleNamespace(ranks=[SimpleNamespace(rank=0, pid=4242, host=""),
+                                      SimpleNamespace(rank=1, pid=4343, host="")],
+                               checkpoint=lambda action, ranks, timeout_s: None)  # ranks on this host
+    moved = suspend.drive("resume", launcher, [0, 1], 0)  # type: ignore[arg-type]
+    assert [m.ok for m in moved.values()] == [False, False]
+    assert moved[1].error.startswith("rank 1 on ") and "driver 570 or later" in moved[1].error, moved
