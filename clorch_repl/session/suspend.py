@@ -186,6 +186,33 @@ def gpu_holders(gpu: str) -> tuple[int | None, list[str]]:
     return (int(free) * 2**20 if free.isdigit() else None), holders
 
 
+def gpu_used(gpu: str) -> int | None:
+    """Bytes used on the GPU ``gpu`` (all its processes), from nvidia-smi; None where unknown. What
+    a rank holds when nvidia-smi cannot list processes by pid (a container's own pid namespace)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("nvidia-smi could not say what GPU %s holds: %s", gpu, exc)
+        return None
+    return int(out) * 2**20 if out.isdigit() else None
+
+
+def held_bytes(launcher: "Launcher", topology: "Topology",
+               used: Callable[[str], int | None] = gpu_used) -> dict[int, int | None]:
+    """rank -> the GPU memory it holds now (what the driver will keep in host memory): its
+    process's own figure, else, for a rank on this host, its whole GPU's."""
+    usage = launcher.memory()
+    held = {p.rank: usage.get(p.rank, (None, None))[1] for p in launcher.ranks}
+    for p in launcher.ranks:
+        if not held[p.rank] and not p.host:
+            held[p.rank] = used(topology.visible_devices(p.rank))
+    return held
+
+
 def room_problem(topology: "Topology", held: dict[int, int | None],
                  holders: Callable[[str], tuple[int | None, list[str]]] = gpu_holders,
                  remote: frozenset[int] = frozenset()) -> str | None:
@@ -270,8 +297,7 @@ class Suspending:
             raise ClorchError(f"cannot suspend: {problem}")
         t0 = time.monotonic()
         ranks = [p.rank for p in group.ranks]
-        usage = group.memory()
-        self._held = {r: usage.get(r, (None, None))[1] for r in ranks}
+        self._held = held_bytes(group, self.topology)
         total = sum(b for b in self._held.values() if b)
         self.life.move("suspend", f"{size(total)} of GPU memory moving to host memory")
         progress(f"suspending {rank_words(ranks)}: taking the group down")

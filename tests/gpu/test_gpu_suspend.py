@@ -9,11 +9,13 @@ training step equals the one a run without the suspends takes. Skipped where the
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from clorch_repl import cuda, cuda_checkpoint
+from clorch_repl.session.suspend import gpu_used
 from notebook_kernel import clorch_session
 from rank_text import lines_of
 
@@ -50,6 +52,14 @@ print('pid', os.getpid(), flush=True)
 
 SUSPENDED = re.compile(r"clorch: suspended rank 0 in (\d+\.\d) s: ([\d.]+ GiB) of GPU memory moved to host memory")
 RESUMED = re.compile(r"clorch: resumed rank 0 in (\d+\.\d) s")
+GPU = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()  # rank 0's
+
+
+def on_gpu(pid: int) -> int:
+    """What rank 0 holds: its process's figure where nvidia-smi lists it, else its GPU's (the
+    session is alone on it here)."""
+    by_pid = cuda.memory_by_pid()
+    return by_pid[pid] if pid in by_pid else (gpu_used(GPU) or 0)
 
 
 def test_suspend_frees_the_gpu_and_resume_keeps_every_tensor_three_times() -> None:
@@ -57,15 +67,15 @@ def test_suspend_frees_the_gpu_and_resume_keeps_every_tensor_three_times() -> No
         setup = nb.run(SETUP, timeout=600)
         assert setup.status == "ok", setup.text
         pid = int(lines_of(setup.text, 0)[-1].split()[1])
-        held = cuda.memory_by_pid().get(pid, 0)
+        held = on_gpu(pid)
         assert held > GIB * 2**30, f"rank 0 (pid {pid}) holds {held} bytes before the suspend"
         for i in range(1, 4):
             suspended = nb.run("%clorch suspend", timeout=600)
             assert suspended.status == "ok", suspended.text
             took = SUSPENDED.search(suspended.text)
             assert took, suspended.text
-            left = cuda.memory_by_pid().get(pid, 0)
-            assert left < 256 * 2**20, f"round {i}: rank 0 still holds {left} bytes of GPU memory when suspended"
+            left = on_gpu(pid)
+            assert left < 2**30, f"round {i}: GPU {GPU} still holds {left} bytes while rank 0 is suspended"
             status = nb.run("%clorch status")
             assert "the session is suspended" in status.text and "held in host memory" in status.text, status.text
             refused = nb.run("%%distributed\nprint('ran')\n")
@@ -76,7 +86,7 @@ def test_suspend_frees_the_gpu_and_resume_keeps_every_tensor_three_times() -> No
             assert resumed.status == "ok", resumed.text
             back = RESUMED.search(resumed.text)
             assert back, resumed.text
-            assert cuda.memory_by_pid().get(pid, 0) > GIB * 2**30
+            assert on_gpu(pid) > GIB * 2**30
             after = nb.run(f"%%distributed\nprint(big.sum(dtype=torch.float64).item() == checksum, "
                            f"step(model, opt, {i}) == expected[{i}])\n"
                            "t = torch.ones(4, device=device)\ndist.all_reduce(t)\nprint(t.sum().item())\n",

@@ -138,6 +138,15 @@ def _drive(fail: dict[str, set[int]], calls: list[tuple[str, list[int]]]) -> Any
     return drive
 
 
+def test_what_a_rank_holds_falls_back_to_its_gpus_figure_where_nvidia_smi_lists_no_pid() -> None:
+    class Unlisted(_Launcher):
+        def memory(self) -> dict[int, tuple[int | None, int | None]]:
+            return {0: (2**30, None), 1: (2**30, 3 * 2**30)}
+
+    held = susp.held_bytes(Unlisted(), GPU, used=lambda gpu: {"0": 21 * 2**30}.get(gpu))  # type: ignore[arg-type]
+    assert held == {0: 21 * 2**30, 1: 3 * 2**30}
+
+
 def test_suspend_then_resume_moves_the_state_and_forms_the_group_again(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, list[int]]] = []
     monkeypatch.setattr(susp, "drive", _drive({}, calls))  # stand-in: no driver to checkpoint with here
