@@ -127,6 +127,9 @@ class IdleSuspend:
                           f"{line.removeprefix('clorch: ')}"
         except ClorchError as exc:
             self.notice = f"clorch: no cell ran for {idle}, but the session could not be suspended: {exc}"
+        except Exception as exc:  # noqa: BLE001 - on the kernel's loop: said at the next cell, never lost
+            logger.exception("the idle suspend failed")
+            self.notice = f"clorch: no cell ran for {idle}, but the idle suspend failed: {type(exc).__name__}: {exc}"
         logger.info("%s", self.notice)
         self._schedule(self.after_s)
 

@@ -303,7 +303,10 @@ class Suspending:
         progress(f"suspending {rank_words(ranks)}: taking the group down")
         spares = end_spares(group)  # first: the driver's host memory need not compete with theirs
         silent = abort_groups(relay, ranks)
-        moved = drive("suspend", group, ranks, total) if not silent else {}
+        try:
+            moved = drive("suspend", group, ranks, total) if not silent else {}
+        except ClorchError as exc:  # the helper could not be run or timed out: nothing known taken
+            return self._undo_suspend([], str(exc), total)
         if silent or not all(m.ok for m in moved.values()):
             failure = (f"{ranks_are(silent)} did not confirm the abort of its groups" if silent
                        else _failures(moved))
@@ -344,7 +347,11 @@ class Suspending:
         total = sum(b for b in held.values() if b)
         self.life.move("resume", f"{size(total)} moving back to the GPUs")
         progress(f"resuming {rank_words(ranks)}: {size(total)} back to the GPUs")
-        moved = drive("resume", group, ranks, total)
+        try:
+            moved = drive("resume", group, ranks, total)
+        except ClorchError as exc:  # the helper could not be run or timed out: where each rank is, unknown
+            self.life.move("degrade", f"a resume failed ({exc})")
+            raise ClorchError(f"the resume failed ({exc}); %clorch stop, then %clorch start") from None
         if not all(m.ok for m in moved.values()):
             return self._undo_resume(moved, total)
         progress("forming the group again")

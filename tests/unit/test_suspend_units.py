@@ -372,3 +372,16 @@ def test_ranks_on_other_hosts_are_moved_by_their_nannies_and_silence_is_named() 
     moved = susp.drive("suspend", launcher, [0, 1], 0)  # type: ignore[arg-type]
     assert moved[0].ok and moved[0].seconds["checkpoint"] == 9.5
     assert not moved[1].ok and moved[1].error == "rank 1 on nodeB: its nanny did not report the suspend within 120 s"
+
+
+def test_a_helper_that_cannot_run_leaves_the_session_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    def drive(action: str, launcher: Any, ranks: list[int], held: int) -> dict[int, susp.Moved]:
+        raise ClorchError("the CUDA driver did not suspend ranks 0-1 within 120 s; %clorch stop ends them")
+
+    monkeypatch.setattr(susp, "drive", drive)  # stand-in for the helper (no driver here)
+    monkeypatch.setattr(susp.cuda_checkpoint, "api_problem", lambda: None)
+    relay = _Relay()
+    session = _session(relay)
+    with pytest.raises(ClorchError, match="runs on as before .*within 120 s"):
+        session.suspend()
+    assert session.life.state is S.READY and "regroup" in relay.requests[-1]
