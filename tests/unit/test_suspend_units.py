@@ -78,6 +78,7 @@ class _Rank:
     pid: int
     host: str = ""
     alive: bool = True
+    exit: str | None = None
 
 
 @dataclass
@@ -385,3 +386,43 @@ def test_a_helper_that_cannot_run_leaves_the_session_running(monkeypatch: pytest
     with pytest.raises(ClorchError, match="runs on as before .*within 120 s"):
         session.suspend()
     assert session.life.state is S.READY and "regroup" in relay.requests[-1]
+
+
+def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -> None:
+    from clorch_repl.session.panel import Panel
+
+    class Prober:
+        """Stands in for the ranks' control channels (a real panel: tests/integration/test_top.py)."""
+
+        def __init__(self) -> None:
+            self.asked: list[Any] = []
+
+        def ask(self, *args: Any, **kwargs: Any) -> dict[int, Any]:
+            self.asked.append(args)
+            return {}
+
+        def send(self, *args: Any, **kwargs: Any) -> dict[str, int]:
+            self.asked.append(args)
+            return {}
+
+        def collect(self, waiting: dict[str, int], timeout_s: float = 0.0) -> dict[str, Any]:
+            return {}
+
+        def close(self) -> None:
+            pass
+
+    prober = Prober()
+    relay = type("Relay", (), {"busy": lambda self: [], "new_prober": lambda self: prober,
+                               "add_tick": lambda self, tick: None, "remove_tick": lambda self, tick: None})()
+    session = type("Session", (), {})()
+    group = _Launcher()
+    group.log_tail = lambda rank, lines=200: f"rank {rank}'s last line\n"  # type: ignore[attr-defined]
+    session.group, session.relay, session.current_cell = group, relay, None
+    session.life = Lifecycle(S.SUSPENDED, why="40.0 GiB of GPU memory held in host memory since 14:02:11")
+    shown: list[dict[str, str]] = []
+    panel = Panel(session, interval_s=0.2, show=shown.append)
+    panel.start()
+    panel._round(1e9)
+    assert prober.asked == []  # a suspended rank's answer would wait for the resume
+    assert "(suspended: 40.0 GiB of GPU memory held in host memory" in shown[-1]["text/plain"]
+    panel.close()
