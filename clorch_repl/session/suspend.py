@@ -234,6 +234,21 @@ def room_problem(topology: "Topology", held: dict[int, int | None],
     return "; ".join(problems) + ": each rank goes back to its own GPU only; free it and run %clorch resume again"
 
 
+def who_holds(topology: "Topology", ranks: list[int], remote: frozenset[int] = frozenset(),
+              holders: Callable[[str], tuple[int | None, list[str]]] = gpu_holders) -> str:
+    """"rank 0's GPU 3 is used by pid 4242 (python, 118.0 GiB)" for each of ``ranks`` on this host
+    whose GPU another process uses now (a restore that failed: which process to ask about)."""
+    said = []
+    for rank in ranks:
+        if rank in remote:
+            continue
+        gpu = topology.visible_devices(rank)
+        _, who = holders(gpu)
+        if who:
+            said.append(f"rank {rank}'s GPU {gpu} is used by {', '.join(who)}")
+    return "; ".join(said)
+
+
 def abort_groups(relay: "Relay", ranks: list[int]) -> list[int]:
     """The session's groups aborted on every rank (the hang recovery's abort over each rank's
     control channel); the ranks that did not confirm it."""
@@ -377,7 +392,7 @@ class Suspending:
             self.life.move("degrade", f"a resume failed midway ({failure}; {_failures(again)})")
             raise ClorchError(f"the resume failed ({failure}) and {rank_words(restored)} could not be suspended "
                               f"again ({_failures(again)}): %clorch stop, then %clorch start")
-        holders = room_problem(self.topology, getattr(self, "_held", {}), remote=_remote(group)) or ""
+        holders = who_holds(self.topology, [r for r, m in moved.items() if not m.ok], _remote(group))
         self.life.move("resume_failed", _held_line(total))
         raise ClorchError(f"cannot resume yet: {failure}{'; ' + holders if holders else ''}; the session stays "
                           "suspended: run %clorch resume again")

@@ -71,6 +71,14 @@ def test_a_gpu_taken_at_resume_is_named_with_who_holds_it() -> None:
     assert susp.room_problem(GPU, {0: 20 * 2**30, 1: 1 * 2**30}, holders) is None
 
 
+def test_a_failed_restore_names_the_process_on_the_ranks_gpu() -> None:
+    def holders(gpu: str) -> tuple[int | None, list[str]]:
+        return 100 * 2**30, ["pid 4242 (python, 38.0 GiB)"] if gpu == "1" else []
+
+    assert susp.who_holds(GPU, [0, 1], holders=holders) == "rank 1's GPU 1 is used by pid 4242 (python, 38.0 GiB)"
+    assert susp.who_holds(GPU, [1], frozenset({1}), holders=holders) == ""  # its host's nanny would know
+
+
 # ------------------------------------------------------------------ a whole suspend, stand-ins
 @dataclass
 class _Rank:
@@ -426,3 +434,20 @@ def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -
     assert prober.asked == []  # a suspended rank's answer would wait for the resume
     assert "(suspended: 40.0 GiB of GPU memory held in host memory" in shown[-1]["text/plain"]
     panel.close()
+
+
+def test_a_resume_that_cannot_restore_a_rank_stays_suspended_and_says_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, list[int]]] = []
+    monkeypatch.setattr(susp.cuda_checkpoint, "api_problem", lambda: None)
+    monkeypatch.setattr(susp, "room_problem", lambda topology, held, remote: None)
+    monkeypatch.setattr(susp, "who_holds", lambda topology, ranks, remote: "rank 1's GPU 1 is used by pid 4242 "
+                        "(python, 38.0 GiB)")  # stand-in for nvidia-smi (no GPU here)
+    monkeypatch.setattr(susp, "drive", _drive({"resume": {1}}, calls))  # stand-in for the driver
+    relay = _Relay()
+    session = _session(relay)
+    session.suspend()
+    with pytest.raises(ClorchError, match=r"cannot resume yet: .*pid 4242 .*stays suspended: run %clorch resume again"):
+        session.resume()
+    assert session.life.state is S.SUSPENDED and "held in host memory" in session.life.why
+    assert calls == [("suspend", [0, 1]), ("resume", [0, 1]), ("suspend", [0])]  # rank 0 back to host memory
+    assert relay.requests == []  # no group formed while a rank is still suspended
