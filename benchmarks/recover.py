@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -64,15 +65,17 @@ def run(kernel: NotebookKernel, code: str, timeout: float = 600) -> str:
     return reply.text
 
 
-def hang_and_interrupt(kernel: NotebookKernel) -> float:
-    """Start the hang, interrupt it once both ranks are in it; the time of the interrupt."""
+def hang_and_interrupt(kernel: NotebookKernel) -> tuple[float, float, str]:
+    """Start the hang, interrupt it once both ranks are in it: the time of the interrupt, the
+    seconds until the cell's report was shown (the group formed again by then, when clorch did
+    it), and the report's text."""
     msg_id = kernel.send(HANG)
     kernel.wait_for_ranks(msg_id, "in", ranks=(0, 1), timeout=120)
     time.sleep(1.0)  # rank 0 is inside the all_reduce
     t0 = time.perf_counter()
     kernel.km.interrupt_kernel()
-    kernel.collect(msg_id, timeout=300)
-    return t0
+    reply = kernel.collect(msg_id, timeout=300)
+    return t0, time.perf_counter() - t0, reply.text
 
 
 def main() -> None:
@@ -96,11 +99,16 @@ def main() -> None:
         run(kernel, setup)
         print(f"model: {4 * width * (width + 1) / 1e6:.1f}M parameters on {args.nproc} {args.backend} ranks")
         for i in range(args.rounds):
-            t0 = hang_and_interrupt(kernel)
+            t0, reported, text = hang_and_interrupt(kernel)
+            formed = re.search(r"formed again in (\d+\.\d) s", text)
+            assert formed, f"the group was not formed again:\n{text}"
+            t1 = time.perf_counter()
             run(kernel, f"%%distributed\ntrain_step(model, opt, {width})\n")
             recover.append(time.perf_counter() - t0)
+            print(f"round {i + 1}: interrupt to the report {reported:.2f} s (abort to formed: {formed[1]} s), "
+                  f"then the step {time.perf_counter() - t1:.2f} s", flush=True)
 
-            t0 = hang_and_interrupt(kernel)
+            t0, _, _ = hang_and_interrupt(kernel)
             run(kernel, "%clorch restart", timeout=600)
             run(kernel, MODEL + f"model, opt = make({width})\ncdist.load_checkpoint({path!r}, model=model, "
                                 f"optimizer=opt)\ntrain_step(model, opt, {width})\n")

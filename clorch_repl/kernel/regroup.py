@@ -35,13 +35,14 @@ Two steps, in two threads of the rank:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,8 @@ class _State:
     sockets: set[int] = field(default_factory=set)
     #: id(ProcessGroup) -> the backend types its backends were registered under so far
     slots: dict[int, list[Any]] = field(default_factory=dict)
+    #: whether torch's group helper is wrapped to record them (track_group_sockets)
     tracked: bool = False
-    aborted: bool = False
     #: the session's rendezvous store as the rank joined with it (every re-form meets under it)
     root: Any = None
     #: id(ProcessGroup) of groups left behind when a fresh rank joined (it has none of them): no
@@ -133,14 +134,14 @@ def track_group_sockets() -> None:
         _STATE.tracked = True
 
 
-class recording:
-    """Context: the sockets that appear inside it are a group's (see :func:`abort`)."""
-
-    def __enter__(self) -> None:
-        self._before = _socket_inodes()
-
-    def __exit__(self, *exc: Any) -> None:
-        made = _socket_inodes() - self._before
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """The sockets that appear inside it are a group's (see :func:`abort`)."""
+    before = _socket_inodes()
+    try:
+        yield
+    finally:
+        made = _socket_inodes() - before
         with _STATE.lock:
             _STATE.sockets |= made
 
@@ -248,7 +249,6 @@ def abort() -> dict[str, Any]:
                 except RuntimeError as exc:
                     logger.warning("aborting an NCCL communicator failed: %s", exc)
     shut = _shut_group_sockets()
-    _STATE.aborted = True
     return {"communicators": aborted, "sockets": shut, "seconds": round(time.monotonic() - t0, 3)}
 
 
@@ -344,6 +344,5 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
         pg._set_group_desc(desc)
         if kind == "nccl" and pg.bound_device_id is not None:
             backend.eager_connect_single_device(pg.bound_device_id)
-    _STATE.aborted = False
     return left
 

@@ -201,9 +201,14 @@ class Launcher(abc.ABC):
     def replace(self, ranks: list[int], progress: Progress) -> None:
         """End ``ranks``' kernels (where alive) and start fresh ones in their place, the other
         ranks untouched (``%clorch restart --ranks``); each fresh one joins the group through
-        :meth:`join_environment`. By default refused: a launcher that can, says so by overriding."""
-        raise ConfigError(f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts "
-                          "every rank afresh")
+        :meth:`join_environment`. Asked only where :meth:`cannot_replace` found nothing against it."""
+        raise ConfigError(self.cannot_replace(ranks))
+
+    def cannot_replace(self, ranks: list[int]) -> str:
+        """Why :meth:`replace` cannot replace ``ranks`` here ("" when it can), asked before anything
+        changes. By default it cannot: a launcher that can overrides both."""
+        return (f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts every rank "
+                "afresh (the ranks keep their variables until then)")
 
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see

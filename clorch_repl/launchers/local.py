@@ -281,19 +281,19 @@ class LocalLauncher(Launcher):
         env = self.rank_env(rank, 0)
         env.pop(STORE_FILE_ENV, None)  # learnt when it joins: a spare never sees an old group's
         env.pop("MASTER_PORT", None)
-        env[SPARE_ENV] = "1"
-        env[RANK_LOG_ENV] = log_path
+        env.update({SPARE_ENV: "1", RANK_LOG_ENV: log_path})
         return env
 
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
 
+    def cannot_replace(self, ranks: list[int]) -> str:  # every rank is this host's child: any can be
+        return ""
+
     def replace(self, ranks: list[int], progress: Progress) -> None:
-        """Fresh kernels for ``ranks`` beside the others (see Launcher.replace): each rank's warm
-        spare where the set is ready and current (the rest of the set is ended: it was made for a
-        whole start), else started cold; they meet the others in this start's rendezvous file."""
-        old = [self.ranks[r] for r in ranks]
-        self._end(old, 1.0, polite=False)
+        """Fresh kernels for ``ranks`` beside the others (Launcher.replace): each one's warm spare where the set
+        is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file."""
+        self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
         spares, self.spares = self.spares, []
         usable = spares and not self._stale(spares) and all(s.listening for s in spares)
         self._end([s for s in spares if not usable or s.rank not in ranks], 1.0, polite=False)

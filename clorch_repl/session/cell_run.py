@@ -53,8 +53,9 @@ REPLY_DRAIN_S = 0.5
 REPLY_DRAIN_MAX_S = 10.0
 #: After an interrupt, how long ranks get before those still running are asked whether they wait
 #: in a collective (Python returns from a KeyboardInterrupt within milliseconds; a collective
-#: that is about to complete gets this long to do so).
-GROUP_CHECK_S = 1.0
+#: that is about to complete gets this long to do so); asked again as often until the grace ends
+#: while some rank is still elsewhere (a loaded machine's rank still unwinding its interrupt).
+GROUP_CHECK_S = 0.5
 #: After the session's group was aborted, how long the ranks it freed get to return.
 ABORT_GRACE_S = 3.0
 
@@ -304,8 +305,11 @@ class CellRun:
     def group_checked(self, aborted: bool, now: float) -> None:
         """The answer to :class:`FreeGroup`: ``aborted`` when the group was aborted at ``now``; the
         ranks it freed get :data:`ABORT_GRACE_S` to return (each is marked freed: what it raises
-        is the abort's doing)."""
+        is the abort's doing). Not aborted: asked again after :data:`GROUP_CHECK_S` while the
+        interrupt's grace lasts."""
         if not aborted:
+            if self.give_up_at is not None and now + GROUP_CHECK_S < self.give_up_at:
+                self.group_check_at = now + GROUP_CHECK_S  # ask again: a rank may still be on its way
             return
         self.outcome.group_aborted, self.outcome.aborted_at = True, now
         if self.outcome.diagnosis is None:  # the verdict taken before the interrupt: why they were stuck

@@ -84,7 +84,10 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
     busy = _busy_after(relay, launcher, IDLE_WAIT_S)
     if dead or busy:
         return lost(launcher, [p.rank for p in dead], busy)
+    t0 = time.monotonic()
     outcome = _regroup(relay, launcher, generation, [])
+    logger.info("clorch_repl: re-form %d: %.3f s after the abort the ranks were free; the re-form took %.3f s",
+                generation, t0 - aborted_at, time.monotonic() - t0)
     if not outcome.ok:
         why = f"the group could not be formed again ({_failure(outcome)})"
         return Regrouped(False, f"clorch: the group was aborted, but {why}; every rank kept its variables: "

@@ -85,7 +85,6 @@ class Session(Suspending):
         t0 = time.monotonic()
         if self.group is None:
             self.group = self._make_launcher(self.topology)
-        self.life.move("start")
         try:
             try:
                 self._form_group(progress)
@@ -119,6 +118,7 @@ class Session(Suspending):
     def _form_group(self, progress: Progress) -> None:
         """Launch the ranks, open their channels and have them join the process group."""
         assert self.group is not None
+        self.life.move("start")  # from stopped: a first start, a restart, or a cold retry after spares failed
         self.group.launch(progress)
         self.topology = self.group.topology  # a remote launcher learns devices and backend
         n = self.topology.nproc
@@ -213,6 +213,8 @@ class Session(Suspending):
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()
         check_unique_in_range(ranks, self.topology.nproc, "--ranks", "rank")
+        if why := group.cannot_replace(ranks):
+            raise ConfigError(why)
         if len(ranks) == self.topology.nproc:
             raise ConfigError("--ranks names every rank: %clorch restart (without --ranks) starts them all afresh")
         busy = [r for r in relay.busy() if r not in ranks and group.ranks[r].alive]
