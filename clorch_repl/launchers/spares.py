@@ -47,3 +47,15 @@ def end_spares(launcher: Any) -> int:
     launcher.spares = []
     launcher._end(spares, 1.0, polite=False)  # the local launcher's own way of ending its kernels
     return len(spares)
+
+
+def lost_spares(launcher: Any) -> str:
+    """"the warm spare made rank 1 ended (killed by signal SIGKILL)" when ``launcher``'s ranks of
+    this start were warm spares and one of them is gone; "" otherwise (a cold start's failure
+    stands). (A session's start asks it, to start the ranks cold once instead of failing.)"""
+    if launcher is None or not launcher.from_spares:
+        return ""
+    dead = [f"rank {p.rank} ({p.exit or 'gone'})" for p in launcher.ranks if not p.alive]
+    if not dead:
+        return ""
+    return f"the warm spare made {', '.join(dead)} ended"

@@ -18,6 +18,7 @@ from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
+from ..launchers.spares import lost_spares
 from ..topology import Topology, check_unique_in_range
 from . import flood, recovery
 from .comms import CommBridge, notebook_kernel
@@ -90,7 +91,7 @@ class Session(Suspending):
                 self._form_group(progress)
             except ClorchError as exc:
                 interrupted = isinstance(exc, StartupError) and exc.outcome is not None and exc.outcome.interrupted
-                lost = "" if interrupted else self._lost_spares()  # the user's Ctrl-C is no cue to retry
+                lost = "" if interrupted else lost_spares(self.group)  # the user's Ctrl-C is no cue to retry
                 if not lost:
                     raise
                 logger.warning("clorch_repl: %s while joining (%s); starting the ranks cold", lost, exc)
@@ -133,17 +134,6 @@ class Session(Suspending):
         outcome = self.relay.execute(join, silent=True)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
-
-    def _lost_spares(self) -> str:
-        """"the warm spare made rank 1 ended (killed by signal SIGKILL)" when this start's ranks
-        were warm spares and one of them is gone; "" otherwise (a cold start's failure stands)."""
-        group = self.group
-        if group is None or not group.from_spares:
-            return ""
-        dead = [f"rank {p.rank} ({p.exit or 'gone'})" for p in group.ranks if not p.alive]
-        if not dead:
-            return ""
-        return f"the warm spare made {', '.join(dead)} ended"
 
     def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
