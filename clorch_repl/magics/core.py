@@ -238,7 +238,7 @@ class ClorchMagics(Magics):
             print("clorch: no ranks are running")
             return
         n = self.session.topology.nproc
-        left = self.session.stop(polite=self.session.life.state.value != "suspended")  # no clean leave: no CUDA
+        left = self.session.stop()
         self.session = None
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")

@@ -141,6 +141,7 @@ class Session(Suspending):
         ``polite=False`` ends the ranks at once, without asking them to leave the group and shut
         down (their state is being thrown away)."""
         group, relay = self.group, self.relay
+        polite = polite and self.life.state is not SessionState.SUSPENDED  # a leave would wait on locked CUDA
         self.life.move_if("stop")
         self.relay = None
         if not keep_logs:

@@ -451,3 +451,32 @@ def test_a_resume_that_cannot_restore_a_rank_stays_suspended_and_says_retry(monk
     assert session.life.state is S.SUSPENDED and "held in host memory" in session.life.why
     assert calls == [("suspend", [0, 1]), ("resume", [0, 1]), ("suspend", [0])]  # rank 0 back to host memory
     assert relay.requests == []  # no group formed while a rank is still suspended
+
+
+def test_stopping_a_suspended_session_ends_the_ranks_without_asking_them_to_leave() -> None:
+    class Stoppable(_Launcher):
+        def stop(self, grace_s: float = 5.0, *, polite: bool = True) -> list[str]:
+            self.polite = polite
+            return []
+
+        def close(self) -> None:
+            pass
+
+    class Channels(_Relay):
+        def set_comm_sink(self, sink: Any) -> None:
+            pass
+
+        def idle(self, rank: int) -> bool:
+            return True
+
+        def close(self) -> None:
+            pass
+
+    relay = Channels()
+    session = _session(relay)
+    group = Stoppable()
+    session.group = group  # type: ignore[assignment]
+    session.life = Lifecycle(S.SUSPENDED)
+    assert session.stop() == []
+    assert relay.requests == [] and group.polite is False  # no leave request: it would wait on locked CUDA
+    assert session.life.state is S.STOPPED
