@@ -170,7 +170,7 @@ class ClorchMagics(Magics):
         spares = session.spares()
         if spares:
             print(views.spares_line(spares))
-        saves = None if session.life.state.value == "suspended" else views.saves_line(session.saves_in_flight())
+        saves = views.saves_line(session.saves_in_flight())
         if saves:
             print(saves)
 

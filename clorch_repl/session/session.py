@@ -374,6 +374,7 @@ class Session(Suspending):
         from ..diagnosis import render
 
         _, relay = self._require()
+        refuse_cell(self.life, "then %clorch why")  # a suspended rank's answer would wait for the resume
         if ranks is not None:
             check_unique_in_range(ranks, self.topology.nproc, "--rank", "rank")
         verdict, states = relay.diagnose(all_threads=all_threads)  # every rank: the cause may be any
@@ -406,6 +407,8 @@ class Session(Suspending):
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
         ranks over their control channels, so it answers while a save's thread writes."""
         _, relay = self._require()
+        if self.life.state is SessionState.SUSPENDED:
+            return {}  # nothing writes while suspended, and asking would wait for the resume
         answers = relay.light_answers()
         return {rank: answer["saves"] for rank, answer in answers.items()
                 if answer is not None and answer.get("saves")}

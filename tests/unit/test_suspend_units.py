@@ -170,6 +170,9 @@ def test_suspend_then_resume_moves_the_state_and_forms_the_group_again(monkeypat
     assert "40.0 GiB of GPU memory held in host memory" in session.life.why
     with pytest.raises(ClorchError, match="suspended"):
         session.run("x = 1", None, None, None)
+    with pytest.raises(ClorchError, match="then %clorch why"):
+        session.why()  # the ranks are not asked: their answer would wait for the resume
+    assert session.saves_in_flight() == {}
     assert "resumed ranks 0-1" in session.resume() and session.life.state is S.READY
     assert calls[-1] == ("resume", [0, 1]) and "regroup" in relay.requests[-1]
     assert session.group.formed == 1  # warm spares started again
