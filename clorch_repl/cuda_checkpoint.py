@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 #: The driver library every NVIDIA driver installs.
 LIBRARY = "libcuda.so.1"
 #: What a driver without the API is told to get.
-NEEDED = "an NVIDIA driver with CUDA 12.8's checkpoint API (driver 570 or later; tested on 580)"
+NEEDED = "an NVIDIA driver with CUDA 12.8's checkpoint API (driver 570 or later)"
 SYMBOLS = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore",
            "cuCheckpointProcessUnlock", "cuCheckpointProcessGetState")
 #: Size of every argument struct (CUcheckpointLockArgs & co.: 64 bytes, zeroed but the lock's timeout).
