@@ -222,6 +222,13 @@ class Launcher(abc.ABC):
         """Called once the ranks of a start have formed their group: a launcher may now prepare
         the next start (warm spares), without taking time from this one."""
 
+    def checkpoint(self, action: str, ranks: list[int], timeout_s: float) -> dict[int, dict[str, Any] | None] | None:
+        """``action`` (suspend or resume, :mod:`clorch_repl.cuda_checkpoint`) on ``ranks``' processes
+        by whoever runs on their host (``%clorch suspend/resume``): each rank's reply (its
+        ``outcome``, the helper's report, or an ``error``; None where none came within
+        ``timeout_s``). None by default: the ranks run on this host, whose helper the session runs."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """After :meth:`stop`: end what hosts the ranks (allocations, nannies) and remove the files."""

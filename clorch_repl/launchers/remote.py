@@ -323,6 +323,12 @@ class RemoteLauncher(Launcher):
             usage[rank] = (rss if isinstance(rss, int) else None, gpu if isinstance(gpu, int) else None)
         return usage
 
+    def checkpoint(self, action: str, ranks: list[int], timeout_s: float) -> dict[int, dict[str, Any] | None] | None:
+        """Each rank's nanny suspends or resumes its kernel's CUDA state on its host, all at once."""
+        pending = {r: self.server.request_async(r, ToNanny.CHECKPOINT, action=action) for r in ranks}
+        deadline = time.monotonic() + timeout_s
+        return {r: self.server.collect(rid, max(0.0, deadline - time.monotonic())) for r, rid in pending.items()}
+
     def lost(self) -> list[int]:
         """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""
         return [r for r in sorted(self.server.peers) if self.server.is_lost(r)]

@@ -29,6 +29,7 @@ from . import views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
+from .suspend import parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option, suspend_command
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, stdin_ranks_option, tail_option, timeout_option, topology_options)
@@ -36,7 +37,7 @@ from .arguments import (argument, hang_notice_option, launcher_options, magic_ar
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("start", "status", "top", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run",
-            "debug", "debugger")
+            "debug", "debugger", "suspend", "resume")
 
 
 @contextlib.contextmanager
@@ -112,6 +113,7 @@ class ClorchMagics(Magics):
     @topology_options
     @launcher_options
     @hang_notice_option
+    @suspend_after_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
         args = parse(self._start, line)
@@ -127,7 +129,7 @@ class ClorchMagics(Magics):
         launcher = launcher_class(args.launcher)
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
-        hang_notice = parse_hang_notice(args.hang_notice)
+        hang_notice, suspend_after = parse_hang_notice(args.hang_notice), parse_duration(args.suspend_after)
         topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
                                      timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
@@ -143,6 +145,9 @@ class ClorchMagics(Magics):
             session.hang_notice_s = hang_notice
         session.start(views.StartProgress())
         self.session = session
+        views.notice(set_idle_suspend(self, suspend_after))
+
+    _suspend, _resume = suspend_command, resume_command  # (clorch_repl.magics.suspend)
 
     @magic_arguments(name="clorch status")
     def _status(self, line: str) -> None:
@@ -213,6 +218,8 @@ class ClorchMagics(Magics):
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
         ranks = parse_ranks(args.ranks)
+        if ranks is not None:
+            refuse_cell(self.session.life, "then %clorch restart --ranks")  # suspended ranks form no group
         sink = None if ranks is None else NotebookDisplay(tuple(range(self.session.topology.nproc)))
         self.session.restart(views.StartProgress(), ranks=ranks, sink=sink)
 
