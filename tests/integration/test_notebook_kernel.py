@@ -23,9 +23,16 @@ PIDS = ("from clorch_repl.magics import magics_for\n"
 
 @pytest.fixture()
 def nb() -> Iterator[NotebookKernel]:
-    # tests kill the notebook or stop it themselves; the rank logs kept as by default (conftest turns it off)
-    with clorch_session("--nproc 2", stop=False, env={"CLORCH_KEEP_LOGS": "1"}) as kernel:
+    with clorch_session("--nproc 2", stop=False) as kernel:  # tests kill the notebook or stop it themselves
         assert kernel.start_reply is not None and "ranks ready 2/2" in kernel.start_reply.text
+        yield kernel
+
+
+@pytest.fixture()
+def nb_keeping_logs() -> Iterator[NotebookKernel]:
+    """``nb`` with the rank logs kept at the end, as by default (tests/conftest.py turns it off);
+    the tests that use it remove what was kept."""
+    with clorch_session("--nproc 2", stop=False, env={"CLORCH_KEEP_LOGS": "1"}) as kernel:
         yield kernel
 
 
@@ -87,7 +94,8 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert ok.status == "ok" and "[ranks 0-1] sum 2.0" in ok.text
 
 
-def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel) -> None:
+def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb_keeping_logs: NotebookKernel) -> None:
+    nb = nb_keeping_logs
     pids = rank_pids(nb)
     session_dir = nb.run("print('DIR', magics_for(get_ipython()).session.group.dir)").text.split("DIR ")[1].strip()
     assert len(pids) == 2 and all(pid_running(p) for p in pids) and os.path.isdir(session_dir)
@@ -108,7 +116,8 @@ def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel
         shutil.rmtree(kept, ignore_errors=True)
 
 
-def test_stop_ends_every_rank_and_keeps_their_logs(nb: NotebookKernel) -> None:
+def test_stop_ends_every_rank_and_keeps_their_logs(nb_keeping_logs: NotebookKernel) -> None:
+    nb = nb_keeping_logs
     pids = rank_pids(nb)
     coloured = nb.run("%%distributed\nprint('\\x1b[31mred\\x1b[0m on', rank)")
     assert coloured.status == "ok", coloured.text
