@@ -204,6 +204,7 @@ def export_notebook(nb: Mapping[str, Any], script_name: str = "OUT.py") -> Expor
              PREAMBLE.format(backend_line=_backend_line(start.get("--backend")), timeout=timeout, script=script_name)]
     notebook_names: dict[str, int] = {}  # name -> the notebook-only cell that binds it
     pushed: dict[str, int] = {}
+    started = [0]
     on_ranks = set(RANK_NAMES) | set(dir(builtins))
     count = 0
     for index, cell in enumerate(cells):
@@ -216,7 +217,7 @@ def export_notebook(nb: Mapping[str, Any], script_name: str = "OUT.py") -> Expor
             continue
         first, _, body = text.lstrip("\n").partition("\n")
         if not first.strip().startswith("%%distributed"):
-            parts.append(_notebook_only(index, text, warnings, notebook_names, pushed))
+            parts.append(_notebook_only(index, text, warnings, notebook_names, pushed, started))
             continue
         count += 1
         where = f"cell {index} (%%distributed)"
@@ -224,7 +225,7 @@ def export_notebook(nb: Mapping[str, Any], script_name: str = "OUT.py") -> Expor
         code = _strip_ipython(body, where, warnings)
         tree = _parse(code)
         if tree is not None:
-            _check_cell(tree, code, where, options, warnings, notebook_names, pushed, on_ranks)
+            _check_cell(tree, code, where, options, warnings, notebook_names, pushed, on_ranks, _shown(cell))
             on_ranks |= _stored(tree)
         else:
             warnings.append(f"{where} is not Python that a script can hold (top-level await, a syntax error): "
@@ -259,17 +260,27 @@ def _is_number(text: str | None) -> bool:
         return False
 
 
-def _notebook_only(index: int, text: str, warnings: list[str], names: dict[str, int], pushed: dict[str, int]) -> str:
-    """A notebook-only cell as a comment; what it gives the ranks (``%clorch push``) is warned about."""
+def _notebook_only(index: int, text: str, warnings: list[str], names: dict[str, int], pushed: dict[str, int],
+                   started: list[int]) -> str:
+    """A notebook-only cell as a comment; what it gives the ranks (``%clorch push``) or takes from
+    them (``%clorch restart``, a second ``%clorch start``: every later cell's state) is warned
+    about. ``started``: how many ``%clorch start`` lines were seen so far (updated)."""
     plain = []
     for line in text.splitlines():
         bare = line.strip()
+        starts_seen = started[0] > 0
+        if bare.startswith("%clorch start"):
+            started[0] += 1
         if bare.startswith("%clorch push"):
             tokens = bare.split()
             name = tokens[2] if len(tokens) > 2 else "?"
             pushed[name] = index
             warnings.append(f"cell {index}: %clorch push {name} gave the ranks the notebook's {name}; the script "
                             f"has no notebook: define {name} in a %%distributed cell")
+        elif bare.startswith("%clorch restart") or (bare.startswith("%clorch start") and starts_seen):
+            warnings.append(f"cell {index}: {bare} gave the ranks fresh processes (empty namespaces, new random "
+                            "state, a new group); the script goes on in the same processes, so the cells after it "
+                            "may print other values than the notebook did: start a second script there instead")
         elif bare.startswith("%clorch run"):
             warnings.append(f"cell {index}: {bare} ran a script on the ranks; the exported script does not: "
                             "run that script with torchrun on its own")
@@ -281,8 +292,24 @@ def _notebook_only(index: int, text: str, warnings: list[str], names: dict[str, 
     return f"# %% cell {index}: notebook only, not run by the script\n" + _comment(text)
 
 
+def _shown(cell: Mapping[str, Any]) -> bool | None:
+    """Whether the notebook showed a value for this cell (a display or result among its saved
+    outputs); None when the notebook does not say (the cell never ran, or its outputs were cleared)."""
+    if cell.get("execution_count") is None and not cell.get("outputs"):
+        return None
+    return any(o.get("output_type") in ("execute_result", "display_data") for o in cell.get("outputs") or [])
+
+
+#: functions and methods that return None (a cell ending in a call of one shows no value): builtins,
+#: torch's that cells end in, and the list and dict methods
+_NONE_CALLS = frozenset({"print", "exec", "setattr", "delattr", "breakpoint", "init_process_group",
+                         "destroy_process_group", "barrier", "backward", "zero_grad", "step", "sleep", "set_device",
+                         "set_epoch", "append", "extend", "sort", "update", "clear"})
+
+
 def _check_cell(tree: ast.Module, code: str, where: str, options: dict[str, str], warnings: list[str],
-                notebook_names: dict[str, int], pushed: dict[str, int], on_ranks: set[str]) -> None:
+                notebook_names: dict[str, int], pushed: dict[str, int], on_ranks: set[str],
+                shown: bool | None = None) -> None:
     """Warn about what of this distributed cell the script cannot reproduce."""
     mine = _stored(tree)
     for name in sorted(_loaded(tree) - mine - on_ranks):
@@ -299,10 +326,23 @@ def _check_cell(tree: ast.Module, code: str, where: str, options: dict[str, str]
         warnings.append(f"{where} calls destroy_process_group(): in the notebook the session's group survived it; "
                         "in the script the cells after it run without a group")
     last = tree.body[-1] if tree.body else None
-    if (isinstance(last, ast.Expr) and not isinstance(last.value, ast.Call)
-            and not code.rstrip().endswith(";") and "--gather" not in options):
+    if not isinstance(last, ast.Expr) or code.rstrip().endswith(";") or "--gather" in options:
+        return
+    if not isinstance(last.value, ast.Call):
         warnings.append(f"{where} ends in an expression whose value the notebook showed; the script computes it "
                         "and shows nothing: wrap it in print() for the same output")
+        return
+    # A call's value is shown unless it is None: print() never, total.item() always. The notebook's
+    # saved outputs say which (a call that showed nothing returned None); without them, warn.
+    func = last.value.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name in _NONE_CALLS or shown is False:
+        return
+    call = ast.get_source_segment(code, last.value) or "the call"
+    call = call if len(call) <= 40 else call[:37] + "..."
+    showed = "showed" if shown else "shows (unless it is None)"
+    warnings.append(f"{where} ends in a call, {call}, whose value the notebook {showed}; the script computes it "
+                    "and shows nothing: wrap it in print() for the same output")
 
 
 # ------------------------------------------------------------------------------ the command

@@ -244,7 +244,8 @@ def apply_from_env(environ: dict[str, str] | None = None) -> tuple[str, set[int]
     """apply_cpu_bind from :data:`CPU_BIND_ENV` and :data:`GPU_INDEX_ENV`, as a rank does at start.
 
     Returns the mode read ("" when unset: nothing is done) and the CPUs bound to. Without
-    GPU_INDEX_ENV, a CUDA_VISIBLE_DEVICES of one GPU (what the session's launcher gives a GPU rank)
+    GPU_INDEX_ENV (which every launcher of clorch sets: the rank's own GPU, wherever CUDA_VISIBLE_DEVICES,
+    which lists its host's GPUs as under torchrun, puts it), a CUDA_VISIBLE_DEVICES of one GPU
     stands for it. An index or a ``GPU-...`` UUID (looked up with nvidia-smi). Bad values raise
     ValueError.
     """

@@ -27,7 +27,8 @@ TIMEOUT_ENV = "CLORCH_DIST_TIMEOUT_MS"
 STORE_FILE_ENV = "CLORCH_STORE_FILE"
 #: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.numa)
 CPU_BIND_ENV = "CLORCH_CPU_BIND"
-#: the rank's physical GPU index on its host (before CUDA_VISIBLE_DEVICES renumbers it to 0)
+#: the rank's own GPU as its host names it (a physical index or a UUID): what NUMA binding and the
+#: GPU figures of ``%clorch top`` read, whatever position CUDA_VISIBLE_DEVICES gives it
 GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
 #: set in a warm spare's environment (clorch_repl.launchers.local): it imports torch before its
 #: kernel starts, and it learns the group's meeting point only when it is made a rank
@@ -54,6 +55,10 @@ class RankPlace:
     #: the rank's GPU as CUDA_VISIBLE_DEVICES names it on its host (an index or a UUID), None
     #: for a CPU rank
     gpu: str | None = None
+    #: the GPUs of the world's ranks on this rank's host, by local rank (``host_gpus[local_rank]``
+    #: is ``gpu``): all of them are made visible, so ``cuda:{LOCAL_RANK}`` is the rank's own GPU as
+    #: under torchrun (see :func:`visible_devices`); empty: the rank sees its own GPU only
+    host_gpus: tuple[str, ...] = ()
     #: a FileStore path (ranks on one host), or None: a TCPStore at master_addr:master_port
     store_file: str | None = None
     #: the network interface gloo/NCCL use (ranks on several hosts), unless the user set one
@@ -89,8 +94,8 @@ def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) ->
         "LOCAL_WORLD_SIZE": str(place.local_world_size),
         "MASTER_ADDR": place.master_addr,
         "MASTER_PORT": str(place.master_port),
-        # One GPU per rank; "" keeps a CPU rank off every GPU.
-        "CUDA_VISIBLE_DEVICES": place.gpu or "",
+        # "" keeps a CPU rank off every GPU
+        "CUDA_VISIBLE_DEVICES": visible_devices(place.gpu, place.local_rank, place.host_gpus),
     })
     if place.gpu is not None:
         env[GPU_INDEX_ENV] = place.gpu
@@ -103,6 +108,64 @@ def rank_environment(place: RankPlace, base: Mapping[str, str] | None = None) ->
         env.setdefault("GLOO_SOCKET_IFNAME", ifname)
         env.setdefault("NCCL_SOCKET_IFNAME", ifname)
     return env
+
+
+def visible_devices(gpu: str | None, local_rank: int, host_gpus: tuple[str, ...] | list[str] = ()) -> str:
+    """CUDA_VISIBLE_DEVICES for one rank: torchrun's convention where it can hold.
+
+    Under torchrun every worker of a node sees the node's GPUs and picks its own as
+    ``cuda:{LOCAL_RANK}`` (``torch.cuda.set_device(LOCAL_RANK)``, ``model.to(local_rank)``: the DDP
+    tutorial, torchtitan, Hugging Face and Lightning all do). So a rank sees the GPUs of its host's
+    ranks, listed in local-rank order (``--devices 2,3``: ``"2,3"``; GPU 3 is then ``cuda:1`` of
+    local rank 1): index LOCAL_RANK is its own GPU, and no GPU of another session is visible.
+    Where that cannot hold (no host list, or its entry for this local rank is another GPU: a
+    launcher that gave each task one GPU of its own, ``srun --gpus-per-task=1``) the rank sees
+    its own GPU only, as ``cuda:0``. "" for a CPU rank."""
+    if gpu is None:
+        return ""
+    listed = [str(g) for g in host_gpus]
+    if len(set(listed)) != len(listed):
+        raise ConfigError(f"local rank {local_rank}: its host's GPUs {','.join(listed)} name one GPU twice: "
+                          "each rank of a host needs a GPU of its own (check --devices or CUDA_VISIBLE_DEVICES)")
+    if 0 <= local_rank < len(listed) and listed[local_rank] == gpu:
+        return ",".join(listed)
+    if listed:
+        logger.info("local rank %d: GPU %s is not entry %d of its host's GPUs %s: it sees its own GPU only",
+                    local_rank, gpu, local_rank, ",".join(listed))
+    return gpu
+
+
+def host_gpu_lists(ranks: list[tuple[str, int, str | None, list[str]]]) -> list[tuple[str, ...]]:
+    """For ranks on many hosts, each given as (host, local rank, its GPU or None, the GPUs its
+    host lets it see): each rank's :attr:`RankPlace.host_gpus`, the GPUs of its host's ranks in
+    local-rank order. A rank gets () (its own GPU only) where its host's list has a gap (a CPU
+    rank, a local rank missing) or names a GPU it cannot see (one GPU per task)."""
+    by_host: dict[str, dict[int, str | None]] = {}
+    for host, local, gpu, _ in ranks:
+        by_host.setdefault(host, {})[local] = gpu
+    lists: list[tuple[str, ...]] = []
+    for host, local, gpu, seen in ranks:
+        locals_ = by_host[host]
+        listed = [locals_.get(i) for i in range(max(locals_) + 1)]
+        usable = gpu is not None and all(g is not None and g in seen for g in listed)
+        lists.append(tuple(str(g) for g in listed) if usable else ())
+    return lists
+
+
+def device_index(env: Mapping[str, str]) -> int | None:
+    """The index of this rank's own GPU in its process (``cuda:N``), from the environment
+    :func:`rank_environment` wrote: its GPU's position in CUDA_VISIBLE_DEVICES (LOCAL_RANK where
+    torchrun's convention holds, 0 where it sees one GPU). None for a CPU rank."""
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return None
+    own = env.get(GPU_INDEX_ENV, "").strip()
+    if own in visible:
+        return visible.index(own)
+    local = env.get("LOCAL_RANK", "")
+    if len(visible) > 1 and local.isdigit() and int(local) < len(visible):
+        return int(local)  # a host-wide list set by the user or a launcher: torchrun's convention
+    return 0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 
 It runs what a user's first notebook session would run, on real ranks, and prints one line per
 check: collectives, DDP backward, gradient accumulation, AMP overflow handling (and, on GPU,
-float16/bfloat16 autocast and fused attention), checkpoints, an FSDP2 model's sharded checkpoint,
+float16/bfloat16 autocast, fused attention and a suspend and resume), checkpoints, an FSDP2 model's sharded checkpoint,
 a worker failure, and that no process is left behind. The exit status is non-zero when anything failed, so CI can run ``--mode cpu``
 (two gloo ranks, well under a minute) and a GPU host ``--mode gpu`` (one NCCL rank per GPU).
 
@@ -117,6 +117,40 @@ class _Checks:
         assert not left, f"ranks still running after stop: {left}"
         return f"{nproc} worker kernel(s) formed a {backend} group in {seconds:.1f}s, ran an all_reduce cell, stopped"
 
+    def suspend_resume(self) -> str:
+        """gpu: one NCCL rank's tensors survive ``%clorch suspend`` (its GPU memory freed) and
+        ``%clorch resume`` (issue 37); one rank, since two GPUs' suspend is the two-GPU issue's."""
+        from . import cuda, cuda_checkpoint
+        from .session.session import Session
+        from .topology import resolve_topology
+
+        problem = cuda_checkpoint.api_problem()
+        if problem:
+            return f"skipped: {problem}"
+        session = Session(resolve_topology(1, [0], "nccl"))
+        session.start()
+        try:
+            self.pids.extend(session.pids())
+            pid = session.pids()[0]
+            code = ("import torch\nx = torch.randn(2**28, device=device)\ns = x.double().sum().item()\n"
+                    "torch.cuda.synchronize()")
+            assert session.run(code, None, None, None).ok, "the cell that fills 1 GiB of GPU memory failed"
+            t0 = time.perf_counter()
+            session.suspend()
+            out = time.perf_counter() - t0
+            left = cuda.memory_by_pid().get(pid, 0)
+            assert left < 2**28, f"rank 0 still holds {left} bytes of GPU memory while suspended"
+            t0 = time.perf_counter()
+            session.resume()
+            back = time.perf_counter() - t0
+            check = ("import torch.distributed as dist\nassert x.double().sum().item() == s\n"
+                     "t = torch.ones(1, device=device)\ndist.all_reduce(t)\nassert t.item() == 1")
+            assert session.run(check, None, None, None).ok, "after the resume the tensor or the group was wrong"
+        finally:
+            left_over = session.stop()
+        assert not left_over, f"ranks still running after stop: {left_over}"
+        return f"1 NCCL rank with 1 GiB: suspended in {out:.1f}s (GPU memory freed), resumed in {back:.1f}s, exact"
+
     def cleanup(self) -> str:
         from .procs import wait_gone
 
@@ -147,6 +181,8 @@ def run_checks(mode: str = "cpu", nproc: int | None = None, timeout_s: float = 1
         results.extend(checks.rank_checks())
         results.append(_timed("worker failure", checks.worker_failure))
         results.append(_timed("interactive session", checks.interactive_session))
+        if mode == "gpu":
+            results.append(_timed("suspend and resume", checks.suspend_resume))
         results.append(_timed("process cleanup", checks.cleanup))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

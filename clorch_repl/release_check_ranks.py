@@ -18,8 +18,9 @@ def _device(ctx: dict[str, Any]) -> Any:
     import torch
 
     if ctx["backend"] == "nccl":
-        torch.cuda.set_device(0)  # the launcher leaves one GPU visible per rank
-        return torch.device("cuda", 0)
+        # the GPU the job's process group chose (dist.process_group): the only one a main= job's
+        # rank sees, or cuda:{LOCAL_RANK} where the rank sees its host's GPUs
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

@@ -29,7 +29,7 @@ NPROC_ENV = "CLORCH_NPROC"
 class Topology:
     """The validated layout of one group of ranks on this host.
 
-    ``devices[r]`` is the physical GPU index of rank ``r`` (its CUDA_VISIBLE_DEVICES), or None for
+    ``devices[r]`` is the physical GPU index of rank ``r`` (the host's number for it), or None for
     a CPU rank. ``timeout_s`` is the process-group timeout (collectives, rendezvous).
     """
 
@@ -39,14 +39,30 @@ class Topology:
     timeout_s: float
     #: ``numa``: each GPU rank binds itself to its GPU's NUMA node (clorch_repl.numa); ``none``
     cpu_bind: str = "none"
+    #: rank ``r``'s GPU as its own process names it (``cuda:N``: N is its position in its
+    #: CUDA_VISIBLE_DEVICES, LOCAL_RANK under torchrun's convention); empty: ranks of one host,
+    #: where it is the rank (:meth:`host_gpus`)
+    in_process: tuple[int | None, ...] = ()
 
     @property
     def uses_gpu(self) -> bool:
         return self.devices[0] is not None
 
     def device_label(self, rank: int) -> str:
+        """The rank's device as its code names it (``cuda:{LOCAL_RANK}``), and the host's GPU
+        number where that differs (``cuda:0 (GPU 2)`` with ``--devices 2,3``)."""
         dev = self.devices[rank]
-        return "cpu" if dev is None else f"cuda:{dev}"
+        if dev is None:
+            return "cpu"
+        own = self.in_process[rank] if self.in_process else rank
+        return f"cuda:{dev}" if own in (None, dev) else f"cuda:{own} (GPU {dev})"
+
+    def host_gpus(self) -> tuple[str, ...]:
+        """Every rank's GPU, by rank, for ranks that share this host (local rank = rank): what
+        each rank's CUDA_VISIBLE_DEVICES lists (:func:`clorch_repl.rank_env.visible_devices`)."""
+        if not self.uses_gpu:
+            return ()
+        return tuple(self.visible_devices(r) for r in range(self.nproc))
 
     def visible_devices(self, rank: int) -> str:
         """CUDA_VISIBLE_DEVICES for one rank: its device, translated through the caller's own

@@ -18,7 +18,8 @@ n=$(python3 -c "from clorch_repl import cuda; print(cuda.device_count())")
 nvidia-smi -L; echo "GPUs: $n"
 devices=$(seq -s, 0 $((n - 1)))  # 0,1,...,n-1
 step() { local name=$1 limit=$2; shift 2; echo "=== $name"; timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | tail -${TAIL:-25}; }
-step gpu-tests 300 python3 -m pytest tests/gpu -q -s -p no:cacheprovider
+# (tests/gpu/test_gpu_suspend.py moves 20 GiB out and back three times: about 2 minutes of it)
+step gpu-tests 480 python3 -m pytest tests/gpu -q -s -p no:cacheprovider
 step example 240 python3 scripts/gpu_check_example.py --devices "$devices"
 step release-check 120 python3 -m clorch_repl.release_check --mode gpu
 # issue 22: sharded checkpoints of a 500M-parameter FSDP2 model (about 6 GB of state with AdamW)
@@ -29,3 +30,5 @@ step collectives 240 python3 benchmarks/collectives.py --backend nccl --nproc "$
 # GPUs launch slower. --max-seconds starts no round after 240 s, so a slow machine still prints
 # its summary before the step's limit.
 step training 420 python3 benchmarks/training.py --nproc "$n" --rounds 3 --max-seconds 240
+# issue 37: %clorch suspend/resume beside the driver's bare checkpoint and save + stop + start + load
+step suspend 540 python3 benchmarks/suspend.py --rounds 2 --gib 20

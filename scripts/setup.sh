@@ -13,6 +13,13 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if ! python -c "import torch" >/dev/null 2>&1; then
+  if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
+    # The CPU build is only on PyTorch's own index, which this project does not name (README,
+    # "torch on a machine without a GPU"): say so before a download of gigabytes starts.
+    echo "setup: no GPU here (nvidia-smi lists none): $TORCH_SPEC from the default index is the CUDA build" \
+         "(gigabytes) unless your pip configuration offers a CPU wheel; to use the CPU build, install it" \
+         "into .venv first (README: 'torch on a machine without a GPU')"
+  fi
   echo "setup: installing $TORCH_SPEC"
   python -m pip install -q "$TORCH_SPEC"
 fi

@@ -55,6 +55,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 _CONNECT_DIR = tempfile.mkdtemp(prefix="clorch-test-connect-")
 os.environ["CLORCH_CONNECT_DIR"] = _CONNECT_DIR
 atexit.register(shutil.rmtree, _CONNECT_DIR, True)
+# Stopped sessions' rank logs go with their session's files in this test run (by default they are kept
+# beside it, clorch_repl.launchers.logfiles): hundreds of sessions would leave hundreds of folders.
+# tests/integration/test_notebook_kernel.py turns keeping on again to test it.
+os.environ["CLORCH_KEEP_LOGS"] = "0"
 
 # The fast half: the test modules under tests/unit, whose every test starts no process: no worker
 # kernels, no notebook kernel, no torch.distributed group, no subprocess, no browser, no hosts.

@@ -206,12 +206,14 @@ CPU_RANKS = "--nproc 2 --backend gloo"
 
 
 @contextlib.contextmanager
-def clorch_session(start: str = CPU_RANKS, *, stop: bool = True) -> Iterator[NotebookKernel]:
+def clorch_session(start: str = CPU_RANKS, *, stop: bool = True,
+                   env: dict[str, str] | None = None) -> Iterator[NotebookKernel]:
     """A notebook kernel with ``%load_ext clorch_repl`` run and ranks started (``%clorch start
     START``, its reply kept as ``start_reply``); afterwards ``%clorch stop`` (asserted to succeed,
     unless ``stop`` is False: tests that kill the notebook, or only need the kernel's own exit to
-    end the ranks) and the kernel's shutdown, whatever happened."""
-    kernel = NotebookKernel()
+    end the ranks) and the kernel's shutdown, whatever happened. ``env``: set in the kernel's
+    environment (see NotebookKernel)."""
+    kernel = NotebookKernel(env)
     try:
         assert kernel.run("%load_ext clorch_repl").status == "ok"
         reply = kernel.run(f"%clorch start {start}")

@@ -166,15 +166,21 @@ def is_library(filename: str) -> bool:
 
 
 def cuda_busy() -> bool | None:
-    """Whether this rank's current CUDA stream still has work queued; None when CUDA was never
-    initialised here (asking must not create a context)."""
+    """Whether the current CUDA stream of this rank's own GPU still has work queued; None when
+    CUDA was never initialised here (asking must not create a context)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         if not torch.cuda.is_initialized():
             return None
-        return not torch.cuda.current_stream().query()
+        from ..rank_env import device_index
+
+        # The rank's own GPU, named: the probe runs on a thread of its own, whose current device is
+        # cuda:0 whatever the main thread set (CUDA's current device is per thread), and a rank
+        # sees its host's GPUs (cuda:{LOCAL_RANK} is its own).
+        index = device_index(os.environ)
+        return not torch.cuda.current_stream(index if index is not None else None).query()
     except RuntimeError as exc:
         logger.debug("could not query the CUDA stream: %s", exc)
         return None

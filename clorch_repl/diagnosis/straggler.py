@@ -53,7 +53,8 @@ class Straggler:
         pct = 100.0 * extra / self.others_s if self.others_s > 0 else float("inf")
         where = ", ".join(f"{name} (+{_ms(s)})" for name, s in self.extra_ops[:2]) or "no single operator"
         waits = ", ".join(f"{name} ({_ms(s)})" for name, s in self.waits[:2])
-        wait_text = f"; {rank_words(self.others)} wait for it in {waits}" if waits else ""
+        verb = "waits" if len(set(self.others)) == 1 else "wait"  # "rank 0 waits", "ranks 0-1 wait"
+        wait_text = f"; {rank_words(self.others)} {verb} for it in {waits}" if waits else ""
         return (f"rank {self.rank} is the straggler: {_ms(extra)} more compute than the others "
                 f"({_ms(self.compute_s)} against {_ms(self.others_s)}, +{pct:.0f} %), most of it in "
                 f"{where}{wait_text}")

@@ -34,11 +34,14 @@ def _exit(code: int) -> None:
 
 
 def _user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's code on: the frames of this entry point are ours, not theirs."""
+    """The traceback from the user's code on: the frames of this entry point (and a script job's
+    runner's and runpy's) are ours, not theirs."""
+    from ._script_entry import script_frames
+
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    return "".join(traceback.format_exception(type(exc), exc, script_frames(tb)))
 
 
 def run(spec_path: str) -> int:
@@ -75,14 +78,20 @@ def run(spec_path: str) -> int:
         from ._target import load_target
         from .group import process_group
 
-        fn = load_target(spec["main"])
+        fn = load_target(spec["main"]) if "main" in spec else None
         with process_group() as pg:
             import torch.distributed as tdist
 
             try:
-                value = fn({"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
-                            "world_size": int(os.environ["WORLD_SIZE"]), "backend": str(tdist.get_backend()),
-                            "process_group": pg, "args": spec["args"]})
+                if fn is None:  # launch(script=...) / module=: a torchrun script (._script_entry)
+                    from ._script_entry import run_script
+
+                    run_script(spec)
+                    value = None
+                else:
+                    value = fn({"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+                                "world_size": int(os.environ["WORLD_SIZE"]), "backend": str(tdist.get_backend()),
+                                "process_group": pg, "args": spec["args"]})
             except BaseException:
                 failed_at = time.time()  # before the group's abort, which peers may notice at once
                 raise

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import json
 import logging
 import math
 import os
 import shutil
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -33,7 +31,8 @@ from ..launchers.supervisor import STOP_GRACE_S
 from ..procs import describe_exit
 from ..rank_sets import rank_words
 from ..topology import parse_number
-from ._target import target_spec
+from ..user_frames import public
+from .job_inputs import extra_env, job_directory, what_to_run
 from .job_ranks import JobPlan, JobRanks, for_launcher, rank_pythonpath
 from .job_status import JobStatus, RankStatus
 from .results import RankResult, read_result
@@ -101,6 +100,7 @@ class Job:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @public
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Block until every rank ends; return their return values in rank order.
 
@@ -119,6 +119,7 @@ class Job:
             raise JobTimeout(f"{self.id} {self._message}")
         raise JobStopped(f"{self.id} was stopped before its ranks finished ({self._message})")
 
+    @public
     def logs(self, rank: int, tail: int | None = 200) -> str:
         """The last ``tail`` lines (None: all) of a rank's stdout and stderr, native output included."""
         path = self.log_path(rank)
@@ -134,6 +135,7 @@ class Job:
             raise ConfigError(f"{self.id} has ranks 0..{self.topology.nproc - 1}; got rank {rank!r}")
         return self._plan.log_path(rank)
 
+    @public
     def stop(self, grace_s: float | None = None) -> JobStatus:
         """End every live rank (its whole process tree): SIGTERM, then SIGKILL after ``grace_s``."""
         with self._lock:
@@ -353,41 +355,13 @@ def _cleanup() -> None:
 # launch
 
 
-def _json_args(args: Any) -> Any:
-    try:
-        return json.loads(json.dumps(args, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"args cannot be sent to the ranks: they travel as JSON (dicts with string keys, lists, "
-                          f"strings, finite numbers, booleans, None) and {exc}; pass paths or plain values "
-                          "instead of objects") from None
-
-
-def _extra_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    extra = {}
-    for key, value in (env or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise ConfigError(f"env must map strings to strings; got {key!r}: {value!r}")
-        extra[key] = value
-    return extra
-
-
-def _job_directory(job_id: str, log_dir: str | None) -> tuple[str, bool]:
-    """A private (0700) directory for the job's spec, results and logs, and whether it is ours to
-    remove (it is not when it lies in the caller's ``log_dir``)."""
-    if log_dir is not None:
-        os.makedirs(log_dir, exist_ok=True)
-        directory, owns = tempfile.mkdtemp(prefix=f"clorch-{job_id}-", dir=log_dir), False
-    else:
-        directory, owns = tempfile.mkdtemp(prefix=f"clorch-{job_id}-"), True
-    os.chmod(directory, 0o700)
-    return directory, owns
-
-
+@public
 def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | None = None,
            main: str | Callable[..., Any] | None = None, args: Any = None, timeout_ms: float | None = None,
            backend: str | None = None, *, env: Mapping[str, str] | None = None, check: bool = False,
            grace_s: float = STOP_GRACE_S, pg_timeout_s: float | None = None, log_dir: str | None = None,
-           launcher: str = "local", nodes: int = 1, srun_args: str = "") -> Job:
+           launcher: str = "local", nodes: int = 1, srun_args: str = "",
+           script: str | os.PathLike[str] | None = None, module: str | None = None) -> Job:
     """Start one process per rank running ``main`` inside an initialised process group, and
     return the :class:`Job` at once.
 
@@ -407,35 +381,39 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     (default 600 s, never more than ``timeout_ms``). ``check=True`` turns on the collectives'
     cross-rank check in every rank. ``env`` adds variables to every rank. Every mistake is refused
     here, with one line, before a process starts.
+
+    ``script="train.py"`` (or ``module="pkg.train"``) instead of ``main`` runs a torchrun script
+    as ``python train.py ARGS`` in every rank, ``args`` being its command line (a list of strings):
+    what ``torchrun --nproc-per-node N train.py ARGS`` runs, with torchrun's variables and GPU
+    convention (every rank sees its host's GPUs, its own at ``cuda:{LOCAL_RANK}``). The group is
+    formed before the script starts; its own ``init_process_group`` is accepted and its
+    ``destroy_process_group`` keeps the group, as under ``%clorch run``. Its ranks return None.
     """
-    if main is None:
-        raise ConfigError("main is required: 'module:function' or an importable function")
     kind = for_launcher(launcher)
     topology = kind.topology(nproc_per_node, devices, backend, pg_timeout_s, nodes, log_dir)
     timeout_ms_number = parse_number(timeout_ms, "timeout_ms", "milliseconds")
     timeout_s = None if timeout_ms_number is None else timeout_ms_number / 1000.0
-    spec = target_spec(main)
-    payload_args = _json_args(args)
-    extra_env = _extra_env(env)
+    runs, label = what_to_run(main, script, module, args)
+    extra = extra_env(env)
     grace = parse_number(grace_s, "grace_s", "seconds", zero="no grace")
     if grace is None:
         raise ConfigError("grace_s must be 0 (no grace) or a positive number of seconds; got None")
 
     with _REGISTRY_LOCK:
         job_id = f"job-{next(_IDS)}"
-    directory, owns = _job_directory(job_id, log_dir)
+    directory, owns = job_directory(job_id, log_dir)
     spec_path = os.path.join(directory, "job.json")
-    write_json_atomic(spec_path, {"main": spec, "args": payload_args, "dir": directory, "parent_pid": os.getpid(),
-                                  "job_id": job_id, "owns_dir": owns})
+    write_json_atomic(spec_path, {**runs, "dir": directory, "parent_pid": os.getpid(), "job_id": job_id,
+                                  "owns_dir": owns})
     base = dict(os.environ)
     base.update({"PYTHONPATH": rank_pythonpath(), "CLORCH_JOB_ID": job_id})
     if check:
         base["CLORCH_DIST_CHECK"] = "1"
     plan = JobPlan(job_id=job_id, directory=directory, spec_path=spec_path, topology=topology, base_env=base,
-                   extra_env=extra_env, timeout_s=timeout_s, grace_s=grace, owns_dir=owns,
+                   extra_env=extra, timeout_s=timeout_s, grace_s=grace, owns_dir=owns,
                    pg_timeout_s=topology.timeout_s if timeout_s is None else min(topology.timeout_s, timeout_s),
-                   nodes=nodes, srun_args=srun_args)
-    job = Job(plan, spec, kind)
+                   nodes=nodes, srun_args=srun_args, torchrun_gpus="main" not in runs)
+    job = Job(plan, label, kind)
     with _REGISTRY_LOCK:
         _JOBS[job_id] = job
     try:

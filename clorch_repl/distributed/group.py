@@ -84,8 +84,9 @@ def _resolve_timeout(timeout: float | datetime.timedelta | None) -> datetime.tim
 
 
 def _cuda_device(backend: str) -> torch.device | None:
-    """The one GPU this rank drives. The launcher exposes exactly one device per rank (index 0);
-    a host-wide CUDA_VISIBLE_DEVICES means LOCAL_RANK picks it."""
+    """The one GPU this rank drives: index LOCAL_RANK of a host-wide CUDA_VISIBLE_DEVICES
+    (torchrun's convention, which a session's ranks and a script job's follow), or the one GPU a
+    launcher gave the rank alone (index 0: a ``main=`` job's ranks, the seed's table)."""
     if backend != "nccl":
         return None
     count = torch.cuda.device_count()

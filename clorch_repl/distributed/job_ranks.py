@@ -67,6 +67,10 @@ class JobPlan:
     owns_dir: bool
     nodes: int = 1
     srun_args: str = ""
+    #: a script job's ranks (``launch(script=...)``) see their host's GPUs, their own at
+    #: ``cuda:{LOCAL_RANK}``, as under torchrun; a ``main`` job's see their own GPU only (the
+    #: seed's table: CUDA_VISIBLE_DEVICES = the assigned GPU)
+    torchrun_gpus: bool = False
 
     @property
     def store_file(self) -> str:
@@ -144,7 +148,8 @@ class LocalJobRanks(JobRanks):
         env = rank_environment(RankPlace(
             rank=rank, local_rank=rank, world_size=topo.nproc, local_world_size=topo.nproc,
             master_addr=LOOPBACK, master_port=self.port, backend=topo.backend, timeout_s=plan.pg_timeout_s,
-            gpu=topo.visible_devices(rank) or None, store_file=plan.store_file, socket_ifname="lo",
+            gpu=topo.visible_devices(rank) or None, host_gpus=topo.host_gpus() if plan.torchrun_gpus else (),
+            store_file=plan.store_file, socket_ifname="lo",
             cpu_bind=topo.cpu_bind), plan.base_env)
         env.update(plan.extra_env)
         return env

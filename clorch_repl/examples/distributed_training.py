@@ -263,8 +263,9 @@ def train(rank: int, world_size: int, device: torch.device | str, args: dict[str
 
 def _rank_device(backend: str) -> torch.device:
     if backend == "nccl" or torch.cuda.is_available():
-        torch.cuda.set_device(0)  # the launcher leaves one GPU visible to each rank
-        return torch.device("cuda", 0)
+        # the GPU the job's process group chose (dist.process_group): the only one a main= job's
+        # rank sees, or cuda:{LOCAL_RANK} where the rank sees its host's GPUs
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

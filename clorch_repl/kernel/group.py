@@ -39,9 +39,12 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     backend = os.environ["CLORCH_DIST_BACKEND"]
     timeout = datetime.timedelta(milliseconds=int(os.environ["CLORCH_DIST_TIMEOUT_MS"]))
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        # One GPU per rank: CUDA_VISIBLE_DEVICES holds this rank's device, which is cuda:0 here.
-        device = torch.device("cuda", 0)
+    from ..rank_env import device_index
+
+    index = device_index(os.environ)  # LOCAL_RANK: the rank sees its host's GPUs, as under torchrun
+    if index is not None:
+        # the current device, as torchrun scripts set it: plain "cuda" is the rank's own GPU too
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -5,7 +5,8 @@
 It composes the rank's additions, each in its own module: the stdin policy
 (:mod:`.stdin_policy`), the lean execute path (:mod:`.lean_execute`), the output budget around
 each cell (:mod:`.output`), displays echoed to the log (:mod:`.display_log`) and the
-``breakpoint()`` hook (:mod:`.breakpoints`). Here: the cell's traceback written to the rank's log,
+``breakpoint()`` hook (:mod:`.breakpoints`), and a rank that is not interactive to libraries
+that ask (:mod:`.worker_look`). Here: the cell's traceback written to the rank's log,
 no status messages for the notebook's probes, and three savings of a rank's CPU per cell
 (:func:`_memoize_accepts_parameters`, :class:`_TransformOnce`, :func:`cheap_async_check`).
 """
@@ -26,6 +27,7 @@ from . import breakpoints, output
 from .display_log import log_displays
 from .lean_execute import LeanExecute
 from .stdin_policy import StdinPolicy
+from .worker_look import look_like_a_worker
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        look_like_a_worker()  # after the shell set sys.ps1: Lightning's ddp refuses a rank with it
         breakpoints.install()  # after ipykernel imported debugpy, which replaces the hook
         cheap_async_check(self.shell)
         self._count_iopub()

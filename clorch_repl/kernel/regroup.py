@@ -69,9 +69,6 @@ class _State:
     tracked: bool = False
     #: the session's rendezvous store as the rank joined with it (every re-form meets under it)
     root: Any = None
-    #: id(ProcessGroup) of groups left behind when a fresh rank joined (it has none of them): no
-    #: later re-form gives them backends, since the fresh rank would never meet them
-    dropped: set[int] = field(default_factory=set)
 
 
 _STATE = _State()
@@ -296,6 +293,23 @@ def _new_backend(pg: Any, group_store: Any, device_key: str, kind: str) -> Any:
     return backend
 
 
+def _forget(pg: Any) -> None:
+    """End a group the fresh rank never made (it can never meet again), as torch's own destroy
+    does: gone from torch's registry, so using it says so at once instead of waiting, and what
+    caches it (the checkpoints' group) makes a new one with every rank."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from .torchrun import torch_destroy
+
+    try:
+        torch_destroy()(pg)
+    except (RuntimeError, ValueError) as exc:  # its backends are aborted: forget it all the same
+        logger.warning("destroying the group %r left behind failed (%s); forgetting it",
+                       c10d._world.pg_names.get(pg), exc)
+        for registry in (c10d._world.pg_map, c10d._world.pg_names, c10d._world.pg_group_ranks):
+            registry.pop(pg, None)
+
+
 def reform(generation: int, only_default: bool = False) -> list[str]:
     """Give every group of this rank (only the default one with ``only_default``: a fresh rank
     joins, which has none of the others) new backends met under :func:`store_prefix`; returns
@@ -320,12 +334,10 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
     record.retire_current()  # the dead backends' records must not read as pending collectives
     left: list[str] = []
     for pg in _groups():
-        if id(pg) in _STATE.dropped:
-            continue
         if only_default and pg is not default:
-            _STATE.dropped.add(id(pg))
             ranks = sorted(c10d._world.pg_group_ranks.get(pg, {}))
             left.append(f"the group {c10d._world.pg_names[pg]!r} of ranks {ranks} (made by dist.new_group or a DeviceMesh)")
+            _forget(pg)
             continue
         slots = _slots(pg)
         if not slots:

@@ -50,7 +50,8 @@ class GroupFacts:
     backend: str
     world_size: int
     rank: int
-    #: this rank's device as torch writes it: ``cpu`` or ``cuda:0`` (each rank sees its own GPU only)
+    #: this rank's device as torch writes it: ``cpu`` or ``cuda:N`` (N: LOCAL_RANK where the rank
+    #: sees its host's GPUs, as under torchrun; 0 where it sees its own GPU only)
     device: str
 
 
@@ -80,12 +81,12 @@ def disagreement(facts: GroupFacts, backend: Any = None, init_method: str | None
         found.append("pg_options cannot change a group that is already formed: leave them out")
     if device_id is not None:
         given = _device_text(device_id)
-        if facts.device == "cpu":
+        if facts.device == "cpu" and given != "cpu":
             found.append(f"device_id={given}, but this rank has no GPU (a {facts.backend} session on the CPU): "
-                         "leave device_id out, or pass device_id=device")
-        elif given not in (facts.device, facts.device.split(":")[0]):
-            found.append(f"device_id={given}, but this rank's GPU is {facts.device} in its process (each rank "
-                         "sees only its own GPU): pass device_id=device")
+                         "leave device_id out, or pass the rank's device (device_id=device, which is cpu here)")
+        elif facts.device != "cpu" and given not in (facts.device, facts.device.split(":")[0]):
+            found.append(f"device_id={given}, but this rank's GPU is {facts.device} in its process: pass "
+                         "device_id=device (or torch.device('cuda', int(os.environ['LOCAL_RANK'])))")
     return found
 
 
@@ -113,6 +114,7 @@ def install() -> None:
     originals = _state["originals"]
     originals["init"] = c10d.init_process_group
     originals["destroy"] = c10d.destroy_process_group
+    originals["spawn"], originals["start_processes"] = mp.spawn, mp.start_processes
     for module in (dist, c10d):
         module.init_process_group = init_process_group
         module.destroy_process_group = destroy_process_group
@@ -121,6 +123,26 @@ def install() -> None:
             module.spawn = _refuse("torch.multiprocessing.spawn")
             module.start_processes = _refuse("torch.multiprocessing.start_processes")
     _state["installed"] = True
+
+
+def uninstall() -> None:
+    """torch's own ``init_process_group``, ``destroy_process_group``, ``spawn`` and
+    ``start_processes`` back: a script job's rank (``launch(script=...)``) once its script ended,
+    whose group is then destroyed by torch's own function."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    import torch.multiprocessing as mp
+
+    if not _state["installed"]:
+        return
+    originals = _state["originals"]
+    for module in (dist, c10d):
+        module.init_process_group = originals["init"]
+        module.destroy_process_group = originals["destroy"]
+    for module in (mp, sys.modules.get("torch.multiprocessing.spawn")):
+        if module is not None and "spawn" in originals:
+            module.spawn, module.start_processes = originals["spawn"], originals["start_processes"]
+    _state["installed"] = False
 
 
 def torch_destroy() -> Callable[..., None]:
@@ -142,9 +164,10 @@ def session_facts() -> GroupFacts:
     """The session's default group, from torch and the rank's environment."""
     import torch.distributed as dist
 
-    device = "cpu"
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        device = "cuda:0"  # group.join_group: the rank's one visible GPU
+    from ..rank_env import device_index
+
+    index = device_index(os.environ)  # group.join_group's choice: cuda:{LOCAL_RANK} under torchrun's convention
+    device = "cpu" if index is None else f"cuda:{index}"
     return GroupFacts(backend=str(dist.get_backend()).lower(), world_size=dist.get_world_size(),
                       rank=dist.get_rank(), device=device)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import types
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -41,7 +42,14 @@ def _rendered(error: BaseException, shell: Any,
     """``error``, rendered by ``shell`` with its traceback as ``cut`` leaves it (read when shown)."""
 
     def render() -> list[str]:
-        return shell.InteractiveTB.structured_traceback(type(error), error, cut(error.__traceback__))
+        tb = cut(error.__traceback__)
+        if tb is not None:
+            # %debug (%clorch debug) opens the innermost frame of the error's traceback: the user's
+            # line, not the clorch_repl code that raised on the user's behalf
+            error.__traceback__ = tb
+            if getattr(sys, "last_value", None) is error:
+                sys.last_traceback = tb
+        return shell.InteractiveTB.structured_traceback(type(error), error, tb)
 
     error._render_traceback_ = render  # type: ignore[attr-defined]
     return error

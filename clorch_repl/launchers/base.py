@@ -67,6 +67,8 @@ class LaunchOptions:
     #: local: warm spare sets kept for a fast restart, 0 or 1 (None: the launcher decides; see
     #: :mod:`.local`)
     spares: int | None = None
+    #: the session's name, should it be detached (``%clorch detach``; clorch_repl.session.registry)
+    name: str | None = None
 
 
 class RankHandle(abc.ABC):
@@ -135,6 +137,8 @@ class Launcher(abc.ABC):
         #: a private directory (0700) on the notebook's host for the session's own files
         #: (transfers, connect file); removed by close(). Every launcher makes one.
         self.dir = ""
+        #: where close() kept the ranks' logs on this host ("" when none were kept here)
+        self.kept_logs = ""
 
     @classmethod
     @abc.abstractmethod
@@ -219,6 +223,13 @@ class Launcher(abc.ABC):
     def group_formed(self) -> None:
         """Called once the ranks of a start have formed their group: a launcher may now prepare
         the next start (warm spares), without taking time from this one."""
+
+    def checkpoint(self, action: str, ranks: list[int], timeout_s: float) -> dict[int, dict[str, Any] | None] | None:
+        """``action`` (suspend or resume, :mod:`clorch_repl.cuda_checkpoint`) on ``ranks``' processes
+        by whoever runs on their host (``%clorch suspend/resume``): each rank's reply (its
+        ``outcome``, the helper's report, or an ``error``; None where none came within
+        ``timeout_s``). None by default: the ranks run on this host, whose helper the session runs."""
+        return None
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -7,13 +7,13 @@ pid comes from the supervisor's pid file (stack dumps, ``%clorch status``). The 
 ends everything a rank started, daemons included, when the rank is stopped or the notebook dies.
 
 Every file of the group (connection files, IPC sockets, logs, stack dumps, the rendezvous store)
-lives in one private directory (0700) that :meth:`LocalLauncher.close` removes. Ranks talk over IPC
+lives in one private directory (0700) that :meth:`LocalLauncher.close` removes, logs kept. Ranks talk over IPC
 sockets in that directory: nothing listens on a network port, and only this user can connect;
 every message is HMAC-signed with the kernel's key.
 
 **Warm spares** (``%clorch start --spares 0|1``) make ``%clorch restart`` take seconds less. Once
 a group has formed, the launcher starts one spare per rank: a process like a rank's (same
-supervisor, same environment, the same GPU in ``CUDA_VISIBLE_DEVICES``) whose kernel is up and
+supervisor, same environment, the same GPUs in ``CUDA_VISIBLE_DEVICES``) whose kernel is up and
 which has imported torch (``CLORCH_SPARE``, :func:`clorch_repl.kernel.app.warm_imports`), but
 which has no process group and no CUDA context: it touches no GPU and has never run user code, so
 nothing of the old ranks can leak into it. A restart ends the old ranks, makes the spares the
@@ -54,7 +54,7 @@ from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import NPROC_ENV, Topology, resolve_topology
-from . import logcap, supervisor
+from . import logcap, logfiles, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .spares import wanted_spares
 from .rankfiles import RankFiles
@@ -174,8 +174,8 @@ class LocalLauncher(Launcher):
         env = rank_environment(RankPlace(
             rank=rank, local_rank=rank, world_size=topo.nproc, local_world_size=topo.nproc,
             master_addr=procs.LOOPBACK, master_port=master_port, backend=topo.backend,
-            timeout_s=topo.timeout_s, gpu=topo.visible_devices(rank) or None, store_file=self.store_file,
-            socket_ifname="lo", cpu_bind=topo.cpu_bind))
+            timeout_s=topo.timeout_s, gpu=topo.visible_devices(rank) or None, host_gpus=topo.host_gpus(),
+            store_file=self.store_file, socket_ifname="lo", cpu_bind=topo.cpu_bind))
         env[STACK_FILE_ENV] = self.files[rank].stack_path
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
@@ -441,10 +441,10 @@ class LocalLauncher(Launcher):
         return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
 
     def close(self) -> None:
-        """End the warm spares (nothing of theirs is worth a grace period) and remove the files."""
+        """End the warm spares (no grace needed) and remove the files, but for the logs (:mod:`.logfiles`)."""
         spares, self.spares = self.spares, []
         try:
             if spares:
                 self._end(spares, 1.0, polite=False)
         finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.kept_logs = logfiles.remove_keeping_logs(self.dir)

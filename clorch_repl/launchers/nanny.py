@@ -50,6 +50,7 @@ from .. import cuda
 from ..atomic import remove_quietly
 from ..errors import ClorchError
 from . import supervisor
+from .logfiles import remove_keeping_logs
 from .base import ORPHAN_TIMEOUT_S
 from .callback import HEARTBEAT_S, ConnectInfo, route_address
 from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode
@@ -140,6 +141,8 @@ class Nanny:
         self.handshake_failures = 0
         self.socket.connect(f"tcp://{info.address}:{info.port}")
         self.last_heard = time.monotonic()
+        #: (request id, the checkpoint helper's process) of each %clorch suspend/resume still running
+        self.checkpoints: list[tuple[Any, subprocess.Popen[str]]] = []
 
     # ------------------------------------------------------------------------ messages
     def send(self, message: dict[str, Any]) -> None:
@@ -166,6 +169,7 @@ class Nanny:
                           world_size=self.identity.world_size, local_world_size=self.identity.local_world_size,
                           master_addr=cfg["master_addr"], master_port=int(cfg["master_port"]),
                           backend=cfg["backend"], timeout_s=float(cfg["timeout_s"]), gpu=cfg.get("gpu"),
+                          host_gpus=tuple(str(g) for g in cfg.get("host_gpus") or ()),
                           socket_ifname=interface_of(self.address), cpu_bind=cfg.get("cpu_bind", "none"))
         env = rank_environment(place)
         env[STACK_FILE_ENV] = self.files.stack_path
@@ -268,6 +272,33 @@ class Nanny:
             self.send({"op": FromNanny.EXITED, "how": kernel.exit,
                        "report": self.files.death_report()})
 
+    def checkpoint(self, rid: Any, action: str) -> None:
+        """``%clorch suspend/resume`` of this rank: the driver's checkpoint of its kernel's process,
+        by the helper process (clorch_repl.cuda_checkpoint) on this host. Not waited for here: the
+        loop goes on beating and answers when the helper ends (:meth:`_check_checkpoints`)."""
+        kernel, where = self.kernel, f"rank {self.identity.rank} on {self.host}"
+        if action not in ("suspend", "resume"):
+            self.send({"op": FromNanny.REPLY, "id": rid, "error": f"{where}: no such checkpoint action {action!r}"})
+            return
+        if kernel is None or not kernel.running or kernel.rank_pid is None:
+            self.send({"op": FromNanny.REPLY, "id": rid, "error": f"{where} has no running kernel to {action}"})
+            return
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        self.checkpoints.append((rid, subprocess.Popen(
+            [sys.executable, "-m", "clorch_repl.cuda_checkpoint", action, f"{kernel.rank_pid}={where}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)))
+
+    def _check_checkpoints(self) -> None:
+        for rid, proc in list(self.checkpoints):
+            if proc.poll() is None:
+                continue
+            self.checkpoints.remove((rid, proc))
+            out, err = proc.communicate()
+            outcome = next((json.loads(line) for line in out.splitlines() if line.startswith("{")), None)
+            error = "" if outcome is not None else (f"rank {self.identity.rank} on {self.host}: the checkpoint helper "
+                                                    f"said nothing (exit {proc.returncode}): {err.strip()[-400:]}")
+            self.send({"op": FromNanny.REPLY, "id": rid, "outcome": outcome, "error": error})
+
     def _check_handshakes(self) -> None:
         """Refuse to wait forever on an endpoint whose key is not the connect file's."""
         from zmq.utils.monitor import recv_monitor_message
@@ -340,6 +371,8 @@ class Nanny:
             self.start_kernel()
         elif op == ToNanny.START_SPARE:
             self.start_spare()
+        elif op == ToNanny.CHECKPOINT:
+            self.checkpoint(rid, str(message.get("action")))
         elif op == ToNanny.EXIT:
             code = message.get("code", 0)
             self.exit_code = code if isinstance(code, int) and 0 <= code < 256 else 1
@@ -358,6 +391,7 @@ class Nanny:
                 self._check_handshakes()
                 self._report_started()
                 self._check_kernel()
+                self._check_checkpoints()
                 now = time.monotonic()
                 if now >= next_beat:
                     self.send({"op": FromNanny.HEARTBEAT})
@@ -373,7 +407,9 @@ class Nanny:
             self.socket.disable_monitor()
             self.monitor.close(linger=0)
             self.socket.close(linger=500)
-            shutil.rmtree(self.dir, ignore_errors=True)
+            kept = remove_keeping_logs(self.dir)
+            if kept:
+                sys.stderr.write(f"clorch-rank {self.identity.rank}: its log is kept in {kept} on {self.host}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

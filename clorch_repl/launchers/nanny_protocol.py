@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 #: 3: the rank's kernel is ``clorch_repl.kernel.app`` and the notebook's requests are named
 #: handlers, ``clorch_repl.kernel.requests``: a node of version 2 could not even join; 4: a rank
 #: answers the relay's cells with one lean frame, ``clorch_repl.session.wire.lean_reply``, which a
-#: notebook of version 3 would refuse as malformed).
-PROTOCOL = 4
+#: notebook of version 3 would refuse as malformed; 5: ``checkpoint``, the nanny suspends and
+#: resumes its rank's CUDA state for ``%clorch suspend/resume``, which a nanny of version 4 ignores).
+PROTOCOL = 5
 
 
 class ToNanny:
@@ -46,6 +47,9 @@ class ToNanny:
     STOP_KERNEL = "stop_kernel"
     START_KERNEL = "start_kernel"
     START_SPARE = "start_spare"
+    #: ``id``, ``action`` (suspend or resume): the CUDA driver's checkpoint of the kernel's process on
+    #: the nanny's host (clorch_repl.cuda_checkpoint); the reply's ``outcome`` is the helper's report
+    CHECKPOINT = "checkpoint"
     #: ``code`` (and ``why`` when the rank was declared lost): end the nanny
     EXIT = "exit"
     #: ``why``: the registration was refused; the nanny ends

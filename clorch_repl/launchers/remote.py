@@ -23,6 +23,7 @@ from jupyter_client.session import Session as JupyterSession
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
+from ..rank_env import host_gpu_lists
 from ..rank_sets import rank_words
 from ..topology import BACKENDS, Topology, remote_topology
 from . import supervisor
@@ -246,10 +247,15 @@ class RemoteLauncher(Launcher):
                                "gloo (more GPUs per node, or --backend gloo to say so)", ", ".join(lacking))
             gpus = [None] * len(peers)
         self._gpus = gpus
+        # torchrun's convention: each rank sees its host's ranks' GPUs, its own at LOCAL_RANK
+        self._host_gpus = host_gpu_lists([(str(p.hello.get("host")), int(p.hello.get("local_rank", 0)), g,
+                                           [str(v) for v in p.hello.get("gpus") or []]) for p, g in zip(peers, gpus)])
+        in_process = tuple(None if g is None else (listed.index(g) if listed else 0)
+                           for g, listed in zip(gpus, self._host_gpus))
         self.topology = Topology(nproc=self.world_size,
                                  devices=tuple(int(g) if g is not None and g.isdigit() else None for g in gpus),
                                  backend=backend, timeout_s=self.topology.timeout_s,
-                                 cpu_bind=self.topology.cpu_bind)
+                                 cpu_bind=self.topology.cpu_bind, in_process=in_process)
 
     def _configure_send(self) -> None:
         zero = self.server.peers[0].hello
@@ -258,6 +264,7 @@ class RemoteLauncher(Launcher):
             self.server.send(rank, {"op": ToNanny.CONFIG, "master_addr": zero.get("address"),
                                     "master_port": zero.get("master_port"), "backend": self.topology.backend,
                                     "timeout_s": self.topology.timeout_s, "gpu": self._gpus[rank],
+                                    "host_gpus": list(self._host_gpus[rank]),
                                     "cpu_bind": self.topology.cpu_bind, "cwd": os.getcwd(), "env": env})
 
     def interrupt(self, ranks: list[int] | None = None) -> None:
@@ -315,6 +322,12 @@ class RemoteLauncher(Launcher):
             rss, gpu = reply.get("rss"), reply.get("gpu")
             usage[rank] = (rss if isinstance(rss, int) else None, gpu if isinstance(gpu, int) else None)
         return usage
+
+    def checkpoint(self, action: str, ranks: list[int], timeout_s: float) -> dict[int, dict[str, Any] | None] | None:
+        """Each rank's nanny suspends or resumes its kernel's CUDA state on its host, all at once."""
+        pending = {r: self.server.request_async(r, ToNanny.CHECKPOINT, action=action) for r in ranks}
+        deadline = time.monotonic() + timeout_s
+        return {r: self.server.collect(rid, max(0.0, deadline - time.monotonic())) for r, rid in pending.items()}
 
     def lost(self) -> list[int]:
         """Ranks not heard from for :data:`LOST_AFTER_S` (their host is down or cut off)."""

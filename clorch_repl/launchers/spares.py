@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from ..errors import ConfigError
 from ..topology import Topology
@@ -34,3 +35,27 @@ def wanted_spares(topology: Topology, given: int | None = None) -> int:
                               "(one per rank); fix or unset it")
         return int(env)
     return 1 if topology.uses_gpu else 0
+
+
+def end_spares(launcher: Any) -> int:
+    """End ``launcher``'s warm spares now; how many. A suspend gives back what they hold (issue
+    37), and the launcher's ``group_formed`` starts a set again at the resume. A launcher that keeps
+    none on this host (a nanny's spare is its host's business) has none to end."""
+    spares = list(getattr(launcher, "spares", None) or [])
+    if not spares:
+        return 0
+    launcher.spares = []
+    launcher._end(spares, 1.0, polite=False)  # the local launcher's own way of ending its kernels
+    return len(spares)
+
+
+def lost_spares(launcher: Any) -> str:
+    """"the warm spare made rank 1 ended (killed by signal SIGKILL)" when ``launcher``'s ranks of
+    this start were warm spares and one of them is gone; "" otherwise (a cold start's failure
+    stands). (A session's start asks it, to start the ranks cold once instead of failing.)"""
+    if launcher is None or not launcher.from_spares:
+        return ""
+    dead = [f"rank {p.rank} ({p.exit or 'gone'})" for p in launcher.ranks if not p.alive]
+    if not dead:
+        return ""
+    return f"the warm spare made {', '.join(dead)} ended"

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import sys
 import time
@@ -69,6 +68,17 @@ except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hold  # type: ignore[no-redef]
     import logcap  # type: ignore[no-redef]
+
+
+
+def _remove_keeping_logs(session_dir: str) -> str:
+    """:func:`.logfiles.remove_keeping_logs`, imported only when a notebook died (it imports logging)."""
+    if __package__:
+        from .logfiles import remove_keeping_logs
+    else:  # run as a script: logfiles lies beside it, on sys.path since logcap's import above
+        from logfiles import remove_keeping_logs  # type: ignore[no-redef]
+    return remove_keeping_logs(session_dir)
+
 
 PR_SET_CHILD_SUBREAPER = 36
 #: How often the parent (the notebook) is checked while nothing else happens.
@@ -233,7 +243,9 @@ class Supervisor:
             if held:
                 self.hold.remove_session_file()
             if self.session_dir:
-                shutil.rmtree(self.session_dir, ignore_errors=True)
+                kept = _remove_keeping_logs(self.session_dir)  # the notebook died: its logs are what one reads next
+                if kept:
+                    sys.stderr.write(f"clorch supervisor: the notebook is gone; the rank logs are kept in {kept}\n")
         else:
             clean = (reason == "kernel" and self.kernel_status is not None
                      and os.WIFEXITED(self.kernel_status) and os.WEXITSTATUS(self.kernel_status) == 0)

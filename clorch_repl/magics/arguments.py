@@ -68,6 +68,8 @@ launcher_options = _compose(
     argument("--spares", metavar="0|1", default=None,
              help="1 keeps a warm spare per rank (torch imported, no GPU touched; remote ranks: beside their "
                   "nanny) so that %%clorch restart takes seconds less, 0 keeps none (default: 1 with GPUs, 0 on CPUs)"),
+    argument("--name", metavar="NAME", default=None,
+             help="the session's name, should it be detached (%%clorch detach; default USER-N)"),
     argument("--cpu-bind", metavar="MODE", default=None, dest="cpu_bind",
              help="numa: each GPU rank binds itself to the CPU cores of its GPU's NUMA node; none (default)"),
 )
@@ -152,7 +154,14 @@ def parse_launch(args: Any) -> "LaunchOptions":
                          listen=listen, port=_port(args.port),
                          orphan_timeout_s=orphan or ORPHAN_TIMEOUT_S, start_timeout_s=start or START_TIMEOUT_S,
                          partition=args.partition, time=args.time, srun_args=args.srun_args or "",
-                         spares=_spares(args.spares))
+                         spares=_spares(args.spares), name=_name(getattr(args, "name", None)))
+
+
+def _name(value: str | None) -> str | None:
+    """``--name``: checked at the start, before any rank exists, though only a detach uses it."""
+    from ..session.registry import check_name
+
+    return None if value is None else check_name(value)
 
 
 def _spares(value: str | None) -> int | None:

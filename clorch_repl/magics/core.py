@@ -22,6 +22,7 @@ from ..errors import ClorchError
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
+from ..launchers.logfiles import without_ansi
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
 from . import views
@@ -29,6 +30,7 @@ from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .sessions import SessionCommands
 from .warm import LoadSpares
+from .suspend import parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option, suspend_command
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, stdin_ranks_option, tail_option, timeout_option, topology_options)
@@ -36,7 +38,7 @@ from .arguments import (argument, hang_notice_option, launcher_options, magic_ar
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("start", "status", "top", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run",
-            "debug", "debugger", "detach", "connect", "sessions")
+            "debug", "debugger", "suspend", "resume", "detach", "connect", "sessions")
 
 
 @contextlib.contextmanager
@@ -81,7 +83,6 @@ class ClorchMagics(SessionCommands, Magics):
             self.warm.end()
 
     def _session(self) -> Session:
-        self.check_driver()  # another kernel took this detached session: say so
         if self.session is None or not self.session.running:
             raise ClorchError("no ranks are running: run %clorch start first")
         return self.session
@@ -98,8 +99,7 @@ class ClorchMagics(SessionCommands, Magics):
             raise UsageError(f"unknown %clorch command {command!r}; expected one of: {', '.join(COMMANDS)}")
         handler: Callable[[str], Any] = getattr(self, f"_{command}")
         with user_errors():
-            if command not in ("connect", "sessions"):
-                self.check_driver()
+            self.check_driver(command)  # another kernel took this detached session: say so, let go
             return handler(rest)
 
     def _overview(self) -> str:
@@ -115,7 +115,7 @@ class ClorchMagics(SessionCommands, Magics):
     @topology_options
     @launcher_options
     @hang_notice_option
-    @argument("--name", metavar="NAME", default=None, help="the session's name, should it be detached (%%clorch detach)")
+    @suspend_after_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
         args = parse(self._start, line)
@@ -128,11 +128,10 @@ class ClorchMagics(SessionCommands, Magics):
         if self.session is not None:  # an interrupted restart's leftovers: end them, never orphan them
             self.session.stop()
             self.session = None
-        self.remember_name(args.name)
         launcher = launcher_class(args.launcher)
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
-        hang_notice = parse_hang_notice(args.hang_notice)
+        hang_notice, suspend_after = parse_hang_notice(args.hang_notice), parse_duration(args.suspend_after)
         topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
                                      timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
@@ -148,6 +147,9 @@ class ClorchMagics(SessionCommands, Magics):
             session.hang_notice_s = hang_notice
         session.start(views.StartProgress())
         self.session = session
+        views.notice(set_idle_suspend(self, suspend_after))
+
+    _suspend, _resume = suspend_command, resume_command  # (clorch_repl.magics.suspend)
 
     @magic_arguments(name="clorch status")
     def _status(self, line: str) -> None:
@@ -195,7 +197,7 @@ class ClorchMagics(SessionCommands, Magics):
             text = get_job(args.job).logs(args.rank, tail=tail)
         else:
             text = self._session().logs(args.rank, tail)
-        print(text, end="" if text.endswith("\n") else "\n")
+        print(without_ansi(text), end="" if text.endswith("\n") else "\n")  # the log's colour codes are a terminal's
 
     @magic_arguments(name="clorch interrupt")
     def _interrupt(self, line: str) -> None:
@@ -218,6 +220,8 @@ class ClorchMagics(SessionCommands, Magics):
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
         ranks = parse_ranks(args.ranks)
+        if ranks is not None:
+            refuse_cell(self.session.life, "then %clorch restart --ranks")  # suspended ranks form no group
         sink = None if ranks is None else NotebookDisplay(tuple(range(self.session.topology.nproc)))
         self.session.restart(views.StartProgress(), ranks=ranks, sink=sink)
 
@@ -231,17 +235,16 @@ class ClorchMagics(SessionCommands, Magics):
                 self.session.stop()  # what an interrupted restart left (its launcher, warm spares)
                 self.session = None
             count = self.warm.end()
-            if count:
-                print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded")
-                return
-            print("clorch: no ranks are running")
+            print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded"
+                  if count else "clorch: no ranks are running")
             return
-        n = self.session.topology.nproc
+        n, launcher = self.session.topology.nproc, self.session.group
         left = self.session.stop()
         self.session = None
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
-        print(f"clorch: stopped {n} rank(s)")
+        kept = getattr(launcher, "kept_logs", "")  # the session's files are gone, its rank logs are not
+        print(f"clorch: stopped {n} rank(s)" + (f"; their logs are kept in {kept}" if kept else ""))
 
     @magic_arguments(name="clorch top")
     @argument("--once", action="store_true", help="print one table now instead of a live panel")

@@ -26,12 +26,6 @@ class SessionCommands:
     """The session-file commands of ``%clorch`` (see the module docstring)."""
 
     session: Any
-    #: the name ``%clorch start --name`` gave, used by a later ``%clorch detach``
-    session_name: str | None = None
-
-    def remember_name(self, name: str | None) -> None:
-        """Check ``%clorch start --name`` before anything starts, and keep it for the detach."""
-        self.session_name = None if name is None else registry.check_name(name)
 
     def release_detached(self) -> bool:
         """At the kernel's exit: let go of a detached session (its ranks live on, kept by their
@@ -44,10 +38,13 @@ class SessionCommands:
         self.session = None
         return True
 
-    def check_driver(self) -> None:
-        """Raise when another kernel took this kernel's detached session (it is let go here)."""
+    def check_driver(self, command: str = "") -> None:
+        """Before a ``%clorch`` command (but connect and sessions, which need no session): raise
+        when another kernel took this kernel's detached session, letting go of it here."""
         from ..session.reattach import check_owner
 
+        if command in ("connect", "sessions"):
+            return
         if self.session is not None and (why := check_owner(self.session)):
             self.session = None
             raise ClorchError(why)
@@ -70,7 +67,8 @@ class SessionCommands:
             raise ClorchError(f"session {self.session.name!r} is detached already: it outlives this kernel")
         if self.session is None or not self.session.running:
             raise ClorchError("no ranks are running: run %clorch start first")
-        name = registry.check_name(args.name) if args.name else self.session_name or registry.default_name()
+        started_as = getattr(getattr(self.session.group, "options", None), "name", None)  # %clorch start --name
+        name = registry.check_name(args.name) if args.name else started_as or registry.default_name()
         self.session = detach(self.session, name, keep_for, views.StartProgress())
         print(f"clorch: session {name!r} detached: its ranks outlive this kernel and are kept "
               f"{_words(keep_for)} once no kernel drives them; %clorch connect {name} drives them from another "

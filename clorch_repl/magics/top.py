@@ -8,7 +8,7 @@ from typing import Any
 from IPython.display import display
 
 from ..errors import ConfigError
-from ..session.panel import INTERVAL_S, Panel, _Tracker, snapshot, _ONCE_WITHIN_S
+from ..session.panel import INTERVAL_S, Panel, _Tracker, snapshot, suspended_note, _ONCE_WITHIN_S
 from ..session.panel_view import render
 
 __all__ = ["command"]
@@ -30,16 +30,17 @@ def command(session: Any, panel: Panel | None, args: argparse.Namespace) -> Pane
         import time
 
         prober = session.relay.new_prober()
+        note = suspended_note(session)  # suspended ranks are not asked
         try:
             tracker = _Tracker()
-            answers = prober.ask([p.rank for p in session.group.ranks if p.alive], light=True, usage=True,
-                                 timeout_s=_ONCE_WITHIN_S)
+            answers = {} if note else prober.ask([p.rank for p in session.group.ranks if p.alive], light=True,
+                                                 usage=True, timeout_s=_ONCE_WITHIN_S)
             now = time.monotonic()
             tracker.answers.update({r: (now, a) for r, a in answers.items() if a is not None})
             snaps, _ = snapshot(session, tracker, now)
         finally:
             prober.close()
-        display(render(snaps), raw=True)
+        display(render(snaps, note=note), raw=True)
         return panel
     if panel is not None and panel.open:
         panel.close()  # one live panel at a time: the new one replaces it

@@ -36,6 +36,13 @@ class SessionState(str, enum.Enum):
     DEGRADED = "degraded"
     #: the ranks are being ended
     STOPPING = "stopping"
+    #: the group is being taken down and every rank's GPU state moved to host memory (%clorch suspend)
+    SUSPENDING = "suspending"
+    #: every rank alive, its GPU state in host memory, its GPU free for others: no cell runs
+    #: until %clorch resume (clorch_repl.session.suspend)
+    SUSPENDED = "suspended"
+    #: every rank's GPU state moving back and the group being formed again (%clorch resume)
+    RESUMING = "resuming"
 
 
 S = SessionState
@@ -44,10 +51,17 @@ MOVES: dict[str, tuple[frozenset[SessionState], SessionState]] = {
     "start": (frozenset({S.STOPPED}), S.STARTING),
     "formed": (frozenset({S.STARTING, S.RECOVERING}), S.READY),
     "abort": (frozenset({S.READY, S.DEGRADED}), S.RECOVERING),
-    "degrade": (frozenset({S.READY, S.RECOVERING, S.STARTING}), S.DEGRADED),
+    "degrade": (frozenset({S.READY, S.RECOVERING, S.STARTING, S.SUSPENDING, S.RESUMING}), S.DEGRADED),
     "replace": (frozenset({S.DEGRADED}), S.RECOVERING),
     "stop": (frozenset(set(S) - {S.STOPPED}), S.STOPPING),
     "stopped": (frozenset({S.STOPPING, S.STARTING}), S.STOPPED),
+    "suspend": (frozenset({S.READY}), S.SUSPENDING),
+    "suspended": (frozenset({S.SUSPENDING}), S.SUSPENDED),
+    "resume": (frozenset({S.SUSPENDED}), S.RESUMING),
+    #: the group formed again after a resume, or after a suspend that failed (nothing was kept away)
+    "resumed": (frozenset({S.RESUMING, S.SUSPENDING}), S.READY),
+    #: a resume that could not restore every rank: back to suspended, to be retried
+    "resume_failed": (frozenset({S.RESUMING}), S.SUSPENDED),
 }
 
 
@@ -90,4 +104,4 @@ class Lifecycle:
     @property
     def running(self) -> bool:
         """Whether there are ranks to talk to (cells, status, logs)."""
-        return self.state in (S.READY, S.RECOVERING, S.DEGRADED)
+        return self.state in (S.READY, S.RECOVERING, S.DEGRADED, S.SUSPENDING, S.SUSPENDED, S.RESUMING)

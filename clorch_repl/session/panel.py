@@ -104,6 +104,17 @@ def snapshot(session: Any, tracker: _Tracker, now: float | None = None) -> tuple
     return snaps, stuck
 
 
+def suspended_note(session: Any) -> str | None:
+    """"suspended: 20.0 GiB of GPU memory held in host memory ..." while the session's ranks are
+    suspended (or being suspended or resumed), else None. The ranks are not asked then: a rank's
+    answer queries its CUDA stream, which waits until the resume (clorch_repl.session.suspend)."""
+    life = getattr(session, "life", None)
+    state = getattr(getattr(life, "state", None), "value", "")
+    if state in ("suspending", "suspended", "resuming"):
+        return f"{state}: {life.why}" if life.why else state
+    return None
+
+
 class Panel:
     """The live panel of one session: :meth:`start` shows it and starts ticking, :meth:`close`
     stops (also when the session's ranks stop)."""
@@ -131,11 +142,12 @@ class Panel:
         self._relay = self.session.relay
         self._prober = self._relay.new_prober()
         alive = [p.rank for p in self.session.group.ranks if p.alive]
-        first = self._prober.ask(alive, light=True, usage=True, timeout_s=_ONCE_WITHIN_S)
+        note = suspended_note(self.session)
+        first = {} if note else self._prober.ask(alive, light=True, usage=True, timeout_s=_ONCE_WITHIN_S)
         now = time.monotonic()
         self._tracker.answers.update({r: (now, a) for r, a in first.items() if a is not None})
         snaps, _ = snapshot(self.session, self._tracker, now)
-        self._update = self._display(render(snaps))
+        self._update = self._display(render(snaps, note=note))
         self.open = True
         self._relay.add_tick(self.tick)
         self._next = now + self.interval_s
@@ -181,6 +193,10 @@ class Panel:
 
     def _round(self, now: float) -> None:
         tracker = self._tracker
+        note = suspended_note(self.session)
+        if note:  # nothing asked of suspended ranks: say so instead
+            self._update(render(snapshot(self.session, tracker, now)[0], None, note=note))
+            return
         asked = dict(self._waiting)
         for msg_id, answer in self._prober.collect(self._waiting).items():
             rank, kind = asked[msg_id], self._kind.pop(msg_id)
@@ -253,7 +269,11 @@ class Panel:
         table = ipywidgets.HTML(value=bundle["text/html"])
         button = ipywidgets.Button(description="close", layout=ipywidgets.Layout(width="80px"))
         button.on_click(lambda _b: self.close())
-        display(ipywidgets.VBox([table, button]))
+        box = ipywidgets.VBox([table, button])
+        # A front end without a widget manager (nbclient, a console) shows the bundle's text, which
+        # for a widget is its repr, "VBox(children=...)": give it the table instead.
+        display({**box._repr_mimebundle_(), "text/plain": bundle["text/plain"], "text/html": bundle["text/html"]},
+                raw=True)
 
         def update(b: dict[str, str]) -> None:
             table.value = b["text/html"]

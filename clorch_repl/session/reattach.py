@@ -116,12 +116,21 @@ class ConnectedSession(Session):
     def generation(self) -> int:
         return self._generation
 
-    @property
-    def running(self) -> bool:
-        """Running, and still this kernel's to drive: a kernel another one took the session from
-        must send the ranks nothing, not even a cell ipykernel's shell handler begins early
-        (clorch_repl.magics.head_start asks this)."""
-        return super().running and self.owned()
+    def _require(self) -> Any:
+        """Session._require, refusing once another kernel took the session: this kernel must send
+        the ranks nothing, not even a cell ipykernel's shell handler begins early
+        (clorch_repl.magics.head_start), whose refusal the cell then shows in the same words."""
+        if self.group is not None and not self.owned():
+            current = hold.read(self.record.dir)
+            raise ConfigError(_taken(self.name, current))
+        return super()._require()
+
+    def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
+        """Session.stop while this kernel drives the session; once another took it, only let go."""
+        if self.group is not None and not self.owned():
+            release(self)
+            return []
+        return super().stop(keep_logs=keep_logs, polite=polite)
 
     def owned(self) -> bool:
         """Whether the session's hold still names this kernel (see .launchers.hold)."""
@@ -245,10 +254,14 @@ def check_owner(session: Session) -> str:
         return ""
     current = hold.read(session.record.dir)
     release(session)
+    return _taken(session.name, current)
+
+
+def _taken(name: str, current: dict[str, Any] | None) -> str:
     if current is None:
-        return f"session {session.name!r} was stopped from another kernel"
-    return (f"session {session.name!r} was taken over by the kernel with pid {current.get('owner_pid')}: "
-            f"%clorch connect {session.name} --take takes it back")
+        return f"session {name!r} was stopped from another kernel"
+    return (f"session {name!r} was taken over by the kernel with pid {current.get('owner_pid')}: "
+            f"%clorch connect {name} --take takes it back")
 
 
 def status_rows() -> tuple[list[str], list[list[str]]]:

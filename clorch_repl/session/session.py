@@ -18,6 +18,7 @@ from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
+from ..launchers.spares import lost_spares
 from ..topology import Topology, check_unique_in_range
 from . import flood, recovery
 from .comms import CommBridge, notebook_kernel
@@ -29,6 +30,7 @@ from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .requests import request_code
 from .sink import OutputSink
+from .suspend import Suspending, refuse_cell
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ LauncherFactory = Callable[[Topology], Launcher]
 JOIN_MARGIN_S = 120.0
 
 
-class Session:
+class Session(Suspending):
     """Start, run cells on, inspect, restart and stop one group of worker kernels.
 
     Where the ranks run is the launcher's business (:mod:`clorch_repl.launchers`): ``launcher``
@@ -89,7 +91,7 @@ class Session:
                 self._form_group(progress)
             except ClorchError as exc:
                 interrupted = isinstance(exc, StartupError) and exc.outcome is not None and exc.outcome.interrupted
-                lost = "" if interrupted else self._lost_spares()  # the user's Ctrl-C is no cue to retry
+                lost = "" if interrupted else lost_spares(self.group)  # the user's Ctrl-C is no cue to retry
                 if not lost:
                     raise
                 logger.warning("clorch_repl: %s while joining (%s); starting the ranks cold", lost, exc)
@@ -133,23 +135,13 @@ class Session:
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
 
-    def _lost_spares(self) -> str:
-        """"the warm spare made rank 1 ended (killed by signal SIGKILL)" when this start's ranks
-        were warm spares and one of them is gone; "" otherwise (a cold start's failure stands)."""
-        group = self.group
-        if group is None or not group.from_spares:
-            return ""
-        dead = [f"rank {p.rank} ({p.exit or 'gone'})" for p in group.ranks if not p.alive]
-        if not dead:
-            return ""
-        return f"the warm spare made {', '.join(dead)} ended"
-
     def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
         ``keep_logs`` keeps the launcher (its logs, its hosts, its warm spares) for a restart;
         ``polite=False`` ends the ranks at once, without asking them to leave the group and shut
         down (their state is being thrown away)."""
         group, relay = self.group, self.relay
+        polite = polite and self.life.state is not SessionState.SUSPENDED  # a leave would wait on locked CUDA
         self.life.move_if("stop")
         self.relay = None
         if not keep_logs:
@@ -326,6 +318,7 @@ class Session:
                  cell_number: int | None = None) -> CellRequest:
         """The request for a cell, once every rule that refuses one is checked."""
         group, relay = self._require()
+        refuse_cell(self.life)  # suspended: no rank runs anything until %clorch resume
         chosen = self.chosen(ranks)
         check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
         dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
@@ -381,6 +374,7 @@ class Session:
         from ..diagnosis import render
 
         _, relay = self._require()
+        refuse_cell(self.life, "then %clorch why")  # a suspended rank's answer would wait for the resume
         if ranks is not None:
             check_unique_in_range(ranks, self.topology.nproc, "--rank", "rank")
         verdict, states = relay.diagnose(all_threads=all_threads)  # every rank: the cause may be any
@@ -413,6 +407,8 @@ class Session:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
         ranks over their control channels, so it answers while a save's thread writes."""
         _, relay = self._require()
+        if self.life.state is SessionState.SUSPENDED:
+            return {}  # nothing writes while suspended, and asking would wait for the resume
         answers = relay.light_answers()
         return {rank: answer["saves"] for rank, answer in answers.items()
                 if answer is not None and answer.get("saves")}

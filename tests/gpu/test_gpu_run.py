@@ -1,7 +1,7 @@
 """On a CUDA machine: ``%clorch run`` of the tests' own torchrun DDP script on NCCL ranks (every
 visible GPU) through a real notebook kernel, run twice (the second resumes from rank 0's
-snapshot), then init_process_group's agreement with the NCCL group (``device_id=device`` accepted,
-another GPU or gloo refused) and a collective on ``device`` after. Skipped where there is no GPU
+snapshot), then init_process_group's agreement with the NCCL group (``device_id=device`` and
+``cuda:{LOCAL_RANK}`` accepted, another GPU or gloo refused) and a collective on ``device`` after. Skipped where there is no GPU
 (CI); the same on gloo: tests/integration/test_run_script.py."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def test_a_torchrun_ddp_script_on_nccl_ranks(tmp_path) -> None:  # type: ignore[
 
         check = nb.run("%%distributed\nimport torch, torch.distributed as dist\nfrom clorch_repl.errors import GroupConflict\n"
                        "dist.init_process_group('nccl', device_id=device)\n"
-                       "dist.init_process_group(backend='nccl', device_id=torch.device('cuda', 0), rank=rank)\n"
-                       "for kwargs in ({'backend': 'gloo'}, {'device_id': torch.device('cuda', 1)}):\n"
+                       "dist.init_process_group(backend='nccl', device_id=torch.device('cuda', local_rank), rank=rank)\n"
+                       "for kwargs in ({'backend': 'gloo'}, {'device_id': torch.device('cuda', local_rank + 1)}):\n"
                        "    try:\n        dist.init_process_group(**kwargs)\n"
                        "    except GroupConflict as exc:\n        print('refused', str(exc).split(': ', 1)[1])\n"
                        "t = torch.ones(4, device=device) * (rank + 1)\ndist.all_reduce(t)\n"
@@ -51,5 +51,5 @@ def test_a_torchrun_ddp_script_on_nccl_ranks(tmp_path) -> None:  # type: ignore[
             shown = lines_of(check.text, r)
             assert len(shown) == 3 and shown[2] == f"sum {total} cuda nccl", check.text
             assert shown[0].startswith("refused backend='gloo', but the session's group uses nccl"), check.text
-            assert shown[1].startswith("refused device_id=cuda:1, but this rank's GPU is cuda:0"), check.text
+            assert shown[1].startswith(f"refused device_id=cuda:{r + 1}, but this rank's GPU is cuda:{r}"), check.text
     print(f"TIMING %clorch run of two DDP epochs on {n} NCCL rank(s): {took:.2f} s")

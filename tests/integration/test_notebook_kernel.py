@@ -4,7 +4,9 @@ Kernel > Interrupt, a rank stuck in a collective, and the notebook kernel killed
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import time
 from typing import Iterator
 
@@ -23,6 +25,14 @@ PIDS = ("from clorch_repl.magics import magics_for\n"
 def nb() -> Iterator[NotebookKernel]:
     with clorch_session("--nproc 2", stop=False) as kernel:  # tests kill the notebook or stop it themselves
         assert kernel.start_reply is not None and "ranks ready 2/2" in kernel.start_reply.text
+        yield kernel
+
+
+@pytest.fixture()
+def nb_keeping_logs() -> Iterator[NotebookKernel]:
+    """``nb`` with the rank logs kept at the end, as by default (tests/conftest.py turns it off);
+    the tests that use it remove what was kept."""
+    with clorch_session("--nproc 2", stop=False, env={"CLORCH_KEEP_LOGS": "1"}) as kernel:
         yield kernel
 
 
@@ -84,17 +94,42 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert ok.status == "ok" and "[ranks 0-1] sum 2.0" in ok.text
 
 
-def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb: NotebookKernel) -> None:
+def test_sigkill_of_the_notebook_kernel_leaves_no_rank_behind(nb_keeping_logs: NotebookKernel) -> None:
+    nb = nb_keeping_logs
     pids = rank_pids(nb)
     session_dir = nb.run("print('DIR', magics_for(get_ipython()).session.group.dir)").text.split("DIR ")[1].strip()
     assert len(pids) == 2 and all(pid_running(p) for p in pids) and os.path.isdir(session_dir)
     os.kill(nb.pid, signal.SIGKILL)
     assert wait_gone(pids, 10) == [], "ranks outlived the notebook kernel"
+    deadline = time.monotonic() + 5  # the supervisors remove it right after ending their ranks
+    while os.path.exists(session_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not os.path.exists(session_dir), "the session's directory was left behind"
+    # the rank logs outlive the crash, beside where the session's files were, and nothing else does
+    kept = session_dir + "-logs"
+    try:
+        assert sorted(os.listdir(kept)) == ["rank0.log", "rank1.log"]
+        assert stat.S_IMODE(os.stat(kept).st_mode) == 0o700
+        with open(os.path.join(kept, "rank1.log")) as fh:
+            assert "--- clorch_repl: rank 1 starting at" in fh.read()
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
 
 
-def test_stop_ends_every_rank(nb: NotebookKernel) -> None:
+def test_stop_ends_every_rank_and_keeps_their_logs(nb_keeping_logs: NotebookKernel) -> None:
+    nb = nb_keeping_logs
     pids = rank_pids(nb)
+    coloured = nb.run("%%distributed\nprint('\\x1b[31mred\\x1b[0m on', rank)")
+    assert coloured.status == "ok", coloured.text
+    shown = nb.run("%clorch logs 1").text  # the log holds the colour codes; %clorch logs shows text
+    assert "red on 1" in shown and "\x1b[" not in shown, repr(shown)
     reply = nb.run("%clorch stop")
-    assert reply.status == "ok" and "stopped 2 rank(s)" in reply.text
+    assert reply.status == "ok" and "stopped 2 rank(s); their logs are kept in " in reply.text, reply.text
     assert wait_gone(pids, 5) == []
+    kept = reply.text.split("their logs are kept in ")[1].split()[0]
+    try:
+        assert sorted(os.listdir(kept)) == ["rank0.log", "rank1.log"]  # the logs only: no key, socket or store
+        with open(os.path.join(kept, "rank1.log")) as fh:
+            assert "\x1b[31mred\x1b[0m on 1" in fh.read()  # the file is as the rank wrote it
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)

@@ -102,11 +102,28 @@ def test_an_interrupted_hang_keeps_every_rank_and_its_models() -> None:
         assert "dead" not in status.text and "busy" not in status.text, status.text
 
 
-def test_a_dead_rank_is_replaced_while_the_others_keep_theirs() -> None:
+SHARDED = """%%distributed
+import os, signal, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from clorch_repl import distributed as cdist
+if "net" not in dir():   # a fresh rank makes the model again, differently initialised
+    torch.manual_seed(rank)
+    net = fully_shard(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)))
+    opt = torch.optim.AdamW(net.parameters())
+def shard():
+    return round(sum(p.to_local().double().sum().item() for p in net.parameters()), 6)
+"""
+
+
+def test_a_dead_rank_is_replaced_while_the_others_keep_theirs(tmp_path) -> None:
+    ckpt = str(tmp_path / "ckpt")
     with clorch_session("--nproc 3 --backend gloo") as nb:
-        setup = nb.run("%%distributed\nimport os, signal, torch, torch.distributed as dist\nx = rank * 10\n"
-                       "sub = dist.new_group([0, 1, 2])\n")
+        setup = nb.run(SHARDED + "x = rank * 10\nsub = dist.new_group([0, 1, 2])\n"
+                       "net(torch.ones(4, 16)).sum().backward()\nopt.step()\n"
+                       f"cdist.save_checkpoint({ckpt!r}, model=net, optimizer=opt, sharded=True)\n"
+                       "print('saved', shard())\n")
         assert setup.status == "ok", setup.text
+        saved = {r: lines_of(setup.text, r) for r in range(3)}
         died = nb.run("%%distributed\nif rank == 1:\n    os._exit(3)\ndist.all_reduce(torch.ones(8))\n", timeout=90)
         text = _plain(died.text)
         assert died.status == "error"
@@ -130,6 +147,13 @@ def test_a_dead_rank_is_replaced_while_the_others_keep_theirs() -> None:
         assert check.status == "ok", check.text
         assert lines_of(check.text, 0) == ["3.0 True"] and lines_of(check.text, 2) == ["3.0 True"], check.text
         assert lines_of(check.text, 1) == ["3.0 False"], check.text  # the fresh rank
+
+        # README's recipe: the last sharded checkpoint loaded on every rank gives the fresh rank its
+        # shard back, exact (the checkpoints' own group is made again with the fresh rank)
+        loaded = nb.run(SHARDED + f"cdist.load_checkpoint({ckpt!r}, model=net, optimizer=opt)\n"
+                        "print('saved', shard())\n")
+        assert loaded.status == "ok", loaded.text
+        assert {r: lines_of(loaded.text, r) for r in range(3)} == saved, (loaded.text, saved)
 
         # SIGKILL during a collective, then the same again: each replacement forms a new group
         killed = nb.run("%%distributed\nimport os, signal, torch, torch.distributed as dist\n"

@@ -31,5 +31,8 @@ def test_an_illegal_move_says_which_and_changes_nothing() -> None:
 
 def test_cells_run_only_where_there_are_ranks_to_talk_to() -> None:
     running = {state for state in SessionState if Lifecycle(state).running}
-    assert running == {SessionState.READY, SessionState.RECOVERING, SessionState.DEGRADED}
+    # suspended ranks are alive (status, stop and resume talk to them); their cells are refused
+    # by the session (clorch_repl.session.suspend.refuse_cell)
+    assert running == {SessionState.READY, SessionState.RECOVERING, SessionState.DEGRADED, SessionState.SUSPENDING,
+                       SessionState.SUSPENDED, SessionState.RESUMING}
     assert all(target in SessionState for _, target in MOVES.values())

@@ -26,6 +26,8 @@ def test_the_verdict_on_recorded_summaries() -> None:
                                   "1010 ms, +88 %), most of it in aten::mm (+900 ms); ranks 0,2 wait for it in "
                                   "c10d::allreduce_ (890 ms)")
     assert straggler.find_straggler({0: _summary(1.0, 0.8, 0.1)}) is None
+    two = straggler.find_straggler({0: _summary(1.0, 0.8, 0.9), 1: _summary(1.9, 1.7, 0.05)})
+    assert two is not None and "; rank 0 waits for it in c10d::allreduce_" in two.sentence(), two  # one rank: waits
 
 
 def test_collective_time_is_taken_from_the_trace_on_any_thread() -> None:

@@ -200,3 +200,30 @@ def test_export_warns_about_a_cell_that_is_not_python() -> None:
 def test_export_refuses_a_bad_ranks_list() -> None:
     with pytest.raises(ValueError, match="cell 0 .*--ranks"):
         export_notebook(_notebook(nbformat.v4.new_code_cell("%%distributed --ranks a,b\nprint(1)")))
+
+
+def test_export_warns_about_a_value_shown_from_a_call_and_about_a_restart() -> None:
+    """Issue 35: a cell ending in ``total.item()`` showed its value in the notebook and shows nothing
+    in the script; a ``%clorch restart`` (a comment in the script) gave later cells fresh ranks."""
+    code = nbformat.v4.new_code_cell
+    ran_quiet = code("%%distributed\nmodel_step()", execution_count=4)  # ran, showed nothing: it returned None
+    shown = code("%%distributed\nbits.item()", execution_count=5,
+                 outputs=[nbformat.v4.new_output("display_data", data={"text/plain": "[rank 0] 3"})])
+    result = export_notebook(_notebook(
+        code("%load_ext clorch_repl\n%clorch start --nproc 2"),
+        code("%%distributed\nimport torch\ntotal = torch.ones(2).sum()\ntotal.item()"),
+        code("%%distributed\nprint(rank)"),
+        ran_quiet,
+        shown,
+        code("%clorch restart"),
+        code("%clorch stop\n%clorch start --nproc 2"),
+    ))
+    said = "\n".join(result.warnings)
+    assert ("cell 1 (%%distributed) ends in a call, total.item(), whose value the notebook shows (unless it is "
+            "None); the script computes it and shows nothing: wrap it in print()") in said
+    assert "cell 4 (%%distributed) ends in a call, bits.item(), whose value the notebook showed" in said
+    assert "cell 2 " not in said and "cell 3 " not in said  # print() and a call the notebook showed nothing for
+    assert "cell 5: %clorch restart gave the ranks fresh processes" in said
+    assert "cell 6: %clorch start --nproc 2 gave the ranks fresh processes" in said
+    assert "cell 0:" not in said  # the first start is the one the preamble stands for
+    assert len(result.warnings) == 4, said

@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 from ...errors import CheckpointError, ConfigError
+from ...user_frames import public
 from . import in_flight, single_file
 from . import sharded as sharded_format
 from .container import read_container
@@ -37,6 +38,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint_metadata", "Ch
            "saves_in_flight"]
 
 
+@public
 def save_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: Any = None,
                     sampler: Any = None, scaler: Any = None, state: dict[str, Any] | None = None, *,
                     sharded: bool | None = None, async_save: bool = False) -> str | CheckpointSave:
@@ -68,6 +70,7 @@ def save_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
     return single_file.save(target, model, optimizer, sampler, scaler, state)
 
 
+@public
 def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: Any = None,
                     sampler: Any = None, scaler: Any = None, restore_rng: bool = True) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote; returns its ``state`` map. Every rank must call it.
@@ -110,6 +113,7 @@ def _layout_on_every_rank(source: str) -> str:
     return mine
 
 
+@public
 def read_checkpoint_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON metadata of a checkpoint (its ``state`` map, torch version, contents, layout) without
     loading it."""
