@@ -125,6 +125,32 @@ class ConnectedSession(Session):
             raise ConfigError(_taken(self.name, current))
         return super()._require()
 
+    # Every in-place re-form of the group (a hang's recovery, a suspend, a resume) counts one more
+    # generation: the session file must say the latest, or the kernel that connects after this
+    # one dies would meet a re-form's stale keys. Saved right after each, while this kernel drives.
+    def _recover(self, why: str, aborted_at: float) -> str:
+        try:
+            return super()._recover(why, aborted_at)
+        finally:
+            self._save_generation()
+
+    def suspend(self, progress: Progress = lambda _: None) -> str:
+        try:
+            return super().suspend(progress)
+        finally:
+            self._save_generation()
+
+    def resume(self, progress: Progress = lambda _: None) -> str:
+        try:
+            return super().resume(progress)
+        finally:
+            self._save_generation()
+
+    def _save_generation(self) -> None:
+        if self._generation != self.record.generation and self.owned():
+            self.record = dataclasses.replace(self.record, generation=self._generation, written_at=time.time())
+            registry.write(self.record)
+
     def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """Session.stop while this kernel drives the session; once another took it, only let go."""
         if self.group is not None and not self.owned():

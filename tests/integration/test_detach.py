@@ -234,7 +234,14 @@ def test_the_group_re_forms_from_the_new_kernel_under_the_next_generation(kernel
     assert hung.status == "error" and FORMED in hung.text, hung.text
     text = ok(second.run(CHECK)).text
     assert "sum 3.0" in text and "same weights True steps 2" in text, text
-    ok(second.run("%clorch stop"))
+    assert kernels.record("regrouped")["generation"] == 2  # saved at once: this kernel may die next
+    os.kill(second.pid, signal.SIGKILL)
+    third = kernels.new()
+    assert "generation 2" in ok(third.run("%clorch connect regrouped")).text
+    hung = third.run(HANG, timeout=120)
+    assert hung.status == "error" and FORMED in hung.text, hung.text
+    assert "same weights True steps 3" in ok(third.run(CHECK)).text
+    ok(third.run("%clorch stop"))
     assert wait_gone(pids_of(record), 10) == []
 
 
