@@ -21,7 +21,7 @@ from ipykernel import ipkernel
 from ipykernel.ipkernel import IPythonKernel
 
 from ..diagnosis.probe import PROBE_REQUEST
-from ..session.flood import Limits
+from ..session.flood import Limits, at_source
 from . import breakpoints, output
 from .display_log import log_displays
 from .lean_execute import LeanExecute
@@ -56,7 +56,7 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         traceback echoed to the rank's log."""
         limits, self._next_limits = self._next_limits, None
         silent = bool(kwargs.get("silent", args[1] if len(args) > 1 else False))
-        output.start_cell(limits or Limits(), silent)
+        output.start_cell(at_source(limits or Limits()), silent)  # see flood.at_source
         transform = _TransformOnce(self.shell)
         try:
             reply = await super().do_execute(*args, **kwargs)

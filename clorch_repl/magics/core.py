@@ -210,10 +210,8 @@ class ClorchMagics(Magics):
         if not stuck:
             print("clorch: interrupted every rank; all are idle")
             return
-        for rank, stack in stuck.items():
-            print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
         verdict = self._session().why().splitlines()[0]  # the first collective the ranks disagree on
-        print(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)")
+        print(views.interrupt_report(stuck, verdict))
         raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
 
     @magic_arguments(name="clorch restart")

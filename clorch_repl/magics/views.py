@@ -79,3 +79,20 @@ class StartProgress:
             self.handle = display(bundle, raw=True, display_id=True)
         else:
             self.handle.update(bundle, raw=True)
+
+
+def interrupt_report(stuck: dict[int, str], verdict: str) -> str:
+    """What ``%clorch interrupt`` says of ranks that did not return: each distinct stack once,
+    under the ranks it is theirs (three ranks in one barrier read as one block), paths from the
+    environment (rankfiles.report_stack), then the verdict, wrapped at the cell's width."""
+    from ..human import wrap
+    from ..launchers.rankfiles import report_stack
+    from ..rank_sets import merge_blocks, rank_words
+
+    lines = []
+    for ranks, stack in merge_blocks([(r, tuple(report_stack(s))) for r, s in sorted(stuck.items())]):
+        lines.append(wrap(f"clorch: {rank_words(ranks)} did not return after the interrupt; "
+                          f"{'it is' if len(ranks) == 1 else 'they are'} here:"))
+        lines.extend(stack)
+    lines.append(wrap(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)", indent="  "))
+    return "\n".join(lines)

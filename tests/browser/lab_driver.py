@@ -461,6 +461,16 @@ class LabPage:
     SCROLLER = ("const p = %s; const s = p && (p.querySelector('.jp-WindowedPanel-outer') "
                 "|| p.querySelector('.jp-Notebook'));" % PANEL)
 
+    def screenshot_cell(self, name: str, index: int) -> str:
+        """The window as a user sees it with cell ``index`` scrolled to the top (a long output's
+        whole-notebook image is too tall to read)."""
+        path = os.path.join(self.shots, f"{name}.png")
+        self.js("%s.querySelectorAll('.jp-Cell')[arguments[0]].scrollIntoView({block: 'start'});" % self.PANEL,
+                index)
+        time.sleep(0.5)
+        self.driver.save_screenshot(path)
+        return path
+
     def screenshot(self, name: str) -> str:
         """The whole notebook in one image: the window grows to the notebook's height. The first
         cell is made the active one first, or JupyterLab scrolls back to the active cell."""

@@ -63,7 +63,7 @@ def test_a_three_rank_flood_never_stalls_the_page(lab: tuple[LabServer, LabPage]
     page.wait_idle(120, settle=0.5)
     took = time.monotonic() - began
     tasks = page.long_tasks(since)
-    page.screenshot("flood-timeout")
+    page.screenshot_cell("flood-timeout", timed)
     text = page.output_text(timed)
     shown = text.count("x" * 100)
     print(f"flood ended by --timeout 5: idle {took:.1f} s after the run; {shown} lines on the page; "
@@ -86,7 +86,7 @@ def test_a_three_rank_flood_never_stalls_the_page(lab: tuple[LabServer, LabPage]
     click = page.timed_click(button)
     page.wait_idle(120, settle=0.5)
     tasks += page.long_tasks(since)
-    page.screenshot("flood-interrupted")
+    page.screenshot_cell("flood-interrupted", clicked)
     print(f"Interrupt clicked during the flood: the page saw it after {click:.3f} s; "
           f"longest tasks (ms) over both floods: {sorted(tasks, reverse=True)[:10]}")
     assert "KeyboardInterrupt" in page.output_text(clicked)
