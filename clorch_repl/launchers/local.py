@@ -360,6 +360,9 @@ class LocalLauncher(Launcher):
     def log_tail(self, rank: int, lines: int | None = 200) -> str:
         return self.files[rank].log_tail(lines)
 
+    def current_log_tail(self, rank: int, lines: int) -> str:
+        return self.files[rank].current_log_tail(lines)
+
     def death_report(self, rank: int, lines: int = 15) -> str:
         return self.files[rank].death_report(lines)
 

@@ -257,7 +257,9 @@ class ClorchMagics(Magics):
             return
         from . import top
 
-        self.panel = top.command(self._session() if not args.stop else self.session, self.panel, args)
+        if not args.stop:
+            self._session()  # refuses with no ranks running: a panel starts on a session
+        self.panel = top.command(lambda: self.session, self.panel, args)
 
     @magic_arguments(name="clorch jobs")
     def _jobs(self, line: str) -> None:

@@ -103,8 +103,8 @@ class HeldNotice:
             parts.append(f"clorch held back {lines:,} lines ({_size(chars)}) of this cell's output; {_logs(counts)}")
         if late:
             lines, chars = (sum(v[i] for v in late.values()) for i in (0, 1))
-            parts.append(f"clorch held back {lines:,} lines ({_size(chars)}) a thread printed after its cell "
-                         f"ended; {_logs(late)}")
+            parts.append(f"clorch held back {lines:,} lines ({_size(chars)}) printed after their cell ended; "
+                         f"{_logs(late)}")
         return wrap("\n".join(parts), indent="  ")
 
     def refresh(self, final: bool = False) -> None:

@@ -76,21 +76,23 @@ class Session:
         #: the user's cell running now: (its first line, its ranks, time.monotonic() at its start);
         #: read by %clorch top's thread (clorch_repl.session.panel)
         self.current_cell: tuple[str, tuple[int, ...], float] | None = None
+        self._cells: dict[int, tuple[str, float]] = {}  # rank -> the last cell sent to it, and when (cell_of)
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
     def running(self) -> bool:
         return self.relay is not None
 
-    def start(self, progress: Progress = lambda _: None) -> float:
-        """Start every rank and form the process group; returns the seconds it took.
+    def start(self, progress: Progress = lambda _: None, since: float | None = None) -> float:
+        """Start every rank and form the process group; returns the seconds it took, counted from
+        ``since`` (a restart's start: what the user waited, stopping the old ranks included).
 
         On any failure, or a KeyboardInterrupt, every rank already started is stopped again. A
         warm spare can die between the launcher's last look at it and the group's forming (the
         out-of-memory killer, a user's kill): the start then ends those ranks and starts them
         cold, once, rather than fail a restart that a cold start would have made.
         """
-        t0 = time.monotonic()
+        t0 = time.monotonic() if since is None else since
         if self.group is None:
             self.group = self._make_launcher(self.topology)
         try:
@@ -195,6 +197,7 @@ class Session:
         broken group to shut down would only wait, and ranks idle beside a dead NCCL peer can
         block in their communicators' teardown.
         An interrupt (Ctrl-C) during the restart stops everything, warm spares included."""
+        t0 = time.monotonic()
         group, relay = self.group, self.relay
         healthy = (group is not None and relay is not None and all(p.alive for p in group.ranks)
                    and not relay.busy())
@@ -203,7 +206,7 @@ class Session:
         except BaseException:
             self.stop()
             raise
-        return self.start(progress)
+        return self.start(progress, since=t0)
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
@@ -239,6 +242,7 @@ class Session:
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
         self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", request.ranks,
                              time.monotonic())
+        self._cells.update(dict.fromkeys(request.ranks, (self.current_cell[0], self.current_cell[2])))
         try:
             return relay.begin(request, allow_stdin=allow_stdin)
         except BaseException:
@@ -359,6 +363,12 @@ class Session:
         return {r: relay.stack_of(r) for r in busy if group.ranks[r].alive}
 
     # ------------------------------------------------------------------------------- views
+    def cell_of(self, rank: int) -> tuple[str, float] | None:
+        """The cell ``rank`` is busy with (``[5] first line``) and since when, also after the
+        cell's wait ended with the rank stuck in it; None when the rank is not busy."""
+        relay = self.relay
+        return self._cells.get(rank) if relay is not None and rank in relay.busy() else None
+
     def status(self) -> list[RankReport]:
         group, relay = self._require()
         busy = set(relay.busy())
