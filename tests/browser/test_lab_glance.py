@@ -37,6 +37,16 @@ def lab(lab_server: tuple[LabServer, LabPage]) -> tuple[LabServer, LabPage]:
         "%%distributed\nprint('after the floods on rank', rank)",
         "%clorch stop",
     ))
+    write_notebook(root, "glance.ipynb", (
+        "%load_ext clorch_repl",
+        "%clorch start --nproc 3",
+        "%clorch top",
+        "%%distributed --hang-notice 5\nimport time, torch.distributed as dist\nprint('in', flush=True)\n"
+        "if rank == 2:\n    time.sleep(60)\nelse:\n    dist.barrier()",
+        "%clorch restart",
+        "%%distributed\nprint('fresh rank', rank)",
+        "%clorch stop",
+    ))
     return lab_server
 
 
@@ -99,3 +109,51 @@ def test_a_three_rank_flood_never_stalls_the_page(lab: tuple[LabServer, LabPage]
     page.run_cell(stop)
     wait_for(lambda: "stopped 3 rank(s)" in page.output_text(stop), 120, "%clorch stop")
     page.wait_idle(60)
+
+
+def test_a_hang_report_reads_at_a_glance_and_the_panel_follows_a_restart(lab: tuple[LabServer, LabPage]) -> None:
+    """Interrupting a 3-rank hang (ranks 0-1 in a barrier rank 2 never calls) gave about 60 lines:
+    the verdict three times, the waiting ranks' stack twice (once with full site-packages paths),
+    advice to interrupt again. Now: the verdict once, one stack, short paths, advice that works.
+    The %clorch top panel then follows the restart (it stayed at "the ranks stopped")."""
+    page = lab[1]
+    page.open_notebook("glance.ipynb")
+    load, start, top, hang, restart, fresh, stop = (page.find_cell(s) for s in (
+        "%load_ext", "%clorch start", "%clorch top", "%%distributed --hang-notice", "%clorch restart",
+        "%%distributed\nprint", "%clorch stop"))
+    for index in (load, start, top):
+        page.run_cell(index)
+        page.wait_idle(180)
+    assert "3 rank(s) ready" in page.output_text(start), page.output_text(start)
+    page.run_cell(hang)
+    wait_for(lambda: "no progress on any rank" in page.output_text(hang), 90, "the live hang notice")
+    page.toolbar_button("interrupt").click()
+    page.wait_idle(120)
+    page.screenshot_cell("hang-report", hang)
+    text = page.output_text(hang)
+    lines = [line for line in text.splitlines() if line.strip()]
+    print(f"the 3-rank hang report: {len(lines)} lines\n{text}")
+    verdict = "barrier #2 (default group): ranks 0-1 wait in it"
+    assert " ".join(text.split()).count(verdict) == 1, text  # said once (the live notice)
+    assert text.count("dist.barrier()") <= 2, text  # one stack (its line, and the traceback's source line)
+    assert "/site-packages/" not in text and "%clorch interrupt" not in text, text
+    assert "%clorch restart" in text and len(lines) <= 40, text
+    assert all(len(line) <= 100 for line in lines if not line.startswith(("[rank", "  "))), text
+    # the panel, during the restart and after it: the new ranks, not "the ranks stopped"
+    page.run_cell(restart)
+    page.wait_idle(180)
+    restarted = page.output_text(restart)
+    waited = re.search(r"formed in ([\d.]+) s", restarted)
+    assert waited, restarted
+    wait_for(lambda: re.search(r"\b2\s+here\s+idle", page.output_text(top)), 30, "the panel to show the new ranks")
+    panel = page.output_text(top)
+    page.screenshot_cell("top-after-restart", top)
+    print(f"the panel after %clorch restart ({restarted.strip()}):\n{panel}")
+    assert "stopped" not in panel and "starting at" not in panel and "\x1b" not in panel, panel
+    page.run_cell(fresh)
+    wait_for(lambda: "fresh rank" in page.output_text(fresh), 60, "the new ranks to run a cell")
+    page.wait_idle(60)
+    page.run_cell(stop)
+    wait_for(lambda: "stopped 3 rank(s)" in page.output_text(stop), 120, "%clorch stop")
+    page.wait_idle(60)
+    wait_for(lambda: "no ranks running" in page.output_text(top), 30, "the panel to say the ranks stopped")
