@@ -254,6 +254,8 @@ class DistributedCellError(Exception):
             verdict, *evidence = (self.outcome.diagnosis or "").splitlines()
             if verdict != self.outcome.noticed:
                 say(f"{_BOLD}Why:{_RESET} {verdict}")
+            elif evidence:
+                lines.append("Where each rank was (the notice above says why):")
             lines.extend(evidence)
         for ranks, result in _failure_groups(self.outcome.failed, self.merge):
             who = rank_words(ranks)
