@@ -45,6 +45,10 @@ def lab(lab_server: tuple[LabServer, LabPage]) -> tuple[LabServer, LabPage]:
         "if rank == 2:\n    time.sleep(60)\nelse:\n    dist.barrier()",
         "%clorch restart",
         "%%distributed\nprint('fresh rank', rank)",
+        "%%distributed\nimport ipywidgets as widgets\nslider = widgets.IntSlider(value=10 + rank, description=f'r{rank}')\n"
+        "slider",
+        "%%distributed\nslider.value = 50 + rank",
+        "%%distributed\nprint('slider of rank', rank, 'reads', slider.value)",
         "%clorch stop",
     ))
     return lab_server
@@ -153,7 +157,57 @@ def test_a_hang_report_reads_at_a_glance_and_the_panel_follows_a_restart(lab: tu
     page.run_cell(fresh)
     wait_for(lambda: "fresh rank" in page.output_text(fresh), 60, "the new ranks to run a cell")
     page.wait_idle(60)
+    _reload_shows_the_rank_widgets(page)
+    stop = page.find_cell("%clorch stop")
+    top = page.find_cell("%clorch top")
     page.run_cell(stop)
     wait_for(lambda: "stopped 3 rank(s)" in page.output_text(stop), 120, "%clorch stop")
     page.wait_idle(60)
     wait_for(lambda: "no ranks running" in page.output_text(top), 30, "the panel to say the ranks stopped")
+
+
+def _sliders(page: LabPage, index: int) -> list[str]:
+    return sorted(r for out in page.widget_outputs(index) for r in out["readouts"])
+
+
+def _reload_shows_the_rank_widgets(page: LabPage) -> None:
+    """A slider per rank, each moved on its rank; after a page reload (as after an autosave, or in
+    a second tab) the sliders are drawn again with their current values, and still reach their
+    ranks (README used to say a reload would not bring them back)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    made, moved = page.find_cell("%%distributed\nimport ipywidgets"), page.find_cell("%%distributed\nslider.value")
+    page.run_cell(made)
+    wait_for(lambda: _sliders(page, made) == ["10", "11", "12"], 60, "a slider per rank")
+    page.wait_idle(60)
+    page.run_cell(moved)
+    page.wait_idle(60)
+    wait_for(lambda: _sliders(page, made) == ["50", "51", "52"], 30, "the sliders to follow their ranks")
+    ActionChains(page.driver).key_down(Keys.CONTROL).send_keys("s").key_up(Keys.CONTROL).perform()
+    time.sleep(1.5)  # saved: a reload shows the notebook as saved, its outputs naming the widgets
+    page.driver.refresh()
+    wait_for(lambda: page.cell_count() > 0 and page.kernel_status() == "idle", 120, "the notebook after the reload")
+    made = page.find_cell("%%distributed\nimport ipywidgets")
+    try:
+        wait_for(lambda: _sliders(page, made) == ["50", "51", "52"], 30, "the rank widgets after the reload")
+    finally:
+        page.screenshot_cell("reload-widgets", made)
+    text = page.output_text(made)
+    assert "Error displaying widget" not in text and "model not found" not in text, text
+    print(f"after a reload, the rank sliders read {_sliders(page, made)}")
+    # still live: rank 1's slider moved by keyboard reaches rank 1
+    nth = [i for i, out in enumerate(o for o in page.widget_outputs(made) if o["widget"]) if out["readouts"] == ["51"]]
+    handle = page.slider_handle(made, nth[0])
+    handle.click()
+    for _ in range(5):
+        handle.send_keys(Keys.ARROW_RIGHT)
+        time.sleep(0.1)
+    wait_for(lambda: _sliders(page, made) == ["50", "52", "56"], 30, "rank 1's slider to read 56")
+    page.wait_idle(60)
+    read = page.find_cell("%%distributed\nprint('slider of rank'")
+    page.run_cell(read)
+    wait_for(lambda: "slider of rank 2" in page.output_text(read), 60, "the ranks to read their sliders")
+    page.wait_idle(60)
+    text = page.output_text(read)
+    assert "[rank 1] slider of rank 1 reads 56" in text and "[rank 0] slider of rank 0 reads 50" in text, text
