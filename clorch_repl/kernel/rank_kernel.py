@@ -23,7 +23,7 @@ from ipykernel.ipkernel import IPythonKernel
 from ..diagnosis.probe import PROBE_REQUEST
 from ..session.flood import Limits, at_source
 from . import breakpoints, output
-from .display_log import log_displays
+from .display_log import log_displays, log_widget_states
 from .lean_execute import LeanExecute
 from .stdin_policy import StdinPolicy
 
@@ -63,6 +63,7 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         finally:
             transform.close()
             output.end_cell()
+            log_widget_states()  # a finished bar's last state, for %clorch logs
         if isinstance(reply, dict) and reply.get("status") == "error":
             try:
                 sys.stdout.flush()
