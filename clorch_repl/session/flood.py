@@ -141,7 +141,6 @@ class Budget:
         self._at = now
         self._mid_line_held = False  # the last write was held and did not end its line
         self._spent = False  # the volume or the lines ran out: nothing more of this cell is shown
-        self._open_line = False  # what was shown last did not end its line
         #: what was held when the cell's held-back line went out (see :meth:`late_line`)
         self._announced = (0, 0)
         #: what earlier budgets held unannounced, to be said with this one's (see :meth:`carry_late`)
@@ -157,7 +156,6 @@ class Budget:
         if ok:
             self.sent_chars += chars
             self.sent_lines += lines
-            self._open_line = not ends_line
             if self.limits.rate:
                 self._tokens -= chars
         else:

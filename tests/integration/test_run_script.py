@@ -15,7 +15,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from clorch_repl.kernel.torchrun import KEPT_NOTE
-from rank_text import lines_of
+from rank_text import lines_of, said as said_by_clorch
 
 pytestmark = pytest.mark.usefixtures("ranks")
 
@@ -298,7 +298,7 @@ def test_a_stall_in_a_script_gets_the_cells_hang_notice(ip: Any, tmp_path: Any) 
     res, cap = run(ip, f"--hang-notice 2 {script}")
     assert res.success, cap.stdout + cap.stderr
     said = cap.stdout + cap.stderr
-    notice = [line for line in said.splitlines() if line.startswith("clorch: no progress on any rank")]
+    notice = said_by_clorch(said, "clorch: no progress on any rank")  # wrapped: one line per notice again
     assert len(notice) == 1, said
     assert "all_reduce" in notice[0] and "rank 1 never called it and is at" in notice[0], notice
     assert "stalls.py" in notice[0] and "load()" in notice[0], notice
