@@ -127,9 +127,9 @@ def render(snapshots: list[RankSnapshot], verdict: str | None = None, note: str 
     legend = [f"  {name}: {meaning}" for name, meaning in LEGEND.items()]
     text = "\n".join([head, fmt.format(*COLUMNS), *(fmt.format(*r) for r in body)]
                      + ([f"hang: {verdict}"] if verdict else []) + ["columns:", *legend])
-    cells = "".join("<tr>" + "".join(f"<td style='text-align:left;padding:0 6px'>{html.escape(c)}</td>" for c in r)
+    cells = "".join("<tr>" + "".join(f"<td style='text-align:left;padding:0 6px;white-space:nowrap'>{html.escape(c)}</td>" for c in r)
                     + "</tr>" for r in body)
-    header = "".join(f"<th style='text-align:left;padding:0 6px' title='{html.escape(LEGEND.get(h, h), quote=True)}'>"
+    header = "".join(f"<th style='text-align:left;padding:0 6px;white-space:nowrap' title='{html.escape(LEGEND.get(h, h), quote=True)}'>"
                      f"{html.escape(h)}</th>" for h in COLUMNS)
     legend_html = ("<details style='font-size:smaller'><summary>what the columns mean</summary>"
                    + "".join(f"<div><b>{html.escape(n)}</b>: {html.escape(m)}</div>" for n, m in LEGEND.items())

@@ -143,6 +143,11 @@ def test_a_hang_report_reads_at_a_glance_and_the_panel_follows_a_restart(lab: tu
     assert "/site-packages/" not in text and "%clorch interrupt" not in text, text
     assert "%clorch restart" in text and len(lines) <= 40, text
     assert all(len(line) <= 100 for line in lines if not line.startswith(("[rank", "  "))), text
+    # the panel shows the stuck ranks' cell, the line they are at and for how long (it showed "-")
+    stuck = wait_for(lambda: re.search(r"\b1\s+here\s+busy\s+\[\d+\] line 6: dist\.barrier\(\)\s+\d+s",
+                                       page.output_text(top)), 30, "the panel to show the stuck ranks' line")
+    page.screenshot_cell("top-stuck", top)
+    print(f"the panel's row of a stuck rank: {stuck.group(0)!r}")
     # the panel, during the restart and after it: the new ranks, not "the ranks stopped"
     page.run_cell(restart)
     page.wait_idle(180)
