@@ -211,6 +211,8 @@ class DistributedCellError(Exception):
                 parts.append(f"{who} interrupted")
             elif result.status is Status.RETURNED:
                 parts.append(f"{who} returned after the interrupt")
+            elif result.freed:
+                parts.append(f"{who} freed from a collective by aborting the group")
             elif result.error is not None:
                 parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
         if self.outcome.timed_out:
@@ -220,6 +222,8 @@ class DistributedCellError(Exception):
             parts.append("interrupted")
         if self._why_shown():  # the verdict's sentence: where a plain-text consumer sees only this
             parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
+        if self.outcome.recovery:
+            parts.append(self.outcome.recovery.removeprefix("clorch: "))
         return "; ".join(parts) or "the cell failed"
 
     def _grace_said(self) -> str:
@@ -228,14 +232,14 @@ class DistributedCellError(Exception):
         return f" and given {grace:g} s more to return" if grace > 0 else ""
 
     def _why_shown(self) -> bool:
-        """Whether the report says why: only when some rank did not come back (stuck after the
-        interrupt, or dead). A cell whose ranks all returned to the interrupt (a flood ended by
-        its timeout) was slow, not hung: where it was before the interrupt says nothing more
-        than its own traceback does."""
+        """Whether the report says why: only when some rank did not come back by itself (stuck
+        after the interrupt, dead, or freed by aborting the group). A cell whose ranks all returned
+        to the interrupt (a flood ended by its timeout) was slow, not hung: where it was before
+        the interrupt says nothing more than its own traceback does."""
         from .session.protocol import Status
 
         return bool(self.outcome.diagnosis) and any(
-            o.status in (Status.STUCK, Status.DIED) for o in self.outcome.failed)
+            o.status in (Status.STUCK, Status.DIED) or getattr(o, "freed", False) for o in self.outcome.failed)
 
     def _render_traceback_(self) -> list[str]:
         from .human import wrap
@@ -275,6 +279,9 @@ class DistributedCellError(Exception):
                     f"cell, but {'its reply' if one else 'their replies'} had not reached the notebook when the "
                     f"wait ended (an error, if any, is in the log: {logs}). {'It takes' if one else 'They take'} "
                     "the next cell at once.")
+            elif result.freed and result.status is not Status.STUCK:
+                say(f"{who} waited in the collective and {'was' if one else 'were'} freed by aborting the session's "
+                    "group (what it raised then is the abort's, not the code's).")
             elif result.status is Status.STUCK:
                 say(f"{_RED}{who} did not return{_RESET} after the interrupt: still in the cell's code, in native "
                     "code that an interrupt does not reach (a collective waiting for another rank), or in code "
@@ -287,6 +294,9 @@ class DistributedCellError(Exception):
                 lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
         stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]
+        if self.outcome.recovery:  # the group was aborted: what the session did about it says what is next
+            say(f"{_BOLD}{self.outcome.recovery}{_RESET}")
+            return lines
         if dead:
             say(f"The process group is broken: {rank_words(dead)} died. %clorch restart starts a fresh group.")
         if stuck:

@@ -194,19 +194,30 @@ class Prober:
         self._poller.register(socket, zmq.POLLIN)
         self._ranks[rank] = (socket, client.session, decoder)
 
+    def remove(self, rank: int) -> None:
+        """Forget ``rank`` (its process is being replaced); its socket is closed."""
+        entry = self._ranks.pop(rank, None)
+        if entry is not None:
+            try:
+                self._poller.unregister(entry[0])
+            except KeyError:
+                pass
+            entry[0].close(linger=0)
+
     def ask(self, ranks: list[int], *, all_threads: bool = False, light: bool = False, usage: bool = False,
-            timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, dict[str, Any] | None]:
+            abort: bool = False, timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, dict[str, Any] | None]:
         """Every rank's answer; None for a rank that did not answer within ``timeout_s``.
         ``light``: the flight recorder's group status, not its entries (see :func:`answer`);
-        ``usage``: the rank's CPU, memory and GPU figures too (``%clorch top``)."""
-        waiting = self.send(ranks, all_threads=all_threads, light=light, usage=usage)
+        ``usage``: the rank's CPU, memory and GPU figures too (``%clorch top``); ``abort``: no
+        question but an order, to abort the rank's groups (kernel.regroup.abort), and its report."""
+        waiting = self.send(ranks, all_threads=all_threads, light=light, usage=usage, abort=abort)
         asked = dict(waiting)
         answers: dict[int, dict[str, Any] | None] = {r: None for r in ranks}
         answers.update({asked[msg_id]: answer for msg_id, answer in self.collect(waiting, timeout_s).items()})
         return answers
 
     def send(self, ranks: list[int], *, all_threads: bool = False, light: bool = False,
-             usage: bool = False) -> dict[str, int]:
+             usage: bool = False, abort: bool = False) -> dict[str, int]:
         """Ask without waiting; returns msg_id -> rank, for :meth:`collect` (``%clorch top`` asks
         from the relay's loop, which must not wait for a rank that holds its GIL)."""
         waiting: dict[str, int] = {}
@@ -214,7 +225,8 @@ class Prober:
             if rank not in self._ranks:
                 continue
             socket, session, _ = self._ranks[rank]
-            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads, "light": light, "usage": usage})
+            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads, "light": light, "usage": usage,
+                                              "abort": abort})
             session.send(socket, msg)
             waiting[msg["header"]["msg_id"]] = rank
         return waiting

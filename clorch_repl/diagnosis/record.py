@@ -27,6 +27,10 @@ BUFFER_ENTRIES = 2000
 BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 #: Set to 0 by a user (or the benchmark) to run without recording.
 OFF_ENV = "CLORCH_FLIGHT_RECORDER"
+#: ``recorder/pg_id`` of backends replaced by a re-form of their group (kernel.regroup): their
+#: records stay in torch's ring (an aborted collective reads as pending there for ever), but they
+#: are no evidence about the group any more, so :func:`read` leaves them out.
+_RETIRED: set[str] = set()
 
 
 def enable(environ: Any = None) -> bool:
@@ -139,13 +143,23 @@ def read(collectives: bool = True) -> tuple[dict[str, Any] | None, str | None]:
     return merged, None
 
 
+def retire_current() -> None:
+    """Leave the records of every backend that exists now out of later reads: their groups are
+    being given new backends (kernel.regroup.reform)."""
+    data, _ = read(collectives=False)
+    if data is not None:
+        _RETIRED.update(data["pg_status"])
+
+
 def normalise(data: dict[str, Any], recorder: str = "fr") -> dict[str, Any]:
     """One recorder's dump: pg_status numbers as ints (the JSON dump writes them as strings), keyed
-    ``recorder/pg_id``, and every entry tagged with ``recorder``."""
+    ``recorder/pg_id``, and every entry tagged with ``recorder``; retired backends' left out."""
     status = {}
     for pg_id, values in (data.get("pg_status") or {}).items():
-        status[f"{recorder}/{pg_id}"] = {k: _int(v) for k, v in values.items()}
-    entries = [dict(e, recorder=recorder) for e in (data.get("entries") or [])]
+        if f"{recorder}/{pg_id}" not in _RETIRED:
+            status[f"{recorder}/{pg_id}"] = {k: _int(v) for k, v in values.items()}
+    entries = [dict(e, recorder=recorder) for e in (data.get("entries") or [])
+               if f"{recorder}/{e.get('pg_id')}" not in _RETIRED]
     return {"entries": entries, "pg_status": status, "version": data.get("version"), "capacity": buffer_size()}
 
 

@@ -21,11 +21,13 @@ from .shell import current_shell
 logger = logging.getLogger(__name__)
 
 
-def join_group(env: dict[str, str] | None = None) -> None:
+def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
     """Initialise the default process group from the launcher's environment (see API.md).
 
     ``env``: variables a warm spare learns only now (the group's rendezvous file and port); they
-    are set first. A spare (local or a remote rank's) then moves its output to its rank's log."""
+    are set first. A spare (local or a remote rank's) then moves its output to its rank's log.
+    ``generation``: the session's re-form count when this rank replaces a dead one: it meets the
+    survivors where their re-formed group meets (:mod:`.regroup`)."""
     if env:
         os.environ.update(env)
     _move_output_to_rank_log()
@@ -46,17 +48,20 @@ def join_group(env: dict[str, str] | None = None) -> None:
     if not dist.is_initialized():
         from ..diagnosis import record
         from ..rendezvous import loopback_store
+        from . import regroup
 
         record.enable()  # read only when a group is created: now, before init_process_group
-
+        regroup.track_group_sockets()  # what an abort must shut (hang recovery)
+        store = regroup.joining_store(loopback_store(rank, world_size, timeout), generation)
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
-                                  "timeout": timeout,
-                                  "store": loopback_store(rank, world_size, timeout)}
+                                  "timeout": timeout, "store": store}
         if backend == "nccl":
             # With device_id the NCCL communicator is created eagerly, here, instead of on the
             # first collective of the first cell.
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
+        if generation:
+            regroup.adopt_group_count(store)
         if backend != "nccl":
             dist.barrier()  # the first cell should not pay for gloo's lazy connection set-up
     _accept_torchrun_code()
@@ -136,3 +141,24 @@ def leave_group() -> None:
     if dist.is_initialized():
         torch_destroy()()  # torch's own: the one user code reaches keeps the session's group
 
+
+def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] | None = None) -> None:
+    """The ``regroup`` request (:mod:`.requests`), sent to every live rank at once: a rank in
+    ``fresh`` (a new process in a dead rank's place) joins the group with ``env`` as a start would
+    (:func:`join_group`); every other rank gives its groups new backends
+    (:func:`.regroup.reform`; only the default group when some rank is fresh, which has none of the others)
+    and says on its output which groups were not carried over and how to make them again."""
+    if int(os.environ["RANK"]) in (fresh or ()):
+        join_group(env, generation)
+        return
+    import torch.distributed as dist
+
+    from .regroup import reform
+
+    left = reform(generation, only_default=bool(fresh))
+    if fresh and os.environ["CLORCH_DIST_BACKEND"] != "nccl":
+        dist.barrier()  # the one a fresh gloo rank ends its join with (see join_group)
+    if left:
+        print("clorch: not carried over to the re-formed group: " + "; ".join(left)
+              + ". Make them again on every rank (dist.new_group, init_device_mesh) before using them.",
+              flush=True)

@@ -1,4 +1,5 @@
-"""What the rank's kernel adds for hang diagnosis: one control message, "where are you".
+"""What the rank's kernel adds for hang diagnosis: one control message, "where are you" (and,
+for hang recovery, "abort your groups": :func:`clorch_repl.kernel.regroup.abort`).
 
 ipykernel serves its control channel on a thread of its own, so a handler registered there runs
 while the main thread is blocked in a cell (a collective waiting for another rank, a long native
@@ -23,8 +24,14 @@ logger = logging.getLogger(__name__)
 
 def probe_request(kernel: Any, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
     """Answer ``clorch_probe_request`` (on the control thread) with :func:`answer`'s dict."""
+    request = parent.get("content") or {}
     try:
-        content = answer(parent.get("content") or {})
+        if request.get("abort"):  # hang recovery: free every call waiting in a group (kernel.regroup)
+            from .regroup import abort
+
+            content = {"aborted": abort()}
+        else:
+            content = answer(request)
     except Exception as exc:  # noqa: BLE001 - the notebook must get an answer, with the cause
         logger.exception("clorch probe failed")
         content = {"error": f"{type(exc).__name__}: {exc}"}

@@ -168,8 +168,9 @@ class Launcher(abc.ABC):
     def current_log_tail(self, rank: int, lines: int) -> str:
         """The last ``lines`` lines the rank's current kernel wrote, after its start banner
         (``%clorch top``'s last line: before any output, the banner is no line of the user's);
-        launchers that cannot tell the kernels apart give the whole log's tail."""
-        return self.log_tail(rank, lines)
+        launchers that keep no rank files on this host give the whole log's tail."""
+        files = getattr(self, "files", None)  # the local launcher's rankfiles.RankFiles, one per rank
+        return files[rank].current_log_tail(lines) if files else self.log_tail(rank, lines)
 
     @abc.abstractmethod
     def death_report(self, rank: int, lines: int = 15) -> str:
@@ -203,6 +204,18 @@ class Launcher(abc.ABC):
         which ranks on other hosts reach only where it lies on a filesystem they share; a launcher
         that knows of a better place (a shared scratch of its cluster) returns that."""
         return self.dir
+
+    def replace(self, ranks: list[int], progress: Progress) -> None:
+        """End ``ranks``' kernels (where alive) and start fresh ones in their place, the other
+        ranks untouched (``%clorch restart --ranks``); each fresh one joins the group through
+        :meth:`join_environment`. Asked only where :meth:`cannot_replace` found nothing against it."""
+        raise ConfigError(self.cannot_replace(ranks))
+
+    def cannot_replace(self, ranks: list[int]) -> str:
+        """Why :meth:`replace` cannot replace ``ranks`` here ("" when it can), asked before anything
+        changes. By default it cannot: a launcher that can overrides both."""
+        return (f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts every rank "
+                "afresh (the ranks keep their variables until then)")
 
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see

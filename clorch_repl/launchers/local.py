@@ -281,12 +281,34 @@ class LocalLauncher(Launcher):
         env = self.rank_env(rank, 0)
         env.pop(STORE_FILE_ENV, None)  # learnt when it joins: a spare never sees an old group's
         env.pop("MASTER_PORT", None)
-        env[SPARE_ENV] = "1"
-        env[RANK_LOG_ENV] = log_path
+        env.update({SPARE_ENV: "1", RANK_LOG_ENV: log_path})
         return env
 
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
+
+    def cannot_replace(self, ranks: list[int]) -> str:  # every rank is this host's child: any can be
+        return ""
+
+    def replace(self, ranks: list[int], progress: Progress) -> None:
+        """Fresh kernels for ``ranks`` beside the others (Launcher.replace): each one's warm spare where the set
+        is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file."""
+        self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
+        spares, self.spares = self.spares, []
+        usable = spares and not self._stale(spares) and all(s.listening for s in spares)
+        self._end([s for s in spares if not usable or s.rank not in ranks], 1.0, polite=False)
+        tag = secrets.token_hex(3)
+        for rank in ranks:
+            spare = next((s for s in spares if usable and s.rank == rank), None)
+            if spare is not None:
+                self._promote(spare)
+                self.ranks[rank] = spare
+                continue
+            files = self.files[rank]
+            self.ranks[rank] = self._start_kernel(f"rank{rank}-{tag}", self.rank_env(rank, self.master_port), files,
+                                                  files.open_log())
+        self._joining = {STORE_FILE_ENV: self.store_file, "MASTER_PORT": str(self.master_port)}
+        progress(f"{len(ranks)} fresh rank(s) started" + (" from warm spares" if usable else ""))
 
     def adopt(self, options: LaunchOptions) -> None:
         """Take a start's options: a launcher made before it (warm spares made at load) becomes
@@ -359,9 +381,6 @@ class LocalLauncher(Launcher):
 
     def log_tail(self, rank: int, lines: int | None = 200) -> str:
         return self.files[rank].log_tail(lines)
-
-    def current_log_tail(self, rank: int, lines: int) -> str:
-        return self.files[rank].current_log_tail(lines)
 
     def death_report(self, rank: int, lines: int = 15) -> str:
         return self.files[rank].death_report(lines)

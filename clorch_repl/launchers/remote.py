@@ -137,14 +137,20 @@ class RemoteLauncher(Launcher):
             for rank in range(self.world_size):
                 server.send(rank, {"op": ToNanny.START_KERNEL})
         progress(f"{self.world_size} ranks called back; starting their kernels")
+        self._await_kernels(list(range(self.world_size)), before)
+        self.ranks = [RemoteRank(server, server.peers[r]) for r in range(self.world_size)]
+
+    def _await_kernels(self, ranks: list[int], before: dict[int, int]) -> None:
+        """Wait until each of ``ranks``' nannies reports a kernel newer than ``before`` said."""
+        server = self.server
 
         def kernels_up() -> bool:
             return all(server.peers[r].kernel_generation > before[r] or server.peers[r].exit is not None
-                       or server.silent_for(r) > LOST_AFTER_S for r in range(self.world_size))
+                       or server.silent_for(r) > LOST_AFTER_S for r in ranks)
 
         server.wait(kernels_up, KERNEL_START_S)
         failed = []
-        for rank in range(self.world_size):
+        for rank in ranks:
             peer = server.peers[rank]
             host = peer.hello.get("host")
             if peer.exit is not None:
@@ -157,7 +163,36 @@ class RemoteLauncher(Launcher):
                 failed.append(f"rank {rank} on {host}: no kernel within {KERNEL_START_S:.0f} s")
         if failed:
             raise ClorchError("the ranks' kernels did not start:\n" + "\n".join(failed))
-        self.ranks = [RemoteRank(server, server.peers[r]) for r in range(self.world_size)]
+
+    def cannot_replace(self, ranks: list[int]) -> str:
+        if 0 in ranks:
+            return ("rank 0 serves the group's rendezvous store on its host, so it cannot be replaced alone: "
+                    "%clorch restart starts every rank afresh")
+        lost = [r for r in ranks if self.server.is_lost(r)]
+        if lost:
+            return (f"{rank_words(lost)} lost (no word from {'its' if len(lost) == 1 else 'their'} nanny): "
+                    "%clorch stop, then start again on reachable nodes")
+        return ""
+
+    def replace(self, ranks: list[int], progress: Progress) -> None:
+        """Fresh kernels for ``ranks`` from their own nannies, on their hosts (each nanny's warm
+        spare where it keeps one), the others untouched. They meet the others through the group's
+        rendezvous store, which rank 0's kernel serves on its host: rank 0 itself cannot be
+        replaced so (``%clorch restart`` starts every rank afresh)."""
+        server = self.server
+        for rank in ranks:
+            if self.ranks[rank].alive:
+                server.request(rank, ToNanny.STOP_KERNEL, timeout_s=5.0, grace_s=1.0)
+        with server._lock:
+            before = {r: server.peers[r].kernel_generation for r in ranks}
+            for rank in ranks:
+                server.peers[rank].exit, server.peers[rank].death_report = None, ""
+        for rank in ranks:
+            server.send(rank, {"op": ToNanny.START_KERNEL})
+        self._await_kernels(ranks, before)
+        for rank in ranks:
+            self.ranks[rank] = RemoteRank(server, server.peers[rank])
+        progress(f"{len(ranks)} fresh rank(s) started by their nannies")
 
     def _await_ranks(self, progress: Progress) -> None:
         server, total = self.server, self.world_size

@@ -81,3 +81,14 @@ def _read(magic: Callable[..., Any], line: str) -> CellOptions:
         max_bytes=parse_max_mb(args.max_mb),
         profile=args.profile,
         merge=not args.no_merge)
+
+
+def notebook_cell_number(shell: Any) -> int:
+    """The number the notebook shows for the cell running now (``[12]``), which the ranks give
+    their run of a ``%%distributed`` cell: a rank's traceback then says ``Cell In[12]`` where the
+    notebook shows ``[12]``. Numbering on the rank, rather than rewriting the traceback text
+    afterwards, keeps every place that shows it right (tracebacks, the rank's ``In``/``Out``,
+    ``%clorch why`` stacks) without parsing text."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return int(count if count is not None else shell.execution_count)

@@ -18,14 +18,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..errors import ClorchError, ranks_are
+from ..errors import ClorchError
 from ..errors import DistributedCellError, StartupError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
 from . import views
-from .cell_options import cell_options
+from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
@@ -49,17 +49,6 @@ def user_errors() -> Iterator[None]:
         raise UsageError(str(exc)) from None
     except ClorchError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _notebook_cell_number(shell: Any) -> int:
-    """The number the notebook shows for the cell running now (``[12]``), which the ranks give
-    their run of a ``%%distributed`` cell: a rank's traceback then says ``Cell In[12]`` where the
-    notebook shows ``[12]``. Numbering on the rank, rather than rewriting the traceback text
-    afterwards, keeps every place that shows it right (tracebacks, the rank's ``In``/``Out``,
-    ``%clorch why`` stacks) without parsing text."""
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    count = getattr(result, "execution_count", None)
-    return int(count if count is not None else shell.execution_count)
 
 
 @magics_class
@@ -170,6 +159,7 @@ class ClorchMagics(Magics):
                 print("clorch: no ranks are running; %clorch start starts them")
             return
         session = self._session()
+        views.notice(views.session_line(session.life.state.value, session.life.why))
         header, body = views.status_rows(session.status())
         display(views.table_bundle(header, body), raw=True)
         spares = session.spares()
@@ -203,25 +193,27 @@ class ClorchMagics(Magics):
 
     @magic_arguments(name="clorch interrupt")
     def _interrupt(self, line: str) -> None:
-        """KeyboardInterrupt on every rank."""
+        """KeyboardInterrupt on every rank (ranks stuck in a collective: the group aborted and formed again)."""
         if parse(self._interrupt, line) is None:
             return
-        stuck = self._session().interrupt()
-        if not stuck:
-            print("clorch: interrupted every rank; all are idle")
-            return
-        verdict = self._session().why().splitlines()[0]  # the first collective the ranks disagree on
-        print(views.interrupt_report(stuck, verdict))
-        raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
+        session = self._session()
+        stuck, recovered = session.interrupt()
+        views.interrupted(stuck, recovered, session.why, session.topology.nproc)
 
     @magic_arguments(name="clorch restart")
+    @argument("--ranks", metavar="LIST", default=None,
+              help="only these ranks start afresh (dead or stuck ones): the others keep their variables and "
+                   "form the group again with them")
     def _restart(self, line: str) -> None:
-        """Fresh ranks and a fresh process group, same settings."""
-        if parse(self._restart, line) is None:
+        """Fresh ranks and a fresh process group, same settings (or only --ranks afresh)."""
+        args = parse(self._restart, line)
+        if args is None:
             return
         if self.session is None:
             raise ClorchError("nothing to restart: run %clorch start first")
-        self.session.restart(views.StartProgress())
+        ranks = parse_ranks(args.ranks)
+        sink = None if ranks is None else NotebookDisplay(tuple(range(self.session.topology.nproc)))
+        self.session.restart(views.StartProgress(), ranks=ranks, sink=sink)
 
     @magic_arguments(name="clorch stop")
     def _stop(self, line: str) -> None:
@@ -353,7 +345,7 @@ class ClorchMagics(Magics):
         if request is None:
             return
         session = self._session()
-        outcome = script_run.run(session, request, _notebook_cell_number(self.shell))
+        outcome = script_run.run(session, request, notebook_cell_number(self.shell))
         if not outcome.ok:
             raise DistributedCellError(outcome, request.timeout_s, merge=request.merge)
 
@@ -423,7 +415,8 @@ class ClorchMagics(Magics):
             if options is None:
                 return
             session = self._session()
-            number = _notebook_cell_number(self.shell)
+            views.notice(session.degraded_notice())  # ranks lost: the cell runs on the others
+            number = notebook_cell_number(self.shell)
             claimed = self.head_start.claim(line, cell, number)  # never a --profile cell
             display_ = NotebookDisplay(session.chosen(options.rank_list), merge=options.merge, hosts=session.hosts())
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import html
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from IPython.display import display
 
+from ..errors import ClorchError, ranks_are
 from ..human import duration as _duration
 from ..human import size as _bytes
-from ..session.session import RankReport
+from ..session.rank_report import RankReport
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
@@ -72,6 +74,9 @@ class StartProgress:
 
     def __init__(self) -> None:
         self.handle: Any = None
+        #: when the command began: Session.start reports what the user waited from here (a
+        #: restart said "formed in 4.6 s" after 7.4 s, its stop of the old ranks left out)
+        self.since = time.monotonic()
 
     def __call__(self, text: str) -> None:
         bundle = {"text/plain": f"clorch: {text}"}
@@ -96,3 +101,35 @@ def interrupt_report(stuck: dict[int, str], verdict: str) -> str:
         lines.extend(stack)
     lines.append(wrap(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)", indent="  "))
     return "\n".join(lines)
+
+
+def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str], nproc: int) -> None:
+    """What ``%clorch interrupt`` says: ranks that did not return (each one's stack, the verdict
+    from ``why``) fail the command, with the restart that can help (of those ranks alone while
+    some others are free); a recovery's line when the group was aborted to free them."""
+    if recovered:
+        print(recovered)
+    if not stuck:
+        if not recovered:
+            print("clorch: interrupted every rank; all are idle")
+        return
+    print(interrupt_report(stuck, why().splitlines()[0]))
+    if len(stuck) == nproc:
+        raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
+    lost = ",".join(str(r) for r in stuck)
+    raise ClorchError(f"{ranks_are(stuck)} stuck: %clorch restart --ranks {lost} starts "
+                      f"{'it' if len(stuck) == 1 else 'them'} afresh while the others keep their variables; "
+                      "%clorch restart starts every rank afresh")
+
+
+def notice(text: str | None) -> None:
+    """A line of clorch's own before a cell's output (on stdout: information, not an error)."""
+    if text:
+        print(text)
+
+
+def session_line(state: str, why: str) -> str | None:
+    """``%clorch status``'s first line where the session is not simply ready (recovering, degraded)."""
+    if state == "ready":
+        return None
+    return f"clorch: the session is {state}" + (f": {why}" if why else "")

@@ -53,3 +53,18 @@ def returned(answer: dict[str, Any] | None, stack: str | None) -> bool:
     if answer is not None and "error" not in answer and "in_cell" in answer:
         return not answer["in_cell"]
     return bool(stack) and idle_in_event_loop(stack or "")
+
+
+def waits_in_group(answer: dict[str, Any] | None) -> bool:
+    """Whether a rank's probe answer shows it waiting inside torch.distributed: a group with a
+    collective enqueued and not completed (NCCL: the rank waits where it needs the result), or a
+    frame of torch.distributed on its main thread's stack. No answer (native code holding its
+    Python lock) is no evidence: the group is then left alone."""
+    if not answer or "error" in answer:
+        return False
+    fr = answer.get("fr") or {}
+    for status in (fr.get("pg_status") or {}).values():
+        if int(status.get("last_enqueued_collective", -1)) > int(status.get("last_completed_collective", -1)):
+            return True
+    return any("torch/distributed/" in str(frame.get("file", "")).replace("\\", "/")
+               for frame in answer.get("stack") or ())

@@ -51,6 +51,13 @@ REPLY_DRAIN_S = 0.5
 #: The drain after a reply never lasts longer than this, even while output keeps coming (a
 #: thread the cell started, printing under the cell's header, after a lost idle status).
 REPLY_DRAIN_MAX_S = 10.0
+#: After an interrupt, how long ranks get before those still running are asked whether they wait
+#: in a collective (Python returns from a KeyboardInterrupt within milliseconds; a collective
+#: that is about to complete gets this long to do so); asked again as often until the grace ends
+#: while some rank is still elsewhere (a loaded machine's rank still unwinding its interrupt).
+GROUP_CHECK_S = 0.5
+#: After the session's group was aborted, how long the ranks it freed get to return.
+ABORT_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,16 @@ class GiveUp:
     diagnose: bool
 
 
-Command = Interrupt | GiveUp
+@dataclass(frozen=True)
+class FreeGroup:
+    """``ranks`` still run the cell after an interrupt: ask each whether it waits in a collective
+    (cell_end.waits_in_group); if every one does, abort the session's group on every live rank,
+    which makes those calls raise. Then :meth:`CellRun.group_checked`."""
+
+    ranks: tuple[int, ...]
+
+
+Command = Interrupt | GiveUp | FreeGroup
 
 
 @dataclass
@@ -93,6 +109,7 @@ class CellRun:
     deadline: float | None = None          # the cell's own time limit
     give_up_at: float | None = None        # end of the grace period after an interrupt
     failed_at: float | None = None         # when the first rank died or raised
+    group_check_at: float | None = None    # when to ask the ranks still running about the group
     interrupted_ranks: set[int] = field(default_factory=set)
     last_progress: float = 0.0             # last output of any rank (the hang watch reads it)
     diagnosis: str | None = None           # taken before the first interrupt, for the report
@@ -231,7 +248,7 @@ class CellRun:
         deadline already acted on is left out: waking for it again would spin the poll."""
         failure = None if self.failed_at is None or self.give_up_at is not None else self.failed_at + FAILURE_GRACE_S
         deadline = None if self.outcome.timed_out else self.deadline
-        times = [t for t in (deadline, self.give_up_at, failure) if t is not None]
+        times = [t for t in (deadline, self.give_up_at, failure, self.group_check_at) if t is not None]
         return times + [self.drain_end(r) for r in self.replied_at if r in self.pending]
 
     def drain_end(self, rank: int) -> float:
@@ -258,6 +275,10 @@ class CellRun:
         if self.deadline is not None and now >= self.deadline and not self.outcome.timed_out:
             self.outcome.timed_out = True
             return self.interrupt_command()
+        if self.group_check_at is not None and now >= self.group_check_at:
+            self.group_check_at = None
+            if self.pending and not self.hurry:
+                return FreeGroup(tuple(sorted(self.pending)))
         if self.give_up_at is not None and now >= self.give_up_at and self.pending:
             return self.give_up_command()
         return None
@@ -278,6 +299,24 @@ class CellRun:
         self.interrupted_ranks.update(ranks)
         if self.give_up_at is None:
             self.give_up_at = now + self.interrupt_grace_s
+            if self.request.recover and not self.outcome.group_aborted:
+                self.group_check_at = now + min(GROUP_CHECK_S, self.interrupt_grace_s)
+
+    def group_checked(self, aborted: bool, now: float) -> None:
+        """The answer to :class:`FreeGroup`: ``aborted`` when the group was aborted at ``now``; the
+        ranks it freed get :data:`ABORT_GRACE_S` to return (each is marked freed: what it raises
+        is the abort's doing). Not aborted: asked again after :data:`GROUP_CHECK_S` while the
+        interrupt's grace lasts."""
+        if not aborted:
+            if self.give_up_at is not None and now + GROUP_CHECK_S < self.give_up_at:
+                self.group_check_at = now + GROUP_CHECK_S  # ask again: a rank may still be on its way
+            return
+        self.outcome.group_aborted, self.outcome.aborted_at = True, now
+        if self.outcome.diagnosis is None:  # the verdict taken before the interrupt: why they were stuck
+            self.outcome.diagnosis = self.diagnosis
+        for rank in self.pending:
+            self.outcome.ranks[rank].freed = True
+        self.give_up_at = max(self.give_up_at or now, now + ABORT_GRACE_S)
 
     def give_up_command(self) -> GiveUp:
         need = bool(self.pending) and self.outcome.diagnosis is None and not self.hurry

@@ -13,7 +13,7 @@ import logging
 import time
 import warnings
 from queue import Empty
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -49,10 +49,15 @@ class Channels:
         #: one ZeroMQ context (one I/O thread) for every rank's channels; see :meth:`connect`
         self._context = zmq.Context()
 
-    def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
-        """Open channels to every rank and wait until each answers on shell and iopub."""
+    def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0,
+                ranks: Sequence[int] | None = None) -> None:
+        """Open channels to every rank (or to ``ranks``: fresh processes that replaced them) and
+        wait until each answers on shell and iopub."""
         ready_kinds: dict[int, set[str]] = {}
         for proc in self.group.ranks:
+            if ranks is not None and proc.rank not in ranks:
+                continue
+            self.drop(proc.rank)
             client = proc.client()
             # jupyter_client gives each client a context of its own, so the notebook had an I/O
             # thread per rank, asleep between cells: every request woke a different one (about
@@ -73,9 +78,27 @@ class Channels:
             self._shell[proc.rank] = client.shell_channel.socket
         self._await_ready(ready_kinds, progress, timeout_s)
 
+    def drop(self, rank: int) -> None:
+        """Close and forget ``rank``'s channels, if it has any (its process is being replaced)."""
+        client = self.clients.pop(rank, None)
+        if client is None:
+            return
+        for kind in KINDS:
+            sock = getattr(client, f"{kind}_channel").socket
+            self._owner.pop(sock, None)
+            try:
+                self.poller.unregister(sock)
+            except KeyError:
+                pass
+        self.prober.remove(rank)
+        self._shell.pop(rank, None)
+        self._decoders.pop(rank, None)
+        self._encoders.pop(rank, None)
+        client.stop_channels()
+
     def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
                      timeout_s: float) -> None:
-        total = len(self.clients)
+        total = len(seen)
         deadline = time.monotonic() + timeout_s
         last_probe: dict[int, float] = {}
         reported = -1
@@ -93,10 +116,10 @@ class Channels:
                         f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
             now = time.monotonic()
             if now > deadline:
-                late = sorted(set(self.clients) - set(ready))
+                late = sorted(set(seen) - set(ready))
                 tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)
                 raise ClorchError(f"{rank_words(late)} did not answer within {timeout_s:.0f} s of starting\n{tails}")
-            for rank in self.clients:
+            for rank in seen:
                 if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
                     # Repeated until iopub hears it too: the first may be published before our
                     # subscription is in place (ZeroMQ's slow joiner).

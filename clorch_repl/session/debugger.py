@@ -50,6 +50,22 @@ class DebugForwarder:
         self._to_notebook_paths: dict[str, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------------------- lifetime
+    @classmethod
+    def for_notebook(cls, rank_handle: Any, rank: int) -> "DebugForwarder":
+        """A forwarder of this notebook kernel's debug requests to ``rank``, installed."""
+        from IPython.core.getipython import get_ipython
+
+        from ..errors import ClorchError
+
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        if kernel is None or not isinstance(getattr(kernel, "control_handlers", None), dict):
+            raise ClorchError("%clorch debugger needs the notebook to run in a Jupyter kernel (ipykernel), "
+                              "whose front end speaks the debug protocol (JupyterLab)")
+        forwarder = cls(kernel, shell, rank_handle, rank)
+        forwarder.install()
+        return forwarder
+
     def install(self) -> None:
         self.kernel.control_handlers["debug_request"] = self.handle
 

@@ -99,7 +99,7 @@ def snapshot(session: Any, tracker: Tracker, now: float | None = None) -> tuple[
                 last = tail.strip().splitlines()[-1] if tail.strip() else None
             except (OSError, ValueError) as exc:
                 logger.debug("no log tail of rank %d: %s", proc.rank, exc)
-        running = session.cell_of(proc.rank) if proc.alive else None  # a stuck rank's too
+        running = session.cells.of(proc.rank, busy) if proc.alive else None  # a stuck rank's too
         snaps.append(RankSnapshot(
             rank=proc.rank, host=proc.host, alive=proc.alive, busy=proc.rank in busy, exit=proc.exit,
             cell=running[0] if running else None, cell_for_s=now - running[1] if running else None,

@@ -41,6 +41,9 @@ class CellRequest:
     cell_number: int | None = None
     #: each rank's output budget for the cell (clorch_repl.session.flood); None: the rank's defaults
     output_limits: Limits | None = None
+    #: a user's cell: a rank that an interrupt does not free because it waits in a collective is
+    #: freed by aborting the session's group (see cell_run.FreeGroup); clorch's own requests never
+    recover: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,9 @@ class RankOutcome:
     exit: str | None = None      # "killed by signal SIGKILL", "exit code 3"
     stack: str | None = None     # where a stuck rank is, from its faulthandler dump
     log_tail: str | None = None  # the end of a dead rank's log (a segfault's message lives there)
+    #: the rank waited in a collective and was freed by the abort of the session's group; what it
+    #: raised then is the abort's doing, not its code's
+    freed: bool = False
 
 
 @dataclass
@@ -108,6 +114,12 @@ class CellOutcome:
     #: an interrupt from the notebook ended the wait at once, before that grace was over (a
     #: second one, or one during the grace that a timeout or a death had started)
     cut_short: bool = False
+    #: the session's group was aborted to free ranks waiting in a collective (cell_run.FreeGroup)
+    group_aborted: bool = False
+    #: when (time.monotonic()) it was aborted
+    aborted_at: float | None = None
+    #: what the session did about it afterwards, one line (the group formed again, or why not)
+    recovery: str | None = None
 
     @property
     def failed(self) -> list[RankOutcome]:

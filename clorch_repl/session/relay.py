@@ -7,8 +7,8 @@ hang notice, :mod:`.sink` the contract with what shows the output. The relay fee
 messages to the second and third and does what they answer: sends interrupts, asks the ranks
 where they are, reads deaths, serves prompts. A cell's wait always ends: when every rank has
 finished, when a rank's process dies (seen within a fraction of a second), at the cell's time
-limit, or after an interrupt plus a grace period, after which a rank that has not returned is
-reported as stuck together with its Python stack.
+limit, or after an interrupt plus a grace period (and the abort of the group, see .group_abort),
+after which a rank that has not returned is reported as stuck together with its Python stack.
 """
 
 from __future__ import annotations
@@ -26,24 +26,22 @@ from ..diagnosis.analyse import RankEvidence, Verdict, analyse
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..errors import ClorchError
 from ..launchers.base import Launcher
-from ..rank_sets import rank_words
 from .cell_files import CellNames
-from .cell_run import (FAILURE_GRACE_S, INTERRUPT_GRACE_S, OUTPUT_TYPES, REPLY_DRAIN_MAX_S, REPLY_DRAIN_S,
-                       REPLY_QUIET_S, CellRun, GiveUp, Interrupt)
-from .channels import PUMP_BATCH, Channels
-from .hang_watch import HANG_RECHECK_S, HangWatch
-from .ledger import ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
+from .cell_run import INTERRUPT_GRACE_S, REPLY_QUIET_S, CellRun, FreeGroup, GiveUp, Interrupt
+from .channels import Channels
+from .group_abort import free_group
+from .hang_watch import HangWatch
+from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
 from .protocol import CellOutcome, CellRequest
 from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
 from .stdin import FrontEnd, StdinBroker
-from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
+from .cell_request import packed_request
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ABANDONED_KEPT", "FAILURE_GRACE_S", "HANG_RECHECK_S", "INTERRUPT_GRACE_S", "INTERRUPT_PROBE_S",
-           "LIVENESS_PERIOD_S", "OUTPUT_TYPES", "PUMP_BATCH", "REPLY_DRAIN_MAX_S", "REPLY_DRAIN_S", "REPLY_QUIET_S",
-           "OutputSink", "Relay", "StartedCell"]
+__all__ = ["INTERRUPT_GRACE_S", "INTERRUPT_PROBE_S", "LIVENESS_PERIOD_S", "REPLY_QUIET_S", "OutputSink", "Relay",
+           "StartedCell"]
 
 #: How often the processes are checked for death while waiting.
 LIVENESS_PERIOD_S = 0.2
@@ -130,14 +128,22 @@ class Relay:
         return frozenset(self.ledger.debug_paused)
 
     # ----------------------------------------------------------------------------- channels
-    def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0) -> None:
-        """Open channels to every rank and wait until each answers on shell and iopub."""
+    def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0,
+                ranks: list[int] | None = None) -> None:
+        """Open channels to every rank (or ``ranks``: fresh processes in their place) and wait until
+        each answers on shell and iopub."""
         for proc in self._launcher.ranks:
-            self.ledger.add_rank(proc.rank)
-        self.channels.connect(progress, timeout_s)
+            if ranks is None or proc.rank in ranks:
+                self.ledger.add_rank(proc.rank)
+        self.channels.connect(progress, timeout_s, ranks)
 
     def new_prober(self) -> Prober:
         return self.channels.new_prober()
+
+    def free_group(self, ranks: list[int] | tuple[int, ...]) -> bool:
+        """Abort the session's group if every one of ``ranks`` waits in it (see .group_abort); with
+        no ranks, at once."""
+        return free_group(self._prober, self._launcher, ranks)
 
     def busy(self) -> list[int]:
         """Ranks still executing an earlier request (after draining what has arrived)."""
@@ -230,37 +236,14 @@ class Relay:
         return self._started
 
     def _send_all(self, run: CellRun, request: CellRequest, silent: bool, front: bool, no_front: str) -> None:
-        """Send the cell to each of its ranks. The request's content and metadata are the same
-        for every rank allowed stdin and for every rank refused it, so each is packed once a
-        cell (wire.NO_STDIN_RANK: the rank puts in its own number); only the header and the
-        signature are a rank's own."""
+        """Send the cell to each of its ranks: its content and metadata packed once a cell for the
+        ranks allowed stdin and once for the others (wire.NO_STDIN_RANK: the rank puts in its number)."""
         packed: dict[bool, tuple[bytes, bytes]] = {}
         for rank in request.ranks:
             allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
             if allowed not in packed:
-                packed[allowed] = self._packed_request(request, silent, allowed, front, no_front)
+                packed[allowed] = packed_request(request, silent, allowed, front, no_front)
             run.sent(rank, self.channels.send(rank, "execute_request", *packed[allowed]))
-
-    @staticmethod
-    def _packed_request(request: CellRequest, silent: bool, allowed: bool, front: bool,
-                        no_front: str) -> tuple[bytes, bytes]:
-        """(metadata, content) of the cell's request, packed; allow_stdin only where its prompts
-        can reach the front end (see clorch_repl.session.stdin); otherwise the rank's kernel
-        raises with the reason."""
-        content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
-                       allow_stdin=allowed, stop_on_error=False)
-        metadata: dict[str, Any] = {LEAN_KEY: True}
-        if request.output_limits is not None:
-            metadata[OUTPUT_LIMITS_KEY] = request.output_limits.to_wire()
-        if request.cell_number is not None and not silent:
-            metadata[CELL_NUMBER_KEY] = int(request.cell_number)
-        if not allowed:
-            rank = NO_STDIN_RANK
-            why = no_front if not front else (
-                f"only {rank_words(request.stdin_ranks or ())} may read input in this cell "
-                f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
-            metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
-        return pack(metadata), pack(content)
 
     def _wait(self, run: CellRun, watch: HangWatch) -> None:
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
@@ -301,10 +284,13 @@ class Relay:
             self._do(run, watch, command)
         return next_liveness
 
-    def _do(self, run: CellRun, watch: HangWatch, command: Interrupt | GiveUp) -> None:
+    def _do(self, run: CellRun, watch: HangWatch, command: Interrupt | GiveUp | FreeGroup) -> None:
         """Carry out a command of the cell's state machine."""
         if isinstance(command, GiveUp):
             self._give_up(run, command)
+            return
+        if isinstance(command, FreeGroup):
+            run.group_checked(self.free_group(command.ranks), time.monotonic())
             return
         watch.stop()  # being interrupted: the report will say why instead
         if command.diagnose:

@@ -11,19 +11,22 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
+from ..rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..topology import Topology, check_unique_in_range
-from . import flood
+from . import flood, recovery
+from .cell_labels import RankCells
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
 from .kernel_status import busy_during
-from .protocol import CellOutcome, CellRequest, RankState
+from .lifecycle import Lifecycle, SessionState
+from .protocol import CellOutcome, CellRequest, Status
+from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .requests import request_code
 from .sink import OutputSink
@@ -33,23 +36,6 @@ logger = logging.getLogger(__name__)
 LauncherFactory = Callable[[Topology], Launcher]
 #: Time allowed, beyond the process-group timeout, for ranks to import torch and join.
 JOIN_MARGIN_S = 120.0
-
-
-@dataclass(frozen=True)
-class RankReport:
-    """One row of ``%clorch status``."""
-
-    rank: int
-    state: RankState
-    pid: int | None
-    #: the rank's host ("" for the notebook's own)
-    host: str
-    device: str
-    backend: str
-    memory_bytes: int | None
-    gpu_memory_bytes: int | None
-    uptime_s: float
-    exit: str | None
 
 
 class Session:
@@ -76,23 +62,28 @@ class Session:
         #: the user's cell running now: (its first line, its ranks, time.monotonic() at its start);
         #: read by %clorch top's thread (clorch_repl.session.panel)
         self.current_cell: tuple[str, tuple[int, ...], float] | None = None
-        self._cells: dict[int, tuple[str, float]] = {}  # rank -> the last cell sent to it, and when (cell_of)
+        #: what the session is (clorch_repl.session.lifecycle): changed here alone, read by all
+        self.life = Lifecycle()
+        #: how often the group was formed again in place (kernel.regroup meets under this number)
+        self._generation = 0
+        #: ranks that cannot be in a group (dead or stuck) while the session is degraded
+        self._lost: tuple[int, ...] = ()
+        self.cells = RankCells()  # the last cell sent to each rank, and when (%clorch top's cell column)
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
     def running(self) -> bool:
-        return self.relay is not None
+        return self.relay is not None and self.life.running
 
-    def start(self, progress: Progress = lambda _: None, since: float | None = None) -> float:
-        """Start every rank and form the process group; returns the seconds it took, counted from
-        ``since`` (a restart's start: what the user waited, stopping the old ranks included).
+    def start(self, progress: Progress = lambda _: None) -> float:
+        """Start every rank and form the process group; returns the seconds the user waited (from ``progress.since``).
 
         On any failure, or a KeyboardInterrupt, every rank already started is stopped again. A
         warm spare can die between the launcher's last look at it and the group's forming (the
         out-of-memory killer, a user's kill): the start then ends those ranks and starts them
         cold, once, rather than fail a restart that a cold start would have made.
         """
-        t0 = time.monotonic() if since is None else since
+        t0 = getattr(progress, "since", None) or time.monotonic()
         if self.group is None:
             self.group = self._make_launcher(self.topology)
         try:
@@ -118,6 +109,8 @@ class Session:
             self.stop()
             raise
         self.started_at = time.time()
+        self._generation = 0
+        self.life.move("formed")
         elapsed = time.monotonic() - t0
         n = self.topology.nproc
         progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
@@ -126,6 +119,7 @@ class Session:
     def _form_group(self, progress: Progress) -> None:
         """Launch the ranks, open their channels and have them join the process group."""
         assert self.group is not None
+        self.life.move("start")  # from stopped: a first start, a restart, or a cold retry after spares failed
         self.group.launch(progress)
         self.topology = self.group.topology  # a remote launcher learns devices and backend
         n = self.topology.nproc
@@ -158,6 +152,7 @@ class Session:
         ``polite=False`` ends the ranks at once, without asking them to leave the group and shut
         down (their state is being thrown away)."""
         group, relay = self.group, self.relay
+        self.life.move_if("stop")
         self.relay = None
         if not keep_logs:
             self.group = None
@@ -168,6 +163,7 @@ class Session:
             self.comms.close()
             self.comms = None
         if group is None:
+            self.life.move_if("stopped")
             return []
         if relay is not None:
             idle = [p.rank for p in group.ranks if p.alive and relay.idle(p.rank)]
@@ -182,11 +178,13 @@ class Session:
         try:
             left = group.stop(polite=polite)
         finally:
+            self.life.move_if("stopped")
             if not keep_logs:
                 group.close()  # even after a second Ctrl-C during the stop
         return left
 
-    def restart(self, progress: Progress = lambda _: None) -> float:
+    def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
+                sink: OutputSink | None = None) -> float:
         """Fresh ranks and a fresh process group with the same settings; logs are kept (appended).
 
         A healthy group (every rank alive and idle) is stopped politely, as ``%clorch stop`` does:
@@ -196,8 +194,13 @@ class Session:
         the way out can handle (the supervisor's grace, 5 s, applies), then SIGKILL. Asking a
         broken group to shut down would only wait, and ranks idle beside a dead NCCL peer can
         block in their communicators' teardown.
-        An interrupt (Ctrl-C) during the restart stops everything, warm spares included."""
-        t0 = time.monotonic()
+        An interrupt (Ctrl-C) during the restart stops everything, warm spares included.
+
+        ``ranks``: only those ranks start afresh (dead, stuck or not); the others keep their
+        processes and namespaces and form the group again with them (:func:`recovery.replace`);
+        what their ranks print meanwhile goes to ``sink``."""
+        if ranks is not None:
+            return self._replace(ranks, progress, sink)
         group, relay = self.group, self.relay
         healthy = (group is not None and relay is not None and all(p.alive for p in group.ranks)
                    and not relay.busy())
@@ -206,7 +209,61 @@ class Session:
         except BaseException:
             self.stop()
             raise
-        return self.start(progress, since=t0)
+        return self.start(progress)
+
+    def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
+        group, relay = self._require()
+        check_unique_in_range(ranks, self.topology.nproc, "--ranks", "rank")
+        if why := group.cannot_replace(ranks):
+            raise ConfigError(why)
+        if len(ranks) == self.topology.nproc:
+            raise ConfigError("--ranks names every rank: %clorch restart (without --ranks) starts them all afresh")
+        busy = [r for r in relay.busy() if r not in ranks and group.ranks[r].alive]
+        if busy:
+            raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
+                              f"wait, %clorch interrupt, or add {'it' if len(busy) == 1 else 'them'} to --ranks")
+        dead = [p.rank for p in group.ranks if not p.alive and p.rank not in ranks]
+        if dead:
+            raise ClorchError(f"{ranks_are(dead)} dead too: add {'it' if len(dead) == 1 else 'them'} to --ranks")
+        t0 = time.monotonic()
+        self.life.move("replace" if self.life.can("replace") else "abort", f"replacing {rank_words(ranks)}")
+        self._generation += 1
+        try:
+            done = recovery.replace(relay, group, ranks, self._generation, progress, sink)
+        except BaseException:
+            self._settle(False, f"replacing {rank_words(ranks)} failed", ranks)
+            raise
+        self._settle(done.ok, done.why, ranks)
+        if not done.ok:
+            raise ClorchError(done.line.removeprefix("clorch: "))
+        progress(done.line.removeprefix("clorch: "))
+        try:
+            group.group_formed()  # warm spares for the next replacement or restart
+        except (ClorchError, OSError, RuntimeError) as exc:
+            logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
+        return time.monotonic() - t0
+
+    def _recover(self, why: str, aborted_at: float) -> str:
+        """Ranks were freed by aborting the group (a cell's FreeGroup, or %clorch interrupt): form
+        it again in the same processes, or say who is lost (see :mod:`.recovery`); the line."""
+        group, relay = self._require()
+        self.life.move("abort", why)
+        self._generation += 1
+        done = recovery.after_abort(relay, group, self._generation, aborted_at)
+        self._settle(done.ok, done.why, done.lost)
+        return done.line
+
+    def _settle(self, formed: bool, why: str, lost: Iterable[int]) -> None:
+        """The end of a recovery: the group formed (nothing lost), or ``lost`` ranks cannot be in one."""
+        self.life.move("formed" if formed else "degrade", why)
+        self._lost = () if formed else tuple(sorted(set(self._lost) | set(lost)))
+
+    def degraded_notice(self) -> str | None:
+        """One line before each cell while the session has lost ranks, None otherwise."""
+        if self.life.state is not SessionState.DEGRADED or self.group is None:
+            return None
+        return (f"clorch: {self.life.why}: cells run on {rank_words(self.chosen(None))}, which have no group "
+                f"(collectives fail) until %clorch restart --ranks {','.join(map(str, self._lost))}")
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
@@ -240,9 +297,7 @@ class Session:
         request = self._request(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
                                 cell_number=cell_number)
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
-        self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", request.ranks,
-                             time.monotonic())
-        self._cells.update(dict.fromkeys(request.ranks, (self.current_cell[0], self.current_cell[2])))
+        self.current_cell = self.cells.sent(first if cell_number is None else f"[{cell_number}] {first}", request.ranks)
         try:
             return relay.begin(request, allow_stdin=allow_stdin)
         except BaseException:
@@ -258,10 +313,14 @@ class Session:
             if relay is None:
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
             with busy_during(notebook_kernel()):
-                return relay.finish(started, sink, interrupted=interrupted)
+                outcome = relay.finish(started, sink, interrupted=interrupted)
+                if outcome.group_aborted or any(r.status is Status.DIED for r in outcome.ranks.values()):
+                    outcome.recovery = self._recover((outcome.diagnosis or "").split("\n", 1)[0],
+                                                     outcome.aborted_at or time.monotonic())
+                return outcome
         finally:
             self.current_cell = None
-            self._bound_history(started.request.cell_number)
+            flood.bound_cell_history(started.request.cell_number, self._relayed_cells)
 
     def _request(self, code: str, ranks: list[int] | None, timeout_s: float | None, *, silent: bool = False,
                  hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
@@ -273,7 +332,9 @@ class Session:
         dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
         if dead:
             what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
-            raise ClorchError(f"{what} is dead: run %clorch restart for a fresh group")
+            lost = ",".join(str(p.rank) for p in dead)
+            raise ClorchError(f"{what} is dead: %clorch restart --ranks {lost} starts it afresh while the others keep "
+                              "their variables, or %clorch restart starts every rank afresh")
         busy = [r for r in relay.busy() if r in chosen]
         if busy:
             raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run %clorch interrupt, "
@@ -281,6 +342,7 @@ class Session:
         if stdin_ranks is not None:
             check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
+        recover = not silent and self.life.state is SessionState.READY
         try:
             limits = flood.limits_from_env(os.environ)
         except ValueError as exc:
@@ -288,32 +350,16 @@ class Session:
                               "environment: fix it with %env, or unset it for the default)") from None
         return CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
                            stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
-                           cell_number=cell_number, output_limits=limits)
-
-    def _bound_history(self, cell_number: int | None) -> None:
-        """Keep IPython's record of this cell's relayed text bounded (see flood.bound_history).
-
-        The record is keyed by the cell's own number (``[12]``, what IPython's output capture
-        read when the cell began), not by ``shell.execution_count``, which IPython has already
-        moved on to the next cell's number while this one runs: keyed by that, the bound cut an
-        empty record and the notebook kept every cell's output (34 MB over 120 cells of 3,000
-        lines a rank)."""
-        shell = _ipython()
-        history = getattr(shell, "history_manager", None)
-        outputs = getattr(history, "outputs", None)
-        if outputs is None:
-            return
-        if cell_number is None:
-            result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-            cell_number = getattr(result, "execution_count", None)
-        if cell_number is None:
-            cell_number = shell.execution_count - 1
-        flood.bound_history(outputs, int(cell_number), relayed=self._relayed_cells,
-                            exceptions=getattr(history, "exceptions", None))
+                           cell_number=cell_number, output_limits=limits, recover=recover)
 
     def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
-        """The ranks a cell runs on: ``ranks``, or every rank of the session when None."""
-        return tuple(range(self.topology.nproc)) if ranks is None else tuple(ranks)
+        """The ranks a cell runs on: ``ranks``, or every rank of the session when None (every
+        live, idle rank while the session has lost some: see .lifecycle)."""
+        if ranks is not None:
+            return tuple(ranks)
+        if self.life.state is SessionState.DEGRADED:
+            return tuple(r for r in range(self.topology.nproc) if r not in self._lost)
+        return tuple(range(self.topology.nproc))
 
     def debug_rank(self, rank: int | None) -> None:
         """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
@@ -326,18 +372,9 @@ class Session:
             self.debugger = None
             if self.relay is not None:
                 self.relay.set_debug_sink(None)
-        if rank is None:
-            return
-        from IPython.core.getipython import get_ipython
-
-        shell = get_ipython()
-        kernel = getattr(shell, "kernel", None)
-        if kernel is None or not isinstance(getattr(kernel, "control_handlers", None), dict):
-            raise ClorchError("%clorch debugger needs the notebook to run in a Jupyter kernel (ipykernel), "
-                              "whose front end speaks the debug protocol (JupyterLab)")
-        self.debugger = DebugForwarder(kernel, shell, group.ranks[rank], rank)
-        self.debugger.install()
-        relay.set_debug_sink(self.debugger.event)
+        if rank is not None:
+            self.debugger = DebugForwarder.for_notebook(group.ranks[rank], rank)
+            relay.set_debug_sink(self.debugger.event)
 
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):
@@ -351,8 +388,10 @@ class Session:
         shown = [s for s in states if ranks is None or s.rank in ranks]
         return render.report(verdict, shown, all_threads=all_threads)
 
-    def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> dict[int, str]:
-        """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``."""
+    def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
+        """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
+        (none when they waited in a collective and the group was aborted and formed again) and
+        the recovery's line, if there was one."""
         group, relay = self._require()
         group.interrupt()
         deadline = time.monotonic() + grace_s
@@ -360,38 +399,16 @@ class Session:
         while busy and time.monotonic() < deadline:
             time.sleep(0.05)
             busy = [r for r in relay.busy() if group.ranks[r].alive]
-        return {r: relay.stack_of(r) for r in busy if group.ranks[r].alive}
+        line = None
+        if busy and self.life.state is SessionState.READY and relay.free_group(busy):
+            line = self._recover(f"an interrupt did not free {rank_words(busy)}", time.monotonic())
+        return {r: relay.stack_of(r) for r in relay.busy() if group.ranks[r].alive}, line
 
     # ------------------------------------------------------------------------------- views
-    def cell_of(self, rank: int) -> tuple[str, float] | None:
-        """The cell ``rank`` is busy with (``[5] first line``) and since when, also after the
-        cell's wait ended with the rank stuck in it; None when the rank is not busy."""
-        relay = self.relay
-        return self._cells.get(rank) if relay is not None and rank in relay.busy() else None
-
     def status(self) -> list[RankReport]:
+        """One row of ``%clorch status`` per rank."""
         group, relay = self._require()
-        busy = set(relay.busy())
-        usage = group.memory()
-        now = time.time()
-        rows = []
-        for proc in group.ranks:
-            pid = proc.pid  # the rank's Python process on its host
-            alive = proc.alive
-            rss, gpu = usage.get(proc.rank, (None, None)) if alive else (None, None)
-            if not alive:
-                state = RankState.DEAD
-            elif self.started_at is None:
-                state = RankState.STARTING
-            else:
-                state = RankState.BUSY if proc.rank in busy else RankState.IDLE
-            rows.append(RankReport(
-                rank=proc.rank, state=state, pid=pid, host=proc.host,
-                device=self.topology.device_label(proc.rank),
-                backend=self.topology.backend, memory_bytes=rss, gpu_memory_bytes=gpu,
-                uptime_s=now - proc.started_at if alive else 0.0,
-                exit=proc.exit))
-        return rows
+        return rank_reports(group, relay.busy(), self.topology, starting=self.started_at is None)
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
@@ -431,11 +448,3 @@ class Session:
             raise ConfigError("no ranks are running: run %clorch start first")
         return self.group, self.relay
 
-
-def _ipython() -> Any:
-    """The notebook's IPython shell, or None outside one (a script using the Python API)."""
-    try:
-        from IPython.core.getipython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()

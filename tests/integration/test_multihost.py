@@ -469,6 +469,34 @@ def test_interrupt_reaches_a_rank_on_host_b_and_a_stuck_one_is_shown(cluster: Cl
     assert "---- rank 1 ----" in reply.text and "KeyboardInterrupt" in reply.text, reply.text
     assert "did not return" not in reply.text, reply.text
 
+    # a collective that can never complete across the hosts: rank 0 waits for rank 1, asleep on
+    # hostB; the interrupt frees rank 0 by aborting the group, formed again through the rendezvous
+    # store on hostA (issue 34), and every rank keeps its variables
+    msg_id = c.nb.send("%%distributed\nimport time, torch, torch.distributed as dist\nkept = rank + 1\n"
+                       "print('in', flush=True)\nif rank == 1:\n    time.sleep(600)\nelse:\n"
+                       "    dist.all_reduce(torch.ones(2))\n")
+    c.nb.wait_for_ranks(msg_id, "in", timeout=30)
+    time.sleep(0.5)
+    c.nb.km.interrupt_kernel()
+    hung = c.nb.collect(msg_id, timeout=90)
+    assert "the group was aborted and formed again" in hung.text, hung.text
+    after = c.nb.run("%%distributed\nt = torch.ones(1) * kept\ndist.all_reduce(t)\nprint(t.item())\n", timeout=60)
+    assert after.status == "ok" and all(lines_of(after.text, r) == ["3.0"] for r in (0, 1)), after.text
+    # rank 1 on hostB killed during a collective: rank 0 keeps its variables; rank 1's nanny starts a
+    # fresh kernel for it on hostB and the group forms again at the same size
+    died = c.nb.run("%%distributed\nimport os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                    "dist.all_reduce(torch.ones(8))\n", timeout=90)
+    assert died.status == "error" and "rank 1 died" in died.text and "rank 0 kept its variables" in died.text, died.text
+    back = c.nb.run("%clorch restart --ranks 1", timeout=120)
+    assert back.status == "ok" and "rank 1 started afresh" in back.text, back.text
+    fresh = c.nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                     "dist.all_reduce(t)\nprint(t.item(), 'kept' in dir())\n", timeout=60)
+    assert lines_of(fresh.text, 0) == ["2.0 True"] and lines_of(fresh.text, 1) == ["2.0 False"], fresh.text
+    refused = c.nb.run("%clorch restart --ranks 0", timeout=60)  # rank 0 serves the store: refused, nothing changes
+    assert refused.status == "error" and "rendezvous store" in refused.text, refused.text
+    status = c.nb.run("%clorch status")
+    assert "degraded" not in status.text and "recovering" not in status.text, status.text
+
     code = ("%%distributed\nimport signal, time\nprint('in', flush=True)\n"
             "if rank == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(600)\n")
     msg_id = c.nb.send(code)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from clorch_repl.session import flood
-from clorch_repl.session.cell_run import (FAILURE_GRACE_S, INTERRUPT_GRACE_S, REPLY_DRAIN_MAX_S, REPLY_DRAIN_S,
-                                          REPLY_QUIET_S, CellRun, GiveUp, Interrupt)
+from clorch_repl.session import cell_end, flood
+from clorch_repl.session.cell_run import (ABORT_GRACE_S, FAILURE_GRACE_S, GROUP_CHECK_S, INTERRUPT_GRACE_S,
+                                          REPLY_DRAIN_MAX_S, REPLY_DRAIN_S, REPLY_QUIET_S, CellRun, FreeGroup,
+                                          GiveUp, Interrupt)
 from clorch_repl.session.ledger import (ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, InputRequest, Ledger,
                                         Show)
 from clorch_repl.session.protocol import CellRequest, Status
@@ -308,3 +309,54 @@ def test_settling_ends_on_the_idle_of_the_settled_request() -> None:
     assert ledger.settling == {0: "comm-1"}
     ledger.iopub(0, idle("comm-1"), None, 0.1)
     assert ledger.settling == {}
+
+
+def test_a_rank_still_running_after_an_interrupt_is_asked_about_the_group_once() -> None:
+    """A user's cell (recover=True): one second after the interrupt the ranks still running are the
+    subject of FreeGroup; an abort gives them ABORT_GRACE_S to return, marked freed, with the
+    verdict taken before the interrupt kept for the report."""
+    cell = Cell(Ledger(), recover=True)
+    cell.run.user_interrupt()
+    command = cell.run.interrupt_command()
+    cell.run.diagnosed("all_reduce #2: rank 0 waits in it; rank 1 never called it")
+    cell.run.interrupted(command.ranks, 10.0)
+    cell.iopub(1, iopub("error", "c-1", {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}), 10.1)
+    cell.reply(1, reply("c-1", 1, ename="KeyboardInterrupt"), 10.1)
+    assert 10.0 + GROUP_CHECK_S in cell.run.wake_at()
+    assert cell.run.next_command(10.0 + GROUP_CHECK_S - 0.01) is None
+    assert cell.run.next_command(10.0 + GROUP_CHECK_S) == FreeGroup((0,))
+    assert cell.run.next_command(10.0 + GROUP_CHECK_S) is None  # asked once
+    cell.run.group_checked(True, 11.0)
+    outcome = cell.run.outcome
+    assert outcome.group_aborted and outcome.aborted_at == 11.0 and outcome.ranks[0].freed
+    assert outcome.diagnosis.startswith("all_reduce #2")
+    assert cell.run.next_command(11.0 + ABORT_GRACE_S - 0.01) is None  # the freed rank gets its time
+    cell.iopub(0, iopub("error", "c-0", {"ename": "RuntimeError", "evalue": "Connection closed", "traceback": []}), 11.2)
+    cell.reply(0, reply("c-0", 1, status="error", ename="RuntimeError"), 11.2)
+    assert cell.run.over and not outcome.ranks[1].freed
+
+
+def test_no_group_question_for_clorchs_own_requests_or_when_the_group_is_left_alone() -> None:
+    own = Cell(Ledger())  # recover=False: a join, a transfer
+    own.run.interrupted(own.run.interrupt_command().ranks, 1.0)
+    assert not any(isinstance(own.run.next_command(t), FreeGroup) for t in (2.0, 3.0, 5.9))
+    user = Cell(Ledger(), recover=True)
+    user.run.interrupted(user.run.interrupt_command().ranks, 1.0)
+    now, asked = 1.0 + GROUP_CHECK_S, 0
+    while (command := user.run.next_command(now)) is not None and isinstance(command, FreeGroup):
+        asked += 1
+        user.run.group_checked(False, now)  # not every rank waits in a collective: asked again later
+        now += GROUP_CHECK_S
+    assert asked == int(INTERRUPT_GRACE_S / GROUP_CHECK_S) - 1 and not user.run.outcome.group_aborted
+    assert user.run.next_command(1.0 + INTERRUPT_GRACE_S) == GiveUp((0, 1), hurry=False, diagnose=True)
+
+
+def test_waits_in_group_reads_the_flight_recorder_and_the_stack() -> None:
+    pending = {"fr": {"pg_status": {"fr/0": {"last_enqueued_collective": 3, "last_completed_collective": 2}}},
+               "stack": []}
+    done = {"fr": {"pg_status": {"fr/0": {"last_enqueued_collective": 3, "last_completed_collective": 3}}},
+            "stack": [{"file": "/env/site-packages/torch/distributed/distributed_c10d.py"}]}
+    python = {"fr": {"pg_status": {}}, "stack": [{"file": "<cell>"}]}
+    assert cell_end.waits_in_group(pending) and cell_end.waits_in_group(done)
+    assert not cell_end.waits_in_group(python)
+    assert not cell_end.waits_in_group(None) and not cell_end.waits_in_group({"error": "x"})

@@ -19,7 +19,7 @@ from clorch_repl.diagnosis import profile
 from clorch_repl.errors import ClorchError, UnknownRequest
 from clorch_repl.kernel import requests as registry
 from clorch_repl.session.requests import RANK_MODULE, request_code
-from clorch_repl.session import script_run, transfer
+from clorch_repl.session import recovery, script_run, transfer
 from clorch_repl.session.protocol import CellOutcome, CellRequest
 from clorch_repl.session.script_run import RunRequest
 from clorch_repl.topology import Topology
@@ -135,11 +135,14 @@ class RecordingRelay:
         self.launcher = launcher
 
     def set_comm_sink(self, sink: Any) -> None: ...
-    def connect(self, progress: Any) -> None: ...
+    def connect(self, progress: Any, timeout_s: float = 0.0, ranks: Any = None) -> None: ...
     def close(self) -> None: ...
 
     def idle(self, rank: int) -> bool:
         return True
+
+    def busy(self) -> list[int]:
+        return []
 
     def execute(self, request: CellRequest, *args: Any, **kwargs: Any) -> CellOutcome:
         RecordingRelay.codes.append(request.code)
@@ -155,6 +158,7 @@ class QuietLauncher:
         self.from_spares = False
 
     def launch(self, progress: Any) -> None: ...
+    def replace(self, ranks: Any, progress: Any) -> None: ...
     def group_formed(self) -> None: ...
     def stop(self, *args: Any, **kwargs: Any) -> list[str]:
         return []
@@ -166,7 +170,7 @@ class QuietLauncher:
 
 def _sent_by_the_call_sites(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The code of every request, as the notebook's own call sites write it: a start (join) and a
-    stop (leave), a pull, a push, %clorch run (its check and the run), --profile (start, stop)."""
+    stop (leave), a re-form after an abort and a replaced rank (regroup), a pull, a push, %clorch run (its check and the run), --profile (start, stop)."""
     from clorch_repl.session import session as session_module
 
     monkeypatch.setattr(session_module, "Relay", RecordingRelay)
@@ -174,6 +178,9 @@ def _sent_by_the_call_sites(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> l
     RecordingRelay.codes = []
     live = session_module.Session(Topology(2, (None, None), "gloo", 60.0), QuietLauncher)
     live.start()
+    relay, launcher = live.relay, live.group
+    recovery.after_abort(relay, launcher, 1, 0.0)  # the group formed again after an abort
+    recovery.replace(relay, launcher, [1], 2, lambda _: None)  # a fresh rank 1 joins the others
     live.stop()
     session = RecordingSession(str(tmp_path))
     with pytest.raises(ClorchError, match="did not report its value"):  # nobody answers here

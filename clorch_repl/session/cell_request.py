@@ -1,0 +1,31 @@
+"""What a cell's execute_request carries to its ranks, packed once for all of them (the relay
+signs and sends it per rank, see :meth:`clorch_repl.session.relay.Relay.begin`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rank_sets import rank_words
+from .protocol import CellRequest
+from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
+
+
+def packed_request(request: CellRequest, silent: bool, allowed: bool, front: bool,
+                   no_front: str) -> tuple[bytes, bytes]:
+    """(metadata, content) of the cell's request, packed; allow_stdin only where its prompts
+    can reach the front end (see clorch_repl.session.stdin); otherwise the rank's kernel
+    raises with the reason."""
+    content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
+                   allow_stdin=allowed, stop_on_error=False)
+    metadata: dict[str, Any] = {LEAN_KEY: True}
+    if request.output_limits is not None:
+        metadata[OUTPUT_LIMITS_KEY] = request.output_limits.to_wire()
+    if request.cell_number is not None and not silent:
+        metadata[CELL_NUMBER_KEY] = int(request.cell_number)
+    if not allowed:
+        rank = NO_STDIN_RANK
+        why = no_front if not front else (
+            f"only {rank_words(request.stdin_ranks or ())} may read input in this cell "
+            f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
+        metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
+    return pack(metadata), pack(content)

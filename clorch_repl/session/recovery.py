@@ -1,0 +1,133 @@
+"""The session's group formed again in the same processes: after an abort freed ranks stuck in a
+collective (:mod:`.group_abort`), and when ``%clorch restart --ranks`` replaces dead ranks.
+
+Why: the ranks hold the state a notebook is for (a model that took minutes to load, its
+optimizer, the tensors being looked at); a hung collective or one dead rank used to cost every
+rank of it. Here only the group is disposable: the ranks that live keep their processes and their
+namespaces, and their groups get new backends in place (:mod:`clorch_repl.kernel.regroup`), so
+a DDP model or an FSDP2 model built before takes its next step on the new group.
+
+Each function does the I/O of one recovery and returns a :class:`Regrouped`; the session alone
+changes its state from it (:class:`~clorch_repl.session.lifecycle.Lifecycle`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ranks_are
+from ..launchers.base import Launcher
+from ..rank_sets import rank_words
+from .protocol import CellOutcome, CellRequest
+from .relay import Relay
+from .requests import request_code
+from .sink import OutputSink
+
+logger = logging.getLogger(__name__)
+
+#: How long ranks freed by an abort may take to finish their cell before the re-form gives up on them.
+IDLE_WAIT_S = 3.0
+#: Time allowed for a re-form beyond the group's own timeout is not needed: backends meet at once
+#: or not at all; this bounds the request.
+REGROUP_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Regrouped:
+    """What a recovery did: ``ok`` when the group works again; ``line`` says it to the user."""
+
+    ok: bool
+    line: str
+    #: why the group does not work (for the session's state), "" when it does
+    why: str = ""
+    #: the ranks that cannot be in a group now (dead or stuck), until they are replaced
+    lost: tuple[int, ...] = ()
+
+
+def _busy_after(relay: Relay, launcher: Launcher, wait_s: float) -> list[int]:
+    """Live ranks still running a request after up to ``wait_s`` (freed ranks finish their cell)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        busy = [r for r in relay.busy() if launcher.ranks[r].alive]
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(0.05)
+
+
+def _regroup(relay: Relay, launcher: Launcher, generation: int, fresh: list[int],
+             sink: OutputSink | None = None) -> CellOutcome:
+    env = launcher.join_environment() if fresh else None
+    code = request_code("regroup", generation=generation, fresh=fresh, env=env)
+    ranks = tuple(p.rank for p in launcher.ranks)
+    return relay.execute(CellRequest(code, ranks, timeout_s=REGROUP_TIMEOUT_S), sink, silent=True)
+
+
+def _failure(outcome: CellOutcome) -> str:
+    failed = outcome.failed
+    if not failed:
+        return "it was interrupted" if outcome.interrupted else "it timed out"
+    first = failed[0]
+    what = first.error.evalue if first.error is not None else (first.exit or first.status.value)
+    return f"rank {first.rank}: {what}"
+
+
+def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: float) -> Regrouped:
+    """The group was aborted at ``aborted_at`` (time.monotonic()), or a rank died: once every live
+    rank is out of its cell, give the groups new backends (re-form ``generation``); with a rank
+    dead, abort the survivors' groups and say who is lost instead."""
+    dead = [p for p in launcher.ranks if not p.alive]
+    if dead:  # the survivors' groups are broken: abort them too (an NCCL peer's death can hang a later call)
+        relay.free_group([])
+    busy = _busy_after(relay, launcher, IDLE_WAIT_S)
+    if dead or busy:
+        return lost(launcher, [p.rank for p in dead], busy)
+    outcome = _regroup(relay, launcher, generation, [])
+    if not outcome.ok:
+        why = f"the group could not be formed again ({_failure(outcome)})"
+        return Regrouped(False, f"clorch: the group was aborted, but {why}; every rank kept its variables: "
+                                "%clorch restart gives fresh ranks and a fresh group", why)
+    took = time.monotonic() - aborted_at
+    return Regrouped(True, f"clorch: the group was aborted and formed again in {took:.1f} s; every rank kept its "
+                           "variables (the collective the ranks were stuck in is lost: run that step again)")
+
+
+def lost(launcher: Launcher, dead: list[int], stuck: list[int]) -> Regrouped:
+    """Some ranks cannot be in a group now (dead, or still stuck): the others keep their state and
+    go on without one until the lost ranks are replaced."""
+    gone = sorted(set(dead) | set(stuck))
+    keep = [p.rank for p in launcher.ranks if p.rank not in gone and p.alive]
+    parts = []
+    if dead:
+        parts.append(f"{rank_words(dead)} died")
+    if stuck:
+        parts.append(f"{ranks_are(stuck)} still stuck")
+    why = " and ".join(parts)
+    kept = f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables" if keep else "no rank is left"
+    line = (f"clorch: {why}; {kept} but {'has' if len(keep) == 1 else 'have'} no group until "
+            f"%clorch restart --ranks {','.join(str(r) for r in gone)} starts {'it' if len(gone) == 1 else 'them'} "
+            f"afresh and forms the group again (cells run on {rank_words(keep) if keep else 'no rank'} meanwhile; "
+            "collectives there fail)")
+    return Regrouped(False, line, why, tuple(gone))
+
+
+def replace(relay: Relay, launcher: Launcher, ranks: list[int], generation: int,
+            progress: Callable[[str], None], sink: OutputSink | None = None) -> Regrouped:
+    """Fresh processes for ``ranks`` (ended first if alive) and the group formed again at the same
+    world size with the others, who keep their namespaces (re-form ``generation``)."""
+    t0 = time.monotonic()
+    launcher.replace(ranks, progress)
+    relay.connect(lambda k, total: progress(f"fresh ranks ready {k}/{total}"), ranks=ranks)
+    progress(f"{rank_words(ranks)} ready; forming the group again with the others")
+    outcome = _regroup(relay, launcher, generation, ranks, sink)
+    if not outcome.ok:
+        why = f"the group could not be formed again ({_failure(outcome)})"
+        return Regrouped(False, f"clorch: {why}; %clorch restart gives fresh ranks and a fresh group", why)
+    others = [p.rank for p in launcher.ranks if p.rank not in ranks]
+    kept = f"; {rank_words(others)} kept {'its' if len(others) == 1 else 'their'} variables" if others else ""
+    return Regrouped(True, f"clorch: {rank_words(ranks)} started afresh and the group formed again in "
+                           f"{time.monotonic() - t0:.1f} s{kept} ({'it is' if len(ranks) == 1 else 'they are'} "
+                           "fresh: give back its state, e.g. a broadcast from a survivor or a sharded "
+                           "checkpoint loaded on every rank)")
