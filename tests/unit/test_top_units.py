@@ -42,3 +42,14 @@ def test_every_column_is_explained_and_a_row_reads_as_a_user_would_see_it() -> N
     for column in ("host", "cell", "collective"):
         assert f"  {column}: " in bundle["text/plain"] and "title='" in bundle["text/html"]
     assert "here: the notebook's own" in bundle["text/plain"] and "group 0 is the default group" in bundle["text/plain"]
+
+
+def test_a_rank_stuck_in_a_cell_keeps_that_cell_after_its_wait_ended() -> None:
+    from clorch_repl.session.cell_labels import RankCells
+
+    cells = RankCells()
+    label, ranks, at = cells.sent("[4] import time", (0, 1, 2))
+    assert (label, ranks) == ("[4] import time", (0, 1, 2))
+    cells.sent("[5] print('only rank 2')", (2,))
+    assert cells.of(0, busy=[0, 1]) == ("[4] import time", at)  # still busy with cell 4
+    assert cells.of(2, busy=[0, 1]) is None  # idle: no cell
