@@ -44,6 +44,29 @@ def wrap(text: str, width: int = COLUMNS, indent: str = "") -> str:
         if not line.strip() or line[:1].isspace() or len(line) <= width:
             out.append(line)
             continue
-        out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
-                                 break_on_hyphens=False))
+        out.extend(piece.replace(_GLUE, " ") for piece in textwrap.wrap(
+            _glue_commands(line), width, subsequent_indent=indent, break_long_words=False,
+            break_on_hyphens=False))
     return "\n".join(out)
+
+
+#: joins the words of a command while a message is wrapped (textwrap breaks only at whitespace)
+_GLUE = "\x00"
+
+
+def _glue_commands(line: str) -> str:
+    """A command a message names (``%clorch restart --ranks 1``, ``%clorch logs 0``) kept on one
+    line: a user copies it from there, and ``%clorch restart`` / ``--ranks 1`` on two lines reads
+    as two things."""
+    out: list[str] = []
+    state = None  # after "%clorch": "cmd"; after its subcommand or a value: "sub"; after an option: "opt"
+    for word in line.split(" "):
+        glue = (state == "cmd" and word.isidentifier()) or (state == "sub" and word.startswith("-")) \
+            or (state == "sub" and (word.isdigit() or word.isupper())) or (state == "opt" and not word.startswith("-"))
+        if glue and out:
+            out[-1] += _GLUE + word
+            state = "opt" if word.startswith("-") else "sub"
+            continue
+        state = "cmd" if word in ("%clorch", "%%distributed") else None
+        out.append(word)
+    return " ".join(out)
