@@ -159,6 +159,8 @@ def _failure_key(result: RankOutcome, merge: bool) -> object:
 
     if not merge or result.status is Status.DIED:
         return ("rank", result.rank)
+    if getattr(result, "freed", False) and result.status is not Status.STUCK:
+        return ("freed",)  # its block is one sentence, whatever the abort made it raise
     if result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
         err = result.error
         return (result.status, err.ename, err.evalue, tuple(err.traceback))
