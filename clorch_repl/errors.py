@@ -159,6 +159,8 @@ def _failure_key(result: RankOutcome, merge: bool) -> object:
 
     if not merge or result.status is Status.DIED:
         return ("rank", result.rank)
+    if getattr(result, "freed", False) and result.status is not Status.STUCK:
+        return ("freed",)  # its block is one sentence, whatever the abort made it raise
     if result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
         err = result.error
         return (result.status, err.ename, err.evalue, tuple(err.traceback))
@@ -220,7 +222,7 @@ class DistributedCellError(Exception):
                             f"{self._grace_said()})")
         elif self.outcome.interrupted and not parts:
             parts.append("interrupted")
-        if self.outcome.diagnosis:  # the verdict's sentence: where a plain-text consumer sees only this
+        if self._why_shown():  # the verdict's sentence: where a plain-text consumer sees only this
             parts.append(f"why: {self.outcome.diagnosis.splitlines()[0]}")
         if self.outcome.recovery:
             parts.append(self.outcome.recovery.removeprefix("clorch: "))
@@ -231,17 +233,35 @@ class DistributedCellError(Exception):
         grace = self.outcome.interrupt_grace_s
         return f" and given {grace:g} s more to return" if grace > 0 else ""
 
+    def _why_shown(self) -> bool:
+        """Whether the report says why: only when some rank did not come back by itself (stuck
+        after the interrupt, dead, or freed by aborting the group). A cell whose ranks all returned
+        to the interrupt (a flood ended by its timeout) was slow, not hung: where it was before
+        the interrupt says nothing more than its own traceback does."""
+        from .session.protocol import Status
+
+        return bool(self.outcome.diagnosis) and any(
+            o.status in (Status.STUCK, Status.DIED) or getattr(o, "freed", False) for o in self.outcome.failed)
+
     def _render_traceback_(self) -> list[str]:
+        from .human import wrap
         from .launchers.rankfiles import report_stack
         from .session.protocol import Status
 
+        def say(text: str) -> None:  # clorch's prose, wrapped at the cell's width between words
+            lines.extend(wrap(text, indent="  ").splitlines())
+
         lines: list[str] = []
         if self.outcome.timed_out:
-            lines.append(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted"
-                         f"{self._grace_said()}.")
-        if self.outcome.diagnosis:  # why the ranks were stuck: the verdict, then each rank's evidence
-            verdict, *evidence = self.outcome.diagnosis.splitlines()
-            lines.append(f"{_BOLD}Why:{_RESET} {verdict}")
+            say(f"{_RED}{_BOLD}Timed out{_RESET} after {self.timeout_s:g} s; the ranks were interrupted"
+                f"{self._grace_said()}.")
+        why = self._why_shown()
+        if why:  # why the ranks were stuck: the verdict (unless the live notice said it), each rank's evidence
+            verdict, *evidence = (self.outcome.diagnosis or "").splitlines()
+            if verdict != self.outcome.noticed:
+                say(f"{_BOLD}Why:{_RESET} {verdict}")
+            elif evidence:
+                lines.append("Where each rank was (the notice above says why):")
             lines.extend(evidence)
         for ranks, result in _failure_groups(self.outcome.failed, self.merge):
             who = rank_words(ranks)
@@ -253,26 +273,23 @@ class DistributedCellError(Exception):
                     lines.append("Last lines of its log:")
                     lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
             elif result.status is Status.STUCK and self.outcome.cut_short:
-                lines.append(f"{_RED}{who} had not returned{_RESET} when an interrupt from the "
-                             "notebook ended the wait early, before the grace period was over.")
+                say(f"{_RED}{who} had not returned{_RESET} when an interrupt from the notebook ended the wait "
+                    "early, before the grace period was over.")
             elif result.status is Status.RETURNED:
                 logs = " or ".join(f"%clorch logs {r}" for r in ranks)
-                lines.append(f"{who} returned after the interrupt: {'it is' if one else 'they are'} idle in "
-                             f"{'its' if one else 'their'} event loop, not running this cell, but "
-                             f"{'its reply' if one else 'their replies'} had not reached the notebook when the "
-                             f"wait ended (an error, if any, is in the log: {logs}). "
-                             f"{'It takes' if one else 'They take'} the next cell at once.")
+                say(f"{who} returned after the interrupt: {'it is' if one else 'they are'} idle, not running this "
+                    f"cell, but {'its reply' if one else 'their replies'} had not reached the notebook when the "
+                    f"wait ended (an error, if any, is in the log: {logs}). {'It takes' if one else 'They take'} "
+                    "the next cell at once.")
             elif result.freed and result.status is not Status.STUCK:
-                lines.append(f"{who} waited in the collective and {'was' if one else 'were'} freed by aborting "
-                             "the session's group (what it raised then is the abort's, not the code's).")
+                say(f"{who} waited in the collective and {'was' if one else 'were'} freed by aborting the session's "
+                    "group (what it raised then is the abort's, not the code's).")
             elif result.status is Status.STUCK:
-                lines.append(f"{_RED}{who} did not return{_RESET} within the grace period after "
-                             f"being interrupted and {'is' if one else 'are'} stuck: "
-                             f"{'its stack shows it' if one else 'their stacks show them'} still in the cell's "
-                             "code (native code such as a collective waiting for another rank), or "
-                             f"{'its' if one else 'their'} code caught the KeyboardInterrupt and went on.")
+                say(f"{_RED}{who} did not return{_RESET} after the interrupt: still in the cell's code, in native "
+                    "code that an interrupt does not reach (a collective waiting for another rank), or in code "
+                    "that caught the KeyboardInterrupt and went on.")
                 stack = report_stack(result.stack or "")
-                if stack:
+                if stack and not why:  # the evidence above already shows where they are
                     lines.append("Where it is now:" if one else "Where they are now (the same stack on each):")
                     lines.extend("    " + line for line in stack)
             elif result.error is not None:
@@ -280,13 +297,12 @@ class DistributedCellError(Exception):
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
         stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]
         if self.outcome.recovery:  # the group was aborted: what the session did about it says what is next
-            lines.append(f"{_BOLD}{self.outcome.recovery}{_RESET}")
+            say(f"{_BOLD}{self.outcome.recovery}{_RESET}")
             return lines
         if dead:
-            lines.append(f"The process group is broken: {rank_words(dead)} died. Run %clorch restart for a "
-                         "fresh group (%clorch status shows each rank).")
+            say(f"The process group is broken: {rank_words(dead)} died. %clorch restart starts a fresh group.")
         if stuck:
-            lines.append(f"{ranks_are(stuck).capitalize()} still running this cell, so "
-                         f"{'it takes' if len(set(stuck)) == 1 else 'they take'} no other: wait, %clorch interrupt "
-                         "again, or %clorch restart for a fresh group (%clorch status shows each rank).")
+            say(f"{ranks_are(stuck).capitalize()} still running this cell and "
+                f"{'takes' if len(set(stuck)) == 1 else 'take'} no other cell: "
+                "%clorch restart starts a fresh group.")
         return lines

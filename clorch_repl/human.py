@@ -1,8 +1,16 @@
-"""Sizes and durations as the tables of ``%clorch status`` and ``%clorch top`` print them."""
+"""Sizes and durations as the tables of ``%clorch status`` and ``%clorch top`` print them, and
+clorch's messages wrapped to a notebook cell's width (:func:`wrap`)."""
 
 from __future__ import annotations
 
-__all__ = ["size", "duration"]
+import textwrap
+
+__all__ = ["size", "duration", "wrap", "COLUMNS"]
+
+#: The width clorch wraps its own messages to: a notebook cell shows about 100 columns of
+#: monospace text at JupyterLab's default font and a 1400-pixel window; wider lines were wrapped
+#: by the browser wherever a character fell (``%clor|ch logs``).
+COLUMNS = 100
 
 
 def size(n: float | None) -> str:
@@ -24,3 +32,41 @@ def duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def wrap(text: str, width: int = COLUMNS, indent: str = "") -> str:
+    """``text`` (one message, maybe several paragraphs split by newlines) wrapped at ``width``
+    columns between words, never inside one (a path or a command stays whole, even when longer
+    than the width); continuation lines start with ``indent``. Lines that start with spaces
+    (a stack, a table) are kept as they are."""
+    out = []
+    for line in text.split("\n"):
+        if not line.strip() or line[:1].isspace() or len(line) <= width:
+            out.append(line)
+            continue
+        out.extend(piece.replace(_GLUE, " ") for piece in textwrap.wrap(
+            _glue_commands(line), width, subsequent_indent=indent, break_long_words=False,
+            break_on_hyphens=False))
+    return "\n".join(out)
+
+
+#: joins the words of a command while a message is wrapped (textwrap breaks only at whitespace)
+_GLUE = "\x00"
+
+
+def _glue_commands(line: str) -> str:
+    """A command a message names (``%clorch restart --ranks 1``, ``%clorch logs 0``) kept on one
+    line: a user copies it from there, and ``%clorch restart`` / ``--ranks 1`` on two lines reads
+    as two things."""
+    out: list[str] = []
+    state = None  # after "%clorch": "cmd"; after its subcommand or a value: "sub"; after an option: "opt"
+    for word in line.split(" "):
+        glue = (state == "cmd" and word.isidentifier()) or (state == "sub" and word.startswith("-")) \
+            or (state == "sub" and (word.isdigit() or word.isupper())) or (state == "opt" and not word.startswith("-"))
+        if glue and out:
+            out[-1] += _GLUE + word
+            state = "opt" if word.startswith("-") else "sub"
+            continue
+        state = "cmd" if word in ("%clorch", "%%distributed") else None
+        out.append(word)
+    return " ".join(out)

@@ -22,3 +22,29 @@ def ranks_of(label: str) -> set[int]:
 def lines_of(text: str, rank: int) -> list[str]:
     """The lines ``rank`` printed: labelled with it alone, or merged with others."""
     return [m.group(2) for m in _LABELLED.finditer(text) if rank in ranks_of(m.group(1))]
+
+
+def said(text: str, prefix: str) -> list[str]:
+    """clorch's messages that start with ``prefix`` (the prefix left out), each as one line: clorch
+    wraps its messages at a notebook cell's width (clorch_repl.human.wrap), continuing a message on
+    lines indented by two spaces."""
+    found = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith(prefix):
+            continue
+        parts = [line[len(prefix):]]
+        for more in lines[i + 1:]:
+            if not more.startswith("  ") or more.startswith("   ") or more.strip().endswith(":"):
+                break  # not a continuation: a stack's frame, an evidence heading
+            parts.append(more.strip())
+        found.append(" ".join(parts))
+    return found
+
+
+def outputs_shown(outputs: list) -> list:
+    """A captured cell's displays (IPython's RichOutput), less the empty one the display reserves
+    at the top of a cell's output for the held-back line (clorch_repl.session.held_notice), which
+    a front end shows as nothing until something is held back."""
+    return [o for o in outputs
+            if not str((getattr(o, "transient", None) or {}).get("display_id", "")).startswith("clorch-held-")]

@@ -10,14 +10,19 @@ the shared barrier) and the summaries give one line per rank and, when one rank 
 longer than the others, one sentence naming it (:func:`.straggler.find_straggler`).
 
 DIR must be reachable by every rank's host at the same path (a shared filesystem across hosts);
-a rank's trace the notebook cannot read is named, the others are still merged.
+a rank's trace the notebook cannot read is named, the others are still merged. Without DIR the
+traces go under the session's own directory (:func:`default_folder`), never into the notebook's
+folder unasked (a ``clorch-profiles/`` folder used to appear beside the notebook). The report says
+what "other" time is, and names the trace as a link a notebook opens.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -49,12 +54,35 @@ class ProfileReport:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
 
-def default_folder(cell_number: int | None) -> str:
-    """``./clorch-profiles/cell-N-YYYYmmdd-HHMMSS``: where a cell's traces go when DIR is not given."""
+    def _repr_html_(self) -> str:
+        """The report with the merged trace as a link: relative to the notebook's folder where the
+        trace is under it (JupyterLab opens it, or downloads it for Perfetto), else a file: link."""
+        out = html.escape(self.text())
+        if self.trace_path:
+            rel = os.path.relpath(self.trace_path)
+            href = rel if not rel.startswith("..") else "file://" + self.trace_path
+            out = out.replace(html.escape(self.trace_path),
+                              f"<a href='{html.escape(href, quote=True)}' target='_blank'>{html.escape(self.trace_path)}</a>")
+        return f"<pre style='white-space:pre-wrap'>{out}</pre>"
+
+
+#: What the per-rank lines call "other": a line under them says so.
+OTHER = ("other: the cell's time in neither an operator nor a collective (Python between operators, data "
+         "loading, sleeps, waiting on I/O)")
+
+
+def default_folder(cell_number: int | None, session: Any = None) -> str:
+    """``SESSION_DIR/profiles/cell-N-YYYYmmdd-HHMMSS``: where a cell's traces go when DIR is not
+    given, under the session's own directory (its launcher's, where it has one on this host;
+    removed with the session), else under the temporary directory; never the notebook's folder."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.abspath(os.path.join("clorch-profiles", f"cell-{cell_number if cell_number is not None else 'x'}"
-                                                           f"-{stamp}"))
+    own = getattr(getattr(session, "group", None), "dir", None)
+    base = own if isinstance(own, str) and os.path.isdir(own) else os.path.join(tempfile.gettempdir(), "clorch-profiles")
+    return os.path.join(base, "profiles" if base == own else "",
+                        f"cell-{cell_number if cell_number is not None else 'x'}-{stamp}")
 
 
 def profiled(session: Any, ranks: list[int] | None, folder: str,
@@ -104,7 +132,10 @@ def _report(folder: str, chosen: tuple[int, ...], summaries: dict[int, dict[str,
         lines.append(f"clorch profile: one trace of {len(traces)} rank(s) in {trace_path} (Perfetto or "
                      "chrome://tracing open it; each rank is a process)")
     lines += [f"clorch profile: not merged: {u}" for u in unread]
-    lines += straggler.rank_lines(summaries)
+    ranks = straggler.rank_lines(summaries)
+    lines += ranks
+    if any(", other " in line for line in ranks):
+        lines.append(OTHER)
     verdict = straggler.find_straggler(summaries)
     if verdict is not None:
         lines.append(verdict.sentence())

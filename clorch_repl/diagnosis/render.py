@@ -9,7 +9,7 @@ from typing import Any
 from ..launchers.rankfiles import report_stack
 from ..rank_sets import merge_blocks, rank_words
 from .entries import RankEvidence, Verdict, describe_tensors, entries_of, unrecorded_pending
-from .where import frame_label
+from .where import frame_label, own_frame
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int) -> list[str]:
 
 def _stack_lines(head: str, stack: list[dict[str, Any]]) -> list[str]:
     out = [head]
-    for frame in stack[-FRAMES:]:
+    for frame in [f for f in stack if not own_frame(f)][-FRAMES:]:
         out.append(f"    {frame_label(frame)}")
         if frame.get("code"):
             out.append(f"      {frame['code']}")

@@ -56,12 +56,19 @@ def where(state: RankEvidence) -> str:
         inner = f" ({frame_label(stack[-1])})" if stack else ""
         return f"is in library code outside its cell's lines{inner}"
     text = "is at " + frame_label(user[-1])
-    if stack and stack[-1].get("library") and user:
+    if stack and stack[-1].get("library") and user and not own_frame(stack[-1]):
         inner = stack[-1]
         text += f", inside {inner['function']}() ({_short(inner['file'])}:{inner['line']})"
     if ans.get("cuda_busy"):
         text += ", with its CUDA stream still busy"
     return text
+
+
+def own_frame(frame: dict[str, Any]) -> bool:
+    """A frame of the rank kernel's own machinery (its output stream under a user's print): never
+    where the user's code is; a report that named ``clorch_repl/kernel/output.py:98 in _echo()``
+    as where a flooding rank was sent its reader into clorch."""
+    return (os.sep + os.path.join("clorch_repl", "kernel") + os.sep) in str(frame.get("file", ""))
 
 
 def frame_label(frame: dict[str, Any]) -> str:

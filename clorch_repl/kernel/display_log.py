@@ -15,6 +15,10 @@ logger = logging.getLogger(__name__)
 
 #: The messages whose text ``%clorch logs`` shows besides the streams: what the cell displayed.
 LOGGED_DISPLAYS = ("display_data", "execute_result")
+#: A widget's view in a display (a tqdm.auto bar, a slider): its model id names the widget.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+#: model id -> the text the log last got for that widget (see :func:`log_widget_states`)
+_widgets: dict[str, str] = {}
 #: The MIME types of clorch_repl's own messages from a rank to the notebook (a value of
 #: ``%clorch pull``, a ``--profile`` summary): taken out of the output, so kept out of the log too.
 PRIVATE_MIME_PREFIX = "application/x-clorch-"
@@ -34,7 +38,43 @@ def display_log_text(msg_type: str, content: dict[str, Any] | None) -> str | Non
     text = data.get("text/plain")
     if not isinstance(text, str):
         text = f"<{', '.join(sorted(data)) or 'empty'} output>"
+    view = data.get(WIDGET_VIEW)
+    if isinstance(view, dict) and isinstance(view.get("model_id"), str):
+        _widgets[view["model_id"]] = text  # its later state is logged at the cell's end
     return text if text.endswith("\n") else text + "\n"
+
+
+def log_widget_states() -> None:
+    """At a cell's end: each widget shown whose text changed since the log got it, as it reads
+    now. Why: a widget's updates are comm messages, not output; the log had only the text of its
+    first display, so ``%clorch logs`` showed a finished tqdm bar at 0 % (its text is tqdm's own
+    meter, ``100%|##########| 20/20``). A widget that is gone is forgotten."""
+    if not _widgets:
+        return
+    try:
+        from ipywidgets import widgets as _module
+    except ImportError:
+        return
+    live = getattr(getattr(_module, "widget", None), "_instances", None)
+    if not isinstance(live, dict):
+        return
+    for model_id, logged in list(_widgets.items()):
+        widget = live.get(model_id)
+        if widget is None:
+            del _widgets[model_id]
+            continue
+        try:
+            text = repr(widget)
+        except Exception as exc:  # noqa: BLE001 - a widget's own repr failing must not fail the cell's end
+            logger.debug("no text of widget %s: %s", model_id, exc)
+            continue
+        if text != logged:
+            _widgets[model_id] = text
+            try:
+                sys.__stdout__.write(text if text.endswith("\n") else text + "\n")
+                sys.__stdout__.flush()
+            except (OSError, ValueError, AttributeError) as exc:  # no log to write to
+                logger.debug("could not write a widget's state to the rank's log: %s", exc)
 
 
 def log_displays(kernel: Any) -> None:

@@ -5,8 +5,9 @@ Imported on a rank only, by ipykernel when it builds the kernel's streams (the
 imported here at module level: the notebook's process never loads this module.
 
 * The budget (:mod:`clorch_repl.session.flood`): what a cell may publish; what it refuses goes to
-  the rank's log only, and one line at the cell's end says how much was held back. The kernel
-  opens and closes it around each cell (:func:`start_cell`, :func:`end_cell`).
+  the rank's log only, and a report at the cell's end (a display of flood.HELD_MIME, which the
+  notebook reads into the one line at the top of the cell's output) says how much was held back.
+  The kernel opens and closes it around each cell (:func:`start_cell`, :func:`end_cell`).
 * ``RankOutStream``: ipykernel's stream, minus work that a flood of output would multiply, with
   ``\r`` progress updates coalesced before they are published.
 """
@@ -21,7 +22,7 @@ import time
 
 from ipykernel.iostream import OutStream
 
-from ..session.flood import Budget, Limits
+from ..session.flood import Budget, Limits, held_display
 from .tracebacks import interrupts_at_users_line
 
 logger = logging.getLogger(__name__)
@@ -51,40 +52,51 @@ def _admit(string: str) -> bool:
 
 
 def _start_budget(limits: Limits, silent: bool = False) -> None:
-    """A cell starts: a fresh budget. What the last one held after its cell's line (a thread
-    that cell left printing) is said first, so that nothing is held back unannounced; by the
+    """A cell starts: a fresh budget. What the last one held after its cell's report (a thread
+    that cell left printing) is reported first, so that nothing is held back unannounced; by the
     next cell of the user's when this one is ``silent`` (clorch_repl's own request: a join, a
     transfer, whose output is not where a user looks for a notice about an earlier cell)."""
     global _budget
     with _budget_lock:
         previous, _budget = _budget, None
     fresh = Budget(limits, time.monotonic())
-    line = None
+    report = None
     if previous is not None and silent:
         fresh.carry_late(previous)
     elif previous is not None:
-        line = previous.late_line(os.environ.get("RANK", "?"))
+        report = previous.late_report(os.environ.get("RANK", "?"))
     try:
-        if line is not None and sys.stderr is not None:
-            sys.stderr.write(line)
+        _publish_report(report)
     finally:
         with _budget_lock:
             _budget = fresh
 
 
+def _publish_report(report: dict | None) -> None:
+    """A held-back report, as a display (flood.held_display) in the request's output."""
+    if report is None:
+        return
+    from IPython.core.getipython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        logger.warning("no shell to publish the held-back report to: %s", report)
+        return
+    shell.display_pub.publish(held_display(report), metadata={})
+
+
 def _publish_held_back() -> None:
-    """At the cell's end: the one line saying how much this rank held back (before the streams'
-    last flush, so that the reply counts it). Published whatever the budget says."""
+    """At the cell's end: the report of what this rank held back (before the streams' last
+    flush, so that the reply counts it). Published whatever the budget says."""
     global _budget
     with _budget_lock:
         budget, _budget = _budget, None
     if budget is None:
         return
-    line = budget.held_back_line(os.environ.get("RANK", "?"))
+    report = budget.held_report(os.environ.get("RANK", "?"))
     budget.mark_announced()  # published with the cell's output (a transfer's too): said once
     try:
-        if line is not None and sys.stderr is not None:
-            sys.stderr.write(line)
+        _publish_report(report)
     finally:
         with _budget_lock:
             if _budget is None:

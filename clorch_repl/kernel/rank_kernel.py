@@ -22,9 +22,9 @@ from ipykernel import ipkernel
 from ipykernel.ipkernel import IPythonKernel
 
 from ..diagnosis.probe import PROBE_REQUEST
-from ..session.flood import Limits
+from ..session.flood import Limits, at_source
 from . import breakpoints, output
-from .display_log import log_displays
+from .display_log import log_displays, log_widget_states
 from .lean_execute import LeanExecute
 from .stdin_policy import StdinPolicy
 from .worker_look import look_like_a_worker
@@ -59,13 +59,14 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         traceback echoed to the rank's log."""
         limits, self._next_limits = self._next_limits, None
         silent = bool(kwargs.get("silent", args[1] if len(args) > 1 else False))
-        output.start_cell(limits or Limits(), silent)
+        output.start_cell(at_source(limits or Limits()), silent)  # see flood.at_source
         transform = _TransformOnce(self.shell)
         try:
             reply = await super().do_execute(*args, **kwargs)
         finally:
             transform.close()
             output.end_cell()
+            log_widget_states()  # a finished bar's last state, for %clorch logs
         if isinstance(reply, dict) and reply.get("status") == "error":
             try:
                 sys.stdout.flush()

@@ -215,7 +215,7 @@ def destroy_process_group(group: Any = None) -> None:
         _state["noted"] = True
         ended = f"; ended {len(made)} subgroup(s) the code made" if made else ""
         print(f"{KEPT_NOTE} {dist.get_backend()} group{ended}: later cells still run in it "
-              "(%clorch restart for a fresh one)", file=sys.stderr, flush=True)
+              "(%clorch restart for a fresh one)", file=sys.stdout, flush=True)  # a notice: not on red
     return None
 
 

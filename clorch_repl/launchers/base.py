@@ -169,6 +169,13 @@ class Launcher(abc.ABC):
         """The last ``lines`` lines of everything the rank wrote (all with None), earlier kernels of
         the rank (before a restart) included."""
 
+    def current_log_tail(self, rank: int, lines: int) -> str:
+        """The last ``lines`` lines the rank's current kernel wrote, after its start banner
+        (``%clorch top``'s last line: before any output, the banner is no line of the user's);
+        launchers that keep no rank files on this host give the whole log's tail."""
+        files = getattr(self, "files", None)  # the local launcher's rankfiles.RankFiles, one per rank
+        return files[rank].current_log_tail(lines) if files else self.log_tail(rank, lines)
+
     @abc.abstractmethod
     def death_report(self, rank: int, lines: int = 15) -> str:
         """What the rank's current kernel wrote about its end (a crash report, or its last lines)."""

@@ -89,11 +89,37 @@ def without_thread_ids(dump: str) -> str:
     return _THREAD_ID.sub(r"\1", dump)
 
 
+#: a faulthandler frame's file: ``  File "/venv/lib/python3.11/site-packages/torch/x.py", line 3 in f``
+_DUMP_FILE = re.compile(r'^(\s*File ")([^"]+)(")')
+#: the rank kernel's own stream (clorch_repl/kernel/output.py, tracebacks.py) is under a user's
+#: print: never where the user's code is, and a report that named it sent readers into clorch
+_OWN_FRAMES = os.sep + os.path.join("clorch_repl", "kernel") + os.sep
+
+
+def environment_path(path: str) -> str:
+    """``site-packages/torch/x.py`` for a file of an installed package: the rest of the path is
+    the environment's, the same on every rank and four lines of noise in a report."""
+    marker = os.sep + "site-packages" + os.sep
+    return "site-packages" + os.sep + path.split(marker, 1)[1] if marker in path else path
+
+
+def _report_line(line: str) -> str | None:
+    match = _DUMP_FILE.match(line)
+    if match is None:
+        return line
+    if _OWN_FRAMES in match.group(2):
+        return None
+    return match.group(1) + environment_path(match.group(2)) + line[match.end(2):]
+
+
 def report_stack(dump: str) -> list[str]:
     """A stack dump's lines as every report shows them: without thread addresses, cut below the
-    cell (:func:`trim_kernel_frames`, a no-op on a dump already cut); equal lists mean equal
-    stacks, so that ranks stuck at the same place are shown under one heading."""
-    return trim_kernel_frames(without_thread_ids(dump).rstrip().splitlines())
+    cell (:func:`trim_kernel_frames`, a no-op on a dump already cut), installed packages' paths
+    from ``site-packages/`` (:func:`environment_path`), the rank kernel's own frames left out;
+    equal lists mean equal stacks, so that ranks stuck at the same place are shown under one
+    heading."""
+    lines = trim_kernel_frames(without_thread_ids(dump).rstrip().splitlines())
+    return [shown for shown in map(_report_line, lines) if shown is not None]
 
 
 #: How far before faulthandler's report a C++ exception's ``terminate called`` line is looked for.

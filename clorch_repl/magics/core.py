@@ -258,7 +258,9 @@ class ClorchMagics(SessionCommands, Magics):
             return
         from . import top
 
-        self.panel = top.command(self._session() if not args.stop else self.session, self.panel, args)
+        if not args.stop:
+            self._session()  # refuses with no ranks running: a panel starts on a session
+        self.panel = top.command(lambda: self.session, self.panel, args)
 
     @magic_arguments(name="clorch jobs")
     def _jobs(self, line: str) -> None:
@@ -407,8 +409,8 @@ class ClorchMagics(SessionCommands, Magics):
     @argument("--gather", metavar="NAME", default=None,
               help="put {rank: the cell's last expression on that rank} into the notebook as NAME")
     @argument("--profile", metavar="DIR", nargs="?", const="", default=None,
-              help="torch.profiler on every rank for this cell: one merged trace in DIR (default "
-                   "./clorch-profiles/cell-N-TIME), time per rank and the straggler, if one")
+              help="torch.profiler on every rank for this cell: one merged trace in DIR (default: the "
+                   "session's own directory), time per rank and the straggler, if one")
     @max_mb_option
     @stdin_ranks_option
     def distributed(self, line: str, cell: str) -> None:
@@ -440,8 +442,8 @@ class ClorchMagics(SessionCommands, Magics):
                 from ..diagnosis import profile
 
                 outcome, report = profile.profiled(session, options.rank_list,
-                                                   options.profile or profile.default_folder(number), run_cell)
-                print(report.text())
+                                                   options.profile or profile.default_folder(number, session), run_cell)
+                display(report)  # the trace as a link (ProfileReport._repr_html_)
             if outcome.ok and options.gather is not None:
                 from ..session.transfer import pull
                 self.shell.user_ns[options.gather] = pull(session, None, options.rank_list, options.max_bytes,

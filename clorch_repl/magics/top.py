@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable
 
 from IPython.display import display
 
 from ..errors import ConfigError
-from ..session.panel import INTERVAL_S, Panel, _Tracker, snapshot, suspended_note, _ONCE_WITHIN_S
+from ..session.panel import INTERVAL_S, Panel, snapshot_once, suspended_note
 from ..session.panel_view import render
 
 __all__ = ["command"]
 
 
-def command(session: Any, panel: Panel | None, args: argparse.Namespace) -> Panel | None:
-    """Carry out ``%clorch top`` with parsed ``args``; returns the panel that is open afterwards."""
+def command(source: Callable[[], Any], panel: Panel | None, args: argparse.Namespace) -> Panel | None:
+    """Carry out ``%clorch top`` with parsed ``args``; returns the panel that is open afterwards.
+    ``source`` finds the notebook's session now: the live panel follows it through restarts."""
     if args.stop:
         if panel is None or not panel.open:
             print("clorch: no %clorch top panel is open")
@@ -27,23 +28,11 @@ def command(session: Any, panel: Panel | None, args: argparse.Namespace) -> Pane
     if not interval >= 0.2:
         raise ConfigError(f"--interval must be at least 0.2 seconds; got {args.interval!r}")
     if args.once:
-        import time
-
-        prober = session.relay.new_prober()
-        note = suspended_note(session)  # suspended ranks are not asked
-        try:
-            tracker = _Tracker()
-            answers = {} if note else prober.ask([p.rank for p in session.group.ranks if p.alive], light=True,
-                                                 usage=True, timeout_s=_ONCE_WITHIN_S)
-            now = time.monotonic()
-            tracker.answers.update({r: (now, a) for r, a in answers.items() if a is not None})
-            snaps, _ = snapshot(session, tracker, now)
-        finally:
-            prober.close()
-        display(render(snaps, note=note), raw=True)
+        session = source()
+        display(render(snapshot_once(session), note=suspended_note(session)), raw=True)
         return panel
     if panel is not None and panel.open:
         panel.close()  # one live panel at a time: the new one replaces it
-    opened = Panel(session, interval_s=interval)
+    opened = Panel(source, interval_s=interval)
     opened.start()
     return opened

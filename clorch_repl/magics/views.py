@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import time
 from typing import Any, Callable, Sequence
 
 from IPython.display import display
@@ -73,6 +74,9 @@ class StartProgress:
 
     def __init__(self) -> None:
         self.handle: Any = None
+        #: when the command began: Session.start reports what the user waited from here (a
+        #: restart said "formed in 4.6 s" after 7.4 s, its stop of the old ranks left out)
+        self.since = time.monotonic()
 
     def __call__(self, text: str) -> None:
         bundle = {"text/plain": f"clorch: {text}"}
@@ -80,6 +84,23 @@ class StartProgress:
             self.handle = display(bundle, raw=True, display_id=True)
         else:
             self.handle.update(bundle, raw=True)
+
+
+def interrupt_report(stuck: dict[int, str], verdict: str) -> str:
+    """What ``%clorch interrupt`` says of ranks that did not return: each distinct stack once,
+    under the ranks it is theirs (three ranks in one barrier read as one block), paths from the
+    environment (rankfiles.report_stack), then the verdict, wrapped at the cell's width."""
+    from ..human import wrap
+    from ..launchers.rankfiles import report_stack
+    from ..rank_sets import merge_blocks, rank_words
+
+    lines = []
+    for ranks, stack in merge_blocks([(r, tuple(report_stack(s))) for r, s in sorted(stuck.items())]):
+        lines.append(wrap(f"clorch: {rank_words(ranks)} did not return after the interrupt; "
+                          f"{'it is' if len(ranks) == 1 else 'they are'} here:"))
+        lines.extend(stack)
+    lines.append(wrap(f"clorch: why: {verdict} (%clorch why shows each rank's collectives)", indent="  "))
+    return "\n".join(lines)
 
 
 def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str], nproc: int) -> None:
@@ -92,9 +113,7 @@ def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], 
         if not recovered:
             print("clorch: interrupted every rank; all are idle")
         return
-    for rank, stack in stuck.items():
-        print(f"clorch: rank {rank} did not return after the interrupt; it is here:\n{stack}")
-    print(f"clorch: why: {why().splitlines()[0]} (%clorch why shows each rank's collectives)")
+    print(interrupt_report(stuck, why().splitlines()[0]))
     if len(stuck) == nproc:
         raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
     lost = ",".join(str(r) for r in stuck)

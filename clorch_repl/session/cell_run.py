@@ -342,12 +342,13 @@ class CellRun:
 
     # ----------------------------------------------------------------------------- the end
     def withheld_lines(self) -> list[RankOutput]:
-        """At the cell's end: one line per rank whose output the notebook's guard held back."""
+        """At the cell's end: a report per rank whose output the notebook's guard held back (the
+        display adds it to the line at the top of the cell's output, see flood.HELD_MIME)."""
         lines = []
         for rank, guard in sorted(self.guards.items()):
-            line = flood.withheld_line(rank, guard)
-            if line is not None:
-                lines.append(RankOutput(rank, "stream", {"name": "stderr", "text": line}))
+            data = flood.withheld_report(rank, guard)
+            if data is not None:
+                lines.append(RankOutput(rank, "display_data", {"data": data, "metadata": {}}))
         return lines
 
     def _finished(self, rank: int) -> None:

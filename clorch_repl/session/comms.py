@@ -50,6 +50,8 @@ from typing import Any, Protocol
 import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
 
+from . import widget_states
+
 logger = logging.getLogger(__name__)
 
 #: How long a front end's message to a rank may wait to be queued before it is dropped.
@@ -121,7 +123,10 @@ class CommBridge:
         self._refused: set[tuple[int, str]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the rank widgets' current state, for a front end that reconnects (widget_states)
+        self.states = widget_states.WidgetStates()
         if self.kernel is not None:
+            widget_states.register(self.states)
             try:
                 self._loop = asyncio.get_running_loop()  # the kernel's: we are inside its cell
             except RuntimeError:
@@ -164,6 +169,7 @@ class CommBridge:
                 return
             proxy.publish_msg("comm_open", data=content.get("data") or {}, metadata=metadata, buffers=buffers,
                               target_name=proxy.target_name, target_module=content.get("target_module"))
+            self.states.opened(comm_id, content, buffers)
             return
         proxy = self.proxies.get(comm_id)
         if proxy is None or proxy.rank != rank:
@@ -172,6 +178,7 @@ class CommBridge:
             return
         if msg_type == "comm_msg":
             proxy.publish_msg("comm_msg", data=content.get("data") or {}, metadata=metadata, buffers=buffers)
+            self.states.updated(comm_id, content.get("data") or {}, buffers)
         elif msg_type == "comm_close":
             proxy.publish_msg("comm_close", data=content.get("data") or {}, metadata=metadata, buffers=buffers)
             self._forget(comm_id)
@@ -206,6 +213,7 @@ class CommBridge:
         import comm
 
         proxy = self.proxies.pop(comm_id, None)
+        self.states.closed(comm_id)
         if proxy is None:
             return
         proxy._closed = True  # never publish a comm_close of its own (BaseComm does on garbage collection)
@@ -235,6 +243,8 @@ class CommBridge:
         content = dict(msg.get("content") or {})
         content["comm_id"] = comm_id
         buffers = [bytes(b) for b in (msg.get("buffers") or ())]
+        if msg_type == "comm_msg":  # a slider the user moved: its new value is the widget's state now
+            self.states.updated(comm_id, content.get("data") or {}, buffers)
         socket = client.shell_channel.socket
         previous = socket.getsockopt(zmq.SNDTIMEO)
         # Bounded: a rank that stopped reading (its queue at the high-water mark) or died just now
@@ -276,3 +286,4 @@ class CommBridge:
         for comm_id in list(self.proxies):
             self._forget(comm_id)
         self._refused.clear()
+        widget_states.unregister(self.states)

@@ -38,7 +38,9 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from IPython.display import DisplayHandle, clear_output, display, publish_display_data
 
+from ..human import wrap
 from ..rank_sets import ranks_text
+from .held_notice import HeldNotice
 from .protocol import RankOutput
 from .widget_rows import WIDGET_VIEW, WidgetRows
 
@@ -134,6 +136,8 @@ class NotebookDisplay:
     #: where widget views go (rank order); (row, rank) -> the display ids of its label and view
     _widget_rows: WidgetRows = field(default_factory=lambda: WidgetRows(()))
     _slots: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+    #: the cell's output limits on the page, and the line at the top saying what they held back
+    held: HeldNotice = field(default_factory=HeldNotice)
 
     def __post_init__(self) -> None:
         self.ranks = tuple(sorted(set(self.ranks)))
@@ -146,6 +150,8 @@ class NotebookDisplay:
         rank = item.rank
         if item.kind == "stream":
             self._stream(rank, content.get("name", "stdout"), content.get("text", ""))
+        elif item.kind == "display_data" and self.held.report(rank, content.get("data") or {}):
+            pass  # a rank's report of what it held back: said in the line at the top
         elif item.kind == "display_data" and self._slotted(rank, content):
             self._enqueue(rank, "widget", content, None)  # never merged, never held (see WidgetRows)
         elif item.kind in ("display_data", "execute_result"):
@@ -166,6 +172,7 @@ class NotebookDisplay:
                 self._release_partial(key)
         self._drain(now, final)
         self._flush_streams()
+        self.held.refresh(final)
 
     def comm(self, rank: int, deliver: Callable[[], None]) -> None:
         """A rank's comm message (a widget's), ``deliver`` publishing it: queued in the rank's
@@ -178,8 +185,8 @@ class NotebookDisplay:
         """A message from clorch itself into the running cell (the hang notice), on its own line."""
         self._drain(time.monotonic(), final=False)
         self._end_lines()
-        sys.stderr.write(text.rstrip("\n") + "\n")
-        self._dirty.add("stderr")
+        sys.stdout.write(wrap(text.rstrip("\n"), indent="  ") + "\n")  # a notice, not an error: not on red
+        self._dirty.add("stdout")
         self._flush_streams()
 
     def _flush_streams(self) -> None:
@@ -283,7 +290,8 @@ class NotebookDisplay:
     def _emit(self, ranks: tuple[int, ...], unit: _Unit) -> None:
         if unit.kind == "line":
             name, text, continuation = unit.payload
-            self._write(group_label(ranks, self.hosts), name, text, continuation)
+            if self.held.admit(ranks, text):
+                self._write(group_label(ranks, self.hosts), name, text, continuation)
         elif unit.kind == "progress":
             name, text = unit.payload
             self._rewrite(ranks[0], name, text)
@@ -299,6 +307,7 @@ class NotebookDisplay:
             # update of a display that is no longer there
             self._widget_rows = WidgetRows(self.ranks)
             self._slots.clear()
+            self.held.cleared()
             clear_output(wait=bool(unit.payload.get("wait", False)))
         elif unit.kind == "comm":
             unit.payload()  # publishes a widget's comm message (see comm())
@@ -341,6 +350,8 @@ class NotebookDisplay:
             # Only the newline of a line that another label's output has ended on screen since:
             # nothing left to end (it would show as an empty labelled line).
             return
+        if not self._dirty:
+            self.held.reserve()  # the top of the cell's output, before its first line (no-op later)
         out = getattr(sys, name)
         self._dirty.add(name)
         if state.open_line != who:

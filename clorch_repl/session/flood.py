@@ -1,27 +1,39 @@
-"""How much of a cell's output reaches the notebook: the per-rank, per-cell budget (pure logic).
+"""How much of a cell's output reaches the page: the cell's limits, the budgets that keep them
+(pure logic), and the one line that says what was held back.
 
 Why: a runaway ``while True: print(...)`` on every rank used to send hundreds of megabytes to the
-notebook kernel, which grew by a gigabyte, could not keep its own clock (``--timeout 5`` ended
-after 94 s) and passed it all on to a browser tab that did not survive it. Jupyter Server's own
-caps (``iopub_data_rate_limit``) drop output after it has already crossed the notebook kernel.
-Here each rank holds back, at the source, what exceeds its budget for the cell: it is never
-serialised, never crosses ZeroMQ, never reaches the notebook. The rank's log still gets every
-byte (the rank's stream echoes before it asks the budget), and once the cell ends the rank sends
-one line saying how much it held back and that ``%clorch logs RANK`` has it all.
+notebook kernel and a browser tab that did not survive it; later, with 1 MiB and 10,000 lines
+forwarded per rank, JupyterLab still re-rendered a growing 1 MB output several times a second and
+its main thread was blocked for up to 4.1 s at a time (a click on Interrupt took 4.5 s). JupyterLab
+re-renders a stream output whole each time text is appended to it, so what a flood costs the page
+grows with what is already shown. Measured in headless Chromium (tests/browser/test_lab_glance.py,
+3 ranks printing 100-character lines on the shared 2-core box): 10,000 lines shown gave tasks of
+380-420 ms, 5,000 lines 320 ms, 2,000 lines 100-185 ms, 700 lines none over 50 ms. The limits
+below keep the page at the last of those, with room for a slower machine.
 
-The budget, per rank and per cell, counted in characters of stream text:
+The limits (:class:`Limits`) are the cell's, across all its ranks, as the page shows them:
 
-* ``volume``: at most this many characters in all (default 1 MiB);
-* ``lines``: at most this many lines in all (default 10,000; a browser slows down with lines,
-  not only with bytes: 645,905 lines stalled JupyterLab for seconds at a time);
+* ``volume``: at most this many characters in all (default 100 KiB);
+* ``lines``: at most this many lines in all (default 1,000);
 * ``rate``: at most this many characters a second, from a bucket that holds ``2 * rate``
-  (default 200 KiB/s, so a burst of 400 KiB goes out at once and a steady loss log never waits).
+  (default 50 KiB/s: a burst of 100 KiB, then a steady log never waits).
+
+They are kept in three places. The notebook's display keeps them for the cell as shown
+(session/held_notice.py: merged lines count once), and says at the top of the cell's output what it
+held back, while the cell runs. Each rank holds back, at the source, what exceeds
+:func:`at_source` (twice the cell's volume and lines, the same rate): that is never serialised and
+never crosses ZeroMQ, and as it is larger than the cell's, the page's limit is reached first and
+the notebook knows, live, that output is held back. The relay's guard (:func:`backstop`) bounds
+every rank's messages of all kinds. What a rank or the guard held back is reported as a structured
+display (:data:`HELD_MIME`), never as text the notebook would have to read. The rank's log gets
+every byte (the rank's stream echoes before it asks the budget).
 
 The notebook's environment sets them (``%env CLORCH_OUTPUT_LIMIT=...``, read at every cell, see
 :func:`limits_from_env`), and the relay sends them with each cell (``wire.OUTPUT_LIMITS_KEY``).
 Once a write is held back, the rest of its line is held back too, so what is shown never has
 lines spliced from pieces; once the volume or the lines ran out, the rest of the cell is held
-(the rate only delays: what the bucket refuses is held, and output resumes once it refills). Nothing here looks at what the text says.
+(the rate only delays: what the bucket refuses is held, and output resumes once it refills).
+Nothing here looks at what the text says.
 """
 
 from __future__ import annotations
@@ -36,9 +48,15 @@ logger = logging.getLogger(__name__)
 VOLUME_ENV = "CLORCH_OUTPUT_LIMIT"
 LINES_ENV = "CLORCH_OUTPUT_LINES"
 RATE_ENV = "CLORCH_OUTPUT_RATE"
-DEFAULT_VOLUME = 1 << 20
-DEFAULT_LINES = 10_000
-DEFAULT_RATE = 200 * 1024
+DEFAULT_VOLUME = 100 * 1024
+DEFAULT_LINES = 1_000
+DEFAULT_RATE = 50 * 1024
+#: A rank's own budget is this many times the cell's volume and lines (see :func:`at_source`).
+SOURCE_FACTOR = 2
+#: The mime type of a report of held-back output (a rank's, the relay's guard's): a display the
+#: notebook's display reads and does not show (session/held_notice.py); other clients show its
+#: text/plain.
+HELD_MIME = "application/vnd.clorch.held+json"
 #: The bucket holds this many seconds of the rate.
 BURST_S = 2.0
 #: The notebook keeps at most this many characters of one cell's relayed text in IPython's
@@ -50,7 +68,7 @@ HISTORY_CELLS_KEPT = 200
 
 @dataclass(frozen=True)
 class Limits:
-    """One rank's budget for one cell; 0 in a field means no limit of that kind."""
+    """A cell's limits, across its ranks; 0 in a field means no limit of that kind."""
 
     volume: int = DEFAULT_VOLUME
     lines: int = DEFAULT_LINES
@@ -74,10 +92,10 @@ class Limits:
 
     def describe(self) -> str:
         parts = []
-        if self.volume:
-            parts.append(f"{_size(self.volume)} per cell")
         if self.lines:
-            parts.append(f"{self.lines:,} lines per cell")
+            parts.append(f"{self.lines:,} lines")
+        if self.volume:
+            parts.append(_size(self.volume))
         if self.rate:
             parts.append(f"{_size(self.rate)}/s")
         return ", ".join(parts) or "no limits"
@@ -123,7 +141,6 @@ class Budget:
         self._at = now
         self._mid_line_held = False  # the last write was held and did not end its line
         self._spent = False  # the volume or the lines ran out: nothing more of this cell is shown
-        self._open_line = False  # what was shown last did not end its line
         #: what was held when the cell's held-back line went out (see :meth:`late_line`)
         self._announced = (0, 0)
         #: what earlier budgets held unannounced, to be said with this one's (see :meth:`carry_late`)
@@ -139,7 +156,6 @@ class Budget:
         if ok:
             self.sent_chars += chars
             self.sent_lines += lines
-            self._open_line = not ends_line
             if self.limits.rate:
                 self._tokens -= chars
         else:
@@ -165,16 +181,12 @@ class Budget:
     def held(self) -> bool:
         return self.held_chars > 0
 
-    def held_back_line(self, rank: int | str) -> str | None:
-        """The one line the rank publishes at the cell's end, or None when nothing was held."""
+    def held_report(self, rank: int | str) -> dict[str, Any] | None:
+        """What the rank held back of the cell, published at the cell's end (:data:`HELD_MIME`),
+        or None when nothing was."""
         if not self.held:
             return None
-        start = "\n" if self._open_line else ""  # on a line of its own, after a line cut short
-        return (f"{start}clorch_repl: rank {rank} held back {self.held_lines:,} line(s), {_size(self.held_chars)}, of this "
-                f"cell's output (forwarded at most {self.limits.describe()}; set {VOLUME_ENV}, {LINES_ENV} or "
-                f"{RATE_ENV} in the notebook's environment to change that); the rank's log has all of it: "
-                f"%clorch logs {rank}\n")
-
+        return {"rank": rank, "lines": self.held_lines, "chars": self.held_chars, "late": False}
 
     def mark_announced(self) -> None:
         """The cell's held-back line went out: what is held from now on is a thread's, after it."""
@@ -191,16 +203,30 @@ class Budget:
         return (self.held_chars - self._announced[0] + self._carried[0],
                 self.held_lines - self._announced[1] + self._carried[1])
 
-    def late_line(self, rank: int | str) -> str | None:
-        """The line for what was held back after the cell's own line (a thread the cell left
-        printing into a spent budget), given when the next cell starts; None when nothing was.
-        Without it such output would go to the log with nothing in the notebook saying so."""
+    def late_report(self, rank: int | str) -> dict[str, Any] | None:
+        """What was held back after the cell's own report (a thread the cell left printing into
+        a spent budget), published when the next cell starts; None when nothing was. Without it
+        such output would go to the log with nothing in the notebook saying so."""
         chars, lines = self._unannounced()
         if chars <= 0:
             return None
-        return (f"clorch_repl: rank {rank} held back {lines:,} more line(s), {_size(chars)}, of an earlier cell's "
-                f"output after that cell ended (a thread it started; forwarded at most {self.limits.describe()}); "
-                f"the rank's log has all of it: %clorch logs {rank}\n")
+        return {"rank": rank, "lines": lines, "chars": chars, "late": True}
+
+
+def held_display(report: dict[str, Any]) -> dict[str, Any]:
+    """A held-back report as a display's data: the structured report, and a line for a client
+    other than clorch's notebook (which reads the report and shows one line at the cell's top)."""
+    rank = report["rank"]
+    when = " after the cell ended" if report.get("late") else ""
+    text = (f"clorch: rank {rank} held back {report['lines']:,} line(s), {_size(report['chars'])}, of a cell's "
+            f"output{when}; the rank's log has all of it: %clorch logs {rank}")
+    return {HELD_MIME: dict(report), "text/plain": text}
+
+
+def at_source(limits: Limits) -> Limits:
+    """A rank's own budget for a cell of ``limits``: larger than the cell's, so that the notebook,
+    which keeps the cell's, is the first to hold output back and can say so while the cell runs."""
+    return Limits(volume=limits.volume * SOURCE_FACTOR, lines=limits.lines * SOURCE_FACTOR, rate=limits.rate)
 
 
 def _size(chars: int) -> str:
@@ -258,13 +284,14 @@ def bound_history(outputs: MutableMapping[int, list[Any]], cell: int,
 
 #: The notebook's own guard (the relay's): each rank's messages of a cell, all kinds (rich output
 #: too, which the rank's stream budget does not see, and ranks reached through ipykernel's own
-#: path), are forwarded up to this many times the rank's budget; then held back and counted.
+#: path), are forwarded up to this many times the rank's budget (:func:`at_source`); then held
+#: back and counted.
 BACKSTOP_FACTOR = 2
 
 
 def backstop(limits: Limits | None) -> Limits:
     """The relay's guard for a cell whose ranks were given ``limits`` (no rate: the ranks meter)."""
-    limits = limits or Limits()
+    limits = at_source(limits or Limits())
     return Limits(volume=limits.volume * BACKSTOP_FACTOR, lines=limits.lines * BACKSTOP_FACTOR, rate=0)
 
 
@@ -278,13 +305,12 @@ def message_size(kind: str, content: Mapping[str, Any]) -> tuple[int, int, bool]
     return chars + 64, 1, True  # a display is a line of the page at least
 
 
-def withheld_line(rank: int, guard: Budget) -> str | None:
-    """The relay's line for what its guard held back of a rank's cell, or None."""
+def withheld_report(rank: int, guard: Budget) -> dict[str, Any] | None:
+    """The relay's report (a display's data, see :func:`held_display`) of what its guard held back
+    of a rank's cell, or None."""
     if not guard.held:
         return None
-    return (f"clorch_repl: the notebook held back {_size(guard.held_chars)} of rank {rank}'s output of this cell "
-            f"(more than {guard.limits.describe()} of it reached the notebook); the rank's log has its "
-            f"text output: %clorch logs {rank}\n")
+    return held_display({"rank": rank, "lines": guard.held_lines, "chars": guard.held_chars, "late": False})
 
 
 def bound_cell_history(cell_number: int | None, relayed: list[int]) -> None:

@@ -77,6 +77,7 @@ class HangWatch:
                     state.fallback_stack = self.asker.stack_of(state.rank)
                 verdict = analyse(states)
             self.next_check = None  # first: an interrupt landing while it prints must not repeat it
+            self.run.outcome.noticed = verdict.sentence  # said once: the report does not repeat it
             self.sink.notice(render.notice(verdict))
             return
         self.next_check = time.monotonic() + max(HANG_RECHECK_S, self.notice_s / 4)

@@ -226,7 +226,7 @@ class Ledger:
         lines = cell.withheld_lines()
         for rank in sorted(self.dropped):
             count, size = self.dropped.pop(rank)
-            lines.append(RankOutput(rank, "stream", {"name": "stderr", "text": (
+            lines.append(RankOutput(rank, "stream", {"name": "stdout", "text": (  # a notice: not on red
                 f"(clorch_repl: dropped {count} late output message(s), {size / 1024:.0f} KiB, of an "
                 f"earlier cell that was cut short or whose end was never confirmed; the rank's log has them: "
                 f"%clorch logs {rank})\n")}))

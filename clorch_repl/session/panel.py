@@ -14,6 +14,11 @@ rank's collective has stood still for :data:`DETAIL_AFTER_S` is that rank asked 
 record (20-30 ms), to name the collective; and when one stands still past the stuck mark, every
 rank, for the hang verdict.
 
+The panel follows the notebook's session, not one set of ranks: it is given a way to find the
+session (``source``), and after ``%clorch restart``, ``%clorch stop`` then ``%clorch start``, or a
+detached session's connect, it asks the new ranks (a restart used to leave it at "the ranks
+stopped" with an empty table for good). It reads the session through its public methods only.
+
 The panel is an ipywidgets HTML widget where ipywidgets is installed (JupyterLab, Notebook 7 and
 VS Code render it; its button closes it), else a display updated in place
 (``update_display_data``), which front ends without a widget manager show as a text table. Closed,
@@ -33,16 +38,16 @@ from .panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Panel", "snapshot", "INTERVAL_S"]
+__all__ = ["Panel", "snapshot", "snapshot_once", "INTERVAL_S"]
 
 INTERVAL_S = 1.0
 DETAIL_AFTER_S = 2.0
 #: A rank whose answer is older than this is shown as not answering.
 SILENT_AFTER_S = 3.0
-_ONCE_WITHIN_S = 0.8
+ONCE_WITHIN_S = 0.8
 
 
-class _Tracker:
+class Tracker:
     """What the rounds remember: the latest answers, when each pending collective was first seen,
     the collectives' ops once asked, and the hang verdict."""
 
@@ -72,12 +77,11 @@ class _Tracker:
         return found
 
 
-def snapshot(session: Any, tracker: _Tracker, now: float | None = None) -> tuple[list[RankSnapshot], bool]:
+def snapshot(session: Any, tracker: Tracker, now: float | None = None) -> tuple[list[RankSnapshot], bool]:
     """Every rank's row from the tracker's latest answers; and whether a collective is stuck."""
     group, relay = session.group, session.relay
     now = time.monotonic() if now is None else now
     busy = set(relay.busy())
-    cell = session.current_cell
     snaps, stuck = [], False
     for proc in group.ranks:
         got = tracker.answers.get(proc.rank)
@@ -91,16 +95,16 @@ def snapshot(session: Any, tracker: _Tracker, now: float | None = None) -> tuple
         last = None
         if proc.alive and not proc.host:  # the log is read here only for ranks on this host
             try:
-                tail = group.log_tail(proc.rank, 1)
+                tail = group.current_log_tail(proc.rank, 1)  # not the start banner before any output
                 last = tail.strip().splitlines()[-1] if tail.strip() else None
             except (OSError, ValueError) as exc:
                 logger.debug("no log tail of rank %d: %s", proc.rank, exc)
-        running = cell is not None and proc.rank in cell[1] and proc.rank in busy
+        running = session.cells.of(proc.rank, busy) if proc.alive else None  # a stuck rank's too
         snaps.append(RankSnapshot(
             rank=proc.rank, host=proc.host, alive=proc.alive, busy=proc.rank in busy, exit=proc.exit,
-            cell=cell[0] if running else None, cell_for_s=now - cell[2] if running else None,
+            cell=running[0] if running else None, cell_for_s=now - running[1] if running else None,
             last_line=last, usage=(answer or {}).get("usage"), collective=collective,
-            answered=answer is not None or not proc.alive))
+            answered=answer is not None or not proc.alive, line_now=line_now(answer) if running else None))
     return snaps, stuck
 
 
@@ -115,18 +119,45 @@ def suspended_note(session: Any) -> str | None:
     return None
 
 
-class Panel:
-    """The live panel of one session: :meth:`start` shows it and starts ticking, :meth:`close`
-    stops (also when the session's ranks stop)."""
+def line_now(answer: dict[str, Any] | None) -> str | None:
+    """The cell's line a rank runs now, from its probe answer's stack (innermost frame of a
+    cell): ``line 4: dist.barrier()``; None where not known (no answer, or library code only)."""
+    for frame in reversed((answer or {}).get("stack") or []):
+        if frame.get("cell") and not frame.get("library"):
+            code = str(frame.get("code") or "").strip()
+            return f"line {frame.get('line')}" + (f": {code}" if code else "")
+    return None
 
-    def __init__(self, session: Any, interval_s: float = INTERVAL_S,
+
+def snapshot_once(session: Any) -> list[RankSnapshot]:
+    """Every rank's row, asked once (``%clorch top --once``), on sockets of its own."""
+    prober = session.relay.new_prober()
+    try:
+        tracker = Tracker()
+        answers = {} if suspended_note(session) else prober.ask(
+            [p.rank for p in session.group.ranks if p.alive], light=True, usage=True, timeout_s=ONCE_WITHIN_S)
+        now = time.monotonic()
+        tracker.answers.update({r: (now, a) for r, a in answers.items() if a is not None})
+        return snapshot(session, tracker, now)[0]
+    finally:
+        prober.close()
+
+
+class Panel:
+    """The live panel of the notebook's session: :meth:`start` shows it and starts ticking,
+    :meth:`close` stops. ``source`` finds the session now (None while there is none): the panel
+    follows it through restarts, stops and starts."""
+
+    def __init__(self, source: Callable[[], Any], interval_s: float = INTERVAL_S,
                  show: Callable[[dict[str, str]], Any] | None = None) -> None:
-        self.session = session
+        self.source = source
+        self.session: Any = source()
         self.interval_s = interval_s
         self._show = show
         self._relay: Any = None
+        self._connections = 0
         self._prober: Any = None
-        self._tracker = _Tracker()
+        self._tracker = Tracker()
         #: every question still open: msg_id -> rank, and msg_id -> what it asked
         self._waiting: dict[str, int] = {}
         self._kind: dict[str, str] = {}
@@ -139,23 +170,53 @@ class Panel:
         self.open = False
 
     def start(self) -> None:
-        self._relay = self.session.relay
-        self._prober = self._relay.new_prober()
-        alive = [p.rank for p in self.session.group.ranks if p.alive]
-        note = suspended_note(self.session)
-        first = {} if note else self._prober.ask(alive, light=True, usage=True, timeout_s=_ONCE_WITHIN_S)
-        now = time.monotonic()
-        self._tracker.answers.update({r: (now, a) for r, a in first.items() if a is not None})
-        snaps, _ = snapshot(self.session, self._tracker, now)
-        self._update = self._display(render(snaps, note=note))
+        snaps = self._attach()
+        self._update = self._display(render(snaps, note=suspended_note(self.session)))
         self.open = True
-        self._relay.add_tick(self.tick)
-        self._next = now + self.interval_s
+        self._next = time.monotonic() + self.interval_s
         try:
             self._loop = asyncio.get_running_loop()  # the kernel's, between cells
         except RuntimeError:
             self._loop = None  # a terminal IPython: the panel updates while cells run only
         self._arm()
+
+    def _attach(self) -> list[RankSnapshot]:
+        """Ask the session's current ranks, on sockets of the panel's own; their first rows."""
+        self._relay = self.session.relay
+        self._connections = getattr(self._relay, "connections", 0)  # a replaced rank: asked anew
+        self._prober = self._relay.new_prober()
+        self._tracker, self._waiting, self._kind, self._whole_answers = Tracker(), {}, {}, {}
+        alive = [p.rank for p in self.session.group.ranks if p.alive]
+        asked = not suspended_note(self.session)  # suspended ranks are not asked
+        first = self._prober.ask(alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S) if asked else {}
+        now = time.monotonic()
+        self._tracker.answers.update({r: (now, a) for r, a in first.items() if a is not None})
+        self._relay.add_tick(self.tick)
+        return snapshot(self.session, self._tracker, now)[0]
+
+    def _detach(self) -> None:
+        """Let go of ranks that are gone (a stop, a restart): their relay and the sockets."""
+        if self._relay is not None:
+            self._relay.remove_tick(self.tick)
+        if self._prober is not None:
+            self._prober.close()
+        self._relay = self._prober = None
+
+    def _follow(self) -> bool:
+        """Whether the session's ranks are the ones the panel asks; if not, let go of the old
+        ones and take up the new (drawn at once), or say there are none. Never waits long: the
+        first question to new ranks is bounded by ONCE_WITHIN_S."""
+        session = self.source()
+        relay = session.relay if session is not None else None
+        if relay is self._relay and getattr(relay, "connections", 0) == self._connections:
+            return relay is not None  # the same ranks; or still none (said when they went)
+        self._detach()
+        self.session = session
+        if relay is None:
+            self._update(render([], None, note="no ranks running: the panel follows the next %clorch start"))
+            return False
+        self._update(render(self._attach(), None, note="new ranks"))
+        return False
 
     def _arm(self) -> None:
         if self._loop is not None and self.open:
@@ -173,11 +234,9 @@ class Panel:
         if not self.open or now < self._next:
             return
         self._next = now + self.interval_s
-        if self.session.relay is not self._relay:
-            self.close("the ranks stopped")
-            return
         try:
-            self._round(now)
+            if self._follow():
+                self._round(now)
         except Exception:  # noqa: BLE001 - a panel's trouble must not fail the cell it updates during
             logger.exception("%%clorch top stopped updating")
             self.close("stopped after an error; see the notebook kernel's log")
@@ -241,17 +300,15 @@ class Panel:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._relay is not None:
-            self._relay.remove_tick(self.tick)
         try:
-            if self.session.relay is self._relay and self._update is not None:
+            if self._relay is not None and self.session is not None and self.session.relay is self._relay \
+                    and self._update is not None:
                 snaps, _ = snapshot(self.session, self._tracker)
                 self._update(render(snaps, None, note=note))
             elif self._update is not None:
                 self._update(render([], None, note=note))
         finally:
-            if self._prober is not None:
-                self._prober.close()
+            self._detach()
 
     def _display(self, bundle: dict[str, str]) -> Callable[[dict[str, str]], None]:
         if self._show is not None:

@@ -107,6 +107,8 @@ class CellOutcome:
     timed_out: bool = False
     #: why ranks were stuck, when they were: the verdict sentence, then each rank's evidence
     diagnosis: str | None = None
+    #: the verdict the live hang notice already printed into the cell (the report does not repeat it)
+    noticed: str | None = None
     #: how long interrupted ranks were given to return before they were reported stuck
     interrupt_grace_s: float = 0.0
     #: an interrupt from the notebook ended the wait at once, before that grace was over (a

@@ -82,6 +82,8 @@ class Relay:
         self._started: StartedCell | None = None
         #: the notebook's cells, to name them in the ranks' faulthandler stacks (see stack_of)
         self.cell_names = CellNames()
+        #: how often channels were opened (a replaced rank's are new: %clorch top asks again)
+        self.connections = 0
 
     # ----------------------------------------------------------------- what others may ask
     def client(self, rank: int) -> BlockingKernelClient | None:
@@ -136,6 +138,7 @@ class Relay:
             if ranks is None or proc.rank in ranks:
                 self.ledger.add_rank(proc.rank)
         self.channels.connect(progress, timeout_s, ranks)
+        self.connections += 1
 
     def new_prober(self) -> Prober:
         return self.channels.new_prober()

@@ -21,6 +21,7 @@ from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
 from ..topology import Topology, check_unique_in_range
 from . import flood, recovery
+from .cell_labels import RankCells
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
 from .kernel_status import busy_during
@@ -69,6 +70,7 @@ class Session(Suspending):
         self._generation = 0
         #: ranks that cannot be in a group (dead or stuck) while the session is degraded
         self._lost: tuple[int, ...] = ()
+        self.cells = RankCells()  # the last cell sent to each rank, and when (%clorch top's cell column)
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -76,14 +78,14 @@ class Session(Suspending):
         return self.relay is not None and self.life.running
 
     def start(self, progress: Progress = lambda _: None) -> float:
-        """Start every rank and form the process group; returns the seconds it took.
+        """Start every rank and form the process group; returns the seconds the user waited (from ``progress.since``).
 
         On any failure, or a KeyboardInterrupt, every rank already started is stopped again. A
         warm spare can die between the launcher's last look at it and the group's forming (the
         out-of-memory killer, a user's kill): the start then ends those ranks and starts them
         cold, once, rather than fail a restart that a cold start would have made.
         """
-        t0 = time.monotonic()
+        t0 = getattr(progress, "since", None) or time.monotonic()
         if self.group is None:
             self.group = self._make_launcher(self.topology)
         try:
@@ -287,8 +289,7 @@ class Session(Suspending):
         request = self._request(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
                                 cell_number=cell_number)
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
-        self.current_cell = (first if cell_number is None else f"[{cell_number}] {first}", request.ranks,
-                             time.monotonic())
+        self.current_cell = self.cells.sent(first if cell_number is None else f"[{cell_number}] {first}", request.ranks)
         try:
             return relay.begin(request, allow_stdin=allow_stdin)
         except BaseException:

@@ -35,6 +35,8 @@ import psutil
 
 logger = logging.getLogger(__name__)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARTIFACTS = os.path.join(ROOT, "tests", "artifacts", "browser")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's packages chromium, chromium-driver
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 T = TypeVar("T")
@@ -416,10 +418,58 @@ class LabPage:
             except Exception as exc:  # a toast that went away by itself
                 logger.debug("toast: %s", exc)
 
+    # -- the main thread ---------------------------------------------------------------------------
+
+    def watch_main_thread(self) -> float:
+        """Record the page's long tasks (PerformanceObserver 'longtask': the main thread busy over
+        50 ms at a time) and each click as the page's own capture listener sees it; returns the
+        page's clock (performance.now(), ms) to read the tasks since."""
+        return float(self.js(_WATCH))
+
+    def long_tasks(self, since: float) -> list[float]:
+        """The durations (ms) of the long tasks that started after ``since`` (page clock)."""
+        return [d for start, d in self.js("return window.__clorchWatch.tasks;") if start >= since]
+
+    def timed_click(self, element: Any, timeout: float = 30.0) -> float:
+        """Click ``element`` as a user would and return the seconds from the click until the page
+        ran its first listener for it (a busy main thread delays that)."""
+        count = int(self.js("return window.__clorchWatch.clicks.length;"))
+        sent = time.time() * 1000
+        element.click()
+        seen = wait_for(lambda: self.js("return window.__clorchWatch.clicks[arguments[0]];", count), timeout,
+                        "the page to see the click", poll=0.02)
+        return (float(seen["at"]) - sent) / 1000
+
+    def output_offset(self, index: int, needle: str) -> dict[str, float] | None:
+        """Where the first output of the cell whose text holds ``needle`` is, once the cell is
+        scrolled to the top of the notebook: its top (px) below the cell's output area's top and
+        below the notebook's visible top, and the visible height; None when no output holds it."""
+        return self.js("""
+          const c = %s.querySelectorAll('.jp-Cell')[arguments[0]];
+          if (!c) return null;
+          c.scrollIntoView({block: 'start'});
+          const area = c.querySelector('.jp-OutputArea');
+          const o = Array.from(c.querySelectorAll('.jp-OutputArea-child')).find(e => e.innerText.includes(arguments[1]));
+          if (!o || !area) return null;
+          const s = %s.querySelector('.jp-WindowedPanel-outer') || %s.querySelector('.jp-Notebook');
+          const top = s.getBoundingClientRect().top, r = o.getBoundingClientRect();
+          return {in_area: r.top - area.getBoundingClientRect().top, in_view: r.top - top,
+                  view: s.clientHeight};""" % (self.PANEL, self.PANEL, self.PANEL), index, needle)
+
     # -- screenshots -------------------------------------------------------------------------------
 
     SCROLLER = ("const p = %s; const s = p && (p.querySelector('.jp-WindowedPanel-outer') "
                 "|| p.querySelector('.jp-Notebook'));" % PANEL)
+
+    def screenshot_cell(self, name: str, index: int) -> str:
+        """The window as a user sees it with cell ``index`` scrolled to the top (a long output's
+        whole-notebook image is too tall to read)."""
+        path = os.path.join(self.shots, f"{name}.png")
+        self.js("%s.querySelectorAll('.jp-Cell')[arguments[0]].scrollIntoView({block: 'start'});" % self.PANEL,
+                index)
+        time.sleep(0.5)
+        self.driver.save_screenshot(path)
+        return path
 
     def screenshot(self, name: str) -> str:
         """The whole notebook in one image: the window grows to the notebook's height. The first
@@ -462,3 +512,37 @@ def clean_dir(path: str) -> str:
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     return path
+
+
+def write_notebook(folder: str, name: str, cells: tuple[str, ...]) -> str:
+    """A notebook of ``cells`` (code) for the notebook's own python3 kernel, as ``folder/name``."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in cells]
+    path = os.path.join(folder, name)
+    nbformat.write(nb, path)
+    return path
+
+
+def env_without_repository() -> dict[str, str]:
+    """The server's environment: the repository off PYTHONPATH (clorch_repl comes from the
+    installed package, as a user's would) and no CLORCH_NPROC (the notebooks say their ranks)."""
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.pop("CLORCH_NPROC", None)
+    return env
+
+
+# The main thread's long tasks and a click's delay, read in the page (installed by watch_main_thread)
+_WATCH = """
+  if (!window.__clorchWatch) {
+    window.__clorchWatch = {tasks: [], clicks: []};
+    new PerformanceObserver(list => list.getEntries().forEach(e =>
+        window.__clorchWatch.tasks.push([e.startTime, e.duration]))).observe({type: 'longtask'});
+    window.addEventListener('click', e => window.__clorchWatch.clicks.push(
+        {at: Date.now(), delay: performance.now() - e.timeStamp}), true);
+  }
+  return performance.now();"""

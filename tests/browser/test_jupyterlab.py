@@ -19,36 +19,15 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
-import nbformat
 import pytest
 
-from lab_driver import LabPage, LabServer, clean_dir, copy_notebook, missing_tools, wait_for
+from lab_driver import ROOT, LabPage, LabServer, copy_notebook, wait_for, write_notebook as _write_notebook
 
 pytestmark = pytest.mark.browser
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARTIFACTS = os.path.join(ROOT, "tests", "artifacts", "browser")
 RUN_ALL_TIMEOUT_S = 420.0  # a run took 22-26 s on a quiet machine; other tests share its 2 cores
-
-
-def _env_without_repository() -> dict[str, str]:
-    env = dict(os.environ)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    env.pop("CLORCH_NPROC", None)  # the notebooks' own `%clorch start` default: 2 CPU ranks here
-    return env
-
-
-def _write_notebook(folder: str, name: str, cells: tuple[str, ...]) -> str:
-    """A notebook of ``cells`` (code) for the notebook's own python3 kernel, as ``folder/name``."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in cells]
-    path = os.path.join(folder, name)
-    nbformat.write(nb, path)
-    return path
 
 
 def _interrupt_notebook(folder: str) -> str:
@@ -108,35 +87,15 @@ def _by_rank(outputs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: Any) -> Iterator[tuple[LabServer, LabPage]]:
-    missing = missing_tools()
-    if missing:
-        reason = f"the browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver; " \
-                 "pip install -e '.[browser]')"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the browser test: {reason}")
-        pytest.skip(reason)
-    clean_dir(ARTIFACTS)
-    home = str(tmp_path_factory.mktemp("lab-home"))
-    notebooks = os.path.join(str(tmp_path_factory.mktemp("lab-root")), "notebooks")
-    os.makedirs(notebooks)
+def lab(lab_server: tuple[LabServer, LabPage]) -> tuple[LabServer, LabPage]:
+    """The shared server (tests/browser/conftest.py), with this module's notebooks in its root."""
+    notebooks = lab_server[0].root
     for name in ("quickstart.ipynb", "distributed_training.ipynb"):
         copy_notebook(os.path.join(ROOT, "notebooks", name), notebooks)
     _interrupt_notebook(notebooks)
     _widgets_notebook(notebooks)
     _stdin_notebook(notebooks)
-    server = LabServer(home, notebooks, os.path.join(ARTIFACTS, "jupyter-lab.log"), _env_without_repository())
-    page: LabPage | None = None
-    try:
-        server.start()
-        page = LabPage(server, ARTIFACTS, profile=os.path.join(home, "chromium-profile"))
-        yield server, page
-    finally:
-        if page is not None:
-            page.close()
-        leftovers = server.stop()
-        shutil.rmtree(os.path.join(home, "chromium-profile"), ignore_errors=True)
-    assert not leftovers, f"still running after JupyterLab shut down (ended by the test): {leftovers}"
+    return lab_server
 
 
 def _run_notebook(page: LabPage, name: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import pytest
 
 from clorch_repl import cuda
+from rank_text import said
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="needs CUDA GPUs")
 
@@ -35,7 +36,7 @@ FIRST = 1
 
 
 def notices(text: str) -> list[str]:
-    found = [line[len(NOTICE):] for line in text.splitlines() if line.startswith(NOTICE)]
+    found = said(text, NOTICE)  # wrapped at the cell's width: one line per notice again
     for line in found:
         print("verdict:", line)
     return found
@@ -113,7 +114,7 @@ def test_rank_blocked_in_cuda_synchronize(nb_gpus) -> None:  # type: ignore[no-u
     assert reply.status == "error"
     text = reply.text.replace("\x1b[1m", "").replace("\x1b[0m", "")
     print(text)  # the report: verdict, then each rank's collectives and stack
-    why = next(line for line in text.splitlines() if line.startswith("Why: "))
+    why = "Why: " + said(text, "Why: ")[0]  # wrapped at the cell's width: one line again
     if n >= 2:
         # NCCL's barrier is a one-element all_reduce, recorded as all_reduce_barrier: named barrier().
         assert re.match(rf"Why: barrier #{FIRST} \(default group\): rank 1 waits in it; rank 0 never called it and "

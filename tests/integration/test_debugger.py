@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from rank_text import said
 from notebook_kernel import NotebookKernel, clorch_session
 
 pytest.importorskip("debugpy")
@@ -130,7 +131,7 @@ def test_hang_notice_says_a_rank_paused_by_the_debugger_panel_is_held_not_hung(p
     assert debug(nb, "continue", {"threadId": stopped["body"]["threadId"]})["success"]
     reply = nb.collect(msg_id, timeout=60)
     assert reply.status == "ok", reply.text
-    notices = [line for line in reply.text.splitlines() if line.startswith("clorch: ")]
+    notices = said(reply.text, "clorch: ")  # clorch's messages, wrapped at the cell's width: one line each
     assert len(notices) == 1, reply.text
     assert "barrier" in notices[0] and "rank 0 waits in it" in notices[0], notices
     assert "rank 1 never called it and is held in the debugger at Cell In[" in notices[0], notices

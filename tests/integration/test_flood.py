@@ -1,9 +1,9 @@
 """Issue 24: nothing a cell prints can wedge the notebook, driven through a real notebook kernel.
 
 Floods on every rank and on one rank, ended by ``--timeout``, by Kernel > Interrupt, or by
-themselves: the bytes reaching the client are bounded by the ranks' budget (flood.Limits), each
-flooding rank ends the cell with one held-back line naming ``%clorch logs RANK``, the rank's log
-has every line, the notebook kernel's memory grows by at most 100 MiB, and the next cell runs at
+themselves: the bytes reaching the client are bounded by the cell's limits across its ranks
+(flood.Limits, issue 38), one line at the top of the cell's output says how much was held back and
+names ``%clorch logs``, the rank's log has every line, the notebook kernel's memory grows by at most 100 MiB, and the next cell runs at
 once with none of the flood in it. Bounds on time carry slack for this 2-core machine, which other
 sessions share; benchmarks/soak.py reports the figures.
 """
@@ -17,17 +17,19 @@ from typing import Iterator
 import psutil
 import pytest
 
-from clorch_repl.session.flood import BACKSTOP_FACTOR, DEFAULT_LINES, DEFAULT_VOLUME
+from clorch_repl.session.flood import BACKSTOP_FACTOR, DEFAULT_LINES, DEFAULT_VOLUME, SOURCE_FACTOR
 
 from notebook_kernel import NotebookKernel, Reply, clorch_session
 
 NPROC = 2
-#: what may reach the client at most: each rank's budget, a label per line, and the report
-BOUND = NPROC * (DEFAULT_VOLUME + DEFAULT_LINES * 12) + 256 * 1024
+#: what may reach the client at most: the cell's limits across its ranks, a label per line, and
+#: the report (the held-back line, rewritten at most twice a second, and the traceback)
+BOUND = DEFAULT_VOLUME + DEFAULT_LINES * 12 + 64 * 1024
 #: rich output (display()) is metered by the notebook's backstop alone: each rank's messages up to
-#: BACKSTOP_FACTOR times its budget (flood.backstop), and the report
-RICH_BOUND = NPROC * BACKSTOP_FACTOR * DEFAULT_VOLUME + 256 * 1024
-HELD = re.compile(r"clorch_repl: rank (\d+) held back ([\d,]+) line\(s\), .* %clorch logs (\d+)")
+#: BACKSTOP_FACTOR times its own budget (flood.backstop, flood.at_source), and the report
+RICH_BOUND = NPROC * BACKSTOP_FACTOR * SOURCE_FACTOR * DEFAULT_VOLUME + 256 * 1024
+HELD = re.compile(r"^clorch held back ([\d,]+) lines \([^)]*\) (of this cell's output|printed after their "
+                  r"cell ended); all in %clorch logs (RANK \(([\d,-]+)\)|\d+)$")
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +46,20 @@ def client_bytes(reply: Reply) -> int:
     return sum(len(m["content"].get("text", "")) + len(str(m["content"].get("data", ""))) for m in reply.outputs)
 
 
-def held_ranks(text: str) -> dict[int, int]:
-    found = {}
-    for m in HELD.finditer(text):
-        assert m.group(1) == m.group(3), m.group(0)
-        found[int(m.group(1))] = int(m.group(2).replace(",", ""))
-    return found
+def held(reply: Reply) -> tuple[int, str] | None:
+    """The line at the top of the cell's output (its display's last state): the lines it says
+    were held back, and the ranks whose logs it names ("0-1", "0"); None when there is none."""
+    last = None
+    for msg in reply.outputs:
+        display_id = (msg["content"].get("transient") or {}).get("display_id", "")
+        if msg["msg_type"] in ("display_data", "update_display_data") and display_id.startswith("clorch-held-"):
+            last = msg["content"]["data"]["text/plain"]
+    if not last:
+        return None
+    assert all(len(line) <= 100 for line in last.splitlines()), last  # fits the cell
+    m = HELD.match(" ".join(last.split()))
+    assert m is not None, last
+    return int(m.group(1).replace(",", "")), m.group(4) or m.group(3)
 
 
 def rss_mib(nb: NotebookKernel) -> float:
@@ -81,11 +91,11 @@ def test_a_flood_that_ends_by_itself_is_bounded_and_logged_whole(nb: NotebookKer
     text = plain(reply)
     assert reply.status == "ok", text[-2000:]
     assert client_bytes(reply) <= BOUND, client_bytes(reply)
-    held = held_ranks(text)
-    assert sorted(held) == [0, 1], text[-2000:]
+    count, ranks = held(reply)
+    assert ranks == "0-1", text[-2000:]
+    shown = len(re.findall(r"^\[ranks? [^\]]*\] flood \d \d+$", text, re.MULTILINE))
+    assert shown + count == 400_000, (shown, count)
     for rank in (0, 1):
-        shown = len(re.findall(rf"^\[ranks? [^\]]*\] flood {rank} \d+$", text, re.MULTILINE))
-        assert shown + held[rank] == 200_000, (rank, shown, held[rank])
         assert log_count(nb, rank, f"flood {rank} ") == 200_000
     assert rss_mib(nb) - before <= 100, (before, rss_mib(nb))
     assert_next_cell_clean(nb)
@@ -100,8 +110,9 @@ def test_timeout_under_a_flood_on_every_rank(nb: NotebookKernel) -> None:
     assert reply.status == "error" and "Timed out after 5 s" in text, text[-2000:]
     assert took < 5 + 2 + 3, f"--timeout 5 under a flood ended after {took:.1f} s"
     assert client_bytes(reply) <= BOUND, client_bytes(reply)
-    assert sorted(held_ranks(text)) == [0, 1], text[-3000:]
+    assert held(reply)[1] == "0-1", text[-3000:]
     assert "did not return" not in text and "blocked in native code" not in text, text[-3000:]
+    assert "Why" not in text and "output.py" not in text, text[-3000:]  # a timeout, not a hang
     assert rss_mib(nb) - before <= 100, (before, rss_mib(nb))
     assert_next_cell_clean(nb)
 
@@ -120,7 +131,7 @@ def test_interrupt_under_a_flood_on_one_rank(nb: NotebookKernel) -> None:
     assert reply.status == "error", text[-2000:]
     assert took < 2 + 3, f"Kernel > Interrupt under a flood took {took:.1f} s"
     assert client_bytes(reply) <= BOUND, client_bytes(reply)
-    assert list(held_ranks(text)) == [0], text[-3000:]
+    assert held(reply)[1] == "0", text[-3000:]
     assert "quiet rank" in text and "did not return" not in text, text[-3000:]
     # The flooding rank's KeyboardInterrupt ends at the user's print, as in a plain kernel: the
     # frames of clorch_repl's stream (its budget, its echo to the log) are not shown.
@@ -136,8 +147,7 @@ def test_the_limits_are_the_notebooks_to_change(nb: NotebookKernel) -> None:
     try:
         reply = nb.run("%%distributed\nfor i in range(1000):\n    print('flood', rank, i)")
         text = plain(reply)
-        assert held_ranks(text) == {0: 950, 1: 950}, text[-2000:]
-        assert "50 lines per cell" in text
+        assert held(reply) == (1950, "0-1"), text[-2000:]  # 50 lines across both ranks
         bad = nb.run("%env CLORCH_OUTPUT_RATE=fast\n")
         assert bad.status == "ok"
         refused = nb.run("%%distributed\nprint('never')")
@@ -157,13 +167,13 @@ def test_what_a_thread_prints_into_a_spent_budget_after_its_cell_is_said_at_the_
                 "threading.Thread(target=late, daemon=True).start()\n"
                 "for i in range(100):\n    print('flood', rank, i)\n")
         reply = nb.run(code, timeout=60)
-        assert held_ranks(plain(reply)) == {0: 50, 1: 50}, plain(reply)[-2000:]
-        time.sleep(3.0)  # the thread printed meanwhile, into the spent budget
-        after = plain(nb.run("%%distributed\nprint('next', rank)\n", timeout=60))
-        for rank in range(NPROC):
-            assert f"rank {rank} held back 30 more line(s)" in after, after
-            assert f"%clorch logs {rank}" in after, after
-        assert "late" not in after.replace("after that cell ended", ""), after
+        assert held(reply) == (150, "0-1"), plain(reply)[-2000:]  # 50 shown of the 200
+        time.sleep(3.0)  # the thread printed meanwhile, into the ranks' spent budgets (100 lines each)
+        next_cell = nb.run("%%distributed\nprint('next', rank)\n", timeout=60)
+        after = plain(next_cell)
+        assert held(next_cell) == (60, "0-1"), after
+        assert "printed after their cell ended" in after, after
+        assert "late" not in after, after
     finally:
         nb.run("import os\nos.environ.pop('CLORCH_OUTPUT_LINES', None)")
     assert_next_cell_clean(nb)
@@ -177,7 +187,7 @@ def test_stuck_is_said_only_of_a_rank_in_its_code(nb: NotebookKernel) -> None:
     text = plain(reply)
     assert reply.status == "error", text
     assert "rank 0 did not return" in text and "rank 1 did not return" not in text, text
-    assert "is stuck: its stack shows it still in the cell's code" in text, text
+    assert "after the interrupt: still in the cell's code" in " ".join(text.split()), text
     assert "returned after the interrupt" not in text, text
     nb.run("%clorch interrupt")
     deadline = time.monotonic() + 60
@@ -194,7 +204,6 @@ def test_a_flood_of_rich_output_is_bounded_by_the_notebook(nb: NotebookKernel) -
     text = plain(reply)
     assert reply.status == "ok", text[-2000:]
     assert client_bytes(reply) <= RICH_BOUND, client_bytes(reply)
-    withheld = re.findall(r"the notebook held back .* of rank (\d+)'s output", text)
-    assert sorted(map(int, withheld)) == [0, 1], text[-2000:]
+    assert held(reply)[1] == "0-1", text[-2000:]
     assert rss_mib(nb) - before <= 100, (before, rss_mib(nb))
     assert_next_cell_clean(nb)

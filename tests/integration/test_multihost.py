@@ -509,7 +509,8 @@ def test_interrupt_reaches_a_rank_on_host_b_and_a_stuck_one_is_shown(cluster: Cl
     # rank 1's stack, fetched by its nanny on hostB: at its sleep, line 5 of the cell
     assert "line 5 in <module>" in stuck.text and "time.sleep(600)" in stuck.text, stuck.text
     # the verdict and the evidence name each rank's host, as the death reports do
-    assert re.search(r"Why:.*rank 1 on hostB is at Cell In\[\d+\], line 5 in <module>", stuck.text), stuck.text
+    assert re.search(r"Why:.*rank 1 on hostB is at Cell In\[\d+\], line 5 in <module>",
+                     " ".join(stuck.text.split())), stuck.text  # (wrapped at the cell's width)
     assert "---- rank 1 on hostB ----" in stuck.text, stuck.text
     again = c.nb.run("%clorch interrupt", timeout=60)
     assert again.status == "error" and "rank 1 did not return after the interrupt" in again.text, again.text

@@ -27,6 +27,9 @@ RECORD = ("_h = get_ipython().history_manager\n_c = [c for c, outs in _h.outputs
 
 def test_many_cells_of_output_leave_the_notebook_kernels_memory_flat() -> None:
     with clorch_session() as nb:
+        # the output must reach the notebook: issue 24's per-rank limits, for both ranks together
+        assert nb.run("%env CLORCH_OUTPUT_LINES=20000\n%env CLORCH_OUTPUT_LIMIT=2M\n"
+                      "%env CLORCH_OUTPUT_RATE=400k").status == "ok"
         rss = []
         for cell in range(CELLS):
             reply = nb.run(f"%%distributed\nfor k in range(3000):\n    print('flood', rank, k, 'x' * (k % 50))")

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import pytest
 
+from rank_text import said
 from notebook_kernel import NotebookKernel, clorch_session
 
 
@@ -140,7 +141,7 @@ def test_hang_notice_says_a_rank_at_a_pdb_prompt_is_held_in_the_debugger_not_hun
     nb.kc.input("c")  # rank 1 goes on into the barrier; the cell ends normally
     reply = nb.collect(msg_id, timeout=60, answers=[])
     assert reply.status == "ok", reply.text
-    notices = [line for line in reply.text.splitlines() if line.startswith("clorch: ")]
+    notices = said(reply.text, "clorch: ")  # clorch's messages, wrapped at the cell's width: one line each
     assert len(notices) == 1, reply.text
     assert "barrier" in notices[0] and "rank 0 waits in it" in notices[0], notices
     assert "rank 1 never called it and is held in the debugger at Cell In[" in notices[0], notices

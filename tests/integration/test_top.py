@@ -56,9 +56,16 @@ def test_the_panel_updates_while_a_cell_runs_and_closes() -> None:
         assert len(updates) >= 4, updates
         assert max(b - a for a, b in zip(times, times[1:])) < 1.6, times  # about once a second
         busy = [text for _, text in updates if " busy " in text]
-        assert busy and any("time.sleep" not in t and "import time, torch.distributed as dist" in t for t in busy), busy
+        # the cell column shows the line each rank is at now, not the cell's first line (issue 38)
+        assert busy and any("line 3: time.sleep(5)" in t and "line 4: dist.barrier()" in t for t in busy), busy
         # rank 1 waits in the barrier for rank 0: the panel names the collective once it stands still
-        assert any(re.search(r"barrier #\d+ \(fr/\d+\) for \d+s", text) for _, text in updates), updates[-1]
+        assert any(re.search(r"barrier #\d+, group \d+, for \d+s", text) for _, text in updates), updates[-1]
+        # the panel follows the session through a restart (it stayed at "the ranks stopped")
+        restarted = nb.run("%clorch restart", timeout=180)
+        assert restarted.status == "ok", restarted.text
+        later = _panel_updates(nb, 3.0)
+        assert later and re.search(r" 0\s+here\s+idle ", later[-1][1]), later
+        assert "stopped" not in later[-1][1] and "starting at" not in later[-1][1], later[-1][1]
         closed = nb.run("%clorch top --stop")
         assert "closed the %clorch top panel" in closed.text
         after = _panel_updates(nb, 2.5)

@@ -153,6 +153,9 @@ def test_tqdm_auto_bars_are_widgets_per_rank_and_the_cell_ends(nb: NotebookKerne
     # the text fallback, for front ends without a widget manager: labelled bars, then the merged line
     assert re.search(r"\[rank 0\] rank0: +0%", text) and re.search(r"\[rank 1\] rank1: +0%", text), text
     assert "[ranks 0-1] trained" in text
+    # the rank's log ends with the bar's last state, not the 0 % it was displayed at (issue 38)
+    logs = nb.run("%clorch logs 1 --tail 5").text
+    assert re.search(r"rank1: 100%\|.*\| 20/20", logs), logs
 
 
 def test_the_kernel_stays_busy_until_a_widget_cell_ends(nb: NotebookKernel) -> None:

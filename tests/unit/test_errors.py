@@ -69,9 +69,11 @@ def test_a_dead_rank_and_a_stuck_one_are_told_apart() -> None:
     err = errors.DistributedCellError(outcome, timeout_s=2.0)
     text = "\n".join(err._render_traceback_()).replace("\x1b[31m", "").replace("\x1b[1m", "").replace("\x1b[0m", "")
     assert "Timed out after 2 s; the ranks were interrupted and given 5 s more to return." in text
-    assert "or its code caught the KeyboardInterrupt and went on" in text
-    assert "The process group is broken: rank 1 died. Run %clorch restart" in text
-    assert "Rank 0 is still running this cell, so it takes no other" in text
+    flat = " ".join(line.strip() for line in text.splitlines())  # wrapped at the cell's width
+    assert "or in code that caught the KeyboardInterrupt and went on" in flat
+    assert "The process group is broken: rank 1 died. %clorch restart starts a fresh group." in flat
+    assert "Rank 0 is still running this cell and takes no other cell: %clorch restart" in flat
+    assert all(len(line) <= 100 for line in text.splitlines()), text
     two = CellOutcome(ranks={r: _failed(r, Status.DIED) for r in (0, 1, 2, 5)}, timed_out=True)
     assert "The process group is broken: ranks 0-2,5 died." in "\n".join(
         errors.DistributedCellError(two, timeout_s=2.0)._render_traceback_())

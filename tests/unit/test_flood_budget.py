@@ -28,8 +28,8 @@ def test_a_flood_is_cut_at_the_volume_and_counted_whole() -> None:
     assert shown.endswith("\n") and all(line == ("spam " * 20) for line in shown.splitlines())
     assert budget.sent_chars + budget.held_chars == total
     assert budget.sent_lines + budget.held_lines == 20_000
-    line = budget.held_back_line(3)
-    assert line is not None and "%clorch logs 3" in line and f"{budget.held_lines:,} line(s)" in line
+    report = budget.held_report(3)
+    assert report == {"rank": 3, "lines": budget.held_lines, "chars": budget.held_chars, "late": False}
 
 
 def test_lines_are_limited_as_well_as_characters() -> None:
@@ -60,7 +60,7 @@ def test_a_held_write_holds_the_rest_of_its_line() -> None:
 
 def test_nothing_held_says_nothing_and_no_limits_pass_everything() -> None:
     budget, shown = replay(Limits(), [(0.0, "hello\n")])
-    assert shown == "hello\n" and budget.held_back_line(0) is None
+    assert shown == "hello\n" and budget.held_report(0) is None
     writes = [(0.0, "z" * 1000 + "\n")] * 5000
     budget, shown = replay(Limits(volume=0, lines=0, rate=0), writes)
     assert len(shown) == 5000 * 1001 and not budget.held
@@ -103,24 +103,27 @@ def test_history_keeps_a_bounded_part_of_each_cell_and_a_bounded_number_of_cells
     assert last[2].bundle["stream"] == []
 
 
-def test_the_held_back_line_starts_a_line_of_its_own() -> None:
-    budget, shown = replay(Limits(volume=10, lines=0, rate=0), [(0.0, "a" * 10), (0.0, "\n")])
-    assert shown == "a" * 10
-    assert budget.held_back_line(0).startswith("\nclorch_repl: rank 0 held back 1 line(s)")
+def test_a_report_is_a_display_the_notebook_reads_and_other_clients_can_show() -> None:
+    from clorch_repl.session.flood import HELD_MIME, at_source, held_display
+
+    data = held_display({"rank": 2, "lines": 1500, "chars": 150_000, "late": False})
+    assert data[HELD_MIME]["lines"] == 1500 and "%clorch logs 2" in data["text/plain"]
+    # a rank keeps twice the cell's volume and lines: the notebook, keeping the cell's, holds back first
+    assert at_source(Limits(volume=100, lines=10, rate=7)) == Limits(volume=200, lines=20, rate=7)
 
 
 def test_at_the_line_limit_no_further_line_is_begun() -> None:
     writes = [(0.0, piece) for i in range(20) for piece in (f"line {i}", "\n")]
     budget, shown = replay(Limits(volume=0, lines=5, rate=0), writes)
     assert shown == "".join(f"line {i}\n" for i in range(5))
-    assert budget.held_lines == 15 and budget.held_back_line(0).startswith("clorch_repl")
+    assert budget.held_lines == 15 and budget.held_report(0)["lines"] == 15
 
 
 def test_the_notebooks_guard_bounds_rich_output_of_a_recorded_cell() -> None:
-    from clorch_repl.session.flood import backstop, message_size, withheld_line
+    from clorch_repl.session.flood import HELD_MIME, backstop, message_size, withheld_report
 
-    limits = backstop(Limits(volume=100_000, lines=100, rate=50))
-    assert limits == Limits(volume=200_000, lines=200, rate=0)
+    limits = backstop(Limits(volume=50_000, lines=50, rate=50))
+    assert limits == Limits(volume=200_000, lines=200, rate=0)  # twice a rank's own (twice the cell's)
     # display(df) in a loop: 1,000 display_data messages of 2 KB each, then the rank's own line
     messages = [("display_data", {"data": {"text/plain": "t" * 1000, "text/html": "h" * 1000}, "metadata": {}})] * 1000
     messages.append(("stream", {"name": "stderr", "text": "done\n"}))
@@ -128,10 +131,10 @@ def test_the_notebooks_guard_bounds_rich_output_of_a_recorded_cell() -> None:
     shown = [kind for kind, content in messages if guard.admit_size(*message_size(kind, content), 0.0)]
     assert shown.count("display_data") == 96  # 96 * (2,000 + 64) characters fit in 200,000, 97 do not
     assert "stream" not in shown  # the limit was reached: nothing more of this cell
-    line = withheld_line(3, guard)
-    assert line is not None and "rank 3" in line and "%clorch logs 3" in line
+    report = withheld_report(3, guard)
+    assert report is not None and report[HELD_MIME]["rank"] == 3 and "%clorch logs 3" in report["text/plain"]
     assert message_size("stream", {"text": "a\nb"}) == (3, 1, False)
-    assert withheld_line(0, Budget(limits, 0.0)) is None
+    assert withheld_report(0, Budget(limits, 0.0)) is None
 
 
 def test_output_held_after_the_cells_line_is_announced_at_the_next_cell() -> None:
@@ -140,19 +143,18 @@ def test_output_held_after_the_cells_line_is_announced_at_the_next_cell() -> Non
     silent request of clorch_repl's own in between carries it on to the next cell that is shown)."""
     budget = Budget(Limits(volume=100, lines=0, rate=0), 0.0)
     budget.admit("x" * 150 + "\n", 0.1)
-    assert budget.held_back_line(0) is not None
+    assert budget.held_report(0) is not None
     budget.mark_announced()
-    assert budget.late_line(0) is None  # nothing since the line
+    assert budget.late_report(0) is None  # nothing since the report
     for _ in range(3):
         budget.admit("thread\n", 1.0)  # the thread, after the cell
     silent = Budget(Limits(volume=10, lines=0, rate=0), 2.0)
     silent.carry_late(budget)
-    assert "3 more line(s), 21 B" in (silent.late_line(0) or "")
+    assert (silent.late_report(0) or {}).get("lines") == 3
     # The silent request's own held-back line goes out (a transfer shows it): said once, and the
     # carried part is still said at the next cell, not lost by that announcement.
     silent.admit("y" * 20 + "\n", 2.1)
-    assert silent.held_back_line(0) is not None
+    assert silent.held_report(0) is not None
     silent.mark_announced()
-    assert "3 more line(s), 21 B" in (silent.late_line(0) or "")
-    line = budget.late_line(0)
-    assert line is not None and "3 more line(s), 21 B" in line and "%clorch logs 0" in line
+    assert silent.late_report(0) == {"rank": 0, "lines": 3, "chars": 21, "late": True}
+    assert budget.late_report(0) == {"rank": 0, "lines": 3, "chars": 21, "late": True}

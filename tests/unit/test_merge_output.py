@@ -29,6 +29,12 @@ def value(rank: int, text: str) -> RankOutput:
     return RankOutput(rank, "execute_result", {"data": {"text/plain": text}, "metadata": {}})
 
 
+def shown(outputs: list[Any]) -> list[Any]:  # noqa: F811 - RichOutput objects, see _shown for dicts
+    """The displays a cell shows, less the empty one reserved at the top of its output for the
+    held-back line (clorch_repl.session.held_notice)."""
+    return [o for o in outputs if not str((getattr(o, "transient", None) or {}).get("display_id", "")).startswith("clorch-held-")]
+
+
 def feed(items: list[RankOutput], ranks: tuple[int, ...] = (0, 1), merge: bool = True) -> Any:
     with capture_output() as cap:
         sink = NotebookDisplay(ranks=ranks, merge=merge)
@@ -157,7 +163,7 @@ def test_rich_output_keeps_its_place_in_each_ranks_order() -> None:
              RankOutput(1, "display_data", html), out(0, "after 0\n"), out(1, "after 1\n")]
     cap = feed(items)
     assert cap.stdout.startswith("[ranks 0-1] before\n[ranks 0-1]\n")  # label line above the merged HTML
-    assert [o.data["text/plain"] for o in cap.outputs] == ["[ranks 0-1] t"]
+    assert [o.data["text/plain"] for o in shown(cap.outputs)] == ["[ranks 0-1] t"]
     assert lines_of(cap.stdout, 0)[-1] == "after 0" and lines_of(cap.stdout, 1)[-1] == "after 1"
 
 
@@ -234,8 +240,8 @@ def _shown(outputs: list[Any]) -> list[dict[str, Any]]:
             for i, old in enumerate(shown):
                 if (old.get("transient") or {}).get("display_id") == display_id:
                     shown[i] = dict(o, update=False)
-        else:
-            shown.append(o)
+        elif not str((o.get("transient") or {}).get("display_id", "")).startswith("clorch-held-"):
+            shown.append(o)  # (the empty display reserved for the held-back line is not shown)
     return shown
 
 

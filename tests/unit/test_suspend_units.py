@@ -400,6 +400,7 @@ def test_a_helper_that_cannot_run_leaves_the_session_running(monkeypatch: pytest
 
 
 def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -> None:
+    from clorch_repl.session.cell_labels import RankCells
     from clorch_repl.session.panel import Panel
 
     class Prober:
@@ -427,11 +428,11 @@ def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -
                                "add_tick": lambda self, tick: None, "remove_tick": lambda self, tick: None})()
     session = type("Session", (), {})()
     group = _Launcher()
-    group.log_tail = lambda rank, lines=200: f"rank {rank}'s last line\n"  # type: ignore[attr-defined]
-    session.group, session.relay, session.current_cell = group, relay, None
+    group.current_log_tail = lambda rank, lines: f"rank {rank}'s last line\n"  # type: ignore[attr-defined]
+    session.group, session.relay, session.current_cell, session.cells = group, relay, None, RankCells()
     session.life = Lifecycle(S.SUSPENDED, why="40.0 GiB of GPU memory held in host memory since 14:02:11")
     shown: list[dict[str, str]] = []
-    panel = Panel(session, interval_s=0.2, show=shown.append)
+    panel = Panel(lambda: session, interval_s=0.2, show=shown.append)
     panel.start()
     panel._round(1e9)
     assert prober.asked == []  # a suspended rank's answer would wait for the resume
