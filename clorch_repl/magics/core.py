@@ -25,10 +25,9 @@ from ..session.session import Session
 from ..launchers.logfiles import without_ansi
 from ..launchers.registry import launcher_class
 from ..topology import Topology, parse_timeout
-from . import views
+from . import sessions, views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
-from .sessions import SessionCommands
 from .warm import LoadSpares
 from .suspend import parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option, suspend_command
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
@@ -55,7 +54,7 @@ def user_errors() -> Iterator[None]:
 
 
 @magics_class
-class ClorchMagics(SessionCommands, Magics):
+class ClorchMagics(sessions.SessionCommands, Magics):
     """Holds the notebook's one session of ranks."""
 
     def __init__(self, shell: Any) -> None:
@@ -97,9 +96,8 @@ class ClorchMagics(SessionCommands, Magics):
             return None
         if command not in COMMANDS:
             raise UsageError(f"unknown %clorch command {command!r}; expected one of: {', '.join(COMMANDS)}")
-        handler: Callable[[str], Any] = getattr(self, f"_{command}")
+        handler: Callable[[str], Any] = self.driven(command, getattr(self, f"_{command}"))  # see .sessions
         with user_errors():
-            self.check_driver(command)  # another kernel took this detached session: say so, let go
             return handler(rest)
 
     def _overview(self) -> str:

@@ -10,7 +10,7 @@ session from is told so at its next command (:meth:`SessionCommands.check_driver
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from IPython.display import display
 
@@ -37,6 +37,16 @@ class SessionCommands:
         release(self.session)
         self.session = None
         return True
+
+    def driven(self, command: str, handler: Callable[[str], Any]) -> Callable[[str], Any]:
+        """``handler`` of ``%clorch COMMAND``, run once :meth:`check_driver` found this kernel still
+        drives its session (the dispatcher calls it inside its error handling)."""
+
+        def run(line: str) -> Any:
+            self.check_driver(command)
+            return handler(line)
+
+        return run
 
     def check_driver(self, command: str = "") -> None:
         """Before a ``%clorch`` command (but connect and sessions, which need no session): raise
