@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import time
@@ -134,18 +133,9 @@ class AdoptedLauncher(Launcher):
         """SIGTERM to every supervisor (each ends its rank and all it started, with its own
         grace, then SIGKILL); then SIGKILL to whatever of their trees is left. ``polite`` changes
         nothing here: the session's stop has already asked the ranks to leave their group."""
-        start = time.monotonic()
         sups = [p.supervisor_pid for p in self.ranks if procs.pid_running(p.supervisor_pid)]
-        trees = {pid: procs.process_tree(pid) for pid in sups}
-        for pid in sups:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        procs.wait_gone(sups, timeout_s=max(0.0, grace_s + 0.5 - (time.monotonic() - start)))
-        for pid, tree in trees.items():
-            procs.kill_tree(pid, tree)
-        pids = sups + [p.pid for p in self.ranks] + [t.pid for tree in trees.values() for t in tree]
+        ended = procs.end_supervised(sups, time.monotonic() + grace_s + 0.5)
+        pids = sups + [p.pid for p in self.ranks] + [t.pid for t in ended]
         left = procs.wait_gone(pids, timeout_s=2.0)
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))

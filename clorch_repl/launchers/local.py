@@ -413,18 +413,9 @@ class LocalLauncher(Launcher):
                     except (OSError, RuntimeError) as exc:  # its channel is gone: SIGTERM follows anyway
                         logger.debug("shutdown request to rank %d failed: %s", proc.rank, exc)
             procs.wait_gone(kernels, timeout_s=min(grace_s, SHUTDOWN_WAIT_S))
-        trees = {pid: procs.process_tree(pid) for pid in sups}  # before anything re-parents
-        for pid in sups:
-            if procs.pid_running(pid):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         # The supervisors have their own grace (the same STOP_GRACE_S); give them a little more
         # to finish their SIGKILLs before ours.
-        procs.wait_gone(sups, timeout_s=max(0.0, grace_s + 0.5 - (time.monotonic() - start)))
-        for pid, tree in trees.items():
-            procs.kill_tree(pid, tree)
+        ended = procs.end_supervised(sups, start + grace_s + 0.5)
         for proc in handles:
             proc.poll()
             try:
@@ -435,7 +426,7 @@ class LocalLauncher(Launcher):
             if proc.log_path:  # a spare that never became a rank
                 remove_quietly(proc.log_path)
                 remove_quietly(logcap.older_path(proc.log_path))
-        left = procs.wait_gone(sups + kernels + [p.pid for t in trees.values() for p in t], timeout_s=2.0)
+        left = procs.wait_gone(sups + kernels + [p.pid for p in ended], timeout_s=2.0)
         if left:
             logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
         return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
