@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 #: How long ranks freed by an abort may take to finish their cell before the re-form gives up on them.
 IDLE_WAIT_S = 3.0
-#: Time allowed for a re-form beyond the group's own timeout is not needed: backends meet at once
-#: or not at all; this bounds the request.
+#: The longest a re-form request may take: the ranks' new backends meet within milliseconds when
+#: every rank is there, and a rank that never comes must not hold the notebook longer than this.
 REGROUP_TIMEOUT_S = 60.0
 
 
