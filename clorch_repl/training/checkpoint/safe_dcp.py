@@ -119,12 +119,21 @@ def _renamed(read: Any, folder: str, name: str) -> Any:
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file reader, its metadata read through :class:`MetadataUnpickler`."""
+    """DCP's file reader, its metadata read through :class:`MetadataUnpickler`.
+
+    ``metadata``, when given, is that folder's metadata already read that way (a load checks the
+    checkpoint against it first): unpickling it again is what made a load slower than
+    ``dcp.load``, since the allow-listing unpickler is pure Python (about 10x plain pickle's time,
+    0.15 s for a 40-layer model's metadata on the CPU box)."""
+
+    def __init__(self, path: str, metadata: Any = None) -> None:
+        super().__init__(path)
+        self._metadata = metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("rank") is not None:  # per-rank metadata files: not written by this package
             raise CheckpointError(f"{self.path} holds per-rank metadata files, which clorch_repl does not read")
-        metadata = read_metadata(os.fspath(self.path))
+        metadata = self._metadata if self._metadata is not None else read_metadata(os.fspath(self.path))
         if getattr(metadata, "storage_meta", None) is not None:
             metadata.storage_meta.load_id = self.load_id
         return metadata

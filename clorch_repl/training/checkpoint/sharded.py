@@ -87,6 +87,12 @@ def holds_dtensors(model: Any, optimizer: Any) -> bool:
     return False
 
 
+def _require_model(model: Any, optimizer: Any) -> None:
+    if optimizer is not None and model is None:
+        raise ConfigError("a sharded checkpoint keeps the optimizer's state by parameter name: pass model= "
+                          "with optimizer=")
+
+
 def _dcp_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """The ``{"model", "optimizer"}`` state DCP saves and loads, by parameter name."""
     if model is None:
@@ -134,9 +140,7 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     dcp_state: dict[str, Any] = {}
     try:
         metadata_json, rng, sampler_state = local_extras(sampler, state)
-        if optimizer is not None and model is None:
-            raise ConfigError("a sharded checkpoint keeps the optimizer's state by parameter name: pass model= "
-                              "with optimizer=")
+        _require_model(model, optimizer)
         if rank == 0:
             check_replaceable(target, is_torch_file(target))
         dcp_state = _dcp_state(model, optimizer)
@@ -182,13 +186,14 @@ def _write_and_commit(dcp_state: dict[str, Any], temp: str, target: str, group: 
     error: str | None = None
     try:
         with _single_process_quiet():
-            dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True), process_group=group)
+            written = dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True),
+                               process_group=group)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises on every rank; agreed below
         logger.debug("dcp.save into %s failed", temp, exc_info=True)
         error = f"writing the shards failed ({_dcp_error_text(exc)})"
     if error is None and _c10d.rank() == 0:
         try:
-            missing = missing_files(temp, read_metadata(temp))
+            missing = missing_files(temp, written)  # the metadata it wrote: no second read of it
             if missing:
                 raise CheckpointError(
                     f"rank 0 does not see {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} in {temp}: "
@@ -224,18 +229,16 @@ def _saved_shapes(metadata: Any, top: str) -> dict[str, list[int]]:
     return shapes
 
 
-def _check(source: str, folder: str, metadata: Any, extras: dict[str, Any], model: Any, optimizer: Any) -> None:
+def _check(source: str, folder: str, metadata: Any, extras: dict[str, Any], model: Any, optimizer: Any,
+           dcp_state: dict[str, Any]) -> None:
     if model is not None:
         saved = _saved_shapes(metadata, "model")
         if not saved:
             raise CheckpointError(f"the checkpoint {source} holds no model weights; leave out model=")
         current = {k: (list(v.shape) if isinstance(v, torch.Tensor) else None)
-                   for k, v in get_model_state_dict(model).items()}
+                   for k, v in dcp_state["model"].items()}
         check_model_shapes(source, saved, current)
     if optimizer is not None:
-        if model is None:
-            raise ConfigError("a sharded checkpoint keeps the optimizer's state by parameter name: pass model= "
-                              "with optimizer=")
         if not _saved_shapes(metadata, "optimizer"):
             raise CheckpointError(f"the checkpoint {source} holds no optimizer state; leave out optimizer=")
         check_optimizer_class(source, extras.get("metadata", {}).get("optimizer_class"), optimizer)
@@ -276,12 +279,18 @@ def _load(source: str, folder: str, model: Any, optimizer: Any, sampler: Any, sc
     error: str | None = None
     extras: dict[str, Any] = {"metadata": {}}
     sampler_entry = None
+    metadata: Any = None
+    dcp_state: dict[str, Any] = {}
     try:
+        # Read once, then checked against and handed to DCP's reader: each read of the metadata
+        # and each state dict of a large model costs a measurable share of the load.
         metadata = read_metadata(folder, name=source)
         extras_path = os.path.join(folder, EXTRAS_FILE)
         if os.path.exists(extras_path):
             extras = read_container(extras_path, torch.device("cpu"))
-        _check(source, folder, metadata, extras, model, optimizer)
+        _require_model(model, optimizer)
+        dcp_state = _dcp_state(model, optimizer)
+        _check(source, folder, metadata, extras, model, optimizer, dcp_state)
         sampler_entry = check_extras(source, extras, sampler, scaler, restore_rng, rank)
     except ClorchError as exc:
         error = str(exc)
@@ -291,10 +300,9 @@ def _load(source: str, folder: str, model: Any, optimizer: Any, sampler: Any, sc
     raise_if_any(gather(error, group), "loading the checkpoint")
 
     try:
-        dcp_state = _dcp_state(model, optimizer)
         if dcp_state:
             with _single_process_quiet():
-                dcp.load(dcp_state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
+                dcp.load(dcp_state, storage_reader=SafeReader(folder, metadata), planner=SafeLoadPlanner(),
                          process_group=group)
             if optimizer is not None:
                 set_state_dict(model, optimizer, model_state_dict=dcp_state["model"],
