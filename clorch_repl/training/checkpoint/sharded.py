@@ -40,6 +40,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 from torch.distributed.tensor import DTensor
@@ -85,6 +86,17 @@ def holds_dtensors(model: Any, optimizer: Any) -> bool:
     if optimizer is not None:
         return any(isinstance(v, DTensor) for entry in optimizer.state.values() for v in entry.values())
     return False
+
+
+class _ReusedPlanSavePlanner(DefaultSavePlanner):
+    """DCP's save planner with its plan cache on, under a name of its own (torch keys the cache by
+    the planner's class, so a user's own cached planner never shares it).
+
+    Planning is a pickled gather and scatter of every rank's write items: Python that, in an
+    asynchronous save, runs on the writing thread and takes the GIL from the training steps.
+    When a save's plan equals the previous one (the same model and optimizer saved again, the
+    usual case in a training loop), torch sends empty plans and reuses the global plan and its
+    metadata; a changed plan is planned in full and cached anew."""
 
 
 def _require_model(model: Any, optimizer: Any) -> None:
@@ -186,14 +198,15 @@ def _write_and_commit(dcp_state: dict[str, Any], temp: str, target: str, group: 
     error: str | None = None
     try:
         with _single_process_quiet():
-            written = dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True),
-                               process_group=group)
+            dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True),
+                     planner=_ReusedPlanSavePlanner(enable_plan_caching=True), process_group=group)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises on every rank; agreed below
         logger.debug("dcp.save into %s failed", temp, exc_info=True)
         error = f"writing the shards failed ({_dcp_error_text(exc)})"
     if error is None and _c10d.rank() == 0:
         try:
-            missing = missing_files(temp, written)  # the metadata it wrote: no second read of it
+            # The metadata as a loader will read it (what dcp.save returns lacks the files in torch 2.11).
+            missing = missing_files(temp, read_metadata(temp))
             if missing:
                 raise CheckpointError(
                     f"rank 0 does not see {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} in {temp}: "
