@@ -215,6 +215,7 @@ def dies_while_saving(ctx: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed.checkpoint.filesystem as fs
 
     from clorch_repl.distributed import save_checkpoint
+    from clorch_repl.training.checkpoint.storage_writers import ProcessWriter
 
     args, rank, world = ctx["args"], ctx["rank"], ctx["world_size"]
     model = build("fsdp", 0, world)
@@ -224,13 +225,15 @@ def dies_while_saving(ctx: dict[str, Any]) -> dict[str, Any]:
     print(f"rank {rank}: version 1 saved, digest {digest(model, opt)}", flush=True)
     train_step(model, opt, "fsdp", seed=1)
     if rank == args["die_rank"]:
-        original = fs.FileSystemWriter.write_data
+        # An asynchronous save's shards are written through the rank's writer process (issue 39).
+        writer = ProcessWriter if args.get("async") else fs.FileSystemWriter
+        original = writer.write_data
 
         def write_then_die(self: Any, plan: Any, planner: Any) -> Any:
             original(self, plan, planner).wait()  # its shards are on disk, the commit never comes
             os._exit(7)
 
-        fs.FileSystemWriter.write_data = write_then_die
+        writer.write_data = write_then_die
     handle = save_checkpoint(args["path"], model=model, optimizer=opt, state={"version": 2},
                              async_save=bool(args.get("async")))
     if args.get("async"):
@@ -241,9 +244,8 @@ def dies_while_saving(ctx: dict[str, Any]) -> dict[str, Any]:
 def failing_async_write(ctx: dict[str, Any]) -> dict[str, Any]:
     """An asynchronous save whose shard write fails on rank 1 (an injected OSError): ``wait()``
     raises on every rank, the next save still works."""
-    import torch.distributed.checkpoint.filesystem as fs
-
     from clorch_repl.distributed import load_checkpoint, save_checkpoint
+    from clorch_repl.training.checkpoint.storage_writers import ProcessWriter
 
     args, rank, world = ctx["args"], ctx["rank"], ctx["world_size"]
     model = build("fsdp", 0, world)
@@ -251,15 +253,15 @@ def failing_async_write(ctx: dict[str, Any]) -> dict[str, Any]:
     save_checkpoint(args["path"], model=model, optimizer=opt, state={"version": 1})
     first = digest(model, opt)
     train_step(model, opt, "fsdp")
-    original = fs.FileSystemWriter.write_data
+    original = ProcessWriter.write_data  # an asynchronous save's shards go through the writer process
     if rank == 1:
         def failing(self: Any, plan: Any, planner: Any) -> Any:
             raise OSError(28, "No space left on device (injected by the test)")
 
-        fs.FileSystemWriter.write_data = failing
+        ProcessWriter.write_data = failing
     handle = save_checkpoint(args["path"], model=model, optimizer=opt, state={"version": 2}, async_save=True)
     out: dict[str, Any] = {"rank": rank, "error": _error(handle.wait), "done": handle.done()}
-    fs.FileSystemWriter.write_data = original
+    ProcessWriter.write_data = original
     fresh = build("fsdp", 4, world)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
     out["state_after_failure"] = load_checkpoint(args["path"], model=fresh, optimizer=fresh_opt)

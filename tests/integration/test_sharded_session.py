@@ -27,22 +27,24 @@ saved, weights = sh.digest(model, opt), sh.digest(model)
 print(weights)
 """
 
-# the write is slowed (4 s per rank) so that the save is still in flight when the status is asked
+# the write (an asynchronous save's goes through the rank's writer process) is slowed (4 s per
+# rank) so that the save is still in flight when the status is asked
 SAVE_ASYNC = """%%distributed
-import time, torch.distributed.checkpoint.filesystem as fs
+import time
 from clorch_repl import distributed as cdist
-_write = fs.FileSystemWriter.write_data
+from clorch_repl.training.checkpoint.storage_writers import ProcessWriter
+_write = ProcessWriter.write_data
 def _slow(self, plan, planner):
     time.sleep(4)
     return _write(self, plan, planner)
-fs.FileSystemWriter.write_data = _slow
+ProcessWriter.write_data = _slow
 handle = cdist.save_checkpoint(PATH, model=model, optimizer=opt, state={"epoch": 1}, async_save=True)
 sh.train_step(model, opt, "fsdp", seed=1)  # training goes on while the save writes
 print("returned", handle.done())
 """
 
 WAIT_AND_LOAD = """%%distributed
-fs.FileSystemWriter.write_data = _write
+ProcessWriter.write_data = _write
 print("committed", handle.wait() == PATH)
 fresh = sh.build("fsdp", 9, world_size)
 fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)

@@ -16,10 +16,12 @@ The DCP state is ``{"model": ..., "optimizer": ...}`` as torch's ``get_state_dic
 
 Saving (every rank): checks, RNG and sampler states gathered; rank zero makes the temporary folder
 beside the target (:mod:`.commit`) and writes ``clorch.pt``; every rank writes its shards there
-(``dcp.save``, fsynced files); rank zero reads the metadata back, checks every file it names is
-there whole (so a folder that is not shared by every rank's host fails, naming the files), and
-commits; the ranks agree on the outcome. With ``async_save`` the state is first copied to host
-memory (:mod:`.staging`), and the write and commit run on a thread (:mod:`.in_flight`).
+(``dcp.save``, fsynced files); rank zero checks every file the ranks wrote is there whole (so a
+folder that is not shared by every rank's host fails, naming the files), and commits; the ranks
+agree on the outcome. With ``async_save`` the state is first copied to host memory shared with
+the rank's writer process (:mod:`.staging`), the planning and commit run on a thread
+(:mod:`.in_flight`), and the shard files are written by that process (:mod:`.writer_process`),
+which keeps their Python off the GIL the training steps need.
 
 Loading (every rank, or one process without a group): the metadata is read through an
 allow-list (:mod:`.safe_dcp`), the model's names and global shapes are checked against it, the
@@ -29,6 +31,7 @@ own state (resharding to however it is sharded now) and ``set_state_dict`` appli
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -39,7 +42,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
@@ -55,6 +58,8 @@ from .ranks import checkpoint_group, gather, raise_if_any
 from .safe_dcp import METADATA_FILE, SafeLoadPlanner, SafeReader, read_metadata
 from .single_file import check_model_shapes, check_optimizer_class
 from .staging import Stager
+from .storage_writers import ProcessWriter, RecordingWriter
+from .writer_process import WriterProcess
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,8 @@ __all__ = ["EXTRAS_FILE", "holds_dtensors", "save", "load", "leftover_of", "miss
 
 EXTRAS_FILE = "clorch.pt"
 _STAGER = Stager()
+_WRITER = WriterProcess()
+atexit.register(_WRITER.close)
 
 
 @contextlib.contextmanager
@@ -185,8 +192,12 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     temp, error = gather((temp, error), group)[0]  # rank zero's folder, or its error, to every rank
     raise_if_any([error] + [None] * (_c10d.world_size() - 1), "saving the checkpoint")
 
+    arena = _STAGER.arena
+
     def write() -> str:
-        _write_and_commit(dcp_state, temp, target, group)
+        # An asynchronous save writes its shards in the writer process, out of the steps' GIL.
+        writer = ProcessWriter(temp, _WRITER, arena) if async_save else RecordingWriter(temp)
+        _write_and_commit(dcp_state, writer, temp, target, group)
         return target
 
     if not async_save:
@@ -194,19 +205,18 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     return in_flight.start(target, time.perf_counter() - called_at, write)
 
 
-def _write_and_commit(dcp_state: dict[str, Any], temp: str, target: str, group: Any) -> None:
+def _write_and_commit(dcp_state: dict[str, Any], writer: RecordingWriter, temp: str, target: str, group: Any) -> None:
     error: str | None = None
     try:
         with _single_process_quiet():
-            dcp.save(dcp_state, storage_writer=FileSystemWriter(temp, sync_files=True),
-                     planner=_ReusedPlanSavePlanner(enable_plan_caching=True), process_group=group)
+            dcp.save(dcp_state, storage_writer=writer, planner=_ReusedPlanSavePlanner(enable_plan_caching=True),
+                     process_group=group)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises on every rank; agreed below
         logger.debug("dcp.save into %s failed", temp, exc_info=True)
         error = f"writing the shards failed ({_dcp_error_text(exc)})"
     if error is None and _c10d.rank() == 0:
         try:
-            # The metadata as a loader will read it (what dcp.save returns lacks the files in torch 2.11).
-            missing = missing_files(temp, read_metadata(temp))
+            missing = missing_files(temp, writer.files())
             if missing:
                 raise CheckpointError(
                     f"rank 0 does not see {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} in {temp}: "

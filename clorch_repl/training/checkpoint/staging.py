@@ -5,7 +5,8 @@ The copy is the only part of an asynchronous save that training waits for: once 
 optimizer may step again. Two things keep it short. The host buffers are kept between saves (a
 second save of the same state reuses them: allocating pinned memory costs about as much as
 filling it), and GPU tensors go to pinned memory with non-blocking copies, all queued before one
-synchronisation, so the copies run at the link's bandwidth.
+synchronisation, so the copies run at the link's bandwidth. The buffers are one shared block
+(:class:`.host_arena.HostArena`), which the rank's writer process reads without a copy.
 
 A DTensor (FSDP2, tensor parallel) is staged as a DTensor of the same mesh and placements whose
 local shard is the host buffer: what DCP writes of it is the shard, and where it belongs. That is
@@ -21,6 +22,8 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from .host_arena import HostArena
 
 logger = logging.getLogger(__name__)
 
@@ -41,23 +44,39 @@ def _layout(obj: Any) -> Any:
     return ("v",)
 
 
-def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
-    pin = tensor.device.type == "cuda"
-    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+def _local_tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors a staging of ``obj`` copies (a DTensor's local shard), in :meth:`Stager._allocate`'s order."""
+    if isinstance(obj, DTensor):
+        return [obj.to_local()]
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _local_tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _local_tensors(v)]
+    return []
 
 
 class Stager:
-    """Stages nested state dicts into host buffers kept for the next staging of the same layout."""
+    """Stages nested state dicts into host buffers kept for the next staging of the same layout.
+
+    The buffers are carved from one :class:`HostArena` (shared with the writer process, pinned
+    when any tensor is on a GPU); :attr:`arena` is the current one, None before the first staging.
+    """
 
     def __init__(self) -> None:
         self._layout: Any = None
         self._buffers: Any = None
+        self.arena: HostArena | None = None
 
     @torch.no_grad()
     def stage(self, state: Any) -> Any:
         """A copy of ``state`` in host memory, finished (GPU copies synchronised) on return."""
         layout = _layout(state)
         if layout != self._layout:
+            self._buffers = self._layout = self.arena = None  # the old block goes before the new one is made
+            tensors = _local_tensors(state)
+            self.arena = HostArena(HostArena.size_of(tensors), pin=any(t.device.type == "cuda" for t in tensors))
             self._buffers = self._allocate(state)
             self._layout = layout
         staged = self._copy(state, self._buffers)
@@ -67,16 +86,16 @@ class Stager:
 
     def release(self) -> None:
         """Drop the kept buffers (the next staging allocates them again)."""
-        self._layout = self._buffers = None
+        self._layout = self._buffers = self.arena = None
 
     def _allocate(self, obj: Any) -> Any:
         if isinstance(obj, DTensor):
             staged = obj.to("cpu", copy=True)  # same spec, a new host local tensor (as torch's stager)
-            if obj.to_local().device.type == "cuda":
-                staged._local_tensor = _host_buffer(obj.to_local())  # pinned, for non-blocking copies
+            local = obj.to_local()
+            staged._local_tensor = self.arena.tensor(local.shape, local.dtype)
             return staged
         if isinstance(obj, torch.Tensor):
-            return _host_buffer(obj)
+            return self.arena.tensor(obj.shape, obj.dtype)
         if isinstance(obj, dict):
             return {k: self._allocate(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
