@@ -37,10 +37,10 @@ from .session import Session
 logger = logging.getLogger(__name__)
 
 #: How long connecting waits for the ranks to answer on their channels (they may be finishing a
-#: cell the previous kernel started), and how long one attempt waits before fresh channels are
-#: opened (channels opened while a rank was busy were seen never to hear its answers after).
+#: cell the previous kernel started; the requests sent meanwhile are answered once it ends, see
+#: clorch_repl.kernel.lean_execute._rearm), and after how long it says they are busy.
 CONNECT_TIMEOUT_S = 120.0
-ATTEMPT_S = 3.0
+BUSY_S = 3.0
 #: Lines of each rank's log shown on connect (what they printed while nobody was connected).
 TAIL_LINES = 10
 
@@ -76,34 +76,24 @@ class ConnectedSession(Session):
         return time.monotonic() - t0
 
     def _open(self, progress: Progress) -> None:
-        """Open channels to every rank, with fresh ones every :data:`ATTEMPT_S` while they do
-        not answer (busy with a cell the previous kernel started), for :data:`CONNECT_TIMEOUT_S`."""
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
-        said = False
-        while True:
-            self.relay = Relay(self.group)
-            self.comms = CommBridge(self.relay)
-            self.relay.set_comm_sink(self.comms.from_rank)
-            try:
-                self.relay.connect(lambda k, total: progress(f"ranks answering {k}/{total}"),
-                                   min(ATTEMPT_S, max(0.1, deadline - time.monotonic())))
-                return
-            except ClorchError:
-                self.comms.close()
-                self.relay.close()
-                self.relay = self.comms = None
-                dead = [p.where for p in self.group.ranks if not p.alive]
-                if dead or time.monotonic() >= deadline:
-                    logs = ", ".join(f.log_path for f in self.group.files)
-                    raise ConfigError(
-                        (f"{', '.join(dead)} of session {self.name!r} ended" if dead else
-                         f"the ranks of session {self.name!r} did not answer within {CONNECT_TIMEOUT_S:.0f} s: they "
-                         "are likely still running a cell an earlier kernel started") +
-                        f"; their logs: {logs}. Connect again later, or end them with %clorch connect then "
-                        "%clorch stop") from None
-            if not said:
-                progress("the ranks are busy (a cell an earlier kernel started?); waiting for them to answer")
-                said = True
+        """Open channels to every rank and wait, up to :data:`CONNECT_TIMEOUT_S`, for them to
+        answer: they may be finishing a cell the previous kernel started (said after :data:`BUSY_S`)."""
+        self.relay = Relay(self.group)
+        self.comms = CommBridge(self.relay)
+        self.relay.set_comm_sink(self.comms.from_rank)
+        try:
+            self.relay.connect(lambda k, total: progress(f"ranks answering {k}/{total}"), CONNECT_TIMEOUT_S,
+                               late=(BUSY_S, lambda: progress("the ranks are busy (a cell an earlier kernel "
+                                                              "started?); waiting for them to answer")))
+        except ClorchError:
+            dead = [p.where for p in self.group.ranks if not p.alive]
+            logs = ", ".join(f.log_path for f in self.group.files)
+            raise ConfigError(
+                (f"{', '.join(dead)} of session {self.name!r} ended" if dead else
+                 f"the ranks of session {self.name!r} did not answer within {CONNECT_TIMEOUT_S:.0f} s: they "
+                 "are likely still running a cell an earlier kernel started") +
+                f"; their logs: {logs}. Connect again later, or end them with %clorch connect then "
+                "%clorch stop") from None
 
     def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
                 sink: Any = None) -> float:
