@@ -24,7 +24,9 @@ import os
 import time
 from typing import Any
 
+from .. import cuda
 from ..errors import ClorchError, ConfigError
+from ..human import size, span
 from ..launchers import hold
 from ..launchers.adopted import AdoptedLauncher
 from ..launchers.base import Progress
@@ -154,6 +156,17 @@ class ConnectedSession(Session):
         return current is not None and int(current.get("owner_pid", 0)) == os.getpid()
 
 
+def held_line(session: Session) -> str | None:
+    """``%clorch status``'s line on a detached session this kernel drives (None for any other):
+    that its ranks outlive this kernel, which kernel holds it, and how long it is kept without one."""
+    if not isinstance(session, ConnectedSession) or session.group is None:
+        return None
+    current = hold.read(session.record.dir)
+    keep_for = float(current.get("keep_for_s", session.record.keep_for_s)) if current else session.record.keep_for_s
+    return (f"clorch: session {session.name!r} is detached (its ranks outlive this kernel); this kernel (pid "
+            f"{os.getpid()}) drives it; kept {span(keep_for)} once no kernel drives it (%clorch sessions lists it)")
+
+
 def release(session: Session) -> None:
     """Let go of ``session``'s ranks without ending them: close this kernel's channels and comm
     proxies, forget the launcher (never closed: its directory is the ranks')."""
@@ -280,20 +293,39 @@ def _taken(name: str, current: dict[str, Any] | None) -> str:
             f"%clorch connect {name} --take takes it back")
 
 
+def gpu_memory(record: registry.SessionRecord, by_pid: dict[int, int]) -> str:
+    """``%clorch sessions``' GPU memory of a session: what ``by_pid`` (GPU bytes per process,
+    :func:`clorch_repl.cuda.memory_by_pid`) says its ranks hold, summed; ``cpu`` for CPU ranks;
+    ``?`` where it names none of them (no nvidia-smi): never a figure nothing measured."""
+    if not record.topology.uses_gpu:
+        return "cpu"
+    known = [by_pid[r.pid] for r in record.ranks if r.pid in by_pid]
+    if not known:
+        return "?"
+    part = "" if len(known) == len(record.ranks) else f" ({len(known)} of {len(record.ranks)} ranks)"
+    return size(sum(known)) + part
+
+
 def status_rows() -> tuple[list[str], list[list[str]]]:
     """``%clorch sessions``: one row per session file of this user; stale files are removed."""
-    header = ["name", "ranks", "launcher", "state", "owner", "idle", "kept until"]
+    header = ["name", "ranks", "launcher", "state", "GPU memory", "owner", "idle", "kept until"]
     rows = []
     now = time.time()
+    records = []
     for name in registry.names():
         try:
             record = registry.read(name)
         except ConfigError as exc:
-            rows.append([name, "?", "?", f"unreadable: {exc}", "-", "-", "-"])
+            rows.append([name, "?", "?", f"unreadable: {exc}", "-", "-", "-", "-"])
             continue
         if not registry.live(record):
             registry.remove(name, record.dir)
             continue
+        records.append(record)
+    # one nvidia-smi for every session, none when no session has GPU ranks
+    by_pid = cuda.memory_by_pid() if any(r.topology.uses_gpu for r in records) else {}
+    for record in records:
+        name = record.name
         current = hold.read(record.dir) or {}
         alive = bool(current) and hold.owner_alive(current)
         owner = f"pid {current.get('owner_pid')}" + (" (this kernel)" if current.get("owner_pid") == os.getpid()
@@ -303,5 +335,6 @@ def status_rows() -> tuple[list[str], list[list[str]]]:
         until = ("while owned" if alive else
                  time.strftime("%H:%M:%S", time.localtime(since + record.keep_for_s)) if since else "?")
         topo = record.topology
-        rows.append([name, f"{topo.nproc} x {topo.backend}", record.launcher, "running", owner, idle, until])
+        rows.append([name, f"{topo.nproc} x {topo.backend}", record.launcher, "running", gpu_memory(record, by_pid),
+                     owner, idle, until])
     return header, rows

@@ -109,6 +109,8 @@ def detached(kernels: Kernels, name: str, keep_for: str = "60s") -> tuple[Notebo
     reply = ok(first.run(f"%clorch detach --keep-for {keep_for}"))
     assert f"session {name!r} detached" in reply.text, reply.text
     record = kernels.record(name)
+    status = ok(first.run("%clorch status")).text
+    assert f"session {name!r} is detached" in status and f"this kernel (pid {first.pid}) drives it" in status, status
     assert oct(os.stat(kernels.session_file(name)).st_mode & 0o777) == "0o600"
     assert oct(os.stat(os.path.dirname(kernels.session_file(name))).st_mode & 0o777) == "0o700"
     return first, record
@@ -143,8 +145,11 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     assert interrupted.status == "error" and "KeyboardInterrupt" in interrupted.text, interrupted.text
     status = ok(second.run("%clorch status")).text
     assert status.count(" idle ") == 2 and str(record["ranks"][1]["pid"]) in status, status
+    assert (f"session 'train' is detached (its ranks outlive this kernel); this kernel (pid {second.pid}) drives "
+            "it; kept 1 min once no kernel drives it") in status, status
     listed = ok(second.run("%clorch sessions")).text
     assert "train" in listed and f"pid {second.pid} (this kernel)" in listed, listed
+    assert "GPU memory" in listed and "cpu" in listed, listed  # CPU ranks: no figure made up
 
     stopped = ok(second.run("%clorch stop"))
     assert "stopped 2 rank(s)" in stopped.text
