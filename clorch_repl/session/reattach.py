@@ -28,7 +28,7 @@ from .. import cuda
 from ..errors import ClorchError, ConfigError
 from ..human import size, span
 from ..launchers import hold
-from ..launchers.adopted import AdoptedLauncher
+from ..launchers.adopted import AdoptedLauncher, no_start
 from ..launchers.base import Progress
 from . import registry
 from .comms import CommBridge
@@ -100,9 +100,8 @@ class ConnectedSession(Session):
     def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
                 sink: Any = None) -> float:
         if ranks is None:
-            raise ConfigError("a detached session cannot restart its ranks in place: %clorch stop ends it, then "
-                              "%clorch start starts a new one")
-        return super().restart(progress, ranks, sink)
+            raise ConfigError(no_start("%clorch restart"))
+        return super().restart(progress, ranks, sink)  # refused by the launcher, after Session's own checks
 
     @property
     def generation(self) -> int:

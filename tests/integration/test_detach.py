@@ -167,6 +167,12 @@ def test_a_second_kernel_is_refused_until_it_takes_over(kernels: Kernels) -> Non
     told = first.run("%%distributed\nprint('still mine?')")
     assert told.status == "error" and f"taken over by the kernel with pid {second.pid}" in told.text, told.text
     assert "x is 10" in ok(second.run("%%distributed\nprint('x is', x)")).text
+    for restart, said in (("%clorch restart", "%clorch restart"), ("%clorch restart --ranks 1", "--ranks")):
+        refused = second.run(restart)  # refused, saying why and what to do instead
+        assert refused.status == "error" and f"{said} is not possible in a detached session" in refused.text \
+            and "kept by no hold" in refused.text and "%clorch stop, then %clorch start --name NAME" in refused.text, \
+            refused.text
+    assert "x is 10" in ok(second.run("%%distributed\nprint('x is', x)")).text  # the ranks untouched
     first.shutdown()  # the first kernel's exit lets go; it never stops a session it no longer drives
     time.sleep(1)
     assert all(pid_running(p) for p in pids_of(record))
