@@ -330,3 +330,43 @@ def test_another_local_user_cannot_list_read_or_signal(kernels: Kernels) -> None
         subprocess.run(["userdel", name], capture_output=True)
     ok(first.run("%clorch stop"))
     assert wait_gone(pids_of(record), 10) == []
+
+
+PROMPT = r"In \[\d+\]: "
+
+
+def test_jupyter_console_connects_and_runs_a_cell_on_the_ranks(kernels: Kernels) -> None:
+    """A real ``jupyter console`` (its own kernel, under a pseudo-terminal: pexpect) drives the
+    ranks a killed notebook kernel detached: it sees the variables that kernel set."""
+    import pexpect
+
+    first, record = detached(kernels, "console")
+    ok(first.run("%%distributed\nfrom_notebook = f'set in the notebook on rank {rank}'"))
+    os.kill(first.pid, signal.SIGKILL)
+    console = pexpect.spawn(
+        os.path.join(os.path.dirname(sys.executable), "jupyter-console"),
+        ["--simple-prompt", "--no-confirm-exit", "--kernel", "python3"],
+        env=dict(os.environ, JUPYTER_RUNTIME_DIR=kernels.runtime, TERM="dumb"), encoding="utf-8", timeout=120,
+        dimensions=(50, 200))
+    try:
+        console.expect(PROMPT)
+        console.sendline("%load_ext clorch_repl")
+        console.expect(PROMPT)
+        console.sendline("%clorch connect console")
+        console.expect("connected to session 'console': 2 gloo rank\\(s\\)")
+        console.expect(PROMPT)
+        # jupyter console's simple prompt (the one a pseudo-terminal can drive) reads one line per
+        # cell, so the %%distributed cell is run as IPython runs any cell magic
+        console.sendline("get_ipython().run_cell_magic('distributed', '', \"print(from_notebook, 'x is', x)\")")
+        console.expect(PROMPT)
+        ran = console.before
+        assert "set in the notebook on rank 0 x is 0" in ran and "set in the notebook on rank 1 x is 10" in ran, ran
+        console.sendline("%clorch stop")
+        console.expect("stopped 2 rank\\(s\\)")
+        console.expect(PROMPT)
+        console.sendline("exit")
+        console.expect(pexpect.EOF)
+    finally:
+        console.close(force=True)
+    assert wait_gone(pids_of(record), 10) == []
+    assert not os.path.exists(record["dir"]) and not os.path.exists(kernels.session_file("console"))
