@@ -190,8 +190,9 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
     if not isinstance(group, LocalLauncher):
         launcher = getattr(group, "name", "?")
         raise ConfigError(f"%clorch detach works for --launcher local sessions only; this one is {launcher}: its "
-                          "ranks' nannies do not yet keep them for a kernel that is gone (see the README, "
-                          "\"Sessions that outlive the notebook\")")
+                          "ranks' nannies end them once this kernel's callback endpoint stops answering, and they "
+                          "cannot yet re-register with a new kernel's endpoint (see the README, \"Sessions that "
+                          "outlive the notebook\")")
     if session.relay is None or session.life.state is not SessionState.READY or session.relay.busy():
         raise ConfigError(f"only a ready, idle session can be detached; this one is {session.life.state.value}"
                           f"{' (' + session.life.why + ')' if session.life.why else ''}: wait, or %clorch restart")

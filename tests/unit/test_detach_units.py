@@ -150,7 +150,8 @@ def test_detach_refuses_other_launchers_saying_why() -> None:
     from clorch_repl.session.reattach import detach
 
     session = SimpleNamespace(group=SimpleNamespace(name="slurm"))
-    with pytest.raises(ConfigError, match="--launcher local sessions only; this one is slurm: its ranks' nannies"):
+    with pytest.raises(ConfigError, match="--launcher local sessions only; this one is slurm: its ranks' nannies end them .* "
+                                           "cannot yet re-register with a new kernel's endpoint"):
         detach(session, "alice-1", 60.0, lambda _: None)  # type: ignore[arg-type]
 
 
