@@ -42,6 +42,7 @@ from .supervisor import STOP_GRACE_S
 
 logger = logging.getLogger(__name__)
 
+
 def no_start(what: str) -> str:
     """Why ``what`` (a restart, a replacement of ranks) is refused in a detached session, and what
     to do instead: the one wording of this launcher's refusals (see the module docstring)."""

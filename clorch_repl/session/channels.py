@@ -77,7 +77,7 @@ class Channels:
                 self.poller.register(sock, zmq.POLLIN)
                 self._owner[sock] = (proc.rank, kind)
             self._shell[proc.rank] = client.shell_channel.socket
-        self._await_ready(ready_kinds, progress, timeout_s, late)
+        self._await_ready(ready_kinds, progress, timeout_s, notice=late)
 
     def drop(self, rank: int) -> None:
         """Close and forget ``rank``'s channels, if it has any (its process is being replaced)."""
@@ -98,10 +98,10 @@ class Channels:
         client.stop_channels()
 
     def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
-                     timeout_s: float, late: tuple[float, Callable[[], None]] | None) -> None:
+                     timeout_s: float, notice: tuple[float, Callable[[], None]] | None) -> None:
         total = len(seen)
         deadline = time.monotonic() + timeout_s
-        late_at, on_late = late if late is not None else (float("inf"), None)
+        late_at, on_late = notice if notice is not None else (float("inf"), None)
         late_at += time.monotonic()
         last_probe: dict[int, float] = {}
         reported = -1
