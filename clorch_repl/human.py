@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-__all__ = ["size", "duration", "wrap", "COLUMNS"]
+__all__ = ["size", "duration", "span", "wrap", "COLUMNS"]
 
 #: The width clorch wraps its own messages to: a notebook cell shows about 100 columns of
 #: monospace text at JupyterLab's default font and a 1400-pixel window; wider lines were wrapped
@@ -32,6 +32,15 @@ def duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def span(seconds: float) -> str:
+    """A duration the user gave, in their unit: ``1 h``, ``30 min``, ``90 s`` (``--keep-for``)."""
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:.0f} h"
+    if seconds % 60 == 0:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:g} s"
 
 
 def wrap(text: str, width: int = COLUMNS, indent: str = "") -> str:

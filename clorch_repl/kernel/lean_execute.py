@@ -19,6 +19,7 @@ import time
 
 from ipykernel.jsonutil import json_clean
 from jupyter_client.session import extract_header
+import zmq
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..session.flood import Limits
@@ -178,15 +179,35 @@ class LeanExecute:
         metadata = self.finish_metadata(parent, metadata, reply_content)
         if self._counting is not None:  # everything the cell sent is counted: the streams are flushed
             metadata[IOPUB_COUNT_KEY] = len(self._counting[1])
-        if isinstance(stream, ZMQStream) and not stream.sending():
-            stream = stream.socket  # this thread's own socket, nothing queued before: send now
         if self._reply_encoder is None:
             self._reply_encoder = MessageEncoder(self.session)
         frame = lean_reply(self._reply_encoder, self.session, "execute_reply", reply_content, parent, metadata)
-        stream.send_multipart([*idents, frame])  # one frame: only the relay reads it (wire.lean_reply)
+        if isinstance(stream, ZMQStream) and not stream.sending():
+            # this thread's own socket, nothing queued before: send now, past the stream's queue
+            stream.socket.send_multipart([*idents, frame])  # one frame: only the relay reads it (wire.lean_reply)
+            _rearm(stream)
+        else:
+            stream.send_multipart([*idents, frame])
         if not silent and reply_content["status"] == "error" and content.get("stop_on_error", True):
             self._abort_queues(None)
         return True
+
+
+def _rearm(stream: ZMQStream) -> None:
+    """Have ``stream`` read the requests that came while the cell ran, after a send on its socket
+    past the stream.
+
+    A ZeroMQ socket's file descriptor is edge-triggered: it signals once when commands wait for
+    the socket (a new peer, a peer's first message into an empty pipe), and any call on the socket,
+    a send included, processes them and clears it. ZMQStream re-checks the socket's events after
+    each of its own sends and receives, but not after ours: a request that arrived while the cell
+    ran (another client's, or a kernel connecting to a detached session while the rank finished
+    the last kernel's cell) was left unread, and so were the requests its sender queued after it
+    into the same pipe (they signal nothing), until another peer connected. Measured: a client's
+    kernel_info sent during a 6 s lean cell, and every one it sent in the 60 s after, went
+    unanswered; ipykernel's own execute path (sends through the stream) answered at 5.0 s."""
+    if stream.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        stream.io_loop.add_callback(stream.flush, zmq.POLLIN)
 
 
 def _flush_streams() -> None:

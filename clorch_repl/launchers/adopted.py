@@ -9,7 +9,15 @@ interrupts by signalling each rank's process group (the supervisor leads it and 
 for jupyter_client's interrupt), stacks and logs from the rank's files (:mod:`.rankfiles`), and a
 stop by SIGTERM to the supervisors, which end their rank and everything it started. No process is
 started here: :meth:`AdoptedLauncher.launch` refuses, so a session adopted this way cannot be
-restarted in place (``%clorch stop`` and ``%clorch start`` make a new one).
+restarted in place, whole (``%clorch restart``) or in part (``--ranks``): decided for issue 36,
+and said in each refusal (:func:`no_start`). A fresh rank would have to be started the way the
+LocalLauncher starts one (a supervisor and a kernel through jupyter_client's KernelManager, its
+connection file in the session's directory), its supervisor told to follow the hold rather than
+this kernel's life, and its pids and connection file written into the session file in the same
+step as the hold, or the next kernel to connect would adopt a rank that is gone and miss the new
+one; and a whole restart ends every rank first, the moment the session is most easily lost. Not
+built: ``%clorch stop`` then ``%clorch start --name NAME`` and ``%clorch detach`` make a new one,
+and a rank stuck in a collective is freed in place by ``%clorch interrupt`` (the group re-forms).
 
 The exit of an adopted rank cannot be read (it is not our child): a rank whose kernel is gone is
 reported as ended, its log (``%clorch logs N``) saying how.
@@ -34,8 +42,15 @@ from .supervisor import STOP_GRACE_S
 
 logger = logging.getLogger(__name__)
 
-_NO_START = ("a session connected from another kernel cannot start ranks: %clorch stop ends it, then "
-             "%clorch start starts a new one")
+
+def no_start(what: str) -> str:
+    """Why ``what`` (a restart, a replacement of ranks) is refused in a detached session, and what
+    to do instead: the one wording of this launcher's refusals (see the module docstring)."""
+    return (f"{what} is not possible in a detached session: its ranks are started by the kernel that ran %clorch "
+            "start, through processes only that kernel owns, and a rank started from here would be listed in no "
+            "session file and kept by no hold, so the next kernel to connect would not find it. Instead: "
+            "%clorch interrupt frees ranks stuck in a collective (the group is formed again in place); for fresh "
+            "ranks, %clorch stop, then %clorch start --name NAME and %clorch detach")
 
 
 class AdoptedRank(RankHandle):
@@ -97,14 +112,13 @@ class AdoptedLauncher(Launcher):
     @classmethod
     def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
                  timeout: str | None) -> Topology:
-        raise ConfigError(_NO_START)
+        raise ConfigError(no_start("starting ranks"))
 
     def launch(self, progress: Progress) -> None:
-        raise ConfigError(_NO_START)
+        raise ConfigError(no_start("starting ranks"))
 
     def cannot_replace(self, ranks: list[int]) -> str:
-        return ("a session connected from another kernel cannot replace ranks yet (its ranks are not this kernel's "
-                "children): %clorch stop, then %clorch start")
+        return no_start("%clorch restart --ranks")
 
     def interrupt(self, ranks: list[int] | None = None) -> None:
         """SIGINT to each chosen rank's process group, as jupyter_client's interrupt does: the

@@ -165,7 +165,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
                 print("clorch: no ranks are running; %clorch start starts them")
             return
         session = self._session()
-        views.notice(views.session_line(session.life.state.value, session.life.why))
+        views.notice(views.session_line(session))
         header, body = views.status_rows(session.status())
         display(views.table_bundle(header, body), raw=True)
         spares = session.spares()

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from IPython.display import display
 
 from ..errors import ClorchError
+from ..human import span
 from ..session import registry
 from . import views
 from .arguments import argument, magic_arguments, parse
@@ -81,7 +82,7 @@ class SessionCommands:
         name = registry.check_name(args.name) if args.name else started_as or registry.default_name()
         self.session = detach(self.session, name, keep_for, views.StartProgress())
         print(f"clorch: session {name!r} detached: its ranks outlive this kernel and are kept "
-              f"{_words(keep_for)} once no kernel drives them; %clorch connect {name} drives them from another "
+              f"{span(keep_for)} once no kernel drives them; %clorch connect {name} drives them from another "
               "kernel, %clorch stop ends them")
 
     @magic_arguments(name="clorch connect")
@@ -120,10 +121,3 @@ class SessionCommands:
             return
         display(views.table_bundle(header, rows), raw=True)
 
-
-def _words(seconds: float) -> str:
-    if seconds % 3600 == 0:
-        return f"{seconds / 3600:.0f} h"
-    if seconds % 60 == 0:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:g} s"

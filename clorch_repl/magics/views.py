@@ -128,8 +128,12 @@ def notice(text: str | None) -> None:
         print(text)
 
 
-def session_line(state: str, why: str) -> str | None:
-    """``%clorch status``'s first line where the session is not simply ready (recovering, degraded)."""
-    if state == "ready":
-        return None
-    return f"clorch: the session is {state}" + (f": {why}" if why else "")
+def session_line(session: Any) -> str | None:
+    """``%clorch status``'s first lines: the session's state where it is not simply ready
+    (recovering, degraded), and who drives a detached one (:func:`~clorch_repl.session.reattach.held_line`)."""
+    from ..session.reattach import held_line
+
+    state, why = session.life.state.value, session.life.why
+    lines = [] if state == "ready" else [f"clorch: the session is {state}" + (f": {why}" if why else "")]
+    held = held_line(session)
+    return "\n".join(lines + ([held] if held else [])) or None

@@ -50,9 +50,10 @@ class Channels:
         self._context = zmq.Context()
 
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0,
-                ranks: Sequence[int] | None = None) -> None:
+                ranks: Sequence[int] | None = None, late: tuple[float, Callable[[], None]] | None = None) -> None:
         """Open channels to every rank (or to ``ranks``: fresh processes that replaced them) and
-        wait until each answers on shell and iopub."""
+        wait until each answers on shell and iopub; ``late``: (seconds, what to call once, if
+        some rank has not answered by then)."""
         ready_kinds: dict[int, set[str]] = {}
         for proc in self.group.ranks:
             if ranks is not None and proc.rank not in ranks:
@@ -76,7 +77,7 @@ class Channels:
                 self.poller.register(sock, zmq.POLLIN)
                 self._owner[sock] = (proc.rank, kind)
             self._shell[proc.rank] = client.shell_channel.socket
-        self._await_ready(ready_kinds, progress, timeout_s)
+        self._await_ready(ready_kinds, progress, timeout_s, notice=late)
 
     def drop(self, rank: int) -> None:
         """Close and forget ``rank``'s channels, if it has any (its process is being replaced)."""
@@ -97,9 +98,11 @@ class Channels:
         client.stop_channels()
 
     def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
-                     timeout_s: float) -> None:
+                     timeout_s: float, notice: tuple[float, Callable[[], None]] | None) -> None:
         total = len(seen)
         deadline = time.monotonic() + timeout_s
+        late_at, on_late = notice if notice is not None else (float("inf"), None)
+        late_at += time.monotonic()
         last_probe: dict[int, float] = {}
         reported = -1
         while True:
@@ -115,6 +118,9 @@ class Channels:
                         f"{proc.where} exited while starting ({proc.exit}); "
                         f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
             now = time.monotonic()
+            if on_late is not None and now > late_at:
+                on_late()
+                on_late = None
             if now > deadline:
                 late = sorted(set(seen) - set(ready))
                 tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)

@@ -24,9 +24,11 @@ import os
 import time
 from typing import Any
 
+from .. import cuda
 from ..errors import ClorchError, ConfigError
+from ..human import size, span
 from ..launchers import hold
-from ..launchers.adopted import AdoptedLauncher
+from ..launchers.adopted import AdoptedLauncher, no_start
 from ..launchers.base import Progress
 from . import registry
 from .comms import CommBridge
@@ -37,10 +39,10 @@ from .session import Session
 logger = logging.getLogger(__name__)
 
 #: How long connecting waits for the ranks to answer on their channels (they may be finishing a
-#: cell the previous kernel started), and how long one attempt waits before fresh channels are
-#: opened (channels opened while a rank was busy were seen never to hear its answers after).
+#: cell the previous kernel started; the requests sent meanwhile are answered once it ends, see
+#: clorch_repl.kernel.lean_execute._rearm), and after how long it says they are busy.
 CONNECT_TIMEOUT_S = 120.0
-ATTEMPT_S = 3.0
+BUSY_S = 3.0
 #: Lines of each rank's log shown on connect (what they printed while nobody was connected).
 TAIL_LINES = 10
 
@@ -76,41 +78,30 @@ class ConnectedSession(Session):
         return time.monotonic() - t0
 
     def _open(self, progress: Progress) -> None:
-        """Open channels to every rank, with fresh ones every :data:`ATTEMPT_S` while they do
-        not answer (busy with a cell the previous kernel started), for :data:`CONNECT_TIMEOUT_S`."""
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
-        said = False
-        while True:
-            self.relay = Relay(self.group)
-            self.comms = CommBridge(self.relay)
-            self.relay.set_comm_sink(self.comms.from_rank)
-            try:
-                self.relay.connect(lambda k, total: progress(f"ranks answering {k}/{total}"),
-                                   min(ATTEMPT_S, max(0.1, deadline - time.monotonic())))
-                return
-            except ClorchError:
-                self.comms.close()
-                self.relay.close()
-                self.relay = self.comms = None
-                dead = [p.where for p in self.group.ranks if not p.alive]
-                if dead or time.monotonic() >= deadline:
-                    logs = ", ".join(f.log_path for f in self.group.files)
-                    raise ConfigError(
-                        (f"{', '.join(dead)} of session {self.name!r} ended" if dead else
-                         f"the ranks of session {self.name!r} did not answer within {CONNECT_TIMEOUT_S:.0f} s: they "
-                         "are likely still running a cell an earlier kernel started") +
-                        f"; their logs: {logs}. Connect again later, or end them with %clorch connect then "
-                        "%clorch stop") from None
-            if not said:
-                progress("the ranks are busy (a cell an earlier kernel started?); waiting for them to answer")
-                said = True
+        """Open channels to every rank and wait, up to :data:`CONNECT_TIMEOUT_S`, for them to
+        answer: they may be finishing a cell the previous kernel started (said after :data:`BUSY_S`)."""
+        self.relay = Relay(self.group)
+        self.comms = CommBridge(self.relay)
+        self.relay.set_comm_sink(self.comms.from_rank)
+        try:
+            self.relay.connect(lambda k, total: progress(f"ranks answering {k}/{total}"), CONNECT_TIMEOUT_S,
+                               late=(BUSY_S, lambda: progress("the ranks are busy (a cell an earlier kernel "
+                                                              "started?); waiting for them to answer")))
+        except ClorchError:
+            dead = [p.where for p in self.group.ranks if not p.alive]
+            logs = ", ".join(f.log_path for f in self.group.files)
+            raise ConfigError(
+                (f"{', '.join(dead)} of session {self.name!r} ended" if dead else
+                 f"the ranks of session {self.name!r} did not answer within {CONNECT_TIMEOUT_S:.0f} s: they "
+                 "are likely still running a cell an earlier kernel started") +
+                f"; their logs: {logs}. Connect again later, or end them with %clorch connect then "
+                "%clorch stop") from None
 
     def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
                 sink: Any = None) -> float:
         if ranks is None:
-            raise ConfigError("a detached session cannot restart its ranks in place: %clorch stop ends it, then "
-                              "%clorch start starts a new one")
-        return super().restart(progress, ranks, sink)
+            raise ConfigError(no_start("%clorch restart"))
+        return super().restart(progress, ranks, sink)  # refused by the launcher, after Session's own checks
 
     @property
     def generation(self) -> int:
@@ -164,6 +155,17 @@ class ConnectedSession(Session):
         return current is not None and int(current.get("owner_pid", 0)) == os.getpid()
 
 
+def held_line(session: Session) -> str | None:
+    """``%clorch status``'s line on a detached session this kernel drives (None for any other):
+    that its ranks outlive this kernel, which kernel holds it, and how long it is kept without one."""
+    if not isinstance(session, ConnectedSession) or session.group is None:
+        return None
+    current = hold.read(session.record.dir)
+    keep_for = float(current.get("keep_for_s", session.record.keep_for_s)) if current else session.record.keep_for_s
+    return (f"clorch: session {session.name!r} is detached (its ranks outlive this kernel); this kernel (pid "
+            f"{os.getpid()}) drives it; kept {span(keep_for)} once no kernel drives it (%clorch sessions lists it)")
+
+
 def release(session: Session) -> None:
     """Let go of ``session``'s ranks without ending them: close this kernel's channels and comm
     proxies, forget the launcher (never closed: its directory is the ranks')."""
@@ -188,8 +190,9 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
     if not isinstance(group, LocalLauncher):
         launcher = getattr(group, "name", "?")
         raise ConfigError(f"%clorch detach works for --launcher local sessions only; this one is {launcher}: its "
-                          "ranks' nannies do not yet keep them for a kernel that is gone (see the README, "
-                          "\"Sessions that outlive the notebook\")")
+                          "ranks' nannies end them once this kernel's callback endpoint stops answering, and they "
+                          "cannot yet re-register with a new kernel's endpoint (see the README, \"Sessions that "
+                          "outlive the notebook\")")
     if session.relay is None or session.life.state is not SessionState.READY or session.relay.busy():
         raise ConfigError(f"only a ready, idle session can be detached; this one is {session.life.state.value}"
                           f"{' (' + session.life.why + ')' if session.life.why else ''}: wait, or %clorch restart")
@@ -290,20 +293,39 @@ def _taken(name: str, current: dict[str, Any] | None) -> str:
             f"%clorch connect {name} --take takes it back")
 
 
+def gpu_memory(record: registry.SessionRecord, by_pid: dict[int, int]) -> str:
+    """``%clorch sessions``' GPU memory of a session: what ``by_pid`` (GPU bytes per process,
+    :func:`clorch_repl.cuda.memory_by_pid`) says its ranks hold, summed; ``cpu`` for CPU ranks;
+    ``?`` where it names none of them (no nvidia-smi): never a figure nothing measured."""
+    if not record.topology.uses_gpu:
+        return "cpu"
+    known = [by_pid[r.pid] for r in record.ranks if r.pid in by_pid]
+    if not known:
+        return "?"
+    part = "" if len(known) == len(record.ranks) else f" ({len(known)} of {len(record.ranks)} ranks)"
+    return size(sum(known)) + part
+
+
 def status_rows() -> tuple[list[str], list[list[str]]]:
     """``%clorch sessions``: one row per session file of this user; stale files are removed."""
-    header = ["name", "ranks", "launcher", "state", "owner", "idle", "kept until"]
+    header = ["name", "ranks", "launcher", "state", "GPU memory", "owner", "idle", "kept until"]
     rows = []
     now = time.time()
+    records = []
     for name in registry.names():
         try:
             record = registry.read(name)
         except ConfigError as exc:
-            rows.append([name, "?", "?", f"unreadable: {exc}", "-", "-", "-"])
+            rows.append([name, "?", "?", f"unreadable: {exc}", "-", "-", "-", "-"])
             continue
         if not registry.live(record):
             registry.remove(name, record.dir)
             continue
+        records.append(record)
+    # one nvidia-smi for every session, none when no session has GPU ranks
+    by_pid = cuda.memory_by_pid() if any(r.topology.uses_gpu for r in records) else {}
+    for record in records:
+        name = record.name
         current = hold.read(record.dir) or {}
         alive = bool(current) and hold.owner_alive(current)
         owner = f"pid {current.get('owner_pid')}" + (" (this kernel)" if current.get("owner_pid") == os.getpid()
@@ -313,5 +335,6 @@ def status_rows() -> tuple[list[str], list[list[str]]]:
         until = ("while owned" if alive else
                  time.strftime("%H:%M:%S", time.localtime(since + record.keep_for_s)) if since else "?")
         topo = record.topology
-        rows.append([name, f"{topo.nproc} x {topo.backend}", record.launcher, "running", owner, idle, until])
+        rows.append([name, f"{topo.nproc} x {topo.backend}", record.launcher, "running", gpu_memory(record, by_pid),
+                     owner, idle, until])
     return header, rows

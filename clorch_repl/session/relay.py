@@ -131,13 +131,13 @@ class Relay:
 
     # ----------------------------------------------------------------------------- channels
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0,
-                ranks: list[int] | None = None) -> None:
+                ranks: list[int] | None = None, late: tuple[float, Callable[[], None]] | None = None) -> None:
         """Open channels to every rank (or ``ranks``: fresh processes in their place) and wait until
-        each answers on shell and iopub."""
+        each answers on shell and iopub (``late``: see Channels.connect)."""
         for proc in self._launcher.ranks:
             if ranks is None or proc.rank in ranks:
                 self.ledger.add_rank(proc.rank)
-        self.channels.connect(progress, timeout_s, ranks)
+        self.channels.connect(progress, timeout_s, ranks, late)
         self.connections += 1
 
     def new_prober(self) -> Prober:

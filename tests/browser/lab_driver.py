@@ -293,6 +293,15 @@ class LabPage:
             30, f"menu item {top} > {item}").click()
         time.sleep(0.3)
 
+    def click_dialog_button(self, label: str) -> None:
+        """Click the button ``label`` of the dialog on the page (Kernel > Restart Kernel…'s "Restart")."""
+        from selenium.webdriver.common.by import By
+
+        wait_for(lambda: self.driver.find_element(
+            By.XPATH, f"//div[contains(@class,'jp-Dialog')]//button[normalize-space()='{label}']"),
+            30, f"the dialog's {label} button").click()
+        time.sleep(0.3)
+
     def run_all(self, timeout: float) -> float:
         """Run > Run All Cells, then wait until the run is over; returns how long it took."""
         started = time.monotonic()

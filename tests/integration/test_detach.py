@@ -109,6 +109,8 @@ def detached(kernels: Kernels, name: str, keep_for: str = "60s") -> tuple[Notebo
     reply = ok(first.run(f"%clorch detach --keep-for {keep_for}"))
     assert f"session {name!r} detached" in reply.text, reply.text
     record = kernels.record(name)
+    status = ok(first.run("%clorch status")).text
+    assert f"session {name!r} is detached" in status and f"this kernel (pid {first.pid}) drives it" in status, status
     assert oct(os.stat(kernels.session_file(name)).st_mode & 0o777) == "0o600"
     assert oct(os.stat(os.path.dirname(kernels.session_file(name))).st_mode & 0o777) == "0o700"
     return first, record
@@ -143,8 +145,11 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     assert interrupted.status == "error" and "KeyboardInterrupt" in interrupted.text, interrupted.text
     status = ok(second.run("%clorch status")).text
     assert status.count(" idle ") == 2 and str(record["ranks"][1]["pid"]) in status, status
+    assert (f"session 'train' is detached (its ranks outlive this kernel); this kernel (pid {second.pid}) drives "
+            "it; kept 1 min once no kernel drives it") in status, status
     listed = ok(second.run("%clorch sessions")).text
     assert "train" in listed and f"pid {second.pid} (this kernel)" in listed, listed
+    assert "GPU memory" in listed and "cpu" in listed, listed  # CPU ranks: no figure made up
 
     stopped = ok(second.run("%clorch stop"))
     assert "stopped 2 rank(s)" in stopped.text
@@ -162,6 +167,12 @@ def test_a_second_kernel_is_refused_until_it_takes_over(kernels: Kernels) -> Non
     told = first.run("%%distributed\nprint('still mine?')")
     assert told.status == "error" and f"taken over by the kernel with pid {second.pid}" in told.text, told.text
     assert "x is 10" in ok(second.run("%%distributed\nprint('x is', x)")).text
+    for restart, said in (("%clorch restart", "%clorch restart"), ("%clorch restart --ranks 1", "--ranks")):
+        refused = second.run(restart)  # refused, saying why and what to do instead
+        assert refused.status == "error" and f"{said} is not possible in a detached session" in refused.text \
+            and "kept by no hold" in refused.text and "%clorch stop, then %clorch start --name NAME" in refused.text, \
+            refused.text
+    assert "x is 10" in ok(second.run("%%distributed\nprint('x is', x)")).text  # the ranks untouched
     first.shutdown()  # the first kernel's exit lets go; it never stops a session it no longer drives
     time.sleep(1)
     assert all(pid_running(p) for p in pids_of(record))
@@ -319,3 +330,43 @@ def test_another_local_user_cannot_list_read_or_signal(kernels: Kernels) -> None
         subprocess.run(["userdel", name], capture_output=True)
     ok(first.run("%clorch stop"))
     assert wait_gone(pids_of(record), 10) == []
+
+
+PROMPT = r"In \[\d+\]: "
+
+
+def test_jupyter_console_connects_and_runs_a_cell_on_the_ranks(kernels: Kernels) -> None:
+    """A real ``jupyter console`` (its own kernel, under a pseudo-terminal: pexpect) drives the
+    ranks a killed notebook kernel detached: it sees the variables that kernel set."""
+    import pexpect
+
+    first, record = detached(kernels, "console")
+    ok(first.run("%%distributed\nfrom_notebook = f'set in the notebook on rank {rank}'"))
+    os.kill(first.pid, signal.SIGKILL)
+    console = pexpect.spawn(
+        os.path.join(os.path.dirname(sys.executable), "jupyter-console"),
+        ["--simple-prompt", "--no-confirm-exit", "--kernel", "python3"],
+        env=dict(os.environ, JUPYTER_RUNTIME_DIR=kernels.runtime, TERM="dumb"), encoding="utf-8", timeout=120,
+        dimensions=(50, 200))
+    try:
+        console.expect(PROMPT)
+        console.sendline("%load_ext clorch_repl")
+        console.expect(PROMPT)
+        console.sendline("%clorch connect console")
+        console.expect("connected to session 'console': 2 gloo rank\\(s\\)")
+        console.expect(PROMPT)
+        # jupyter console's simple prompt (the one a pseudo-terminal can drive) reads one line per
+        # cell, so the %%distributed cell is run as IPython runs any cell magic
+        console.sendline("get_ipython().run_cell_magic('distributed', '', \"print(from_notebook, 'x is', x)\")")
+        console.expect(PROMPT)
+        ran = console.before
+        assert "set in the notebook on rank 0 x is 0" in ran and "set in the notebook on rank 1 x is 10" in ran, ran
+        console.sendline("%clorch stop")
+        console.expect("stopped 2 rank\\(s\\)")
+        console.expect(PROMPT)
+        console.sendline("exit")
+        console.expect(pexpect.EOF)
+    finally:
+        console.close(force=True)
+    assert wait_gone(pids_of(record), 10) == []
+    assert not os.path.exists(record["dir"]) and not os.path.exists(kernels.session_file("console"))

@@ -3,6 +3,7 @@ and validation (what a kernel reads before it connects to ranks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -149,7 +150,8 @@ def test_detach_refuses_other_launchers_saying_why() -> None:
     from clorch_repl.session.reattach import detach
 
     session = SimpleNamespace(group=SimpleNamespace(name="slurm"))
-    with pytest.raises(ConfigError, match="--launcher local sessions only; this one is slurm: its ranks' nannies"):
+    with pytest.raises(ConfigError, match="--launcher local sessions only; this one is slurm: its ranks' nannies end them .* "
+                                           "cannot yet re-register with a new kernel's endpoint"):
         detach(session, "alice-1", 60.0, lambda _: None)  # type: ignore[arg-type]
 
 
@@ -191,3 +193,22 @@ def test_a_session_file_whose_ranks_are_gone_is_stale_and_a_damaged_one_is_kept(
     with open(registry.path_of("bob-1"), "w") as fh:
         fh.write("{not json")
     assert not _stale("bob-1")  # never removed silently: the user is told what is wrong with it
+
+
+def test_sessions_gpu_memory_is_measured_or_said_unknown_never_made_up() -> None:
+    from clorch_repl.session.reattach import gpu_memory
+
+    cpu = record()
+    assert not cpu.topology.uses_gpu
+    assert gpu_memory(cpu, {cpu.ranks[0].pid: 1 << 30}) == "cpu"  # CPU ranks: whatever else holds GPU memory
+    gpu = dataclasses.replace(cpu, topology=dataclasses.replace(cpu.topology, devices=(0, 1)))
+    pids = [r.pid for r in gpu.ranks]
+    assert gpu_memory(gpu, {pids[0]: 3 << 30, pids[1]: 1 << 30, 999999: 5 << 30}) == "4.0 GiB"  # its ranks only
+    assert gpu_memory(gpu, {pids[1]: 512 << 20}) == "512.0 MiB (1 of 2 ranks)"
+    assert gpu_memory(gpu, {}) == "?"  # no nvidia-smi, or it lists none of them
+
+
+def test_keep_for_is_said_in_the_unit_it_was_given() -> None:
+    from clorch_repl.human import span
+
+    assert [span(3600.0), span(1800.0), span(90.0), span(2.5)] == ["1 h", "30 min", "90 s", "2.5 s"]
