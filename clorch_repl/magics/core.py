@@ -101,6 +101,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
     @suspend_after_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
+        progress = views.StartProgress()  # "formed in" counts from here: the launcher's set-up is waited for too
         args = parse(self._start, line)
         if args is None:
             return
@@ -128,7 +129,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         session = Session(topology, make)
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
-        session.start(views.StartProgress())
+        session.start(progress)
         self.session = session
         views.notice(set_idle_suspend(self, suspend_after))
 

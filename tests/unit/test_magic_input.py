@@ -101,3 +101,35 @@ def test_why_and_hang_notice_have_help(no_session: Any) -> None:
     _, out = say(no_session, "%clorch --help")
     assert "why" in out
 
+
+def test_start_reports_what_the_user_waited_from_the_command(no_session: Any, magics: Any, monkeypatch: Any) -> None:
+    """``%clorch start``'s "formed in" is what the user waited: it used to count from after the
+    launcher's set-up (its topology, the warm spares taken), so a slow set-up went unsaid.
+
+    Mocked, because starting ranks only to read a duration costs seconds and the real set-up here
+    is fast: the launcher's topology is made slow (the local launcher's own, 0.4 s later), and
+    Session.start only reads the clock it is handed (its own "formed in" counts from that clock,
+    ``progress.since``), then refuses, so nothing is started."""
+    import time
+
+    from clorch_repl.launchers.local import LocalLauncher
+    from clorch_repl.magics import core
+
+    class SlowSetUp(LocalLauncher):
+        @classmethod
+        def topology(cls, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.4)
+            return super().topology(*args, **kwargs)
+
+    waited: list[float] = []
+
+    def start(session: Any, progress: Any) -> float:
+        waited.append(time.monotonic() - progress.since)
+        raise core.ClorchError("not started: the test only reads the clock")
+
+    monkeypatch.setattr(core, "launcher_class", lambda name: SlowSetUp)
+    monkeypatch.setattr(core.Session, "start", start)
+    result, out = say(no_session, "%clorch start --nproc 1 --backend gloo")
+    assert not result.success and "not started" in out, out
+    assert waited and waited[0] >= 0.4, waited
+    assert magics.session is None
