@@ -41,6 +41,7 @@ def lab(lab_server: tuple[LabServer, LabPage]) -> tuple[LabServer, LabPage]:
         f"%%distributed --timeout 60\n{FLOOD}",
         "%%distributed\nprint('after the floods on rank', rank)",
         "%clorch stop",
+        "%clorch run",
     ))
     write_notebook(root, "glance.ipynb", (
         "%load_ext clorch_repl",
@@ -126,6 +127,15 @@ def test_a_three_rank_flood_never_stalls_the_page(lab: tuple[LabServer, LabPage]
     page.run_cell(stop)
     wait_for(lambda: "stopped 3 rank(s)" in page.output_text(stop), 120, "%clorch stop")
     page.wait_idle(60)
+    # a refused command (IPython's UsageError) is wrapped between words like clorch's other messages
+    refused = page.find_cell("%clorch run")
+    page.run_cell(refused)
+    wait_for(lambda: "UsageError" in page.output_text(refused), 60, "the refusal")
+    page.wait_idle(60)
+    text = page.output_text(refused)
+    assert "%clorch run needs a SCRIPT: %clorch run [options] SCRIPT" in " ".join(text.split()), text
+    assert len(text.strip().splitlines()) > 1 and all(len(line) <= COLUMNS for line in text.splitlines()), text
+    page.screenshot_cell("refused", refused)
 
 
 def test_a_hang_report_reads_at_a_glance_and_the_panel_follows_a_restart(lab: tuple[LabServer, LabPage]) -> None:
