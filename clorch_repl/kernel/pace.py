@@ -4,11 +4,11 @@ busy, pauses between slices of that loop (pure logic: the caller passes the cloc
 Why: a runaway ``while True: print(...)`` on three ranks of a 2-core box stalled the notebook's
 browser tab although the page had little to do. Measured in headless Chromium during such floods
 (tests/browser/test_lab_glance.py; docs/PERFORMANCE.md, "A flood in the browser"): the page's main
-thread spent 0.26-0.39 s of CPU over a whole 5-second flood (its JavaScript 40-96 ms: one stream
-message and a few updates of the held-back line), while the three ranks spent 4.6-8.8 CPU-seconds
-printing lines that only their logs would get. The page's tasks waited for a core and so lasted
-73-295 ms (463 ms on a busier run). A terminal does to a program that writes faster than it can
-show what this module does: the write blocks for a while.
+thread spent 0.23-0.32 s of CPU over a whole 5-second flood (one stream message holding the 1,000
+lines it shows, a few updates of the held-back line), while the three ranks spent 1.6-7.9
+CPU-seconds printing lines that only their logs would get. The page's tasks waited for a core and
+so lasted up to 236 ms (463 ms on a busier day). A terminal does to a program that writes faster
+than it can show what this module does: the write blocks for a while.
 
 What is paced: only writes the cell's budget holds back (the cell's page is full, or its rate is
 spent), only when they come fast, and only when the writing thread is not getting a core of its
