@@ -43,11 +43,14 @@ def span(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def wrap(text: str, width: int = COLUMNS, indent: str = "") -> str:
+def wrap(text: str, width: int = COLUMNS, indent: str = "", lead: str = "") -> str:
     """``text`` (one message, maybe several paragraphs split by newlines) wrapped at ``width``
     columns between words, never inside one (a path or a command stays whole, even when longer
     than the width); continuation lines start with ``indent``. Lines that start with spaces
-    (a stack, a table) are kept as they are."""
+    (a stack, a table) are kept as they are. ``lead``: what the page shows before the text's first
+    line and is not part of it (IPython's ``UsageError: ``); the first line leaves room for it."""
+    if lead:
+        return wrap(lead + text, width, indent)[len(lead):]
     out = []
     for line in text.split("\n"):
         if not line.strip() or line[:1].isspace() or len(line) <= width:

@@ -8,6 +8,9 @@ imported here at module level: the notebook's process never loads this module.
   the rank's log only, and a report at the cell's end (a display of flood.HELD_MIME, which the
   notebook reads into the one line at the top of the cell's output) says how much was held back.
   The kernel opens and closes it around each cell (:func:`start_cell`, :func:`end_cell`).
+* The pace (:mod:`.pace`): a thread printing held-back output in a tight loop, on a host whose
+  cores are all busy, pauses now and then, so that a runaway print loop leaves the cores to the
+  notebook, its server and its browser.
 * ``RankOutStream``: ipykernel's stream, minus work that a flood of output would multiply, with
   ``\r`` progress updates coalesced before they are published.
 """
@@ -23,6 +26,7 @@ import time
 from ipykernel.iostream import OutStream
 
 from ..session.flood import Budget, Limits, held_display
+from .pace import Pace
 from .tracebacks import interrupts_at_users_line
 
 logger = logging.getLogger(__name__)
@@ -39,6 +43,8 @@ _in_cell = False
 _budget: Budget | None = None
 _budget_lock = threading.Lock()
 _budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
+#: when a thread printing held-back output in a tight loop pauses (see .pace); one per cell
+_pace = Pace()
 
 
 def _admit(string: str) -> bool:
@@ -51,14 +57,24 @@ def _admit(string: str) -> bool:
         return budget.admit(string, time.monotonic())
 
 
+def _held_pause() -> None:
+    """A write was held back: pause the writing thread if it prints in a tight loop (see .pace),
+    so that a runaway print loop leaves the cores to the notebook, its server and its browser."""
+    __tracebackhide__ = True  # a KeyboardInterrupt landing in the pause is the user's print's
+    with _budget_lock:
+        pause = _pace.held(threading.get_ident(), time.monotonic(), time.thread_time)
+    if pause > 0:
+        time.sleep(pause)
+
+
 def _start_budget(limits: Limits, silent: bool = False) -> None:
     """A cell starts: a fresh budget. What the last one held after its cell's report (a thread
     that cell left printing) is reported first, so that nothing is held back unannounced; by the
     next cell of the user's when this one is ``silent`` (clorch_repl's own request: a join, a
     transfer, whose output is not where a user looks for a notice about an earlier cell)."""
-    global _budget
+    global _budget, _pace
     with _budget_lock:
-        previous, _budget = _budget, None
+        previous, _budget, _pace = _budget, None, Pace()
     fresh = Budget(limits, time.monotonic())
     report = None
     if previous is not None and silent:
@@ -167,6 +183,7 @@ class RankOutStream(OutStream):
         rewrite = isinstance(string, str) and "\r" in string and "\n" not in string
         if isinstance(string, str) and string and not rewrite and not _admit(string):
             _echo(self.echo, string)  # held back: the rank's log still gets it (see flood)
+            _held_pause()
             return len(string)
         if (not isinstance(string, str) or self.pub_thread is None or not _COALESCING
                 or not self._is_master_process()):

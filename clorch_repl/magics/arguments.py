@@ -3,19 +3,43 @@ everywhere and ``--help`` works on all of them (after ipyparallel's magics)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
 
-from ..errors import ConfigError
+from ..errors import ClorchError, ConfigError, DistributedCellError, StartupError
+from ..human import wrap
 
 if TYPE_CHECKING:
     from ..launchers.base import LaunchOptions
     from ..session.script_run import RunRequest
 
 Func = Callable[..., Any]
+
+
+def refused(message: object) -> UsageError:
+    """The one way a magic refuses a command: IPython shows a ``UsageError`` as one message after
+    ``UsageError: `` on the page, so it is wrapped like clorch's other messages (between words, at
+    the cell's width, the first line leaving room for that prefix); a browser wrapped it anywhere
+    (``%clor|ch logs``)."""
+    return UsageError(wrap(str(message), indent="  ", lead="UsageError: "))
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Show the package's own errors, and the parsers' refusals, as one wrapped message
+    (:func:`refused`); rank failures keep their tracebacks."""
+    try:
+        yield
+    except StartupError as exc:
+        if exc.outcome is not None and exc.outcome.failed:
+            raise DistributedCellError(exc.outcome) from None
+        raise refused(exc) from None
+    except (ClorchError, UsageError) as exc:
+        raise refused(exc) from None
 
 
 def _compose(*decorators: Func) -> Func:
@@ -104,7 +128,7 @@ def parse(func: Func, line: str) -> Any:
     try:
         return parse_argstring(func, line)
     except UsageError as exc:
-        raise UsageError(f"{exc} (see --help)") from None
+        raise refused(f"{exc} (see --help)") from None
 
 
 def parse_hang_notice(value: str | None) -> float | None:

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import dataclasses
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..errors import ClorchError
-from ..errors import DistributedCellError, StartupError
+from ..errors import ClorchError, DistributedCellError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
 from ..launchers.logfiles import without_ansi
@@ -32,25 +29,13 @@ from .warm import LoadSpares
 from .suspend import parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option, suspend_command
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
-                        ranks_option, stdin_ranks_option, tail_option, timeout_option, topology_options)
+                        ranks_option, refused, stdin_ranks_option, tail_option, timeout_option, topology_options,
+                        user_errors)
 
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("start", "status", "top", "logs", "interrupt", "restart", "stop", "jobs", "why", "pull", "push", "run",
             "debug", "debugger", "suspend", "resume", "detach", "connect", "sessions")
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Show the package's own errors as one line; rank failures keep their tracebacks."""
-    try:
-        yield
-    except StartupError as exc:
-        if exc.outcome is not None and exc.outcome.failed:
-            raise DistributedCellError(exc.outcome) from None
-        raise UsageError(str(exc)) from None
-    except ClorchError as exc:
-        raise UsageError(str(exc)) from None
 
 
 @magics_class
@@ -95,7 +80,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             print(self._overview())
             return None
         if command not in COMMANDS:
-            raise UsageError(f"unknown %clorch command {command!r}; expected one of: {', '.join(COMMANDS)}")
+            raise refused(f"unknown %clorch command {command!r}; expected one of: {', '.join(COMMANDS)}")
         handler: Callable[[str], Any] = self.driven(command, getattr(self, f"_{command}"))  # see .sessions
         with user_errors():
             return handler(rest)
@@ -116,6 +101,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
     @suspend_after_option
     def _start(self, line: str) -> None:
         """Start one worker kernel per rank and form the process group."""
+        progress = views.StartProgress()  # "formed in" counts from here: the launcher's set-up is waited for too
         args = parse(self._start, line)
         if args is None:
             return
@@ -143,7 +129,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         session = Session(topology, make)
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
-        session.start(views.StartProgress())
+        session.start(progress)
         self.session = session
         views.notice(set_idle_suspend(self, suspend_after))
 

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ..human import COLUMNS, wrap
 from .cell_run import OUTPUT_TYPES, CellRun
 from .comms import COMM_TYPES
 from .protocol import RankOutput
@@ -226,8 +227,10 @@ class Ledger:
         lines = cell.withheld_lines()
         for rank in sorted(self.dropped):
             count, size = self.dropped.pop(rank)
-            lines.append(RankOutput(rank, "stream", {"name": "stdout", "text": (  # a notice: not on red
-                f"(clorch_repl: dropped {count} late output message(s), {size / 1024:.0f} KiB, of an "
-                f"earlier cell that was cut short or whose end was never confirmed; the rank's log has them: "
-                f"%clorch logs {rank})\n")}))
+            text = (f"(clorch_repl: dropped {count} late output message(s), {size / 1024:.0f} KiB, of an earlier "
+                    f"cell that was cut short or whose end was never confirmed; the rank's log has them: "
+                    f"%clorch logs {rank})")
+            # shown as the rank's lines, each under its label (``[rank 3] ``): wrapped to fit beside it
+            text = wrap(text, width=COLUMNS - len(f"[rank {rank}] "), indent="  ")
+            lines.append(RankOutput(rank, "stream", {"name": "stdout", "text": text + "\n"}))  # a notice: not on red
         return lines

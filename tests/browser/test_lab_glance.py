@@ -19,13 +19,13 @@ from lab_driver import LabPage, LabServer, wait_for, write_notebook
 pytestmark = pytest.mark.browser
 
 FLOOD = "while True: print('x' * 100)"
-#: The issue asks that a flood never block the page's main thread over 250 ms. On the 2-core box,
-#: where Chromium, the Jupyter server, the notebook kernel and three ranks share two cores, the
-#: longest block read 0-159 ms in 8 runs and 463-468 ms in a ninth (2026-12-03, nothing else
-#: running): the goal is not kept on every run there. The test holds the page to what cannot be
-#: mistaken for noise (before issue 38 a flood blocked it 405-421 ms in every run and a click took
-#: up to 4.5 s); the figures against 250 ms are in docs/PERFORMANCE.md.
-LONGEST_TASK_MS = 1000
+#: The issue's goal: a flood never blocks the page's main thread over 250 ms. On the 2-core box the
+#: page's own work during a 3-rank flood is small (0.23-0.32 s of main-thread CPU over the whole
+#: flood); its tasks were long when they waited for a core that three ranks printing into held-back
+#: output kept busy (longest 0-236 ms in 12 floods, 463-468 ms on a busier day). With those ranks
+#: paced (clorch_repl/kernel/pace.py) 12 floods in the same runs gave one task over 50 ms (54 ms):
+#: the goal holds with a margin of over 4x (docs/PERFORMANCE.md, "A flood in the browser").
+LONGEST_TASK_MS = 250
 CLICK_S = 0.5
 #: every message clorch writes fits a notebook cell's width
 COLUMNS = 100
@@ -41,6 +41,7 @@ def lab(lab_server: tuple[LabServer, LabPage]) -> tuple[LabServer, LabPage]:
         f"%%distributed --timeout 60\n{FLOOD}",
         "%%distributed\nprint('after the floods on rank', rank)",
         "%clorch stop",
+        "%clorch run",
     ))
     write_notebook(root, "glance.ipynb", (
         "%load_ext clorch_repl",
@@ -126,6 +127,15 @@ def test_a_three_rank_flood_never_stalls_the_page(lab: tuple[LabServer, LabPage]
     page.run_cell(stop)
     wait_for(lambda: "stopped 3 rank(s)" in page.output_text(stop), 120, "%clorch stop")
     page.wait_idle(60)
+    # a refused command (IPython's UsageError) is wrapped between words like clorch's other messages
+    refused = page.find_cell("%clorch run")
+    page.run_cell(refused)
+    wait_for(lambda: "UsageError" in page.output_text(refused), 60, "the refusal")
+    page.wait_idle(60)
+    text = page.output_text(refused)
+    assert "%clorch run needs a SCRIPT: %clorch run [options] SCRIPT" in " ".join(text.split()), text
+    assert len(text.strip().splitlines()) > 1 and all(len(line) <= COLUMNS for line in text.splitlines()), text
+    page.screenshot_cell("refused", refused)
 
 
 def test_a_hang_report_reads_at_a_glance_and_the_panel_follows_a_restart(lab: tuple[LabServer, LabPage]) -> None:

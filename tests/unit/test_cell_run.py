@@ -124,8 +124,11 @@ def test_lost_iopub_messages_end_the_rank_after_the_quiet_period_and_late_ones_a
     nxt.iopub(0, text("d-0"), 6.0)
     nxt.reply(0, reply("d-0", 1), 6.1)
     assert nxt.run.over
-    [line] = nxt.end()
-    assert "dropped 1 late output message(s), 2 KiB" in line and "%clorch logs 0" in line
+    [said] = nxt.end()
+    words = " ".join(said.split())
+    assert "dropped 1 late output message(s), 2 KiB" in words and "%clorch logs 0" in words, said
+    # shown as rank 0's lines, each under its "[rank 0] " label: wrapped between words to fit the cell
+    assert all(len("[rank 0] " + row) <= 100 for row in said.splitlines()) and len(said.splitlines()) > 1, said
 
 
 def test_output_after_the_reply_extends_the_drain_up_to_its_cap() -> None:

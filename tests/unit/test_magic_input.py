@@ -1,5 +1,6 @@
 """Mistakes a user can make before and around %clorch start, and in the hang-diagnosis options
-(``--hang-notice``, ``%clorch why``): each gives one clear line, before any rank is started."""
+(``--hang-notice``, ``%clorch why``): each gives one clear message (wrapped between words at the
+cell's width), before any rank is started."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ def say(ip: Any, line: str) -> tuple[Any, str]:
     with capture_output() as cap:
         result = ip.run_cell(line)
     return result, cap.stdout + cap.stderr
+
+
+def refusal(out: str) -> str:
+    """A refused command's one message, its words joined by single spaces: IPython shows it after
+    ``UsageError: ``, wrapped between words at the cell's width (100 columns), each further line
+    indented by two spaces; the test fails if the output is anything else."""
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines and lines[0].startswith("UsageError: "), out
+    assert all(line.startswith("  ") for line in lines[1:]), out
+    assert all(len(line) <= 100 for line in lines), out
+    return " ".join(out.split())
 
 
 @pytest.fixture()
@@ -42,12 +54,11 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch interrupt", "no ranks are running"),
     ("%clorch restart", "nothing to restart: run %clorch start first"),
 ])
-def test_bad_input_gives_one_clear_line(no_session: Any, line: str, message: str) -> None:
+def test_bad_input_gives_one_clear_message(no_session: Any, line: str, message: str) -> None:
     result, out = say(no_session, line)
     assert not result.success
-    assert message in out
+    assert message in refusal(out), out
     assert "Traceback" not in out and "clorch_repl/" not in out
-    assert len([l for l in out.splitlines() if l.strip()]) == 1, out
 
 
 def test_help_works_for_every_command(no_session: Any) -> None:
@@ -74,12 +85,11 @@ def test_stop_without_ranks_says_so(no_session: Any) -> None:
     ("%clorch why --rank one", "--rank must be a rank number; got 'one'"),
     ("%clorch why --bogus", "unrecognized arguments: --bogus"),
 ])
-def test_bad_hang_options_give_one_clear_line(no_session: Any, magics: Any, line: str, message: str) -> None:
+def test_bad_hang_options_give_one_clear_message(no_session: Any, magics: Any, line: str, message: str) -> None:
     result, out = say(no_session, line)
     assert not result.success
-    assert message in out, out
+    assert message in refusal(out), out
     assert "Traceback" not in out and "clorch_repl/" not in out
-    assert len([l for l in out.splitlines() if l.strip()]) == 1, out
     assert magics.session is None  # nothing was started
 
 
@@ -90,3 +100,36 @@ def test_why_and_hang_notice_have_help(no_session: Any) -> None:
     assert "--hang-notice" in out
     _, out = say(no_session, "%clorch --help")
     assert "why" in out
+
+
+def test_start_reports_what_the_user_waited_from_the_command(no_session: Any, magics: Any, monkeypatch: Any) -> None:
+    """``%clorch start``'s "formed in" is what the user waited: it used to count from after the
+    launcher's set-up (its topology, the warm spares taken), so a slow set-up went unsaid.
+
+    Mocked, because starting ranks only to read a duration costs seconds and the real set-up here
+    is fast: the launcher's topology is made slow (the local launcher's own, 0.4 s later), and
+    Session.start only reads the clock it is handed (its own "formed in" counts from that clock,
+    ``progress.since``), then refuses, so nothing is started."""
+    import time
+
+    from clorch_repl.launchers.local import LocalLauncher
+    from clorch_repl.magics import core
+
+    class SlowSetUp(LocalLauncher):
+        @classmethod
+        def topology(cls, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.4)
+            return super().topology(*args, **kwargs)
+
+    waited: list[float] = []
+
+    def start(session: Any, progress: Any) -> float:
+        waited.append(time.monotonic() - progress.since)
+        raise core.ClorchError("not started: the test only reads the clock")
+
+    monkeypatch.setattr(core, "launcher_class", lambda name: SlowSetUp)
+    monkeypatch.setattr(core.Session, "start", start)
+    result, out = say(no_session, "%clorch start --nproc 1 --backend gloo")
+    assert not result.success and "not started" in out, out
+    assert waited and waited[0] >= 0.4, waited
+    assert magics.session is None
