@@ -268,14 +268,8 @@ class Session(Suspending):
         if silent:
             _, relay = self._require()
             return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
-        try:
-            started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
-                                 cell_number=cell_number)
-        except KeyboardInterrupt:  # while the cell was being sent: every rank has it, and it ends interrupted
-            unfinished = self.relay.unfinished if self.relay is not None else None
-            if unfinished is None:
-                raise
-            return self.finish(unfinished, sink, interrupted=True)
+        started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
+                             cell_number=cell_number)  # a Ctrl-C during its send marks it (StartedCell.interrupted)
         return self.finish(started, sink)
 
     def begin(self, code: str, ranks: list[int] | None, timeout_s: float | None, *,
@@ -292,14 +286,14 @@ class Session(Suspending):
         self.current_cell = self.cells.sent(first if cell_number is None else f"[{cell_number}] {first}", request.ranks)
         try:
             return relay.begin(request, allow_stdin=allow_stdin)
-        except BaseException:
-            if relay.unfinished is None:  # not sent (a Ctrl-C leaves it sent, for finish)
-                self.current_cell = None
+        except BaseException:  # not sent (the relay ended whatever it had sent; a Ctrl-C marks the handle)
+            self.current_cell = None
             raise
 
     def finish(self, started: StartedCell, sink: OutputSink | None, *, interrupted: bool = False) -> CellOutcome:
         """Wait for a cell :meth:`begin` sent, streaming its output to ``sink`` (see
-        :meth:`Relay.finish`); the notebook kernel reads busy meanwhile."""
+        :meth:`Relay.finish`: ``interrupted``, or a handle whose send was interrupted, ends it as
+        interrupted); the notebook kernel reads busy meanwhile."""
         try:
             relay = self.relay
             if relay is None:
