@@ -32,6 +32,7 @@ from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .requests import request_code
 from .sink import OutputSink
 from .suspend import Suspending, refuse_cell
+from .view import SessionView, session_view
 
 logger = logging.getLogger(__name__)
 
@@ -393,10 +394,16 @@ class Session(Suspending):
         return {r: relay.stack_of(r) for r in relay.busy() if group.ranks[r].alive}, line
 
     # ------------------------------------------------------------------------------- views
+    def view(self, *, last_lines: bool = False) -> SessionView:
+        """The session now, read-only, for its readers (status, the panel): see :mod:`.view`.
+        ``last_lines``: each local rank's last log line too (file reads)."""
+        group, relay = self._require()
+        return session_view(group, relay.busy(), self.life, self.cells, self.topology, generation=self._generation,
+                            started_at=self.started_at, last_lines=last_lines)
+
     def status(self) -> list[RankReport]:
         """One row of ``%clorch status`` per rank."""
-        group, relay = self._require()
-        return rank_reports(group, relay.busy(), self.topology, starting=self.started_at is None)
+        return rank_reports(self.view(), self._require()[0].memory())
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
