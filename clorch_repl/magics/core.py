@@ -437,7 +437,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             if options.profile is None:
                 outcome = run_cell()
             else:
-                from ..diagnosis import profile
+                from ..session import profile
 
                 outcome, report = profile.profiled(session, options.rank_list,
                                                    options.profile or profile.default_folder(number, session), run_cell)

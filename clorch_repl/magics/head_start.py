@@ -19,7 +19,7 @@ What makes it safe:
 - The line is read by the magic's own reader (:func:`clorch_repl.magics.cell_options.cell_options`)
   and the cell is refused by the session's own rules (:meth:`Session.begin`): whatever would make
   the magic refuse the cell makes the head start not send it, and the magic then says why, in the cell.
-- Only a signed execute_request is read (:func:`clorch_repl.session.wire.peek_execute`: the
+- Only a signed execute_request is read (:func:`clorch_repl.wire.framing.peek_execute`: the
   session's key, its replay history, as ipykernel checks them), and none while ipykernel aborts
   queued requests after an error.
 - Nothing is read from the ranks before the magic claims the cell (:meth:`HeadStart.claim`), so
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from IPython.core.error import UsageError
 
 from ..errors import ClorchError, DistributedCellError
-from ..session.wire import peek_execute
+from ..wire.framing import peek_execute
 from .cell_options import cell_options
 
 if TYPE_CHECKING:

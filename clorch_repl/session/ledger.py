@@ -17,7 +17,7 @@ from typing import Any
 from .cell_run import OUTPUT_TYPES, CellRun
 from .comms import COMM_TYPES
 from .protocol import RankOutput
-from .wire import COUNTED_KEY, IOPUB_COUNT_KEY
+from ..wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 
 logger = logging.getLogger(__name__)
 

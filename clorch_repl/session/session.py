@@ -20,7 +20,7 @@ from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
 from ..topology import Topology, check_unique_in_range
-from . import flood, recovery
+from . import flood_guard, recovery
 from .cell_labels import RankCells
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
@@ -29,7 +29,9 @@ from .lifecycle import Lifecycle, SessionState
 from .protocol import CellOutcome, CellRequest, Status
 from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
-from .requests import request_code
+from ..wire import PROTOCOL_VERSION
+from ..wire.limits import limits_from_env
+from ..wire.requests import request_code
 from .sink import OutputSink
 from .suspend import Suspending, refuse_cell
 from .view import SessionView, session_view
@@ -132,7 +134,7 @@ class Session(Suspending):
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
-        join = CellRequest(request_code("join", env=self.group.join_environment()), tuple(range(n)),
+        join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION), tuple(range(n)),
                            timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
         if not outcome.ok:
@@ -307,7 +309,7 @@ class Session(Suspending):
                 return outcome
         finally:
             self.current_cell = None
-            flood.bound_cell_history(started.request.cell_number, self._relayed_cells)
+            flood_guard.bound_cell_history(started.request.cell_number, self._relayed_cells)
 
     def _request(self, code: str, ranks: list[int] | None, timeout_s: float | None, *, silent: bool = False,
                  hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
@@ -332,7 +334,7 @@ class Session(Suspending):
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
         recover = not silent and self.life.state is SessionState.READY
         try:
-            limits = flood.limits_from_env(os.environ)
+            limits = limits_from_env(os.environ)
         except ValueError as exc:
             raise ClorchError(f"{exc} (the output limits of %%distributed cells, read from the notebook's "
                               "environment: fix it with %env, or unset it for the default)") from None

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
 from clorch_repl.session.sink import PlainSink
-from clorch_repl.session.wire import COUNTED_KEY, IOPUB_COUNT_KEY
+from clorch_repl.wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 
 
 @dataclass
