@@ -20,6 +20,9 @@ from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
 from ..topology import Topology, check_unique_in_range
+from ..wire import PROTOCOL_VERSION
+from ..wire.limits import limits_from_env
+from ..wire.requests import request_code
 from . import flood_guard, recovery
 from .cell_labels import RankCells
 from .comms import CommBridge, notebook_kernel
@@ -29,9 +32,6 @@ from .lifecycle import Lifecycle, SessionState
 from .protocol import CellOutcome, CellRequest, Status
 from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
-from ..wire import PROTOCOL_VERSION
-from ..wire.limits import limits_from_env
-from ..wire.requests import request_code
 from .sink import OutputSink
 from .suspend import Suspending, refuse_cell
 from .view import SessionView, session_view
@@ -134,8 +134,8 @@ class Session(Suspending):
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
-        join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION), tuple(range(n)),
-                           timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
+        join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION),
+                           tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
