@@ -176,12 +176,9 @@ ROOMS: dict[str, set[str]] = {
     "training": {"distributed", "atomic", "errors", "procs", "user_frames"},
     "amp": {"training"}, "data": {"training"}, "parallel": {"training"},
     "examples": {"amp", "cuda", "data", "distributed", "errors", "parallel"},
-    # the tools
-    "notebook_cli": {"errors", "notebook_export", "notebook_runner", "topology"},
-    "notebook_export": set(), "notebook_runner": {"topology"},
-    "release_check": {"session", "distributed", "release_check_ranks", "cuda", "cuda_checkpoint", "errors", "procs",
-                      "topology"},
-    "release_check_ranks": {"amp", "data", "distributed", "errors", "parallel"},
+    # the commands (clorch-notebook, clorch-release-check)
+    "tools": {"session", "distributed", "amp", "data", "parallel", "cuda", "cuda_checkpoint", "errors", "procs",
+              "topology"},
     # leaves and near-leaves every side may use
     "errors": {"human", "launchers", "rank_sets", "session"},  # see NOTEBOOK_ONLY_IMPORTS
     "rendezvous": {"wire"}, "topology": {"cuda", "errors"}, "user_frames": {"errors"},

@@ -26,7 +26,7 @@ from typing import Any, Callable
 __all__ = ["main", "run_checks", "CheckResult"]
 
 #: what the launched job runs on every rank
-TARGET = "clorch_repl.release_check_ranks"
+TARGET = "clorch_repl.tools.release_check_ranks"
 
 
 @dataclass
@@ -58,7 +58,7 @@ class _Checks:
 
     def rank_checks(self) -> list[CheckResult]:
         """One batch job runs :data:`RANK_CHECKS` on every rank: the launch row, then one row each."""
-        from . import distributed as dist
+        from .. import distributed as dist
 
         started = time.perf_counter()
         try:
@@ -81,8 +81,8 @@ class _Checks:
         return results
 
     def worker_failure(self) -> str:
-        from . import distributed as dist
-        from .errors import RankFailure
+        from .. import distributed as dist
+        from ..errors import RankFailure
 
         job = dist.launch(main=f"{TARGET}:failing_rank", timeout_ms=self.timeout_ms, **self.launch_kw)
         self.pids.extend(p for p in job.pids() if p)
@@ -98,8 +98,8 @@ class _Checks:
         raise AssertionError("the job succeeded although a rank raised")
 
     def interactive_session(self) -> str:
-        from .session.session import Session
-        from .topology import resolve_topology
+        from ..session.session import Session
+        from ..topology import resolve_topology
 
         nproc, backend = self.nproc, self.launch_kw["backend"]
         session = Session(resolve_topology(nproc, self.launch_kw.get("devices"), backend))
@@ -120,9 +120,9 @@ class _Checks:
     def suspend_resume(self) -> str:
         """gpu: one NCCL rank's tensors survive ``%clorch suspend`` (its GPU memory freed) and
         ``%clorch resume`` (issue 37); one rank, since two GPUs' suspend is the two-GPU issue's."""
-        from . import cuda, cuda_checkpoint
-        from .session.session import Session
-        from .topology import resolve_topology
+        from .. import cuda, cuda_checkpoint
+        from ..session.session import Session
+        from ..topology import resolve_topology
 
         problem = cuda_checkpoint.api_problem()
         if problem:
@@ -152,7 +152,7 @@ class _Checks:
         return f"1 NCCL rank with 1 GiB: suspended in {out:.1f}s (GPU memory freed), resumed in {back:.1f}s, exact"
 
     def cleanup(self) -> str:
-        from .procs import wait_gone
+        from ..procs import wait_gone
 
         left = wait_gone(self.pids, 15.0)
         assert not left, f"processes still running after their jobs ended: {left}"
@@ -161,7 +161,7 @@ class _Checks:
 
 def run_checks(mode: str = "cpu", nproc: int | None = None, timeout_s: float = 180.0) -> list[CheckResult]:
     """Every check, in order; never raises for a failed check (it is a failed row instead)."""
-    from . import cuda
+    from .. import cuda
 
     results: list[CheckResult] = []
     gpus = cuda.device_count()
