@@ -176,9 +176,10 @@ ROOMS: dict[str, set[str]] = {
     "training": {"distributed", "atomic", "errors", "procs", "user_frames"},
     "amp": {"training"}, "data": {"training"}, "parallel": {"training"},
     "examples": {"amp", "cuda", "data", "distributed", "errors", "parallel"},
-    # the commands (clorch-notebook, clorch-release-check)
+    # the commands (clorch-notebook, clorch-release-check), and the release check's old module name
     "tools": {"session", "distributed", "amp", "data", "parallel", "cuda", "cuda_checkpoint", "errors", "procs",
               "topology"},
+    "release_check": {"tools"},
     # leaves and near-leaves every side may use
     "errors": {"human", "launchers", "rank_sets", "session"},  # see NOTEBOOK_ONLY_IMPORTS
     "rendezvous": {"wire"}, "topology": {"cuda", "errors"}, "user_frames": {"errors"},
