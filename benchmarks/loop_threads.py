@@ -201,7 +201,7 @@ PLAIN_INIT = textwrap.dedent("""
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if nccl else torch.device("cpu")
     kwargs = {{}}
     if {env!r}:
-        from clorch_repl.rank_env import world_environment
+        from clorch_repl.wire.rank_env import world_environment
         os.environ.update((k, v) for k, v in world_environment("nccl", 600.0, base={{}}).items() if k.startswith("TORCH"))
         from clorch_repl.diagnosis import record
         record.enable()
@@ -216,7 +216,7 @@ PLAIN_INIT = textwrap.dedent("""
 #: its private FileStore, the flight recorder's size, device_id), in a process that is not one:
 #: the ``+join`` sides, which tell the join's cost apart from the kernel's.
 CLORCH_INIT = textwrap.dedent("""
-    from clorch_repl.rank_env import world_environment
+    from clorch_repl.wire.rank_env import world_environment
     os.environ.update(world_environment("nccl" if nccl else "gloo", 600.0,
                                         os.path.join({folder!r}, "store"), base={{}}))
     if not nccl:

@@ -116,6 +116,11 @@ class SignatureError(ClorchError, ValueError):
     """A message from a rank was unsigned, wrongly signed or replayed."""
 
 
+class ProtocolMismatch(ClorchError):
+    """The notebook and a rank (or a nanny) speak different versions of the wire contract
+    (:mod:`clorch_repl.wire`): different clorch_repl installs; the message names both versions."""
+
+
 class GroupConflict(ConfigError):
     """``init_process_group(...)`` on a rank asked for a group other than the session's (a
     backend, world size, rank, rendezvous or device that differs); the message names each."""

@@ -11,7 +11,7 @@ its keys under a prefix in the same store).
 
 **What this does not protect.** The backends' own data sockets are not authenticated: gloo's
 pairs and NCCL's bootstrap and socket transport listen on TCP, kept on loopback here
-(``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME=lo``, set by :mod:`clorch_repl.rank_env`), so the network
+(``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME=lo``, set by :mod:`clorch_repl.wire.rank_env`), so the network
 cannot reach them, but another local user who finds their ports can connect to them and disturb
 (or feed data into) a collective. Their addresses are only published through the store, which
 such a user can no longer read. The ranks' kernel channels are IPC sockets in the private
@@ -34,7 +34,7 @@ import warnings
 
 import torch.distributed as dist
 
-from .rank_env import STORE_FILE_ENV
+from .wire.rank_env import STORE_FILE_ENV
 
 
 def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,

@@ -59,7 +59,7 @@ class Topology:
 
     def host_gpus(self) -> tuple[str, ...]:
         """Every rank's GPU, by rank, for ranks that share this host (local rank = rank): what
-        each rank's CUDA_VISIBLE_DEVICES lists (:func:`clorch_repl.rank_env.visible_devices`)."""
+        each rank's CUDA_VISIBLE_DEVICES lists (:func:`clorch_repl.wire.rank_env.visible_devices`)."""
         if not self.uses_gpu:
             return ()
         return tuple(self.visible_devices(r) for r in range(self.nproc))

@@ -21,7 +21,7 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name"; timeout "$limit" "$@
 # (tests/gpu/test_gpu_suspend.py moves 20 GiB out and back three times: about 2 minutes of it)
 step gpu-tests 480 python3 -m pytest tests/gpu -q -s -p no:cacheprovider
 step example 240 python3 scripts/gpu_check_example.py --devices "$devices"
-step release-check 120 python3 -m clorch_repl.release_check --mode gpu
+step release-check 120 python3 -m clorch_repl.tools.release_check --mode gpu
 # issue 22: sharded checkpoints of a 500M-parameter FSDP2 model (about 6 GB of state with AdamW)
 step checkpoint 420 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds 3
 step collectives 240 python3 benchmarks/collectives.py --backend nccl --nproc "$n" --sizes 1M,16M,64M,256M,1G

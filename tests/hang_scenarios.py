@@ -85,6 +85,7 @@ def main() -> None:
     name, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     backend = sys.argv[6] if len(sys.argv) > 6 else "gloo"
     from clorch_repl.diagnosis import probe, record
+    from clorch_repl.wire.probe import ProbeRequest
 
     record.enable()
     import torch
@@ -101,7 +102,7 @@ def main() -> None:
     def answer() -> None:
         time.sleep(SETTLE_S)
         with open(out + ".tmp", "w") as fh:
-            json.dump(probe.answer({}), fh)
+            json.dump(probe.answer(ProbeRequest()), fh)
         os.replace(out + ".tmp", out)
         if backend == "nccl":
             # A blocked NCCL rank waits until the watchdog aborts it; the answer is all we need.

@@ -23,12 +23,11 @@ from typing import Any
 import zmq
 
 from ..cell_boundary import calls_the_cell
+from ..wire.probe import PROBE_REPLY, PROBE_REQUEST, ProbeRequest
 from . import record
 
 logger = logging.getLogger(__name__)
 
-PROBE_REQUEST = "clorch_probe_request"
-PROBE_REPLY = "clorch_probe_reply"
 #: How long the notebook waits for every rank's answer. A rank's control thread answers within
 #: milliseconds unless native code holds the GIL; then the faulthandler stack stands in for it.
 PROBE_TIMEOUT_S = 3.0
@@ -42,12 +41,12 @@ _LIBRARY_DIRS = tuple({os.path.realpath(p) for p in (
 
 
 # ------------------------------------------------------------------------------- rank side
-def answer(request: dict[str, Any]) -> dict[str, Any]:
+def answer(request: ProbeRequest) -> dict[str, Any]:
     """This rank's state, as plain JSON data (called on the control thread, never the main one).
 
-    ``request["light"]``: the flight recorder's group status without its entries (the notebook's
+    ``request.light``: the flight recorder's group status without its entries (the notebook's
     periodic hang check; see :func:`record.read`)."""
-    fr, fr_missing = record.read(collectives=not request.get("light"))
+    fr, fr_missing = record.read(collectives=not request.light)
     if fr is not None:
         fr["entries"] = recent(fr["entries"], ENTRIES_SENT)
     main = threading.main_thread()
@@ -59,11 +58,11 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         "fr": fr, "fr_missing": fr_missing, "groups": record.group_members(),
         "stack": stack, "in_cell": in_cell, "cuda_busy": cuda_busy(), "saves": saves_in_flight(),
     }
-    if request.get("usage"):  # %clorch top: what the rank uses now (clorch_repl.diagnosis.usage)
+    if request.usage:  # %clorch top: what the rank uses now (clorch_repl.diagnosis.usage)
         from .usage import usage
 
         reply["usage"] = usage()
-    if request.get("all_threads"):
+    if request.all_threads:
         names = {t.ident: t.name for t in threading.enumerate()}
         reply["threads"] = [{"name": names.get(ident, str(ident)), "stack": _frames(frame)}
                             for ident, frame in frames.items() if ident != main.ident]
@@ -174,7 +173,7 @@ def cuda_busy() -> bool | None:
     try:
         if not torch.cuda.is_initialized():
             return None
-        from ..rank_env import device_index
+        from ..wire.rank_env import device_index
 
         # The rank's own GPU, named: the probe runs on a thread of its own, whose current device is
         # cuda:0 whatever the main thread set (CUDA's current device is per thread), and a rank
@@ -231,8 +230,8 @@ class Prober:
             if rank not in self._ranks:
                 continue
             socket, session, _ = self._ranks[rank]
-            msg = session.msg(PROBE_REQUEST, {"all_threads": all_threads, "light": light, "usage": usage,
-                                              "abort": abort})
+            msg = session.msg(PROBE_REQUEST, ProbeRequest(all_threads=all_threads, light=light, usage=usage,
+                                                          abort=abort).content())
             session.send(socket, msg)
             waiting[msg["header"]["msg_id"]] = rank
         return waiting

@@ -53,7 +53,7 @@ def _handle(lib: Any) -> Any:
     """This rank's GPU as its host names it (an index or a UUID; NVML numbers GPUs as the host
     does, whatever CUDA_VISIBLE_DEVICES lists): the launcher's GPU_INDEX_ENV, else the entry of
     CUDA_VISIBLE_DEVICES that is the rank's (LOCAL_RANK's under torchrun's convention), else GPU 0."""
-    from ..rank_env import GPU_INDEX_ENV, device_index
+    from ..wire.rank_env import GPU_INDEX_ENV, device_index
 
     listed = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") if v.strip()] or ["0"]
     visible = os.environ.get(GPU_INDEX_ENV, "").strip() or listed[min(device_index(os.environ) or 0, len(listed) - 1)]

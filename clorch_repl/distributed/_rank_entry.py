@@ -47,12 +47,12 @@ def _user_traceback(exc: BaseException) -> str:
 def run(spec_path: str) -> int:
     from ..procs import end_own_group, watch_parent
     from .failures import looks_like_cascade
-    from .results import RankResult, encode_value, write_result
+    from ..wire.results import RankResult, encode_value, write_result
 
     with open(spec_path) as fh:
         spec = json.load(fh)
     if "RANK" not in os.environ:  # one task of an srun step: its place is in Slurm's variables
-        from ..rank_env import identity_environment, read_identity
+        from ..wire.rank_env import identity_environment, read_identity
 
         os.environ.update(identity_environment(read_identity(os.environ)))
 

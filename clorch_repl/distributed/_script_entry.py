@@ -29,7 +29,7 @@ RUNNER_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<fr
 def run_script(spec: dict[str, Any]) -> None:
     """Run the spec's ``script`` or ``module`` with its ``argv`` (see the module docstring)."""
     from ..kernel import torchrun
-    from ..rank_env import torchrun_extras
+    from ..wire.rank_env import torchrun_extras
 
     os.environ.update(torchrun_extras(os.environ))
     torchrun.install()

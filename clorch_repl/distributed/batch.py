@@ -35,7 +35,7 @@ from ..user_frames import public
 from .job_inputs import extra_env, job_directory, what_to_run
 from .job_ranks import JobPlan, JobRanks, for_launcher, rank_pythonpath
 from .job_status import JobStatus, RankStatus
-from .results import RankResult, read_result
+from ..wire.results import RankResult, read_result
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from typing import Any, Callable, ClassVar, Mapping
 from ..errors import ClorchError, ConfigError
 from ..launchers.rank_process import RankProcess
 from ..procs import LOOPBACK, free_port, tail_bytes
-from ..rank_env import RankPlace, rank_environment, world_environment
+from ..wire.rank_env import RankPlace, rank_environment, world_environment
 from ..topology import Topology, parse_number, resolve_topology
-from .results import read_result
+from ..wire.results import read_result
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ import threading
 
 from .. import numa
 from ..procs import end_own_group, watch_parent
-from ..rank_env import SPARE_ENV
+from ..wire.rank_env import SPARE_ENV
 from . import STACK_FILE_ENV
 
 logger = logging.getLogger(__name__)

@@ -21,13 +21,16 @@ from .shell import current_shell
 logger = logging.getLogger(__name__)
 
 
-def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
+def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protocol: int) -> None:
     """Initialise the default process group from the launcher's environment (see API.md).
 
+    ``protocol``: the notebook's version of the wire contract (:mod:`clorch_repl.wire`), checked
+    before anything else: a rank of another install refuses to join, naming both versions.
     ``env``: variables a warm spare learns only now (the group's rendezvous file and port); they
     are set first. A spare (local or a remote rank's) then moves its output to its rank's log.
     ``generation``: the session's re-form count when this rank replaces a dead one: it meets the
     survivors where their re-formed group meets (:mod:`.regroup`)."""
+    _check_protocol(protocol)
     if env:
         os.environ.update(env)
     _move_output_to_rank_log()
@@ -39,7 +42,7 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     backend = os.environ["CLORCH_DIST_BACKEND"]
     timeout = datetime.timedelta(milliseconds=int(os.environ["CLORCH_DIST_TIMEOUT_MS"]))
-    from ..rank_env import device_index
+    from ..wire.rank_env import device_index
 
     index = device_index(os.environ)  # LOCAL_RANK: the rank sees its host's GPUs, as under torchrun
     if index is not None:
@@ -78,12 +81,28 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0) -> None:
         _quiet_kernel_logger(kernel)
 
 
+def _check_protocol(theirs: int) -> None:
+    """Refuse to join a notebook of another wire contract: a rank started from another install (the
+    package upgraded under a running notebook, a host's own environment) would otherwise fail
+    later, and obscurely, on a message one side reads differently."""
+    from .. import __version__
+    from ..errors import ProtocolMismatch
+    from ..wire import mismatch
+
+    why = mismatch(theirs, "the notebook", what_to_do=(
+        f"this rank runs clorch_repl {__version__} from {os.path.dirname(os.path.dirname(__file__))}; restart the "
+        "notebook's kernel so that it imports the clorch_repl installed now, or install the notebook's version "
+        "where the ranks run, then %clorch restart"))
+    if why:
+        raise ProtocolMismatch(f"rank {os.environ.get('RANK', '?')} cannot join: {why}")
+
+
 def _accept_torchrun_code() -> None:
     """What a torchrun script finds in torchrun's workers: the rest of torchrun's variables, and
     its own init_process_group()/destroy_process_group() agreeing with the session's group
     (:mod:`.torchrun`), in %clorch run scripts and cells alike."""
     from ..errors import ConfigError
-    from ..rank_env import torchrun_extras
+    from ..wire.rank_env import torchrun_extras
     from . import torchrun
 
     try:
@@ -98,7 +117,7 @@ def _move_output_to_rank_log() -> None:
     output, faulthandler's crash reports and the echo of the kernel's streams alike: all of them
     write to descriptors 1 and 2) go to the log of the rank it has become, whose banner the
     launcher wrote just before this. Nothing to do in a rank started as a rank."""
-    from ..rank_env import RANK_LOG_ENV
+    from ..wire.rank_env import RANK_LOG_ENV
 
     path = os.environ.pop(RANK_LOG_ENV, "")
     if not path:
@@ -145,14 +164,15 @@ def leave_group() -> None:
         torch_destroy()()  # torch's own: the one user code reaches keeps the session's group
 
 
-def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] | None = None) -> None:
+def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] | None = None, *,
+           protocol: int) -> None:
     """The ``regroup`` request (:mod:`.requests`), sent to every live rank at once: a rank in
     ``fresh`` (a new process in a dead rank's place) joins the group with ``env`` as a start would
-    (:func:`join_group`); every other rank gives its groups new backends
+    (:func:`join_group`, which checks ``protocol``); every other rank gives its groups new backends
     (:func:`.regroup.reform`; only the default group when some rank is fresh, which has none of the others)
     and says on its output which groups were not carried over and how to make them again."""
     if int(os.environ["RANK"]) in (fresh or ()):
-        join_group(env, generation)
+        join_group(env, generation, protocol=protocol)
         return
     import torch.distributed as dist
 

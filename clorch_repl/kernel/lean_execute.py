@@ -1,7 +1,7 @@
 """The lean execute path of a rank's kernel: how the relay's own execute requests are run.
 
 An empty cell cost a rank about 2 ms of CPU in ipykernel's path, most of it not the cell's. The
-relay's requests (one signed frame, :mod:`clorch_repl.session.wire`) take :class:`LeanExecute`'s
+relay's requests (one signed frame, :mod:`clorch_repl.wire.framing`) take :class:`LeanExecute`'s
 path instead; every other client (a console attached to a rank, a debugger) gets ipykernel's.
 The reply carries the number of iopub messages the request sent, which is how the relay knows the
 cell is over without an idle status.
@@ -22,8 +22,8 @@ from jupyter_client.session import extract_header
 import zmq
 from zmq.eventloop.zmqstream import ZMQStream
 
-from ..session.flood import Limits
-from ..session.wire import (CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, OUTPUT_LIMITS_KEY, MessageEncoder,
+from ..wire.limits import Limits
+from ..wire.framing import (CELL_NUMBER_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, OUTPUT_LIMITS_KEY, MessageEncoder,
                             lean_reply, read_lean_execute)
 
 logger = logging.getLogger(__name__)

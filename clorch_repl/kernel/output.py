@@ -4,7 +4,7 @@ Imported on a rank only, by ipykernel when it builds the kernel's streams (the
 ``outstream_class`` option in :data:`clorch_repl.kernel.app.KERNEL_OPTIONS`), so ipykernel is
 imported here at module level: the notebook's process never loads this module.
 
-* The budget (:mod:`clorch_repl.session.flood`): what a cell may publish; what it refuses goes to
+* The budget (:mod:`clorch_repl.wire.limits`): what a cell may publish; what it refuses goes to
   the rank's log only, and a report at the cell's end (a display of flood.HELD_MIME, which the
   notebook reads into the one line at the top of the cell's output) says how much was held back.
   The kernel opens and closes it around each cell (:func:`start_cell`, :func:`end_cell`).
@@ -25,7 +25,7 @@ import time
 
 from ipykernel.iostream import OutStream
 
-from ..session.flood import Budget, Limits, held_display
+from ..wire.limits import Budget, Limits, held_display
 from .pace import Pace
 from .tracebacks import interrupts_at_users_line
 
@@ -37,7 +37,7 @@ COALESCE_S = 0.1
 #: True while a cell's code runs; outside it (the kernel's own flush at a cell's end) every
 #: flush is done, so nothing of a cell is published after the cell's reply.
 _in_cell = False
-#: This rank's output budget for the running (or last) cell (clorch_repl.session.flood): what it
+#: This rank's output budget for the running (or last) cell (clorch_repl.wire.limits): what it
 #: refuses goes to the rank's log only. One for stdout and stderr together, shared by the cell's
 #: threads (hence the lock); kept after the cell, so a thread the cell left printing stays bounded.
 _budget: Budget | None = None

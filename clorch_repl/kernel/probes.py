@@ -17,16 +17,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..diagnosis.probe import PROBE_REPLY, PROBE_REQUEST, answer
+from ..diagnosis.probe import answer
+from ..wire.probe import PROBE_REPLY, PROBE_REQUEST, ProbeRequest
 
 logger = logging.getLogger(__name__)
 
 
 def probe_request(kernel: Any, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
     """Answer ``clorch_probe_request`` (on the control thread) with :func:`answer`'s dict."""
-    request = parent.get("content") or {}
+    request = ProbeRequest.read(parent.get("content"))
     try:
-        if request.get("abort"):  # hang recovery: free every call waiting in a group (kernel.regroup)
+        if request.abort:  # hang recovery: free every call waiting in a group (kernel.regroup)
             from .regroup import abort
 
             content = {"aborted": abort()}

@@ -2,7 +2,7 @@
 a summary of where the rank's time went.
 
 The notebook sends :func:`start` before the cell and :func:`stop` after it, as silent requests
-(:mod:`clorch_repl.diagnosis.profile`). What the notebook reads of a trace and a summary (the start
+(:mod:`clorch_repl.session.profile`). What the notebook reads of a trace and a summary (the start
 mark, which operators are communication, the trace's times) is
 :mod:`clorch_repl.diagnosis.straggler`, shared by both sides. :func:`start` waits at a barrier of
 the chosen ranks and then marks the instant in the trace (``clorch:start``): that mark is each

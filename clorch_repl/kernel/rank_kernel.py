@@ -21,8 +21,8 @@ from typing import Any
 from ipykernel import ipkernel
 from ipykernel.ipkernel import IPythonKernel
 
-from ..diagnosis.probe import PROBE_REQUEST
-from ..session.flood import Limits, at_source
+from ..wire.probe import PROBE_REQUEST
+from ..wire.limits import Limits, at_source
 from . import breakpoints, output
 from .display_log import log_displays, log_widget_states
 from .lean_execute import LeanExecute

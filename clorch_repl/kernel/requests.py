@@ -4,7 +4,7 @@ Why a registry, not source: the notebook used to send each request as Python wri
 operations (a join's environment spliced in with ``repr``, a per-rank path built from
 ``__import__('os').environ['RANK']``). Every caller then wrote code, and a value typed by the
 user (a ``%clorch run`` script's arguments) travelled inside it. Now the only code a request
-carries is the fixed line :func:`clorch_repl.session.requests.request_code` writes, which calls
+carries is the fixed line :func:`clorch_repl.wire.requests.request_code` writes, which calls
 :func:`call` here with a name and a JSON text: the arguments are data, decoded by ``json.loads``,
 never evaluated. The transport is unchanged (an execute request through the relay: the cell's
 output budget, interrupts and tracebacks are a cell's).

@@ -9,7 +9,7 @@ What the script sees is what torchrun gives it: ``__name__ == "__main__"``, ``sy
 (``[SCRIPT, *ARGS]``; the module's file for ``-m``), the script's folder (``-m``: the working
 directory) first on ``sys.path``, a ``__main__`` module of its own in ``sys.modules`` (so that
 pickling what it defines works) and torchrun's variables in ``os.environ`` (set when the rank
-joined: :func:`clorch_repl.rank_env.torchrun_extras`). A fresh namespace, as ``%run`` gives; its
+joined: :func:`clorch_repl.wire.rank_env.torchrun_extras`). A fresh namespace, as ``%run`` gives; its
 globals are copied into the rank's namespace afterwards, also when the script failed (the
 moment one most wants to look at them). ``-i`` runs it in the rank's own namespace instead.
 

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any
 
-from ..session.wire import NO_STDIN_KEY, NO_STDIN_RANK
+from ..wire.framing import NO_STDIN_KEY, NO_STDIN_RANK
 from .tracebacks import shown_without
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class StdinPolicy:
         return shown_without(StdinNotImplementedError(why), self.shell, (__file__,))
 
     def _no_stdin(self) -> str | None:
-        """Why this cell may not read stdin, when the relay said (clorch_repl.session.wire's
+        """Why this cell may not read stdin, when the relay said (clorch_repl.wire.framing's
         NO_STDIN_KEY: the rank is not in --stdin-ranks, or the notebook's front end takes no
         input): said instead of ipykernel's "this frontend does not support input requests"."""
         if self._allow_stdin:

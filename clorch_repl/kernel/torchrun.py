@@ -164,7 +164,7 @@ def session_facts() -> GroupFacts:
     """The session's default group, from torch and the rank's environment."""
     import torch.distributed as dist
 
-    from ..rank_env import device_index
+    from ..wire.rank_env import device_index
 
     index = device_index(os.environ)  # group.join_group's choice: cuda:{LOCAL_RANK} under torchrun's convention
     device = "cpu" if index is None else f"cuda:{index}"

@@ -1,6 +1,6 @@
 """The rank's half of a value transfer (``%clorch pull/push``, ``--gather``): the rank writes a
 value of its namespace to a private file and announces it, or reads the notebook's file into its
-namespace. What may travel and how it is written and read is :mod:`clorch_repl.session.values`
+namespace. What may travel and how it is written and read is :mod:`clorch_repl.wire.values`
 (shared with the notebook); the notebook's half is :mod:`clorch_repl.session.transfer`.
 """
 
@@ -10,7 +10,7 @@ import json
 import logging
 import os
 
-from ..session.values import MIME, load, rank_file, save
+from ..wire.values import MIME, load, rank_file, save
 from .shell import rank_shell
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def export_value(name: str | None, folder: str, token: str, limit: int) -> None:
     """Write the rank's ``name`` (or, for ``None``, the value of its last cell) to its own file
-    of this pull (:func:`~clorch_repl.session.values.rank_file` of its ``RANK``: one request
+    of this pull (:func:`~clorch_repl.wire.values.rank_file` of its ``RANK``: one request
     serves every rank) and announce it, with its digest, in a private display message the
     notebook consumes."""
     path = rank_file(folder, token, os.environ["RANK"])

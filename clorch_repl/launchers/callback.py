@@ -42,7 +42,7 @@ import zmq
 from ..atomic import remove_quietly
 from ..errors import ClorchError
 from . import liveness
-from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
+from ..wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .nanny_protocol import FromNanny, ToNanny
+from ..wire.nanny import FromNanny, ToNanny
 
 logger = logging.getLogger(__name__)
 

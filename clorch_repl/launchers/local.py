@@ -52,7 +52,7 @@ from .. import procs
 from ..atomic import remove_quietly
 from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
-from ..rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
+from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..topology import NPROC_ENV, Topology, resolve_topology
 from . import logcap, logfiles, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
@@ -169,7 +169,7 @@ class LocalLauncher(Launcher):
         return KernelSpecManager(kernel_dirs=[os.path.join(self.dir, "kernels")])
 
     def rank_env(self, rank: int, master_port: int) -> dict[str, str]:
-        """The environment of one rank (:mod:`clorch_repl.rank_env`), plus the stack file."""
+        """The environment of one rank (:mod:`clorch_repl.wire.rank_env`), plus the stack file."""
         topo = self.topology
         env = rank_environment(RankPlace(
             rank=rank, local_rank=rank, world_size=topo.nproc, local_world_size=topo.nproc,

@@ -53,12 +53,12 @@ from . import supervisor
 from .logfiles import remove_keeping_logs
 from .base import ORPHAN_TIMEOUT_S
 from .callback import HEARTBEAT_S, ConnectInfo, route_address
-from .nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode
+from ..wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode
 from .rank_process import RankProcess
 from .rankfiles import RankFiles
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..procs import free_port, tree_rss
-from ..rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
+from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger(__name__)
 

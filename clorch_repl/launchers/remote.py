@@ -23,11 +23,11 @@ from jupyter_client.session import Session as JupyterSession
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
-from ..rank_env import host_gpu_lists
+from ..wire.rank_env import host_gpu_lists
 from ..rank_sets import rank_words
 from ..topology import BACKENDS, Topology, remote_topology
 from . import supervisor
-from .nanny_protocol import ToNanny
+from ..wire.nanny import ToNanny
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,
                        default_listen_address, owned_prefix, remove_stale, remove_stale_connect_files)

@@ -140,7 +140,7 @@ def parse_hang_notice(value: str | None) -> float | None:
 
 def parse_max_mb(value: str | None) -> int:
     """``--max-mb``: the size limit of one value in bytes (default 256 MB)."""
-    from ..session.values import DEFAULT_LIMIT_BYTES
+    from ..wire.values import DEFAULT_LIMIT_BYTES
     from ..topology import parse_number
 
     mb = parse_number(value, "--max-mb", "megabytes")

@@ -415,7 +415,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
 
             def run_cell() -> Any:
                 if claimed is not None:  # the head start sent it already (see .head_start)
-                    return session.finish(claimed[0], display_, interrupted=claimed[1])
+                    return session.finish(claimed, display_)  # interrupted if a Ctrl-C came in its send
                 return session.run(cell, options.rank_list, options.timeout_s, display_,
                                    hang_notice_s=options.hang_notice_s, stdin_ranks=options.stdin_rank_list,
                                    cell_number=number)
@@ -423,7 +423,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             if options.profile is None:
                 outcome = run_cell()
             else:
-                from ..diagnosis import profile
+                from ..session import profile
 
                 outcome, report = profile.profiled(session, options.rank_list,
                                                    options.profile or profile.default_folder(number, session), run_cell)

@@ -19,7 +19,7 @@ What makes it safe:
 - The line is read by the magic's own reader (:func:`clorch_repl.magics.cell_options.cell_options`)
   and the cell is refused by the session's own rules (:meth:`Session.begin`): whatever would make
   the magic refuse the cell makes the head start not send it, and the magic then says why, in the cell.
-- Only a signed execute_request is read (:func:`clorch_repl.session.wire.peek_execute`: the
+- Only a signed execute_request is read (:func:`clorch_repl.wire.framing.peek_execute`: the
   session's key, its replay history, as ipykernel checks them), and none while ipykernel aborts
   queued requests after an error.
 - Nothing is read from the ranks before the magic claims the cell (:meth:`HeadStart.claim`), so
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from IPython.core.error import UsageError
 
 from ..errors import ClorchError, DistributedCellError
-from ..session.wire import peek_execute
+from ..wire.framing import peek_execute
 from .cell_options import cell_options
 
 if TYPE_CHECKING:
@@ -113,9 +113,8 @@ class _Pending:
     line: str
     body: str
     number: int
+    #: the relay's handle (marked interrupted when a Ctrl-C came while it was being sent)
     started: StartedCell
-    #: Ctrl-C reached the notebook kernel while the cell was being sent: the cell ends interrupted
-    interrupted: bool = False
 
 
 class HeadStart:
@@ -176,16 +175,15 @@ class HeadStart:
         assert self._original is not None
         if not self._active or args or kwargs.get("subshell_id") is not None or kwargs.get("concurrent"):
             return await self._original(msg, *args, **kwargs)  # a subshell's or a comm beside a cell
-        parent = None
+        self._pending = None
         try:
             parent = self._peek(msg)
             self._pending = None if parent is None else self._begin(parent)
-        except KeyboardInterrupt:  # Ctrl-C in the moment the cell was sent: it ends interrupted
-            self._pending = self._recovered()
+        except KeyboardInterrupt:  # before anything was sent (one during the send marks the relay's handle)
+            logger.info("clorch_repl: a Ctrl-C before the cell was sent; it runs the ordinary way")
         except Exception:  # noqa: BLE001 - the cell must still run: ipykernel's own path will say what failed
             logger.warning("clorch_repl: sending the cell ahead of IPython failed; it runs the ordinary way",
                            exc_info=True)
-            self._pending = self._recovered()
         try:
             return await self._original(msg, *args, **kwargs)
         finally:
@@ -247,36 +245,24 @@ class HeadStart:
             return None  # refused: the magic refuses it again, in the cell, with the same words
         return _Pending(str(parent.get("header", {}).get("msg_id", "")), line, body, number, started)
 
-    def _recovered(self) -> _Pending | None:
-        """After a Ctrl-C (or a failure) inside :meth:`_begin`: the cell, if the relay had sent
-        it, marked interrupted (a cell sent and then lost would keep its ranks busy with nobody
-        reading them); None when nothing was sent."""
-        session = self._magics.session
-        relay = None if session is None else session.relay
-        started = None if relay is None else relay.unfinished
-        if started is None:
-            return None  # nothing was sent: the cell runs as if the Ctrl-C had come before it
-        return _Pending("", "", started.request.code, started.request.cell_number or 0, started, interrupted=True)
-
-    def claim(self, line: str, body: str, number: int) -> tuple[StartedCell, bool] | None:
-        """The cell the head start sent for this magic call, and whether it was interrupted; None
-        when none was sent (the magic sends it itself)."""
+    def claim(self, line: str, body: str, number: int) -> StartedCell | None:
+        """The relay's handle of the cell the head start sent for this magic call (marked
+        interrupted when a Ctrl-C came during its send); None when none was sent (the magic sends
+        it itself)."""
         pending = self._pending
         if pending is None or not self._for_current_request(pending):
             return None  # another request's magic call (a subshell's, a nested run_cell): not this cell
         self._pending = None
-        if not pending.interrupted and (pending.line, pending.body, pending.number) != (line, body, number):
+        if (pending.line, pending.body, pending.number) != (line, body, number):
             # Cannot happen by construction (the same transform, the same reader); if it does,
             # the ranks run what was sent, the cell shows it, and the log says so.
             logger.error("clorch_repl: the head start sent %r (cell %d) but the magic was called with %r (cell %d); "
                          "showing the ranks' run of what was sent. Set %s=0 to turn the head start off.",
                          (pending.line, pending.body), pending.number, (line, body), number, ENV)
-        return pending.started, pending.interrupted
+        return pending.started
 
     def _for_current_request(self, pending: _Pending) -> bool:
         """Whether the magic call runs in the request the head start sent ``pending`` for."""
-        if not pending.msg_id:
-            return True  # recovered after a failure, with no request to compare
         parent = self._kernel.get_parent("shell") if self._kernel is not None else None
         return (parent or {}).get("header", {}).get("msg_id") == pending.msg_id
 

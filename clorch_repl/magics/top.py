@@ -8,7 +8,7 @@ from typing import Any, Callable
 from IPython.display import display
 
 from ..errors import ConfigError
-from ..session.panel import INTERVAL_S, Panel, snapshot_once, suspended_note
+from ..session.panel import INTERVAL_S, Panel, snapshot_once
 from ..session.panel_view import render
 
 __all__ = ["command"]
@@ -28,8 +28,8 @@ def command(source: Callable[[], Any], panel: Panel | None, args: argparse.Names
     if not interval >= 0.2:
         raise ConfigError(f"--interval must be at least 0.2 seconds; got {args.interval!r}")
     if args.once:
-        session = source()
-        display(render(snapshot_once(session), note=suspended_note(session)), raw=True)
+        snaps, note = snapshot_once(source())
+        display(render(snaps, note=note), raw=True)
         return panel
     if panel is not None and panel.open:
         panel.close()  # one live panel at a time: the new one replaces it

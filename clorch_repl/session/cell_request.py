@@ -7,7 +7,7 @@ from typing import Any
 
 from ..rank_sets import rank_words
 from .protocol import CellRequest
-from .wire import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
+from ..wire.framing import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
 
 
 def packed_request(request: CellRequest, silent: bool, allowed: bool, front: bool,

@@ -16,7 +16,7 @@ reply is never dropped. The quiet period is generous because a rank's display ou
 through its IOPub thread, which a loaded machine can hold back behind the reply: a short one
 would drop the end of a cell that succeeded. It costs nothing when every counted message arrives.
 
-Output the notebook's guard (flood.backstop) holds back is counted per rank and announced once,
+Output the notebook's guard (flood_guard.backstop) holds back is counted per rank and announced once,
 at the cell's end (:meth:`CellRun.withheld_lines`). The rule for late output: whatever reaches
 the notebook while a cell runs, of that cell or of an earlier one (a thread it left printing),
 passes the running cell's guard and is counted there; a rank's own budget, kept after its cell
@@ -30,7 +30,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cell_end, flood
+from ..wire import limits as flood
+from . import cell_end, flood_guard
 from .protocol import CellOutcome, CellRequest, RankError, RankOutcome, RankOutput, Status
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class CellRun:
     expected: dict[int, int] = field(default_factory=dict)  # iopub messages the reply counted, per rank
     received: dict[int, int] = field(default_factory=dict)  # counted iopub messages read, per rank
     heard: dict[int, float] = field(default_factory=dict)  # last iopub message of the cell, per rank
-    #: the notebook's own guard on what each rank's output of the cell forwards (flood.backstop)
+    #: the notebook's own guard on what each rank's output of the cell forwards (flood_guard.backstop)
     guard_limits: flood.Limits = field(default_factory=flood.Limits)
     guards: dict[int, flood.Budget] = field(default_factory=dict)
 
@@ -132,7 +133,7 @@ class CellRun:
         self.last_progress = self.now
         if self.request.timeout_s is not None:
             self.deadline = self.now + self.request.timeout_s
-        self.guard_limits = flood.backstop(self.request.output_limits)
+        self.guard_limits = flood_guard.backstop(self.request.output_limits)
 
     # ------------------------------------------------------------------------------ events
     def sent(self, rank: int, msg_id: str) -> None:
@@ -156,7 +157,7 @@ class CellRun:
         guard = self.guards.get(rank)
         if guard is None:
             guard = self.guards[rank] = flood.Budget(self.guard_limits, now)
-        if kind == "clear_output" or guard.admit_size(*flood.message_size(kind, content), now):
+        if kind == "clear_output" or guard.admit_size(*flood_guard.message_size(kind, content), now):
             return RankOutput(rank, kind, content)
         return None
 
@@ -346,7 +347,7 @@ class CellRun:
         display adds it to the line at the top of the cell's output, see flood.HELD_MIME)."""
         lines = []
         for rank, guard in sorted(self.guards.items()):
-            data = flood.withheld_report(rank, guard)
+            data = flood_guard.withheld_report(rank, guard)
             if data is not None:
                 lines.append(RankOutput(rank, "display_data", {"data": data, "metadata": {}}))
         return lines

@@ -22,7 +22,7 @@ from ..diagnosis.probe import Prober
 from ..errors import ClorchError, SignatureError
 from ..launchers.base import Launcher
 from ..rank_sets import rank_words
-from .wire import MessageDecoder, MessageEncoder
+from ..wire.framing import MessageDecoder, MessageEncoder
 
 logger = logging.getLogger(__name__)
 

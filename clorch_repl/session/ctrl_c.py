@@ -2,9 +2,9 @@
 
 Why: a cell sent to some ranks and then lost (KeyboardInterrupt between two sends, or between a
 send and the note of its message id) would leave those ranks running with nobody reading them,
-and the next cell would find them busy. Kernel > Interrupt during the sends is noted and raised
-once every rank has the cell; the caller then finishes the cell as interrupted
-(:meth:`clorch_repl.session.relay.Relay.unfinished`).
+and the next cell would find them busy. Kernel > Interrupt during the sends is noted, not
+raised; once every rank has the cell, the relay then hands back the cell marked interrupted, and
+finishing it ends it so (:attr:`clorch_repl.session.relay.StartedCell.interrupted`).
 """
 
 from __future__ import annotations

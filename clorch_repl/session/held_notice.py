@@ -21,7 +21,7 @@ from IPython.display import publish_display_data
 
 from ..human import wrap
 from ..rank_sets import ranks_text
-from .flood import HELD_MIME, Budget, Limits, limits_from_env
+from ..wire.limits import HELD_MIME, Budget, Limits, limits_from_env
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from ..human import COLUMNS, wrap
 from .cell_run import OUTPUT_TYPES, CellRun
 from .comms import COMM_TYPES
 from .protocol import RankOutput
-from .wire import COUNTED_KEY, IOPUB_COUNT_KEY
+from ..wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,9 @@ rank, for the hang verdict.
 The panel follows the notebook's session, not one set of ranks: it is given a way to find the
 session (``source``), and after ``%clorch restart``, ``%clorch stop`` then ``%clorch start``, or a
 detached session's connect, it asks the new ranks (a restart used to leave it at "the ranks
-stopped" with an empty table for good). It reads the session through its public methods only.
+stopped" with an empty table for good). What it shows of the session it reads from the session's
+read-only view (:meth:`Session.view`, :mod:`.view`); of the relay it uses only its probe sockets and
+its tick.
 
 The panel is an ipywidgets HTML widget where ipywidgets is installed (JupyterLab, Notebook 7 and
 VS Code render it; its button closes it), else a display updated in place
@@ -34,7 +36,9 @@ from typing import Any, Callable
 
 from ..diagnosis.analyse import analyse
 from ..diagnosis.entries import RankEvidence, op_at, progress
+from .lifecycle import SessionState
 from .panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
+from .view import SessionView
 
 logger = logging.getLogger(__name__)
 
@@ -77,45 +81,35 @@ class Tracker:
         return found
 
 
-def snapshot(session: Any, tracker: Tracker, now: float | None = None) -> tuple[list[RankSnapshot], bool]:
-    """Every rank's row from the tracker's latest answers; and whether a collective is stuck."""
-    group, relay = session.group, session.relay
+def snapshot(view: SessionView, tracker: Tracker, now: float | None = None) -> tuple[list[RankSnapshot], bool]:
+    """Every rank's row of the session's ``view`` (asked with its last log lines) and the tracker's
+    latest answers; and whether a collective is stuck."""
     now = time.monotonic() if now is None else now
-    busy = set(relay.busy())
     snaps, stuck = [], False
-    for proc in group.ranks:
-        got = tracker.answers.get(proc.rank)
+    for rank in view.ranks:
+        got = tracker.answers.get(rank.rank)
         answer = got[1] if got is not None and now - got[0] <= SILENT_AFTER_S else None
         collective = None
-        pending = tracker.pending(proc.rank, answer, now) if proc.alive and answer is not None else None
+        pending = tracker.pending(rank.rank, answer, now) if rank.alive and answer is not None else None
         if pending is not None:
             key, seq, age = pending
-            collective = Collective(group=key, seq=seq, op=tracker.ops.get((proc.rank, key, seq)), age_s=age)
+            collective = Collective(group=key, seq=seq, op=tracker.ops.get((rank.rank, key, seq)), age_s=age)
             stuck = stuck or age >= STUCK_AFTER_S
-        last = None
-        if proc.alive and not proc.host:  # the log is read here only for ranks on this host
-            try:
-                tail = group.current_log_tail(proc.rank, 1)  # not the start banner before any output
-                last = tail.strip().splitlines()[-1] if tail.strip() else None
-            except (OSError, ValueError) as exc:
-                logger.debug("no log tail of rank %d: %s", proc.rank, exc)
-        running = session.cells.of(proc.rank, busy) if proc.alive else None  # a stuck rank's too
+        running = rank.cell  # a stuck rank's too
         snaps.append(RankSnapshot(
-            rank=proc.rank, host=proc.host, alive=proc.alive, busy=proc.rank in busy, exit=proc.exit,
+            rank=rank.rank, host=rank.host, alive=rank.alive, busy=rank.busy, exit=rank.exit,
             cell=running[0] if running else None, cell_for_s=now - running[1] if running else None,
-            last_line=last, usage=(answer or {}).get("usage"), collective=collective,
-            answered=answer is not None or not proc.alive, line_now=line_now(answer) if running else None))
+            last_line=rank.last_line, usage=(answer or {}).get("usage"), collective=collective,
+            answered=answer is not None or not rank.alive, line_now=line_now(answer) if running else None))
     return snaps, stuck
 
 
-def suspended_note(session: Any) -> str | None:
+def suspended_note(view: SessionView) -> str | None:
     """"suspended: 20.0 GiB of GPU memory held in host memory ..." while the session's ranks are
     suspended (or being suspended or resumed), else None. The ranks are not asked then: a rank's
     answer queries its CUDA stream, which waits until the resume (clorch_repl.session.suspend)."""
-    life = getattr(session, "life", None)
-    state = getattr(getattr(life, "state", None), "value", "")
-    if state in ("suspending", "suspended", "resuming"):
-        return f"{state}: {life.why}" if life.why else state
+    if view.state in (SessionState.SUSPENDING, SessionState.SUSPENDED, SessionState.RESUMING):
+        return f"{view.state.value}: {view.why}" if view.why else view.state.value
     return None
 
 
@@ -129,16 +123,18 @@ def line_now(answer: dict[str, Any] | None) -> str | None:
     return None
 
 
-def snapshot_once(session: Any) -> list[RankSnapshot]:
-    """Every rank's row, asked once (``%clorch top --once``), on sockets of its own."""
+def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None]:
+    """Every rank's row, asked once (``%clorch top --once``), on sockets of its own; and the note
+    to show above them (suspended ranks are not asked)."""
+    view = session.view()
+    note = suspended_note(view)
     prober = session.relay.new_prober()
     try:
         tracker = Tracker()
-        answers = {} if suspended_note(session) else prober.ask(
-            [p.rank for p in session.group.ranks if p.alive], light=True, usage=True, timeout_s=ONCE_WITHIN_S)
+        answers = {} if note else prober.ask(view.alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S)
         now = time.monotonic()
         tracker.answers.update({r: (now, a) for r, a in answers.items() if a is not None})
-        return snapshot(session, tracker, now)[0]
+        return snapshot(session.view(last_lines=True), tracker, now)[0], note
     finally:
         prober.close()
 
@@ -170,8 +166,8 @@ class Panel:
         self.open = False
 
     def start(self) -> None:
-        snaps = self._attach()
-        self._update = self._display(render(snaps, note=suspended_note(self.session)))
+        snaps, note = self._attach()
+        self._update = self._display(render(snaps, note=note))
         self.open = True
         self._next = time.monotonic() + self.interval_s
         try:
@@ -180,19 +176,20 @@ class Panel:
             self._loop = None  # a terminal IPython: the panel updates while cells run only
         self._arm()
 
-    def _attach(self) -> list[RankSnapshot]:
-        """Ask the session's current ranks, on sockets of the panel's own; their first rows."""
-        self._relay = self.session.relay
+    def _attach(self) -> tuple[list[RankSnapshot], str | None]:
+        """Ask the session's current ranks, on sockets of the panel's own; their first rows, and
+        the note above them (suspended ranks are not asked)."""
+        self._relay = self.session.relay  # its sockets: the panel's own prober and its tick
         self._connections = getattr(self._relay, "connections", 0)  # a replaced rank: asked anew
         self._prober = self._relay.new_prober()
         self._tracker, self._waiting, self._kind, self._whole_answers = Tracker(), {}, {}, {}
-        alive = [p.rank for p in self.session.group.ranks if p.alive]
-        asked = not suspended_note(self.session)  # suspended ranks are not asked
-        first = self._prober.ask(alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S) if asked else {}
+        view = self.session.view()
+        note = suspended_note(view)
+        first = {} if note else self._prober.ask(view.alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S)
         now = time.monotonic()
         self._tracker.answers.update({r: (now, a) for r, a in first.items() if a is not None})
         self._relay.add_tick(self.tick)
-        return snapshot(self.session, self._tracker, now)[0]
+        return snapshot(self.session.view(last_lines=True), self._tracker, now)[0], note
 
     def _detach(self) -> None:
         """Let go of ranks that are gone (a stop, a restart): their relay and the sockets."""
@@ -215,7 +212,8 @@ class Panel:
         if relay is None:
             self._update(render([], None, note="no ranks running: the panel follows the next %clorch start"))
             return False
-        self._update(render(self._attach(), None, note="new ranks"))
+        snaps, note = self._attach()
+        self._update(render(snaps, None, note=note or "new ranks"))
         return False
 
     def _arm(self) -> None:
@@ -252,9 +250,10 @@ class Panel:
 
     def _round(self, now: float) -> None:
         tracker = self._tracker
-        note = suspended_note(self.session)
+        view = self.session.view(last_lines=True)
+        note = suspended_note(view)
         if note:  # nothing asked of suspended ranks: say so instead
-            self._update(render(snapshot(self.session, tracker, now)[0], None, note=note))
+            self._update(render(snapshot(view, tracker, now)[0], None, note=note))
             return
         asked = dict(self._waiting)
         for msg_id, answer in self._prober.collect(self._waiting).items():
@@ -266,14 +265,13 @@ class Panel:
                     tracker.ops[ident] = op_at(answer, ident[1], ident[2])
             else:
                 self._whole_answers[rank] = answer
-        snaps, stuck = snapshot(self.session, tracker, now)
-        procs = list(self.session.group.ranks)
-        alive = [p.rank for p in procs if p.alive]
+        snaps, stuck = snapshot(view, tracker, now)
+        alive = view.alive
         if not stuck:
             tracker.verdict = None
         elif self._whole_answers and not self._open("whole"):
-            states = [RankEvidence(p.rank, answer=self._whole_answers.get(p.rank), host=p.host) if p.alive
-                      else RankEvidence(p.rank, dead=p.exit, host=p.host) for p in procs]
+            states = [RankEvidence(r.rank, answer=self._whole_answers.get(r.rank), host=r.host) if r.alive
+                      else RankEvidence(r.rank, dead=r.exit, host=r.host) for r in view.ranks]
             verdict = analyse(states)
             tracker.verdict = verdict.sentence if verdict.hang else None
             self._whole_answers = {}
@@ -303,7 +301,7 @@ class Panel:
         try:
             if self._relay is not None and self.session is not None and self.session.relay is self._relay \
                     and self._update is not None:
-                snaps, _ = snapshot(self.session, self._tracker)
+                snaps, _ = snapshot(self.session.view(last_lines=True), self._tracker)
                 self._update(render(snaps, None, note=note))
             elif self._update is not None:
                 self._update(render([], None, note=note))

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .flood import Limits
+from ..wire.limits import Limits
 
 
 class RankState(str, enum.Enum):
@@ -39,7 +39,7 @@ class CellRequest:
     #: the number the notebook shows for this cell (``[12]``): each rank numbers its run of the
     #: cell the same, so that its traceback says ``Cell In[12]``; None leaves the ranks' own count
     cell_number: int | None = None
-    #: each rank's output budget for the cell (clorch_repl.session.flood); None: the rank's defaults
+    #: each rank's output budget for the cell (clorch_repl.wire.limits); None: the rank's defaults
     output_limits: Limits | None = None
     #: a user's cell: a rank that an interrupt does not free because it waits in a collective is
     #: freed by aborting the session's group (see cell_run.FreeGroup); clorch's own requests never

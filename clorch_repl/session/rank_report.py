@@ -1,14 +1,13 @@
-"""The rows of ``%clorch status``: each rank's state, process, device and what it uses."""
+"""The rows of ``%clorch status``: each rank's state, process, device and what it uses (from the
+session's read-only view, :mod:`.view`)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable
 
-from ..launchers.base import Launcher
-from ..topology import Topology
 from .protocol import RankState
+from .view import SessionView, uptime_s
 
 
 @dataclass(frozen=True)
@@ -28,23 +27,15 @@ class RankReport:
     exit: str | None
 
 
-def rank_reports(group: Launcher, busy: Iterable[int], topology: Topology, *, starting: bool) -> list[RankReport]:
-    """Every rank of ``group`` as ``%clorch status`` shows it (``busy``: ranks running a request)."""
-    busy = set(busy)
-    usage = group.memory()
+def rank_reports(view: SessionView, usage: dict[int, tuple[int | None, int | None]]) -> list[RankReport]:
+    """Every rank of the session's ``view`` as ``%clorch status`` shows it, with ``usage`` (rank ->
+    resident and GPU memory, the launcher's answer) for the ranks alive."""
     now = time.time()
     rows = []
-    for proc in group.ranks:
-        alive = proc.alive
-        rss, gpu = usage.get(proc.rank, (None, None)) if alive else (None, None)
-        if not alive:
-            state = RankState.DEAD
-        elif starting:
-            state = RankState.STARTING
-        else:
-            state = RankState.BUSY if proc.rank in busy else RankState.IDLE
+    for rank in view.ranks:
+        rss, gpu = usage.get(rank.rank, (None, None)) if rank.alive else (None, None)
         rows.append(RankReport(
-            rank=proc.rank, state=state, pid=proc.pid, host=proc.host, device=topology.device_label(proc.rank),
-            backend=topology.backend, memory_bytes=rss, gpu_memory_bytes=gpu,
-            uptime_s=now - proc.started_at if alive else 0.0, exit=proc.exit))
+            rank=rank.rank, state=rank.state, pid=rank.pid, host=rank.host, device=rank.device,
+            backend=view.backend, memory_bytes=rss, gpu_memory_bytes=gpu, uptime_s=uptime_s(rank, now),
+            exit=rank.exit))
     return rows

@@ -23,7 +23,8 @@ from ..launchers.base import Launcher
 from ..rank_sets import rank_words
 from .protocol import CellOutcome, CellRequest
 from .relay import Relay
-from .requests import request_code
+from ..wire import PROTOCOL_VERSION
+from ..wire.requests import request_code
 from .sink import OutputSink
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _busy_after(relay: Relay, launcher: Launcher, wait_s: float) -> list[int]:
 def _regroup(relay: Relay, launcher: Launcher, generation: int, fresh: list[int],
              sink: OutputSink | None = None) -> CellOutcome:
     env = launcher.join_environment() if fresh else None
-    code = request_code("regroup", generation=generation, fresh=fresh, env=env)
+    code = request_code("regroup", generation=generation, fresh=fresh, env=env, protocol=PROTOCOL_VERSION)
     ranks = tuple(p.rank for p in launcher.ranks)
     return relay.execute(CellRequest(code, ranks, timeout_s=REGROUP_TIMEOUT_S), sink, silent=True)
 

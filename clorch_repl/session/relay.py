@@ -13,6 +13,7 @@ after which a rank that has not returned is reported as stuck together with its 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -53,11 +54,17 @@ RankSink = Callable[[int, dict[str, Any]], None]
 
 @dataclass(frozen=True)
 class StartedCell:
-    """A cell :meth:`Relay.begin` sent to its ranks, for :meth:`Relay.finish` to wait for."""
+    """The handle of a cell :meth:`Relay.begin` sent to its ranks, for :meth:`Relay.finish` to wait
+    for: every way a cell begins (the magic, :meth:`Session.run`, the head start, clorch's own
+    requests) gets one, so what a Ctrl-C during the send means is decided in one place."""
 
     request: CellRequest
     run: CellRun
     stdin: StdinBroker
+    #: Kernel > Interrupt came while the cell was being sent: every rank has it, and
+    #: :meth:`Relay.finish` ends it as interrupted (the ranks are interrupted at once, their
+    #: output shown), rather than the interrupt escaping and leaving the cell begun, unread
+    interrupted: bool = False
 
 
 class Relay:
@@ -165,13 +172,7 @@ class Relay:
         and keeps waiting for the grace period; a second one stops waiting at once.
         """
         sink = complete_sink(sink)  # refused before anything is sent
-        try:
-            started = self.begin(request, silent=silent, interrupt_grace_s=interrupt_grace_s)
-        except KeyboardInterrupt:  # while it was being sent: every rank has it, and it ends interrupted
-            if self._started is None:
-                raise
-            return self.finish(self._started, sink, interrupted=True)
-        return self.finish(started, sink)
+        return self.finish(self.begin(request, silent=silent, interrupt_grace_s=interrupt_grace_s), sink)
 
     def begin(self, request: CellRequest, *, silent: bool = False, interrupt_grace_s: float = INTERRUPT_GRACE_S,
               allow_stdin: bool | None = None) -> StartedCell:
@@ -182,7 +183,11 @@ class Relay:
         (clorch_repl.magics.head_start), overlaps the ranks' run without anything being shown
         early or lost. Exactly one cell may be begun and not finished. ``allow_stdin``: what the
         notebook's front end allowed for this cell, when ipykernel has not yet recorded it (a
-        cell begun from its shell dispatch); None asks ipykernel."""
+        cell begun from its shell dispatch); None asks ipykernel.
+
+        A Ctrl-C during the sends is held back until every rank has the cell, and then does not
+        escape: the handle comes back marked :attr:`StartedCell.interrupted`, and :meth:`finish`
+        ends the cell as interrupted. This is the one place an interrupted send is recovered."""
         if self._started is not None:
             # A cell begun and then lost (an interrupt between its send and its wait): end it on the
             # ranks rather than refuse every cell from now on.
@@ -201,16 +206,18 @@ class Relay:
         except BaseException:
             self.finish(started, PlainSink(), interrupted=True)  # the ranks already sent it must not run on
             raise
-        if deferred.came:  # every rank has it: the caller finishes the cell as interrupted (see .unfinished)
-            raise KeyboardInterrupt
+        if deferred.came:  # every rank has it: finish ends the cell as interrupted
+            started = self._started = dataclasses.replace(started, interrupted=True)
         return started
 
     def finish(self, started: StartedCell, sink: OutputSink | None = None, *,
                interrupted: bool = False) -> CellOutcome:
         """Wait for a cell :meth:`begin` sent, streaming its output to ``sink``; its outcome.
-        ``interrupted``: the notebook's cell was interrupted before it came to wait (the ranks
-        are interrupted at once and given the grace period, as for Kernel > Interrupt)."""
+        ``interrupted`` (or the handle's own mark, a Ctrl-C during its send): the notebook's cell
+        was interrupted before it came to wait (the ranks are interrupted at once and given the
+        grace period, as for Kernel > Interrupt)."""
         run, stdin = started.run, started.stdin
+        interrupted = interrupted or started.interrupted
         if self._cell is not run:
             raise ClorchError("this cell was already finished")
         try:
@@ -234,8 +241,7 @@ class Relay:
 
     @property
     def unfinished(self) -> StartedCell | None:
-        """The cell begun and not yet finished, if any (nothing is read from the ranks meanwhile);
-        after a KeyboardInterrupt out of :meth:`begin`, the cell to finish as interrupted."""
+        """The cell begun and not yet finished, if any (nothing is read from the ranks meanwhile)."""
         return self._started
 
     def _send_all(self, run: CellRun, request: CellRequest, silent: bool, front: bool, no_front: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import ClorchError, DistributedCellError, ScriptNotFound
 from .display import NotebookDisplay
 from .protocol import CellOutcome
-from .requests import request_code
+from ..wire.requests import request_code
 from .session import Session
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,10 @@ from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
 from ..topology import Topology, check_unique_in_range
-from . import flood, recovery
+from ..wire import PROTOCOL_VERSION
+from ..wire.limits import limits_from_env
+from ..wire.requests import request_code
+from . import flood_guard, recovery
 from .cell_labels import RankCells
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
@@ -29,9 +32,9 @@ from .lifecycle import Lifecycle, SessionState
 from .protocol import CellOutcome, CellRequest, Status
 from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
-from .requests import request_code
 from .sink import OutputSink
 from .suspend import Suspending, refuse_cell
+from .view import SessionView, session_view
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +134,8 @@ class Session(Suspending):
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
-        join = CellRequest(request_code("join", env=self.group.join_environment()), tuple(range(n)),
-                           timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
+        join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION),
+                           tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
@@ -268,14 +271,8 @@ class Session(Suspending):
         if silent:
             _, relay = self._require()
             return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
-        try:
-            started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
-                                 cell_number=cell_number)
-        except KeyboardInterrupt:  # while the cell was being sent: every rank has it, and it ends interrupted
-            unfinished = self.relay.unfinished if self.relay is not None else None
-            if unfinished is None:
-                raise
-            return self.finish(unfinished, sink, interrupted=True)
+        started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
+                             cell_number=cell_number)  # a Ctrl-C during its send marks it (StartedCell.interrupted)
         return self.finish(started, sink)
 
     def begin(self, code: str, ranks: list[int] | None, timeout_s: float | None, *,
@@ -292,14 +289,14 @@ class Session(Suspending):
         self.current_cell = self.cells.sent(first if cell_number is None else f"[{cell_number}] {first}", request.ranks)
         try:
             return relay.begin(request, allow_stdin=allow_stdin)
-        except BaseException:
-            if relay.unfinished is None:  # not sent (a Ctrl-C leaves it sent, for finish)
-                self.current_cell = None
+        except BaseException:  # not sent (the relay ended whatever it had sent; a Ctrl-C marks the handle)
+            self.current_cell = None
             raise
 
     def finish(self, started: StartedCell, sink: OutputSink | None, *, interrupted: bool = False) -> CellOutcome:
         """Wait for a cell :meth:`begin` sent, streaming its output to ``sink`` (see
-        :meth:`Relay.finish`); the notebook kernel reads busy meanwhile."""
+        :meth:`Relay.finish`: ``interrupted``, or a handle whose send was interrupted, ends it as
+        interrupted); the notebook kernel reads busy meanwhile."""
         try:
             relay = self.relay
             if relay is None:
@@ -312,7 +309,7 @@ class Session(Suspending):
                 return outcome
         finally:
             self.current_cell = None
-            flood.bound_cell_history(started.request.cell_number, self._relayed_cells)
+            flood_guard.bound_cell_history(started.request.cell_number, self._relayed_cells)
 
     def _request(self, code: str, ranks: list[int] | None, timeout_s: float | None, *, silent: bool = False,
                  hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
@@ -337,7 +334,7 @@ class Session(Suspending):
         notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
         recover = not silent and self.life.state is SessionState.READY
         try:
-            limits = flood.limits_from_env(os.environ)
+            limits = limits_from_env(os.environ)
         except ValueError as exc:
             raise ClorchError(f"{exc} (the output limits of %%distributed cells, read from the notebook's "
                               "environment: fix it with %env, or unset it for the default)") from None
@@ -399,10 +396,16 @@ class Session(Suspending):
         return {r: relay.stack_of(r) for r in relay.busy() if group.ranks[r].alive}, line
 
     # ------------------------------------------------------------------------------- views
+    def view(self, *, last_lines: bool = False) -> SessionView:
+        """The session now, read-only, for its readers (status, the panel): see :mod:`.view`.
+        ``last_lines``: each local rank's last log line too (file reads)."""
+        group, relay = self._require()
+        return session_view(group, relay.busy(), self.life, self.cells, self.topology, generation=self._generation,
+                            started_at=self.started_at, last_lines=last_lines)
+
     def status(self) -> list[RankReport]:
         """One row of ``%clorch status`` per rank."""
-        group, relay = self._require()
-        return rank_reports(group, relay.busy(), self.topology, starting=self.started_at is None)
+        return rank_reports(self.view(), self._require()[0].memory())
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the

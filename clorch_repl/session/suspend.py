@@ -37,7 +37,8 @@ from ..launchers.spares import end_spares
 from ..rank_sets import rank_words, ranks_are
 from .lifecycle import Lifecycle, SessionState
 from .protocol import CellRequest
-from .requests import request_code
+from ..wire import PROTOCOL_VERSION
+from ..wire.requests import request_code
 
 if TYPE_CHECKING:
     from ..launchers.base import Launcher
@@ -260,7 +261,7 @@ def abort_groups(relay: "Relay", ranks: list[int]) -> list[int]:
 def regroup(relay: "Relay", launcher: "Launcher", generation: int) -> str:
     """Every rank's groups given new backends (the ``regroup`` request, as a recovery sends it);
     "" when it worked, else why not."""
-    code = request_code("regroup", generation=generation, fresh=[], env=None)
+    code = request_code("regroup", generation=generation, fresh=[], env=None, protocol=PROTOCOL_VERSION)
     ranks = tuple(p.rank for p in launcher.ranks)
     outcome = relay.execute(CellRequest(code, ranks, timeout_s=REGROUP_TIMEOUT_S), None, silent=True)
     if outcome.ok:

@@ -27,10 +27,10 @@ from typing import Any, Callable
 
 from ..atomic import remove_quietly
 from ..errors import ClorchError, ConfigError, DistributedCellError
-from . import values
+from ..wire import values
 from .display import NotebookDisplay
 from .protocol import CellOutcome, RankOutput
-from .requests import request_code
+from ..wire.requests import request_code
 from .session import Session
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def check_name(name: str, what: str = "NAME") -> str:
 
 class MimeCollector:
     """Takes the ranks' announcements of one private MIME type out of the output (they are never
-    shown: value transfers here, profile summaries in :mod:`clorch_repl.diagnosis.profile`) and
+    shown: value transfers here, profile summaries in :mod:`clorch_repl.session.profile`) and
     passes everything else on to the display."""
 
     def __init__(self, ranks: tuple[int, ...], mime: str = values.MIME) -> None:

@@ -17,7 +17,8 @@ from typing import Iterator
 import psutil
 import pytest
 
-from clorch_repl.session.flood import BACKSTOP_FACTOR, DEFAULT_LINES, DEFAULT_VOLUME, SOURCE_FACTOR
+from clorch_repl.session.flood_guard import BACKSTOP_FACTOR
+from clorch_repl.wire.limits import DEFAULT_LINES, DEFAULT_VOLUME, SOURCE_FACTOR
 
 from notebook_kernel import NotebookKernel, Reply, clorch_session
 

@@ -22,7 +22,8 @@ from clorch_repl.launchers.base import LaunchOptions, Launcher
 from clorch_repl.procs import free_port
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
-from clorch_repl.session.requests import request_code
+from clorch_repl.wire import PROTOCOL_VERSION
+from clorch_repl.wire.requests import request_code
 from clorch_repl.session.sink import PlainSink
 from clorch_repl.topology import remote_topology, resolve_topology
 from plugin_path import with_plugins, without_plugins
@@ -48,7 +49,7 @@ class Started:
         self.launcher.launch(lambda _: None)
         self.relay = Relay(self.launcher)
         self.relay.connect(lambda k, n: None)
-        joined = self.relay.execute(CellRequest(request_code("join"), (0, 1), timeout_s=120), silent=True)
+        joined = self.relay.execute(CellRequest(request_code("join", protocol=PROTOCOL_VERSION), (0, 1), timeout_s=120), silent=True)
         assert joined.ok, joined
         return self.relay
 

@@ -257,7 +257,7 @@ def test_a_kernel_that_cannot_start_fails_before_the_first_cell(folder: str) -> 
 def test_a_kernel_that_ignores_the_interrupt_is_stopped_within_bounds(folder: str) -> None:
     """The notebook's own kernel ignores SIGINT and sleeps: one SIGTERM still ends the run (the
     interrupt's grace, then the kernel's shutdown), and no rank outlives it."""
-    from clorch_repl.notebook_runner import INTERRUPT_GRACE_S, KILL_WAIT_S, SHUTDOWN_WAIT_S
+    from clorch_repl.tools.notebook_runner import INTERRUPT_GRACE_S, KILL_WAIT_S, SHUTDOWN_WAIT_S
 
     path = notebook(os.path.join(folder, "stuck.ipynb"),
                     "%load_ext clorch_repl",

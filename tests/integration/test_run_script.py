@@ -174,7 +174,7 @@ def test_the_script_sees_what_torchrun_gives_it_and_leaves_its_globals(ip: Any, 
 
 
 def test_a_script_path_and_arguments_arrive_verbatim_never_as_code(ip: Any, tmp_path: Any) -> None:
-    """They travel as JSON data in a request (clorch_repl.session.requests), so quotes and a
+    """They travel as JSON data in a request (clorch_repl.wire.requests), so quotes and a
     would-be statement in them reach the script as the strings they were, and run nothing."""
     folder = tmp_path / "it's \"quoted\""
     folder.mkdir()

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from clorch_repl.session import cell_end, flood
+from clorch_repl.session import cell_end, flood_guard
+from clorch_repl.wire import limits as flood
 from clorch_repl.session.cell_run import (ABORT_GRACE_S, FAILURE_GRACE_S, GROUP_CHECK_S, INTERRUPT_GRACE_S,
                                           REPLY_DRAIN_MAX_S, REPLY_DRAIN_S, REPLY_QUIET_S, CellRun, FreeGroup,
                                           GiveUp, Interrupt)
 from clorch_repl.session.ledger import (ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, InputRequest, Ledger,
                                         Show)
 from clorch_repl.session.protocol import CellRequest, Status
-from clorch_repl.session.wire import COUNTED_KEY, IOPUB_COUNT_KEY
+from clorch_repl.wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 
 #: a faulthandler stack of a rank inside its cell (not returned)
 IN_CELL = ('Current thread 0x00007f (most recent call first):\n'
@@ -177,7 +178,7 @@ def test_a_flood_is_held_back_by_the_guard_and_said_once_at_the_end() -> None:
         cell.iopub(0, text("c-0", line), i * 0.001)
     cell.reply(0, reply("c-0", 500), 1.0)
     assert cell.run.over
-    assert sum(map(len, cell.shown)) <= flood.backstop(limits).volume
+    assert sum(map(len, cell.shown)) <= flood_guard.backstop(limits).volume
     [withheld] = cell.ledger.end(cell.run)  # a report the display turns into the line at the cell's top
     report = withheld.content["data"][flood.HELD_MIME]
     assert withheld.rank == 0 and report["lines"] + len(cell.shown) == 500

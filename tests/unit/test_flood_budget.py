@@ -1,4 +1,4 @@
-"""The output budget (clorch_repl.session.flood): what a rank publishes of a cell's writes, given
+"""The output budget (clorch_repl.wire.limits): what a rank publishes of a cell's writes, given
 recorded write sequences and clock readings, and how IPython's record of relayed text is bounded."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from clorch_repl.session.flood import (DEFAULT_LINES, DEFAULT_RATE, DEFAULT_VOLUME, Budget, Limits,
-                                       bound_history, limits_from_env)
+from clorch_repl.session.flood_guard import bound_history
+from clorch_repl.wire.limits import DEFAULT_LINES, DEFAULT_RATE, DEFAULT_VOLUME, Budget, Limits, limits_from_env
 
 
 def replay(limits: Limits, writes: list[tuple[float, str]]) -> tuple[Budget, str]:
@@ -104,7 +104,7 @@ def test_history_keeps_a_bounded_part_of_each_cell_and_a_bounded_number_of_cells
 
 
 def test_a_report_is_a_display_the_notebook_reads_and_other_clients_can_show() -> None:
-    from clorch_repl.session.flood import HELD_MIME, at_source, held_display
+    from clorch_repl.wire.limits import HELD_MIME, at_source, held_display
 
     data = held_display({"rank": 2, "lines": 1500, "chars": 150_000, "late": False})
     assert data[HELD_MIME]["lines"] == 1500 and "%clorch logs 2" in data["text/plain"]
@@ -120,7 +120,8 @@ def test_at_the_line_limit_no_further_line_is_begun() -> None:
 
 
 def test_the_notebooks_guard_bounds_rich_output_of_a_recorded_cell() -> None:
-    from clorch_repl.session.flood import HELD_MIME, backstop, message_size, withheld_report
+    from clorch_repl.session.flood_guard import backstop, message_size, withheld_report
+    from clorch_repl.wire.limits import HELD_MIME
 
     limits = backstop(Limits(volume=50_000, lines=50, rate=50))
     assert limits == Limits(volume=200_000, lines=200, rate=0)  # twice a rank's own (twice the cell's)

@@ -116,6 +116,7 @@ def test_nccl_entries_launched_and_done_are_not_pending() -> None:
 def test_both_recorders_are_read_and_kept_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     torch_c10d = pytest.importorskip("torch._C._distributed_c10d")
     from clorch_repl.diagnosis import probe, record as fr
+    from clorch_repl.wire.probe import ProbeRequest
 
     nccl = {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "3", "last_started_collective": "-1",
                                                    "last_completed_collective": "2"}},
@@ -126,7 +127,7 @@ def test_both_recorders_are_read_and_kept_apart(monkeypatch: pytest.MonkeyPatch)
     assert missing is None and data is not None
     assert [e["recorder"] for e in data["entries"]][-1:] == ["nccl"]
     assert data["pg_status"]["nccl/0"]["last_completed_collective"] == 2
-    answer = probe.answer({})
+    answer = probe.answer(ProbeRequest())
     assert answer["fr"]["entries"][-1]["profiling_name"] == "nccl:all_reduce"
 
 

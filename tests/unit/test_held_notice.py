@@ -9,7 +9,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from clorch_repl.session.display import NotebookDisplay
-from clorch_repl.session.flood import Limits, held_display
+from clorch_repl.wire.limits import Limits, held_display
 from clorch_repl.session.held_notice import HeldNotice
 from clorch_repl.session.protocol import RankOutput
 

@@ -1,6 +1,7 @@
 """The package's shape, held where a review found it hard to change (issue 27): no module over
-:data:`FILE_LINES` lines, no function over :data:`FUNCTION_LINES`, and no cycle among the
-package's imports.
+:data:`FILE_LINES` lines, no function over :data:`FUNCTION_LINES`, no cycle among the
+package's imports, and which room of the package may import which (:data:`ROOMS`, issue 33): the
+rank's side never imports the notebook's.
 
 The modules and functions over the limits would be listed with their size (both lists are empty
 since the rank's kernel was split, issue 27): the lists may only shrink. A listed one that grows fails (split it instead), one that is now within the limit
@@ -149,3 +150,127 @@ def test_the_guards_catch_what_they_guard() -> None:
     deferred = ast.parse("def f():\n    from . import b\nif TYPE_CHECKING:\n    from . import c\n")
     assert [n.names[0].name for n in _import_nodes(deferred)] == ["b"]
     assert _parents("clorch_repl.magics.arguments") == ["clorch_repl.magics"]
+
+
+# ------------------------------------------------------------------------------ rooms (issue 33)
+#: Each room of the package (a subpackage, or a module at the top level; "" is the package's own
+#: __init__) -> the rooms it may import, deferred imports included. A new import between rooms
+#: that is not here fails: add it only if it belongs (the rank's side stays off the notebook's, see
+#: RANK_SIDE), and take out what is no longer imported (a stale entry fails too).
+ROOMS: dict[str, set[str]] = {
+    "": {"magics"},  # %load_ext clorch_repl
+    # the rank's side: the rank's kernel process, and the contract both sides import
+    "kernel": {"wire", "diagnosis", "distributed", "errors", "numa", "procs", "rendezvous"},
+    "wire": {"atomic", "errors"},
+    # the notebook's side
+    "magics": {"session", "launchers", "distributed", "wire", "cuda", "errors", "human", "rank_sets",
+               "topology"},
+    "session": {"launchers", "diagnosis", "wire", "atomic", "cuda", "cuda_checkpoint", "errors", "human", "procs", "rank_sets",
+                "topology"},
+    "launchers": {"kernel", "wire", "atomic", "cell_boundary", "cuda", "errors", "procs", "rank_sets", "topology"},
+    "rank": {"launchers"},  # python -m clorch_repl.rank: the nanny's old name
+    # the rank-side library, batch jobs, diagnosis (rank's answers, notebook's analysis), training
+    "distributed": {"kernel", "launchers", "diagnosis", "wire", "atomic", "cuda", "errors", "procs", "rank_sets",
+                    "rendezvous", "topology", "user_frames"},
+    "diagnosis": {"launchers", "wire", "cell_boundary", "errors", "rank_sets"},
+    "training": {"distributed", "atomic", "errors", "procs", "user_frames"},
+    "amp": {"training"}, "data": {"training"}, "parallel": {"training"},
+    "examples": {"amp", "cuda", "data", "distributed", "errors", "parallel"},
+    # the commands (clorch-notebook, clorch-release-check), and the release check's old module name
+    "tools": {"session", "distributed", "amp", "data", "parallel", "cuda", "cuda_checkpoint", "errors", "procs",
+              "topology"},
+    "release_check": {"tools"},
+    # leaves and near-leaves every side may use
+    "errors": {"human", "launchers", "rank_sets", "session"},  # see NOTEBOOK_ONLY_IMPORTS
+    "rendezvous": {"wire"}, "topology": {"cuda", "errors"}, "user_frames": {"errors"},
+    "atomic": set(), "cell_boundary": set(), "cuda": set(), "cuda_checkpoint": set(), "human": set(), "numa": set(),
+    "procs": set(), "rank_sets": set(),
+}
+#: Rooms that run in a rank's process, and rooms that run only in the notebook's: no module of the
+#: first imports a module of the second, directly or through any other module.
+RANK_SIDE = {"kernel", "wire"}
+NOTEBOOK_SIDE = {"session", "magics"}
+#: Imports of notebook-side modules made inside functions that only the notebook calls, which the
+#: rank's side may reach without ever running them: the rendering of a failed cell
+#: (errors.DistributedCellError). The list may only shrink.
+NOTEBOOK_ONLY_IMPORTS: dict[str, set[str]] = {
+    "clorch_repl.errors": {"clorch_repl.session", "clorch_repl.session.protocol", "clorch_repl.launchers",
+                           "clorch_repl.launchers.rankfiles"},
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = {_module_name(r) for r in modules}
+    return {_module_name(r): _imports(r, p, known) for r, p in modules.items()}
+
+
+def _room_problems(graph: dict[str, set[str]], rooms: dict[str, set[str]]) -> list[str]:
+    """Imports between rooms that the table does not allow, and entries no import uses."""
+    problems, used = [], set()
+    for module, deps in sorted(graph.items()):
+        room = _room(module)
+        if room not in rooms:
+            problems.append(f"{module}: its room {room!r} is not in ROOMS; say which rooms it may import")
+            continue
+        for dep in sorted(deps):
+            other = _room(dep)
+            if other == room:
+                continue
+            used.add((room, other))
+            if other not in rooms[room]:
+                problems.append(f"{module} imports {dep}: room {room!r} may not import {other!r} (ROOMS)")
+    problems += [f"ROOMS lets {room!r} import {other!r}, which it no longer does: take it out"
+                 for room, others in sorted(rooms.items()) for other in sorted(others) if (room, other) not in used]
+    return problems
+
+
+def _side_problems(graph: dict[str, set[str]], rooms: dict[str, set[str]]) -> list[str]:
+    """Notebook-side modules a rank-side module reaches, with the chain of imports that reaches them."""
+    problems = [f"ROOMS lets rank-side {room!r} import notebook-side {other!r}"
+                for room in sorted(RANK_SIDE) for other in sorted(rooms.get(room, set()) & NOTEBOOK_SIDE)]
+    for start in sorted(m for m in graph if _room(m) in RANK_SIDE):
+        seen, stack = {start: [start]}, [start]
+        while stack:
+            module = stack.pop()
+            for dep in sorted(graph.get(module, set()) - NOTEBOOK_ONLY_IMPORTS.get(module, set())):
+                if dep in seen:
+                    continue
+                seen[dep] = seen[module] + [dep]
+                if _room(dep) in NOTEBOOK_SIDE:
+                    problems.append("rank side imports notebook side: " + " -> ".join(seen[dep]))
+                    continue
+                stack.append(dep)
+    return problems
+
+
+def test_each_room_imports_only_what_the_table_allows() -> None:
+    assert _room_problems(_graph(), ROOMS) == []
+
+
+def test_the_rank_side_never_imports_the_notebook_side() -> None:
+    graph = _graph()
+    assert _side_problems(graph, ROOMS) == []
+    for module, lazy in NOTEBOOK_ONLY_IMPORTS.items():
+        assert lazy <= graph[module], f"{module} no longer imports {sorted(lazy - graph[module])}: shrink the list"
+
+
+def test_the_room_guards_catch_what_they_guard() -> None:
+    """The checks themselves, on made-up graphs: an import the table lacks, a stale entry, a rank-side
+    module reaching the notebook's side through a third room, a table that lets it."""
+    graph = {"clorch_repl.kernel.a": {"clorch_repl.wire.b"}, "clorch_repl.wire.b": {"clorch_repl.errors"},
+             "clorch_repl.errors": {"clorch_repl.session.c"}, "clorch_repl.session.c": set()}
+    rooms = {"kernel": {"wire"}, "wire": {"errors"}, "errors": {"session"}, "session": {"magics"}}
+    assert _room_problems(graph, rooms) == ["ROOMS lets 'session' import 'magics', which it no longer does: take it out"]
+    assert _room_problems(graph, {**rooms, "wire": set()})[0] == (
+        "clorch_repl.wire.b imports clorch_repl.errors: room 'wire' may not import 'errors' (ROOMS)")
+    assert _side_problems(graph, rooms) == [
+        "rank side imports notebook side: clorch_repl.kernel.a -> clorch_repl.wire.b -> clorch_repl.errors -> "
+        "clorch_repl.session.c",
+        "rank side imports notebook side: clorch_repl.wire.b -> clorch_repl.errors -> clorch_repl.session.c"]
+    assert _side_problems({}, {"kernel": {"session"}}) == ["ROOMS lets rank-side 'kernel' import notebook-side 'session'"]

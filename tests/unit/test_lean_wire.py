@@ -1,4 +1,4 @@
-"""The relay's execute requests as a rank reads them on its lean path (clorch_repl.session.wire).
+"""The relay's execute requests as a rank reads them on its lean path (clorch_repl.wire.framing).
 
 The relay builds and signs them itself and the rank reads them without jupyter_client's
 ``Session.deserialize``: what must hold is what that gave, a request only a holder of the rank's
@@ -12,7 +12,7 @@ import pytest
 from jupyter_client.session import Session
 
 from clorch_repl.errors import SignatureError
-from clorch_repl.session.wire import (LEAN_KEY, LEAN_MAGIC, SEPARATOR, MessageDecoder, MessageEncoder, lean_reply,
+from clorch_repl.wire.framing import (LEAN_KEY, LEAN_MAGIC, SEPARATOR, MessageDecoder, MessageEncoder, lean_reply,
                                       peek_execute, read_lean_execute)
 
 KEY = b"0123456789abcdef0123456789abcdef"

@@ -1,4 +1,4 @@
-"""The nanny protocol's version is checked both ways (clorch_repl.launchers.nanny_protocol): a
+"""The nanny protocol's version is checked both ways (clorch_repl.wire.nanny): a
 connect file of another version is refused by the nanny, a nanny of another version by the
 notebook's endpoint, each naming both versions and what to do. Real sockets (CurveZMQ on
 loopback), no process."""
@@ -13,14 +13,14 @@ import zmq
 
 from clorch_repl.errors import ClorchError
 from clorch_repl.launchers.callback import CallbackServer, ConnectInfo
-from clorch_repl.launchers.nanny_protocol import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
+from clorch_repl.wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
 
 
 def test_a_connect_file_of_another_version_is_refused_by_the_nanny() -> None:
     info = ConnectInfo("10.0.0.1", 5555, "k" * 40, "token", "abc123")
     assert ConnectInfo.loads(info.dumps(), "connect.json") == info
     old = dict(json.loads(info.dumps()), protocol=1)
-    with pytest.raises(ClorchError, match=r"the connect info in /shared/c\.json speaks the nanny protocol 1, this "
+    with pytest.raises(ClorchError, match=r"the connect info in /shared/c\.json speaks protocol 1, this "
                                           rf"clorch_repl speaks protocol {PROTOCOL}: install the same clorch_repl"):
         ConnectInfo.loads(json.dumps(old), "/shared/c.json")
     del old["protocol"]
@@ -40,7 +40,7 @@ def test_a_nanny_of_another_version_is_refused_by_the_notebook(tmp_path: pathlib
         assert nanny.poll(20_000), "the endpoint never answered"
         answer = decode(nanny.recv())
         assert answer is not None and answer["op"] == ToNanny.REFUSED
-        assert answer["why"] == (f"rank 0 on hostB speaks the nanny protocol {PROTOCOL + 1}, this clorch_repl "
+        assert answer["why"] == (f"rank 0 on hostB speaks protocol {PROTOCOL + 1}, this clorch_repl "
                                  f"speaks protocol {PROTOCOL}: install the same clorch_repl version on every host")
         assert server.peers == {} and server.refused == [answer["why"]]
     finally:

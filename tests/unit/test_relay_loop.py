@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
 from clorch_repl.session.sink import PlainSink
-from clorch_repl.session.wire import COUNTED_KEY, IOPUB_COUNT_KEY
+from clorch_repl.wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 
 
 @dataclass
@@ -189,6 +189,26 @@ def test_a_ctrl_c_during_the_sends_ends_the_cell_interrupted_and_leaves_nothing_
     assert outcome.interrupted and relay.unfinished is None
     monkeypatch.undo()
     assert relay.execute(CellRequest("pass", (0, 1)), Collect()).ok  # the next cell runs
+
+
+def test_a_ctrl_c_during_a_cells_send_comes_back_as_its_handle_marked_interrupted(monkeypatch) -> None:
+    """Every way a cell begins (the magic through Session.run, the head start, clorch's own
+    requests) gets the relay's handle: a Ctrl-C held back during the send does not escape begin
+    (it used to, and each caller recovered the cell from Relay.unfinished in its own way); the
+    handle says so, and finishing it interrupts the rank still running, shows what came first."""
+    import contextlib
+
+    from clorch_repl.session import relay as relay_module
+
+    relay, group, _ = relay_for({0: 1, 1: None}, answers={1: {"in_cell": True}})
+    monkeypatch.setattr(relay_module, "ctrl_c_deferred", contextlib.contextmanager(lambda: iter([_CameDeferred()])))
+    started = relay.begin(CellRequest("pass", (0, 1)), interrupt_grace_s=0.3)  # no KeyboardInterrupt
+    assert started.interrupted and relay.unfinished is started
+    sink = Collect()
+    outcome = relay.finish(started, sink)
+    assert outcome.interrupted and group.interrupted and group.interrupted[0] == [1]
+    assert outcome.ranks[0].status is Status.OK and [i.content["text"] for i in sink.items] == ["line 0\n"]
+    assert relay.unfinished is None
 
 
 def test_a_begun_cell_that_was_lost_is_interrupted_by_the_next_begin() -> None:

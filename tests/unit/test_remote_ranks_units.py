@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from clorch_repl.rank_env import Identity, read_identity
+from clorch_repl.wire.rank_env import Identity, read_identity
 
 
 @pytest.mark.parametrize("env, expected", [

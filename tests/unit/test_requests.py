@@ -1,5 +1,5 @@
 """Requests to ranks as named handlers and JSON data (issue 27), in this process: the notebook's
-builder (clorch_repl.session.requests) writes only its fixed line, refuses what JSON cannot carry
+builder (clorch_repl.wire.requests) writes only its fixed line, refuses what JSON cannot carry
 unchanged, and lets nothing a user typed become code; the rank's registry
 (clorch_repl.kernel.requests) dispatches by name and says what to do about a name it lacks. The
 flows themselves (join, transfers, %clorch run, --profile) run on real ranks in test_session,
@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
-from clorch_repl.diagnosis import profile
 from clorch_repl.errors import ClorchError, UnknownRequest
 from clorch_repl.kernel import requests as registry
-from clorch_repl.session.requests import RANK_MODULE, request_code
-from clorch_repl.session import recovery, script_run, transfer
+from clorch_repl.wire.requests import RANK_MODULE, request_code
+from clorch_repl.session import profile, recovery, script_run, transfer
 from clorch_repl.session.protocol import CellOutcome, CellRequest
 from clorch_repl.session.script_run import RunRequest
 from clorch_repl.topology import Topology

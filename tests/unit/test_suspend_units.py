@@ -87,11 +87,14 @@ class _Rank:
     host: str = ""
     alive: bool = True
     exit: str | None = None
+    started_at: float = 0.0
 
 
 @dataclass
 class _Launcher:
     """Stands in for the local launcher of 2 GPU ranks (no GPU here to start them on)."""
+
+    name = "local"
 
     ranks: list[_Rank] = field(default_factory=lambda: [_Rank(0, 100), _Rank(1, 101)])
     spares: list[Any] = field(default_factory=lambda: ["spare0", "spare1"])
@@ -400,7 +403,6 @@ def test_a_helper_that_cannot_run_leaves_the_session_running(monkeypatch: pytest
 
 
 def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -> None:
-    from clorch_repl.session.cell_labels import RankCells
     from clorch_repl.session.panel import Panel
 
     class Prober:
@@ -426,10 +428,10 @@ def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -
     prober = Prober()
     relay = type("Relay", (), {"busy": lambda self: [], "new_prober": lambda self: prober,
                                "add_tick": lambda self, tick: None, "remove_tick": lambda self, tick: None})()
-    session = type("Session", (), {})()
     group = _Launcher()
     group.current_log_tail = lambda rank, lines: f"rank {rank}'s last line\n"  # type: ignore[attr-defined]
-    session.group, session.relay, session.current_cell, session.cells = group, relay, None, RankCells()
+    session = Session(GPU)  # the real session's view, over the stand-ins
+    session.group, session.relay = group, relay  # type: ignore[assignment]
     session.life = Lifecycle(S.SUSPENDED, why="40.0 GiB of GPU memory held in host memory since 14:02:11")
     shown: list[dict[str, str]] = []
     panel = Panel(lambda: session, interval_s=0.2, show=shown.append)

@@ -15,9 +15,9 @@ from clorch_repl.errors import ConfigError, ScriptNotFound
 from clorch_repl.kernel.script import resolve
 from clorch_repl.kernel.torchrun import GroupFacts, disagreement
 from clorch_repl.magics.core import ClorchMagics
-from clorch_repl.notebook_export import export_notebook
-from clorch_repl.rank_env import torchrun_extras
-from clorch_repl.session.requests import request_code
+from clorch_repl.tools.notebook_export import export_notebook
+from clorch_repl.wire.rank_env import torchrun_extras
+from clorch_repl.wire.requests import request_code
 from clorch_repl.magics.arguments import parse_run
 from clorch_repl.session.script_run import RunRequest
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from clorch_repl.session import values
+from clorch_repl.wire import values
 
 
 # ------------------------------------------------------------------------ the format, no ranks

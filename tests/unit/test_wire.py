@@ -6,7 +6,7 @@ import pytest
 from jupyter_client.session import Session
 
 from clorch_repl.errors import SignatureError
-from clorch_repl.session.wire import MessageDecoder
+from clorch_repl.wire.framing import MessageDecoder
 
 
 def frames(session: Session, msg_type: str = "stream", content: dict | None = None) -> list[bytes]:

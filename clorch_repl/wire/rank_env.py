@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ They are kept in three places. The notebook's display keeps them for the cell as
 held back, while the cell runs. Each rank holds back, at the source, what exceeds
 :func:`at_source` (twice the cell's volume and lines, the same rate): that is never serialised and
 never crosses ZeroMQ, and as it is larger than the cell's, the page's limit is reached first and
-the notebook knows, live, that output is held back. The relay's guard (:func:`backstop`) bounds
-every rank's messages of all kinds. What a rank or the guard held back is reported as a structured
-display (:data:`HELD_MIME`), never as text the notebook would have to read. The rank's log gets
+the notebook knows, live, that output is held back. The relay's guard (``backstop``, in
+:mod:`clorch_repl.session.flood_guard`, the notebook's side) bounds every rank's messages of all
+kinds. What a rank or the guard held back is reported as a structured display (:data:`HELD_MIME`), never as text the notebook would have to read. The rank's log gets
 every byte (the rank's stream echoes before it asks the budget).
 
 The notebook's environment sets them (``%env CLORCH_OUTPUT_LIMIT=...``, read at every cell, see
@@ -39,7 +39,7 @@ Nothing here looks at what the text says.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +59,6 @@ SOURCE_FACTOR = 2
 HELD_MIME = "application/vnd.clorch.held+json"
 #: The bucket holds this many seconds of the rate.
 BURST_S = 2.0
-#: The notebook keeps at most this many characters of one cell's relayed text in IPython's
-#: ``history_manager.outputs`` (which only ``%notebook``-style exports read), and the records
-#: of at most this many cells: it kept every byte of every cell (312 -> 870 MiB over 6,000 cells).
-HISTORY_CHARS_PER_CELL = 64 * 1024
-HISTORY_CELLS_KEPT = 200
 
 
 @dataclass(frozen=True)
@@ -151,7 +146,7 @@ class Budget:
         return self.admit_size(len(text), text.count("\n"), text.endswith("\n"), now)
 
     def admit_size(self, chars: int, lines: int, ends_line: bool, now: float) -> bool:
-        """:meth:`admit` for a piece known by its size (the relay's messages, see :func:`message_size`)."""
+        """:meth:`admit` for a piece known by its size (the relay's messages, see ``flood_guard.message_size``)."""
         ok = not self._spent and not self._mid_line_held and self._fits(chars, lines, now)
         if ok:
             self.sent_chars += chars
@@ -235,105 +230,3 @@ def _size(chars: int) -> str:
     if chars >= 1024:
         return f"{chars / 1024:.0f} KiB"
     return f"{chars} B"
-
-
-def bound_history(outputs: MutableMapping[int, list[Any]], cell: int,
-                  chars_per_cell: int = HISTORY_CHARS_PER_CELL, cells_kept: int = HISTORY_CELLS_KEPT,
-                  relayed: list[int] | None = None,
-                  exceptions: MutableMapping[int, Any] | None = None) -> None:
-    """Bound what IPython's ``history_manager.outputs`` keeps of the relayed text of cell ``cell``.
-
-    IPython records every stream write of a cell (``out_stream``/``err_stream`` records whose
-    ``bundle["stream"]`` is a list of pieces) for exports; a ``%%distributed`` cell's writes are
-    the ranks' output, so a flood or thousands of cells made the notebook kernel grow without end.
-    The cell keeps its first ``chars_per_cell`` characters of stream text (rich records are kept:
-    they are one per display), and of the cells listed in ``relayed`` (the caller's list, oldest
-    first, appended to here) only the last ``cells_kept`` keep any record, in ``outputs`` and in
-    IPython's formatted tracebacks (``exceptions``) alike.
-
-    What is kept is joined into one string per record: the display writes a line's rank label and
-    its text separately, so a record held tens of thousands of strings of a few dozen characters,
-    each costing about 50 bytes more than its text (measured with tracemalloc in the notebook
-    kernel over 300 cells: 28 MB for the 12.8 MB of text the bound allows). Exports join the
-    pieces anyway."""
-    records = outputs.get(cell)
-    if records:
-        left = chars_per_cell
-        for record in records:
-            bundle = getattr(record, "bundle", None)
-            pieces = bundle.get("stream") if isinstance(bundle, dict) else None
-            if not isinstance(pieces, list):
-                continue
-            kept = []
-            for piece in pieces:
-                if left <= 0:
-                    break
-                text = str(piece)
-                kept.append(text[:left])
-                left -= len(text)
-            pieces[:] = ["".join(kept)] if kept else []
-    if relayed is not None:
-        if not relayed or relayed[-1] != cell:
-            relayed.append(cell)
-        while len(relayed) > cells_kept:
-            gone = relayed.pop(0)
-            outputs.pop(gone, None)
-            if exceptions is not None:
-                exceptions.pop(gone, None)
-
-
-#: The notebook's own guard (the relay's): each rank's messages of a cell, all kinds (rich output
-#: too, which the rank's stream budget does not see, and ranks reached through ipykernel's own
-#: path), are forwarded up to this many times the rank's budget (:func:`at_source`); then held
-#: back and counted.
-BACKSTOP_FACTOR = 2
-
-
-def backstop(limits: Limits | None) -> Limits:
-    """The relay's guard for a cell whose ranks were given ``limits`` (no rate: the ranks meter)."""
-    limits = at_source(limits or Limits())
-    return Limits(volume=limits.volume * BACKSTOP_FACTOR, lines=limits.lines * BACKSTOP_FACTOR, rate=0)
-
-
-def message_size(kind: str, content: Mapping[str, Any]) -> tuple[int, int, bool]:
-    """(characters, lines, ends its line) of one output message, as the guard counts it."""
-    if kind == "stream":
-        text = str(content.get("text", ""))
-        return len(text), text.count("\n"), text.endswith("\n")
-    data = content.get("data")
-    chars = sum(len(v) if isinstance(v, str) else len(repr(v)) for v in data.values()) if isinstance(data, Mapping) else 0
-    return chars + 64, 1, True  # a display is a line of the page at least
-
-
-def withheld_report(rank: int, guard: Budget) -> dict[str, Any] | None:
-    """The relay's report (a display's data, see :func:`held_display`) of what its guard held back
-    of a rank's cell, or None."""
-    if not guard.held:
-        return None
-    return held_display({"rank": rank, "lines": guard.held_lines, "chars": guard.held_chars, "late": False})
-
-
-def bound_cell_history(cell_number: int | None, relayed: list[int]) -> None:
-    """Keep IPython's record of a ``%%distributed`` cell's relayed text bounded (:func:`bound_history`);
-    ``relayed``: the session's list of such cells.
-
-    The record is keyed by the cell's own number (``[12]``, what IPython's output capture
-    read when the cell began), not by ``shell.execution_count``, which IPython has already
-    moved on to the next cell's number while this one runs: keyed by that, the bound cut an
-    empty record and the notebook kept every cell's output (34 MB over 120 cells of 3,000
-    lines a rank)."""
-    try:
-        from IPython.core.getipython import get_ipython
-    except ImportError:  # a script using the Python API: no history to bound
-        return
-    shell = get_ipython()
-    history = getattr(shell, "history_manager", None)
-    outputs = getattr(history, "outputs", None)
-    if outputs is None:
-        return
-    if cell_number is None:
-        result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-        cell_number = getattr(result, "execution_count", None)
-    if cell_number is None:
-        cell_number = shell.execution_count - 1
-    bound_history(outputs, int(cell_number), relayed=relayed, exceptions=getattr(history, "exceptions", None))

@@ -10,8 +10,8 @@ import sys
 from typing import Sequence
 
 from . import notebook_runner
-from .errors import ConfigError
-from .topology import NPROC_ENV, parse_number
+from ..errors import ConfigError
+from ..topology import NPROC_ENV, parse_number
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``%%distributed --profile [DIR]`` on the notebook's side: torch.profiler on every rank for one
 cell, one merged trace, and a verdict on which rank the others waited for.
 
-Around the cell, two silent requests (:func:`clorch_repl.session.requests.request_code`): the rank's
+Around the cell, two silent requests (:func:`clorch_repl.wire.requests.request_code`): the rank's
 :func:`clorch_repl.kernel.profiler.start` (a barrier, then the profiler) and, whatever the cell did,
 its :func:`~clorch_repl.kernel.profiler.stop` (each rank writes ``DIR/rank-R.json`` and announces
 its summary in a private display message, collected here). The ranks' traces are merged into
@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..diagnosis import straggler
+from ..diagnosis.straggler import MIME
 from ..errors import ClorchError, ConfigError, DistributedCellError
-from ..session.display import NotebookDisplay
-from ..session.protocol import CellOutcome
-from ..session.requests import request_code
-from ..session.transfer import MimeCollector
-from . import straggler
-from .straggler import MIME
+from ..wire.requests import request_code
+from .display import NotebookDisplay
+from .protocol import CellOutcome
+from .transfer import MimeCollector
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ Every message has ``op`` (below); the nanny's also carry ``token`` (the session'
 connect file) and ``rank``. Requests that expect an answer carry ``id``, and the answer is a
 ``reply`` with the same ``id`` (and ``error`` when the request failed on the nanny).
 
-The protocol has a version, :data:`PROTOCOL`, written into every connect file and sent with every
-registration. A nanny refuses a connect file of another version, and the notebook refuses a nanny
+The protocol has a version, :data:`PROTOCOL` (the wire contract's, :mod:`clorch_repl.wire`),
+written into every connect file and sent with every registration. A nanny refuses a connect file of another version, and the notebook refuses a nanny
 of another version, each naming both versions: a node with another clorch_repl installed would
 otherwise fail later, and obscurely. Raise it whenever a message changes meaning, and whenever
 what the notebook asks of the kernel a nanny starts changes (the kernel's module, the requests it
@@ -20,15 +20,15 @@ import json
 import logging
 from typing import Any
 
+from . import PROTOCOL_VERSION, mismatch
+
+__all__ = ["PROTOCOL", "FromNanny", "ToNanny", "decode", "encode", "mismatch"]
+
 logger = logging.getLogger(__name__)
 
-#: The version of this protocol (1: issue 12's first multi-host session, unchecked; 2: checked;
-#: 3: the rank's kernel is ``clorch_repl.kernel.app`` and the notebook's requests are named
-#: handlers, ``clorch_repl.kernel.requests``: a node of version 2 could not even join; 4: a rank
-#: answers the relay's cells with one lean frame, ``clorch_repl.session.wire.lean_reply``, which a
-#: notebook of version 3 would refuse as malformed; 5: ``checkpoint``, the nanny suspends and
-#: resumes its rank's CUDA state for ``%clorch suspend/resume``, which a nanny of version 4 ignores).
-PROTOCOL = 5
+#: The version of this protocol: the contract's one version (:data:`clorch_repl.wire.PROTOCOL_VERSION`,
+#: whose comment keeps the history), which a rank's join checks too.
+PROTOCOL = PROTOCOL_VERSION
 
 
 class ToNanny:
@@ -82,14 +82,3 @@ def decode(frame: bytes) -> dict[str, Any] | None:
         logger.debug("dropped a frame that is not JSON")
         return None
     return message if isinstance(message, dict) else None
-
-
-def mismatch(theirs: Any, whose: str) -> str | None:
-    """Why ``whose`` (a connect file, a nanny), speaking protocol ``theirs``, cannot be talked
-    to; None when it can."""
-    if theirs == PROTOCOL:
-        return None
-    said = "no protocol version (a clorch_repl from before the version was checked)" if theirs is None else \
-        f"protocol {theirs!r}"
-    return (f"{whose} speaks the nanny {said}, this clorch_repl speaks protocol {PROTOCOL}: install the same "
-            "clorch_repl version on every host")

@@ -45,7 +45,7 @@ def _close(a: Any, b: Any, tol: float = 1e-5) -> bool:
 def _check_collectives(ctx: dict[str, Any], device: Any) -> str:
     import torch
 
-    from . import distributed as dist
+    from .. import distributed as dist
 
     rank, world = ctx["rank"], ctx["world_size"]
     t = torch.full((4,), float(rank + 1), device=device)
@@ -72,7 +72,7 @@ def _check_collectives(ctx: dict[str, Any], device: Any) -> str:
 def _check_ddp_backward(ctx: dict[str, Any], device: Any) -> str:
     import torch.nn.functional as F
 
-    from . import parallel
+    from .. import parallel
 
     rank, world = ctx["rank"], ctx["world_size"]
     x, y = _batch(device, 8 * world)
@@ -91,7 +91,7 @@ def _check_accumulation(ctx: dict[str, Any], device: Any) -> str:
     import torch
     import torch.nn.functional as F
 
-    from . import parallel
+    from .. import parallel
 
     rank, world = ctx["rank"], ctx["world_size"]
     x, y = _batch(device, 8 * world)
@@ -116,7 +116,7 @@ def _check_amp_overflow(ctx: dict[str, Any], device: Any) -> str:
     import torch
     import torch.nn.functional as F
 
-    from . import amp, parallel
+    from .. import amp, parallel
 
     rank, world = ctx["rank"], ctx["world_size"]
     model = _model(device)
@@ -162,9 +162,9 @@ def _check_fused_attention(device: Any) -> str:
 def _check_checkpoint(ctx: dict[str, Any], device: Any) -> str:
     import torch
 
-    from . import amp, data
-    from .distributed import load_checkpoint, save_checkpoint
-    from .errors import CheckpointError
+    from .. import amp, data
+    from ..distributed import load_checkpoint, save_checkpoint
+    from ..errors import CheckpointError
 
     rank = ctx["rank"]
     folder = ctx["args"]["folder"]
@@ -187,7 +187,7 @@ def _check_checkpoint(ctx: dict[str, Any], device: Any) -> str:
     if rank == 0:
         with open(path, "rb") as src, open(bad, "wb") as dst:
             dst.write(src.read()[:200])
-    from . import distributed as dist
+    from .. import distributed as dist
 
     dist.barrier()
     try:
@@ -208,8 +208,8 @@ def _check_fsdp_checkpoint(ctx: dict[str, Any], device: Any) -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from . import parallel
-    from .distributed import load_checkpoint, save_checkpoint
+    from .. import parallel
+    from ..distributed import load_checkpoint, save_checkpoint
 
     path = os.path.join(ctx["args"]["folder"], "fsdp-check")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
@@ -277,7 +277,7 @@ def rank_checks(ctx: dict[str, Any]) -> list[dict[str, Any]]:
 
 def failing_rank(ctx: dict[str, Any]) -> None:
     """The last rank fails; the others wait in a barrier that can never complete."""
-    from . import distributed as dist
+    from .. import distributed as dist
 
     if ctx["rank"] == ctx["world_size"] - 1:
         raise RuntimeError("injected failure (release check)")
