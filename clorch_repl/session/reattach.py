@@ -308,7 +308,7 @@ def gpu_memory(record: registry.SessionRecord, by_pid: dict[int, int]) -> str:
 
 def status_rows() -> tuple[list[str], list[list[str]]]:
     """``%clorch sessions``: one row per session file of this user; stale files are removed."""
-    header = ["name", "ranks", "launcher", "state", "GPU memory", "owner", "idle", "kept until"]
+    header = ["name", "ranks", "hosts", "launcher", "state", "GPU memory", "owner", "idle", "kept until"]
     rows = []
     now = time.time()
     records = []
@@ -316,7 +316,7 @@ def status_rows() -> tuple[list[str], list[list[str]]]:
         try:
             record = registry.read(name)
         except ConfigError as exc:
-            rows.append([name, "?", "?", f"unreadable: {exc}", "-", "-", "-", "-"])
+            rows.append([name, "?", "?", "?", f"unreadable: {exc}", "-", "-", "-", "-"])
             continue
         if not registry.live(record):
             registry.remove(name, record.dir)
@@ -335,6 +335,6 @@ def status_rows() -> tuple[list[str], list[list[str]]]:
         until = ("while owned" if alive else
                  time.strftime("%H:%M:%S", time.localtime(since + record.keep_for_s)) if since else "?")
         topo = record.topology
-        rows.append([name, f"{topo.nproc} x {topo.backend}", record.launcher, "running", gpu_memory(record, by_pid),
+        rows.append([name, f"{topo.nproc} x {topo.backend}", record.host, record.launcher, "running", gpu_memory(record, by_pid),
                      owner, idle, until])
     return header, rows

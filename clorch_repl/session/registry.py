@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import socket
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -65,6 +66,8 @@ class SessionRecord:
     owner_pid: int
     written_at: float = field(default_factory=time.time)
     uid: int = field(default_factory=os.getuid)
+    #: the host the ranks run on (a detached session is local: its file is on that host)
+    host: str = field(default_factory=socket.gethostname)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -174,7 +177,8 @@ def parse_record(data: Any, where: str) -> SessionRecord:
         generation=_need(data, "generation", int, where),
         keep_for_s=float(_need(data, "keep_for_s", (int, float), where)),
         owner_pid=_need(data, "owner_pid", int, where),
-        written_at=float(_need(data, "written_at", (int, float), where)), uid=_need(data, "uid", int, where))
+        written_at=float(_need(data, "written_at", (int, float), where)), uid=_need(data, "uid", int, where),
+        host=str(data.get("host") or "?"))
     if record.uid != os.getuid():
         raise ConfigError(f"{where} belongs to uid {record.uid}, not to you: it is not yours to connect to")
     if record.generation < 0 or record.keep_for_s <= 0:

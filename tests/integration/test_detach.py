@@ -15,6 +15,7 @@ import os
 import pwd
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -150,6 +151,7 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     listed = ok(second.run("%clorch sessions")).text
     assert "train" in listed and f"pid {second.pid} (this kernel)" in listed, listed
     assert "GPU memory" in listed and "cpu" in listed, listed  # CPU ranks: no figure made up
+    assert socket.gethostname() in listed, listed  # the hosts column: a detached session's ranks are here
 
     stopped = ok(second.run("%clorch stop"))
     assert "stopped 2 rank(s)" in stopped.text

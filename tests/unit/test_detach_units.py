@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import stat
 
 import pytest
@@ -89,6 +90,9 @@ def test_a_record_survives_its_json() -> None:
     data = json.loads(json.dumps(original.to_json()))
     assert "key" not in json.dumps(data)  # the keys stay in the connection files
     assert registry.parse_record(data, "f.json") == original
+    assert original.host == socket.gethostname()  # %clorch sessions' hosts column
+    data.pop("host")  # a file written before the column: listed, its host unknown
+    assert registry.parse_record(data, "f.json").host == "?"
 
 
 @pytest.mark.parametrize("damage, said", [
