@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 
+from ..wire.probe import ProbeRequest
 from . import probe, render
 from .analyse import RankEvidence, analyse
 
@@ -52,7 +53,7 @@ def serve(directory: str, rank: int) -> None:
         while True:
             signal.sigwait({SIGNAL})
             try:
-                data = json.dumps(probe.answer({"all_threads": False})).encode()
+                data = json.dumps(probe.answer(ProbeRequest())).encode()
                 tmp = path + ".tmp"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
