@@ -16,8 +16,9 @@ from jupyter_client import BlockingKernelClient
 from clorch_repl.launchers.local import LocalLauncher
 from clorch_repl.session.protocol import CellRequest
 from clorch_repl.session.relay import Relay
-from clorch_repl.wire.requests import request_code
 from clorch_repl.topology import resolve_topology
+from clorch_repl.wire import PROTOCOL_VERSION
+from clorch_repl.wire.requests import request_code
 
 CELL_S = 4.0
 
@@ -30,7 +31,8 @@ def test_a_request_sent_during_a_lean_cell_is_answered_when_it_ends() -> None:
         launcher.launch(lambda _: None)
         relay = Relay(launcher)
         relay.connect(lambda k, n: None)
-        assert relay.execute(CellRequest(request_code("join"), (0, 1), timeout_s=120), silent=True).ok
+        join = request_code("join", protocol=PROTOCOL_VERSION)  # the group, as a session forms it
+        assert relay.execute(CellRequest(join, (0, 1), timeout_s=120), silent=True).ok
         started = relay.begin(CellRequest(f"import time\ntime.sleep({CELL_S})", (0, 1)))
         sent_at = time.monotonic()
         for proc in launcher.ranks:  # another client of each rank, asking while the cell runs
