@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, JobStopped, JobTimeout, NoProcessGroup
 from .collectives import (OP_NAMES, Work, all_gather_into, all_reduce, all_to_all_single, barrier, broadcast,
                           check_mode, emulate, recv, reduce, reduce_scatter_into, send)
-from .batch import Job, JobStatus, RankStatus, get_job, jobs, launch
+from ..jobs.batch import Job, JobStatus, RankStatus, get_job, jobs, launch
 from .group import process_group, rank, world_size
 
 __all__ = ["process_group", "all_reduce", "broadcast", "reduce", "all_gather_into", "reduce_scatter_into",

@@ -21,9 +21,9 @@ import torch.distributed.distributed_c10d as c10d
 
 from .. import cuda
 from ..errors import ConfigError
-from ..rendezvous import loopback_store
-from ..procs import LOOPBACK, free_port
-from ..topology import BACKENDS, parse_timeout
+from .rendezvous import loopback_store
+from ..common.procs import LOOPBACK, free_port
+from ..common.topology import BACKENDS, parse_timeout
 from . import _c10d, collectives
 
 logger = logging.getLogger(__name__)

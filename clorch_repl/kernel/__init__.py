@@ -15,7 +15,7 @@ share (the wire format, the output budget's rules, the value format) lives in
 :mod:`clorch_repl.session` and :mod:`clorch_repl.diagnosis`.
 
 This file holds only what the notebook's side needs to start a rank's kernel and read its stack
-dumps (the launchers, :mod:`clorch_repl.launchers.rankfiles`), and imports nothing.
+dumps (the launchers, :mod:`clorch_repl.host.rankfiles`), and imports nothing.
 """
 
 #: the rank's kernel, as ``python -m KERNEL_MODULE -f CONNECTION_FILE`` (:mod:`.app`)

@@ -53,7 +53,7 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protoc
         device = torch.device("cpu")
     if not dist.is_initialized():
         from ..diagnosis import record
-        from ..rendezvous import loopback_store
+        from ..distributed.rendezvous import loopback_store
         from . import regroup
 
         record.enable()  # read only when a group is created: now, before init_process_group

@@ -32,13 +32,13 @@ import signal
 import time
 from typing import Any
 
-from .. import procs
+from ..common import procs
 from ..errors import ConfigError
-from ..topology import Topology
-from . import hold
+from ..common.topology import Topology
+from ..host import hold
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .rankfiles import RankFiles
-from .supervisor import STOP_GRACE_S
+from ..host.rankfiles import RankFiles
+from ..host.supervisor import STOP_GRACE_S
 
 logger = logging.getLogger(__name__)
 

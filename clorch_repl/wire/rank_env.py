@@ -4,7 +4,7 @@ A rank's process learns who it is and how to join its group from its environment
 torchrun and API.md (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``) plus clorch's own (``CLORCH_DIST_BACKEND``,
 ``CLORCH_DIST_TIMEOUT_MS``, the private rendezvous file, the CPU binding). The session's local
-ranks, the nanny of a remote rank (:mod:`clorch_repl.launchers.nanny`) and ``dist.launch`` batch ranks all
+ranks, the nanny of a remote rank (:mod:`clorch_repl.host.nanny`) and ``dist.launch`` batch ranks all
 build it with :func:`rank_environment`, so a variable added for one reaches all of them; and a
 process started by srun or torchrun learns its place with :func:`read_identity`.
 """
@@ -23,9 +23,9 @@ logger = logging.getLogger(__name__)
 
 BACKEND_ENV = "CLORCH_DIST_BACKEND"
 TIMEOUT_ENV = "CLORCH_DIST_TIMEOUT_MS"
-#: Path of the group's FileStore, in a private directory (one host only; see clorch_repl.rendezvous)
+#: Path of the group's FileStore, in a private directory (one host only; see clorch_repl.distributed.rendezvous)
 STORE_FILE_ENV = "CLORCH_STORE_FILE"
-#: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.numa)
+#: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.kernel.numa)
 CPU_BIND_ENV = "CLORCH_CPU_BIND"
 #: the rank's own GPU as its host names it (a physical index or a UUID): what NUMA binding and the
 #: GPU figures of ``%clorch top`` read, whatever position CUDA_VISIBLE_DEVICES gives it

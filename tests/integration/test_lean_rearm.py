@@ -17,7 +17,7 @@ from clorch_repl.launchers.local import LocalLauncher
 from clorch_repl.session.protocol import CellRequest
 from clorch_repl.session.relay import Relay
 from clorch_repl.wire.requests import request_code
-from clorch_repl.topology import resolve_topology
+from clorch_repl.common.topology import resolve_topology
 
 CELL_S = 4.0
 

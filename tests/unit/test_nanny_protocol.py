@@ -12,7 +12,8 @@ import pytest
 import zmq
 
 from clorch_repl.errors import ClorchError
-from clorch_repl.launchers.callback import CallbackServer, ConnectInfo
+from clorch_repl.launchers.callback import CallbackServer
+from clorch_repl.wire.connect import ConnectInfo
 from clorch_repl.wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
 
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ...atomic import remove_quietly, write_atomically
-from ...procs import pid_running
+from ...common.atomic import remove_quietly, write_atomically
+from ...common.procs import pid_running
 from ...errors import CheckpointError
 
 logger = logging.getLogger(__name__)
