@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="clorch-rank", description=__doc__.split("\n\n")[0])
     parser.add_argument("--orphan-timeout", type=float, default=None,
                         help="seconds without a word from the notebook before this rank ends itself "
-                             f"(default: the connect file's, which is %clorch start --orphan-timeout, "
+                             f"(default: the connect file's, which is %%clorch start --orphan-timeout, "
                              f"{ORPHAN_TIMEOUT_S:.0f} unless given)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="clorch-rank: %(message)s")
