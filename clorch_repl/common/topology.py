@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .. import cuda
+from . import env_vars
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ BACKENDS = ("nccl", "gloo")
 CPU_DEFAULT_NPROC = 2
 #: The environment variable that gives ``%clorch start`` its default ``--nproc`` (clorch-notebook
 #: sets it for a whole run: ``--nproc``); read by clorch_repl.magics.core.
-NPROC_ENV = "CLORCH_NPROC"
+NPROC_ENV = env_vars.NPROC.name
 
 
 @dataclass(frozen=True)

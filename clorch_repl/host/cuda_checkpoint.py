@@ -28,13 +28,14 @@ import ctypes
 import enum
 import json
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
+
+from ..common import env_vars
 
 logger = logging.getLogger(__name__)
 
@@ -246,5 +247,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("CLORCH_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=env_vars.LOG_LEVEL.get())
     sys.exit(main())

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from ..common import env_vars
 from ..common.atomic import write_json_atomic
 from ..errors import ConfigError, JobStopped, JobTimeout, RankFailure
 from ..host.rankfiles import log_tail
@@ -406,9 +407,9 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     write_json_atomic(spec_path, {**runs, "dir": directory, "parent_pid": os.getpid(), "job_id": job_id,
                                   "owns_dir": owns})
     base = dict(os.environ)
-    base.update({"PYTHONPATH": rank_pythonpath(), "CLORCH_JOB_ID": job_id})
+    base.update({"PYTHONPATH": rank_pythonpath(), env_vars.JOB_ID.name: job_id})
     if check:
-        base["CLORCH_DIST_CHECK"] = "1"
+        base[env_vars.DIST_CHECK.name] = "1"
     plan = JobPlan(job_id=job_id, directory=directory, spec_path=spec_path, topology=topology, base_env=base,
                    extra_env=extra, timeout_s=timeout_s, grace_s=grace, owns_dir=owns,
                    pg_timeout_s=topology.timeout_s if timeout_s is None else min(topology.timeout_s, timeout_s),

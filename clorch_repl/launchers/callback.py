@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import zmq
 
+from ..common import env_vars
 from ..common.atomic import remove_quietly
 from ..errors import ClorchError
 from . import liveness
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 #: Where connect files are written (default ``~/.clorch``, 0700): a home directory is what the
 #: nodes of a cluster usually share with the host of the notebook.
-CONNECT_DIR_ENV = "CLORCH_CONNECT_DIR"
+CONNECT_DIR_ENV = env_vars.CONNECT_DIR.name
 #: A rank not heard from for this long is reported lost (its host or the link to it is gone).
 LOST_AFTER_S = 5.0
 

@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..common import env_vars
 from ..errors import ClorchError
 from .nanny import PROTOCOL, mismatch
 
@@ -24,10 +25,10 @@ logger = logging.getLogger(__name__)
 #: How long a remote rank's nanny keeps its kernel after the notebook stopped answering.
 ORPHAN_TIMEOUT_S = 60.0
 #: The environment variable that names the connect file, on every node.
-CONNECT_FILE_ENV = "CLORCH_CONNECT_FILE"
+CONNECT_FILE_ENV = env_vars.CONNECT_FILE.name
 #: The connect file's content itself, where the launcher can hand the ranks an environment (srun
 #: passes the notebook's environment to every task): no shared filesystem is needed then.
-CONNECT_ENV = "CLORCH_CONNECT"
+CONNECT_ENV = env_vars.CONNECT.name
 #: How often both ends send a heartbeat.
 HEARTBEAT_S = 1.0
 

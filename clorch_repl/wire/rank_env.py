@@ -17,24 +17,25 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..common import env_vars
 from ..errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-BACKEND_ENV = "CLORCH_DIST_BACKEND"
-TIMEOUT_ENV = "CLORCH_DIST_TIMEOUT_MS"
+BACKEND_ENV = env_vars.DIST_BACKEND.name
+TIMEOUT_ENV = env_vars.DIST_TIMEOUT_MS.name
 #: Path of the group's FileStore, in a private directory (one host only; see clorch_repl.distributed.rendezvous)
-STORE_FILE_ENV = "CLORCH_STORE_FILE"
+STORE_FILE_ENV = env_vars.STORE_FILE.name
 #: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.kernel.numa)
-CPU_BIND_ENV = "CLORCH_CPU_BIND"
+CPU_BIND_ENV = env_vars.CPU_BIND.name
 #: the rank's own GPU as its host names it (a physical index or a UUID): what NUMA binding and the
 #: GPU figures of ``%clorch top`` read, whatever position CUDA_VISIBLE_DEVICES gives it
-GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
+GPU_INDEX_ENV = env_vars.GPU_INDEX.name
 #: set in a warm spare's environment (clorch_repl.launchers.local): it imports torch before its
 #: kernel starts, and it learns the group's meeting point only when it is made a rank
-SPARE_ENV = "CLORCH_SPARE"
+SPARE_ENV = env_vars.SPARE.name
 #: a spare's rank log: where it moves its stdout and stderr when it is made a rank
-RANK_LOG_ENV = "CLORCH_RANK_LOG"
+RANK_LOG_ENV = env_vars.RANK_LOG.name
 #: variables of an elastic agent (torchrun) that must not steer the rank's own process group:
 #: its store is torchrun's rendezvous, not the group's (API.md: never reuse torchrun's port)
 _AGENT_ONLY = ("TORCHELASTIC_USE_AGENT_STORE",)
