@@ -1,7 +1,7 @@
 """Entry point of one launched rank: ``python -m clorch_repl.jobs._rank_entry JOB_SPEC``.
 
 Joins the process group, calls ``main`` with the rank's dict, and reports the outcome to the
-parent through a result file (:mod:`.results`). The rank's supervisor
+parent through a result file (:mod:`clorch_repl.wire.results`). The rank's supervisor
 (:mod:`clorch_repl.host.supervisor`) ends it and everything it started as soon as the
 launching process is gone, so a killed notebook never leaves ranks behind.
 """
