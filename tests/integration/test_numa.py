@@ -36,7 +36,7 @@ def run_child(code: str, env: dict[str, str] | None = None) -> subprocess.Comple
 # it, the intersection with the real affinity and sched_setaffinity on every thread, is real.
 BIND_CHILD = """
     import json, os, sys, threading, time
-    from clorch_repl import numa
+    from clorch_repl.kernel import numa
     node_cpus = set(json.loads(sys.argv[1]))
     numa._cpus_for_gpu = lambda index: (node_cpus, "") if index == 3 else (None, "no GPU %d here" % index)
     def allowed_of(tid):
