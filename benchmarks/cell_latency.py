@@ -218,7 +218,7 @@ def main() -> None:
         nb.shutdown()
     print()
     from clorch_repl.errors import ClorchError
-    from clorch_repl.topology import resolve_topology
+    from clorch_repl.common.topology import resolve_topology
 
     for n, elapsed in starts.items():
         backend = resolve_topology(n, backend=args.backend).backend

@@ -93,7 +93,7 @@ def _pin(rank: int) -> set[int] | None:
     spec = os.environ.get(PIN_ENV, "")
     if not spec:
         return None
-    from clorch_repl import numa
+    from clorch_repl.kernel import numa
 
     lists = spec.split(";")
     if rank >= len(lists):
@@ -168,7 +168,7 @@ def probe(rank: int, world_size: int, device: Any, epochs: int, profile: str = "
         gc.callbacks.remove(on_gc)
         _stop_profile(spy)
         if unpinned is not None:
-            from clorch_repl import numa
+            from clorch_repl.kernel import numa
 
             numa._bind_all_threads(unpinned)
     threads = {}

@@ -91,7 +91,7 @@ dist.destroy_process_group()
 
 def answer_cost(entries: int, repeats: int) -> None:
     """Part 3: the hang check's two questions, timed in a rank's process (see the docstring)."""
-    from clorch_repl.procs import free_port
+    from clorch_repl.common.procs import free_port
 
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("CLORCH_FLIGHT_RECORDER", None)
@@ -121,7 +121,7 @@ class Pair:
     """``world`` gloo rank processes that run all_reduce loops on request."""
 
     def __init__(self, recording: bool, world: int = 2) -> None:
-        from clorch_repl.procs import free_port
+        from clorch_repl.common.procs import free_port
 
         env = dict(os.environ, PYTHONPATH=ROOT)
         if recording:

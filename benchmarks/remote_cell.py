@@ -35,7 +35,7 @@ def local_session() -> NotebookKernel:
 
 
 def remote_session() -> tuple[NotebookKernel, subprocess.Popen[bytes]]:
-    from clorch_repl.procs import free_port
+    from clorch_repl.common.procs import free_port
 
     nb = NotebookKernel()
     assert nb.run("%load_ext clorch_repl").status == "ok"

@@ -9,7 +9,7 @@ million parameters, its AdamW state after one step and ``--gib`` GiB of other te
 
 * **clorch**: ``%clorch suspend`` then ``%clorch resume``, each timed around its cell (the
   notebook's round trip included);
-* **bare driver**: from this process, through :class:`clorch_repl.cuda_checkpoint.Driver`, lock +
+* **bare driver**: from this process, through :class:`clorch_repl.host.cuda_checkpoint.Driver`, lock +
   checkpoint, then restore + unlock of the rank's process with its communicator alive (what
   ``cuda-checkpoint --toggle`` does; no abort, no re-form, no helper process);
 * **the user's alternative**: a sharded save of the model and optimizer
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from notebook_kernel import NotebookKernel  # noqa: E402  (a real notebook kernel, as JupyterLab runs it)
 from rank_text import lines_of  # noqa: E402
 
-from clorch_repl import cuda_checkpoint  # noqa: E402
+from clorch_repl.host import cuda_checkpoint  # noqa: E402
 
 MAKE = """%%distributed
 import os, time, torch, torch.distributed as dist

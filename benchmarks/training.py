@@ -22,7 +22,7 @@
    launch-bound loop the model's construction too, as before). Targets (issue 12): >= 0.995 in
    the ranks, >= 0.99 as the client sees it.
    ``--cpu-bind numa`` starts the notebook's ranks bound to their GPU's NUMA node
-   (clorch_repl.numa), ``both`` runs an unbound and a bound notebook session side by side in
+   (clorch_repl.kernel.numa), ``both`` runs an unbound and a bound notebook session side by side in
    the same rounds and also prints bound/unbound per round. torchrun always runs unbound (its
    default). The ranks' affinity is printed after each start.
 2. ``save_checkpoint`` of a model and its AdamW state beside a plain ``torch.save`` of the same two
@@ -187,14 +187,14 @@ if rank == 0:
 
 AFFINITY_CELL = """%%distributed
 import os
-from clorch_repl.numa import format_cpulist
+from clorch_repl.kernel.numa import format_cpulist
 print("CPUs", format_cpulist(os.sched_getaffinity(0)), "CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
 """
 
 
 BIND_CELL = """%%distributed
 import os
-from clorch_repl.numa import apply_cpu_bind
+from clorch_repl.kernel.numa import apply_cpu_bind
 _gpu = os.environ.get("CLORCH_GPU_INDEX") or os.environ.get("CUDA_VISIBLE_DEVICES") or ""
 apply_cpu_bind("numa", int(_gpu) if _gpu.isdigit() else None)
 """
@@ -218,7 +218,7 @@ class NotebookSide:
                 how = "through %clorch start --cpu-bind"
             else:  # no option yet (the launcher sets CLORCH_CPU_BIND=none): each rank binds in a first cell
                 late_bind = cpu_bind == "numa"
-                how = ("in a first cell: clorch_repl.numa.apply_cpu_bind on every thread of each rank "
+                how = ("in a first cell: clorch_repl.kernel.numa.apply_cpu_bind on every thread of each rank "
                        "(%clorch start has no --cpu-bind option in this tree)") if late_bind \
                     else "none (ranks as started)"
         print(f"{self.label}: {self._run(start).text.strip()}")
@@ -357,7 +357,7 @@ def numa_binding_changes_something(count: int, nproc: int) -> bool:
     0..nproc-1 on GPUs 0..nproc-1, as %clorch start places them)."""
     import logging
 
-    from clorch_repl import numa
+    from clorch_repl.kernel import numa
 
     logging.basicConfig(format="%(name)s: %(message)s")
     numa.logger.setLevel(logging.INFO)  # why a GPU's cores are unknown

@@ -28,7 +28,7 @@ ranks, shown with each rank's traceback, and the magics turn every ClorchError i
 usage error, which would hide those tracebacks.
 
 Messages follow one rule: say what went wrong, on which rank where there is one, and what to do
-next. This module imports nothing of the package at import time but :mod:`clorch_repl.rank_sets`
+next. This module imports nothing of the package at import time but :mod:`clorch_repl.common.rank_sets`
 (standard library only), so every other module (the
 notebook's, the ranks', the supervisor's) can import it.
 """
@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .rank_sets import merge_blocks, rank_words, ranks_are
+from .common.rank_sets import merge_blocks, rank_words, ranks_are
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .session.protocol import CellOutcome, RankOutcome
@@ -159,7 +159,7 @@ def _failure_key(result: RankOutcome, merge: bool) -> object:
     KeyboardInterrupt at the same line on every rank), the same stack of a stuck rank once thread
     addresses are gone, or a return after the interrupt; a death is always its own (its log
     differs). Unequal keys for everything under ``--no-merge``."""
-    from .launchers.rankfiles import report_stack
+    from .host.rankfiles import report_stack
     from .session.protocol import Status
 
     if not merge or result.status is Status.DIED:
@@ -249,8 +249,8 @@ class DistributedCellError(Exception):
             o.status in (Status.STUCK, Status.DIED) or getattr(o, "freed", False) for o in self.outcome.failed)
 
     def _render_traceback_(self) -> list[str]:
-        from .human import wrap
-        from .launchers.rankfiles import report_stack
+        from .common.human import wrap
+        from .host.rankfiles import report_stack
         from .session.protocol import Status
 
         def say(text: str) -> None:  # clorch's prose, wrapped at the cell's width between words

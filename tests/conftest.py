@@ -56,7 +56,7 @@ _CONNECT_DIR = tempfile.mkdtemp(prefix="clorch-test-connect-")
 os.environ["CLORCH_CONNECT_DIR"] = _CONNECT_DIR
 atexit.register(shutil.rmtree, _CONNECT_DIR, True)
 # Stopped sessions' rank logs go with their session's files in this test run (by default they are kept
-# beside it, clorch_repl.launchers.logfiles): hundreds of sessions would leave hundreds of folders.
+# beside it, clorch_repl.host.logfiles): hundreds of sessions would leave hundreds of folders.
 # tests/integration/test_notebook_kernel.py turns keeping on again to test it.
 os.environ["CLORCH_KEEP_LOGS"] = "0"
 
@@ -247,7 +247,7 @@ def magics(ip: Any) -> Any:
 def ranks(ip: Any) -> Iterator[Any]:
     """A started 2-rank gloo session for the tests of one module; stopped (and checked) after."""
     from clorch_repl.magics import magics_for
-    from clorch_repl.procs import wait_gone
+    from clorch_repl.common.procs import wait_gone
 
     magics = magics_for(ip)
     if magics.session is None or not magics.session.running:

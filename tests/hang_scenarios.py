@@ -126,7 +126,7 @@ def record(name: str, world: int, out_dir: str, backend: str = "gloo", env: dict
     import subprocess
 
     from clorch_repl.diagnosis.analyse import RankEvidence
-    from clorch_repl.procs import free_port
+    from clorch_repl.common.procs import free_port
 
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in [os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")] if p)

@@ -26,7 +26,7 @@ def lines_of(text: str, rank: int) -> list[str]:
 
 def said(text: str, prefix: str) -> list[str]:
     """clorch's messages that start with ``prefix`` (the prefix left out), each as one line: clorch
-    wraps its messages at a notebook cell's width (clorch_repl.human.wrap), continuing a message on
+    wraps its messages at a notebook cell's width (clorch_repl.common.human.wrap), continuing a message on
     lines indented by two spaces."""
     found = []
     lines = text.splitlines()

@@ -16,8 +16,9 @@ import logging
 import sys
 from typing import Any
 
-from ..rank_sets import rank_words
-from .entries import Entry, CollectiveProgress, RankEvidence, Verdict, entries_of, group_label, members_of, progress, unrecorded_pending
+from ..common.rank_sets import rank_words
+from .entries import (Entry, CollectiveProgress, RankEvidence, Verdict, entries_of, group_label, members_of,
+                      progress, unrecorded_pending)
 from .where import where
 
 #: what other modules take from here: the verdict and the records it is made of

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..rank_sets import ranks_text
+from ..common.rank_sets import ranks_text
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from ..cell_boundary import calls_the_cell
+from ..common.cell_boundary import calls_the_cell
 from ..wire.probe import PROBE_REPLY, PROBE_REQUEST, ProbeRequest
 from . import record
 
@@ -106,7 +106,7 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
 def cell_frames(frame: Any) -> tuple[list[dict[str, Any]], bool]:
     """The main thread's stack from the cell's code inwards, and whether a cell is running at all.
 
-    Cut where IPython calls the cell (:mod:`clorch_repl.cell_boundary`, as the stuck-rank report
+    Cut where IPython calls the cell (:mod:`clorch_repl.common.cell_boundary`, as the stuck-rank report
     does): what lies outside is the same kernel machinery on every rank.
     """
     frames = _frames(frame)

@@ -20,13 +20,15 @@ import logging
 import os
 from typing import Any
 
+from ..common import env_vars
+
 logger = logging.getLogger(__name__)
 
 #: Entries kept per process (a ring buffer): enough for the last cells of a training loop.
 BUFFER_ENTRIES = 2000
 BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 #: Set to 0 by a user (or the benchmark) to run without recording.
-OFF_ENV = "CLORCH_FLIGHT_RECORDER"
+OFF_ENV = env_vars.FLIGHT_RECORDER.name
 #: ``recorder/pg_id`` of backends replaced by a re-form of their group (kernel.regroup): their
 #: records stay in torch's ring (an aborted collective reads as pending there for ever), but they
 #: are no evidence about the group any more, so :func:`read` leaves them out.
@@ -38,7 +40,7 @@ def enable(environ: Any = None) -> bool:
     off where ``CLORCH_FLIGHT_RECORDER=0``; must run before the process group is created.
     Returns whether it is on."""
     env = os.environ if environ is None else environ
-    if env.get(OFF_ENV, "1") == "0":
+    if env_vars.FLIGHT_RECORDER.get(env) == "0":
         for name in BUFFER_ENVS:
             env.pop(name, None)
         env[_buffer_env()] = "0"  # recent torch records by default: off must be said

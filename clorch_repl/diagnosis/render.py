@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..launchers.rankfiles import report_stack
-from ..rank_sets import merge_blocks, rank_words
+from ..host.rankfiles import report_stack
+from ..common.rank_sets import merge_blocks, rank_words
 from .entries import RankEvidence, Verdict, describe_tensors, entries_of, unrecorded_pending
 from .where import frame_label, own_frame
 

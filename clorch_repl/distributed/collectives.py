@@ -20,13 +20,13 @@ be obscure, and costs a few integer comparisons.
 from __future__ import annotations
 
 import datetime
-import os
 from types import TracebackType
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as tdist
 
+from ..common import env_vars
 from ..errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, ConfigError
 from . import check
 from ._c10d import all_gather_single as _all_gather_single
@@ -55,7 +55,7 @@ _ROUTES = {
 _ROUTES["other"] = _ROUTES["gloo"]  # unknown backends: assume the smallest op set
 _NATIVE_ROUTES = {kind: dict(routes) for kind, routes in _ROUTES.items()}
 
-_CHECK = os.environ.get("CLORCH_DIST_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
+_CHECK = (env_vars.DIST_CHECK.get() or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_mode(enabled: bool | None = None) -> bool:

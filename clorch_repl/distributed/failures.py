@@ -1,7 +1,7 @@
 """What torch's error messages say when a peer went away, a wait ran out, or tensors did not fit.
 
 One list of each, read in two places: :mod:`.collectives` turns a failed collective into an error
-that says what probably happened, and a launched rank (:mod:`._rank_entry`) marks its failure as
+that says what probably happened, and a launched rank (:mod:`clorch_repl.jobs._rank_entry`) marks its failure as
 a *cascade* (it followed another rank's failure) or a cause, so that the job names the rank that
 failed first. Matching is on lower-cased text; standard library only.
 """

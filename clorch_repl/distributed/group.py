@@ -20,16 +20,17 @@ import torch.distributed as tdist
 import torch.distributed.distributed_c10d as c10d
 
 from .. import cuda
+from ..common import env_vars
 from ..errors import ConfigError
-from ..rendezvous import loopback_store
-from ..procs import LOOPBACK, free_port
-from ..topology import BACKENDS, parse_timeout
+from .rendezvous import loopback_store
+from ..common.procs import LOOPBACK, free_port
+from ..common.topology import BACKENDS, parse_timeout
 from . import _c10d, collectives
 
 logger = logging.getLogger(__name__)
 
-ENV_BACKEND = "CLORCH_DIST_BACKEND"
-ENV_TIMEOUT_MS = "CLORCH_DIST_TIMEOUT_MS"
+ENV_BACKEND = env_vars.DIST_BACKEND.name
+ENV_TIMEOUT_MS = env_vars.DIST_TIMEOUT_MS.name
 
 
 def _env_int(name: str, default: int | None) -> int | None:

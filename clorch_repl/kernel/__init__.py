@@ -12,13 +12,16 @@ arguments); ``shell`` finds the rank's IPython shell. The notebook's process nev
 package's modules but this file (the kernel's, ``lean_execute``, ``output`` and ``rank_kernel``,
 import ipykernel's kernel at module level; the others torch or IPython when called); what both sides
 share (the wire format, the output budget's rules, the value format) lives in
-:mod:`clorch_repl.session` and :mod:`clorch_repl.diagnosis`.
+:mod:`clorch_repl.wire`.
 
 This file holds only what the notebook's side needs to start a rank's kernel and read its stack
-dumps (the launchers, :mod:`clorch_repl.launchers.rankfiles`), and imports nothing.
+dumps (the launchers, :mod:`clorch_repl.host.rankfiles`), and imports nothing but the table of
+environment variables.
 """
+
+from ..common import env_vars
 
 #: the rank's kernel, as ``python -m KERNEL_MODULE -f CONNECTION_FILE`` (:mod:`.app`)
 KERNEL_MODULE = "clorch_repl.kernel.app"
 #: where the rank's kernel appends its main thread's stack on SIGUSR1 (:mod:`.app`)
-STACK_FILE_ENV = "CLORCH_STACK_FILE"
+STACK_FILE_ENV = env_vars.STACK_FILE.name

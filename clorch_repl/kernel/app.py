@@ -1,6 +1,6 @@
 """Entry point of one rank's kernel process: ``python -m clorch_repl.kernel.app -f CONN``.
 
-The kernel is started by the rank's :mod:`clorch_repl.launchers.supervisor`, which ends it and
+The kernel is started by the rank's :mod:`clorch_repl.host.supervisor`, which ends it and
 everything it started when the notebook is gone or the rank is stopped. A rank is a plain ipykernel
 with these additions:
 
@@ -23,7 +23,7 @@ with these additions:
 * a warm spare (``CLORCH_SPARE`` set; :mod:`clorch_repl.launchers.local`) imports torch and what
   joining a group needs before its kernel starts, and learns its group only when it is made a rank;
 * with ``CLORCH_CPU_BIND=numa`` the process binds itself to the CPU cores of its GPU's NUMA node
-  (:mod:`clorch_repl.numa`) before any thread starts, so every thread the kernel runs inherits
+  (:mod:`clorch_repl.kernel.numa`) before any thread starts, so every thread the kernel runs inherits
   it; what it did or why it could not is written to the rank's log, and nothing there stops it.
 
 The process group itself is joined later, through the kernel (a request, :mod:`.group`), so
@@ -43,8 +43,8 @@ import signal
 import sys
 import threading
 
-from .. import numa
-from ..procs import end_own_group, watch_parent
+from . import numa
+from ..common.procs import end_own_group, watch_parent
 from ..wire.rank_env import SPARE_ENV
 from . import STACK_FILE_ENV
 
@@ -110,7 +110,8 @@ def warm_imports() -> None:
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    from .. import distributed, rendezvous  # noqa: F401
+    from .. import distributed
+    from ..distributed import rendezvous  # noqa: F401
     from ..diagnosis import record  # noqa: F401
     from . import group, probes, requests  # noqa: F401
 

@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any
 
+from ..common import env_vars
 from .shell import current_shell
 
 logger = logging.getLogger(__name__)
@@ -40,8 +41,8 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protoc
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    backend = os.environ["CLORCH_DIST_BACKEND"]
-    timeout = datetime.timedelta(milliseconds=int(os.environ["CLORCH_DIST_TIMEOUT_MS"]))
+    backend = os.environ[env_vars.DIST_BACKEND.name]
+    timeout = datetime.timedelta(milliseconds=int(os.environ[env_vars.DIST_TIMEOUT_MS.name]))
     from ..wire.rank_env import device_index
 
     index = device_index(os.environ)  # LOCAL_RANK: the rank sees its host's GPUs, as under torchrun
@@ -53,7 +54,7 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protoc
         device = torch.device("cpu")
     if not dist.is_initialized():
         from ..diagnosis import record
-        from ..rendezvous import loopback_store
+        from ..distributed.rendezvous import loopback_store
         from . import regroup
 
         record.enable()  # read only when a group is created: now, before init_process_group
@@ -179,7 +180,7 @@ def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] 
     from .regroup import reform
 
     left = reform(generation, only_default=bool(fresh))
-    if fresh and os.environ["CLORCH_DIST_BACKEND"] != "nccl":
+    if fresh and os.environ[env_vars.DIST_BACKEND.name] != "nccl":
         dist.barrier()  # the one a fresh gloo rank ends its join with (see join_group)
     if left:
         print("clorch: not carried over to the re-formed group: " + "; ".join(left)

@@ -8,8 +8,8 @@ mpirun...) implement it. They are found by name in the entry-point group ``clorc
     [project.entry-points."clorch_repl.launchers"]
     mine = "my_package.launcher:MyLauncher"
 
-The package itself imports nothing (a batch rank imports :mod:`.supervisor` from here and
-must not pay for jupyter_client); :mod:`.registry` finds launchers by name.
+The package itself imports nothing (a batch job's launching process imports :mod:`.registry` from here
+and must not pay for jupyter_client); :mod:`.registry` finds launchers by name.
 
 A launcher class is constructed with ``(topology, options)`` where ``options`` is the
 :class:`~.base.LaunchOptions` of the start command; ``local`` ignores what it does not use.

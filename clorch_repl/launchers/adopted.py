@@ -3,10 +3,10 @@
 Why a launcher of its own rather than a LocalLauncher: a LocalLauncher's ranks are its children
 through jupyter_client's ``KernelManager`` (which owns their processes, their exit status and the
 interrupt), and none of that can be handed to another process. What the ranks' supervisors
-(:mod:`.supervisor`) already do is enough to drive them from anywhere on the host, as the same
+(:mod:`clorch_repl.host.supervisor`) already do is enough to drive them from anywhere on the host, as the same
 user: their channels from each rank's connection file (0600, in the session's 0700 directory),
 interrupts by signalling each rank's process group (the supervisor leads it and blocks SIGINT, as
-for jupyter_client's interrupt), stacks and logs from the rank's files (:mod:`.rankfiles`), and a
+for jupyter_client's interrupt), stacks and logs from the rank's files (:mod:`clorch_repl.host.rankfiles`), and a
 stop by SIGTERM to the supervisors, which end their rank and everything it started. No process is
 started here: :meth:`AdoptedLauncher.launch` refuses, so a session adopted this way cannot be
 restarted in place, whole (``%clorch restart``) or in part (``--ranks``): decided for issue 36,
@@ -32,13 +32,13 @@ import signal
 import time
 from typing import Any
 
-from .. import procs
+from ..common import procs
 from ..errors import ConfigError
-from ..topology import Topology
-from . import hold
+from ..common.topology import Topology
+from ..host import hold
 from .base import LaunchOptions, Launcher, Progress, RankHandle
-from .rankfiles import RankFiles
-from .supervisor import STOP_GRACE_S
+from ..host.rankfiles import RankFiles
+from ..host.supervisor import STOP_GRACE_S
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import logging
 import shlex
 
 from .base import Progress
-from .callback import CONNECT_FILE_ENV
+from ..wire.connect import CONNECT_FILE_ENV
 from .remote import RemoteLauncher
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,8 @@ from typing import Any, Callable, ClassVar
 from jupyter_client import BlockingKernelClient
 
 from ..errors import ConfigError
-from ..topology import Topology
+from ..wire.connect import ORPHAN_TIMEOUT_S
+from ..common.topology import Topology
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ Progress = Callable[[str], None]
 
 #: How long a start waits for remote ranks to call back, unless the user says otherwise.
 START_TIMEOUT_S = 300.0
-#: How long a remote rank's nanny keeps its kernel after the notebook stopped answering.
-ORPHAN_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ class Launcher(abc.ABC):
 
     #: the name users type after ``--launcher`` (and the entry point's name)
     name: ClassVar[str]
-    #: ``"module:Class"`` of the :class:`~clorch_repl.distributed.job_ranks.JobRanks` that runs
+    #: ``"module:Class"`` of the :class:`~clorch_repl.jobs.job_ranks.JobRanks` that runs
     #: batch jobs (``launch(launcher=name)``) where this launcher runs ranks; None: it cannot
     batch_ranks: ClassVar[str | None] = None
 
@@ -232,7 +231,7 @@ class Launcher(abc.ABC):
         the next start (warm spares), without taking time from this one."""
 
     def checkpoint(self, action: str, ranks: list[int], timeout_s: float) -> dict[int, dict[str, Any] | None] | None:
-        """``action`` (suspend or resume, :mod:`clorch_repl.cuda_checkpoint`) on ``ranks``' processes
+        """``action`` (suspend or resume, :mod:`clorch_repl.host.cuda_checkpoint`) on ``ranks``' processes
         by whoever runs on their host (``%clorch suspend/resume``): each rank's reply (its
         ``outcome``, the helper's report, or an ``error``; None where none came within
         ``timeout_s``). None by default: the ranks run on this host, whose helper the session runs."""

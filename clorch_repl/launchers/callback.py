@@ -1,6 +1,6 @@
 """The notebook's end of remote ranks: one encrypted endpoint that ranks call back to.
 
-Every remote rank runs ``python -m clorch_repl.rank`` (its nanny, :mod:`clorch_repl.launchers.nanny`) under
+Every remote rank runs ``python -m clorch_repl.rank`` (its nanny, :mod:`clorch_repl.host.nanny`) under
 a launcher the cluster already runs. The nanny reads the session's **connect file** (named by
 ``CLORCH_CONNECT_FILE``; 0600, never on a command line) and connects out to this endpoint:
 
@@ -27,7 +27,6 @@ reads what it learnt (registrations, kernels, exits, last words) under a lock.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import secrets
@@ -35,35 +34,24 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import zmq
 
-from ..atomic import remove_quietly
+from ..common import env_vars
+from ..common.atomic import remove_quietly
 from ..errors import ClorchError
 from . import liveness
-from ..wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
+from ..wire.connect import HEARTBEAT_S, ConnectInfo, route_address
+from ..wire.nanny import FromNanny, ToNanny, decode, encode, mismatch
 
 logger = logging.getLogger(__name__)
 
-#: The environment variable that names the connect file, on every node.
-CONNECT_FILE_ENV = "CLORCH_CONNECT_FILE"
-#: The connect file's content itself, where the launcher can hand the ranks an environment (srun
-#: passes the notebook's environment to every task): no shared filesystem is needed then.
-CONNECT_ENV = "CLORCH_CONNECT"
 #: Where connect files are written (default ``~/.clorch``, 0700): a home directory is what the
 #: nodes of a cluster usually share with the host of the notebook.
-CONNECT_DIR_ENV = "CLORCH_CONNECT_DIR"
-HEARTBEAT_S = 1.0
+CONNECT_DIR_ENV = env_vars.CONNECT_DIR.name
 #: A rank not heard from for this long is reported lost (its host or the link to it is gone).
 LOST_AFTER_S = 5.0
-
-
-def route_address(peer: str) -> str:
-    """The address of this host's interface that routes to ``peer`` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((peer, 9))
-        return probe.getsockname()[0]
 
 
 def default_listen_address() -> str:
@@ -73,67 +61,6 @@ def default_listen_address() -> str:
         return route_address("192.0.2.1")  # TEST-NET-1: any routable address will do
     except OSError:
         return "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class ConnectInfo:
-    """What the connect file holds."""
-
-    address: str
-    port: int
-    server_key: str  # the endpoint's Curve public key (Z85)
-    token: str
-    session: str
-    #: how long a nanny keeps its kernel without a word from the notebook
-    orphan_timeout_s: float = 60.0
-
-    def dumps(self) -> str:
-        return json.dumps({"protocol": PROTOCOL, "address": self.address, "port": self.port,
-                           "server_key": self.server_key, "token": self.token, "session": self.session,
-                           "orphan_timeout_s": self.orphan_timeout_s})
-
-    def write(self, path: str) -> None:
-        """Write the file readable by this user only (0600), atomically."""
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.dumps())
-        os.replace(tmp, path)
-
-    @classmethod
-    def loads(cls, text: str, where: str) -> "ConnectInfo":
-        try:
-            data = json.loads(text)
-            why = mismatch(data.get("protocol") if isinstance(data, dict) else None, f"the connect info in {where}")
-            if why:
-                raise ClorchError(why)
-            return cls(str(data["address"]), int(data["port"]), str(data["server_key"]), str(data["token"]),
-                       str(data["session"]), float(data.get("orphan_timeout_s", 60.0)))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ClorchError(f"cannot read the clorch connect info in {where} ({exc}); it is written by the "
-                              "notebook's %clorch start") from None
-
-    @classmethod
-    def read(cls, path: str) -> "ConnectInfo":
-        try:
-            with open(path) as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise ClorchError(f"cannot read the clorch connect file {path} ({exc}); it is written by the "
-                              f"notebook's %clorch start and must be readable on this node (a shared home "
-                              f"directory, or copy it keeping its 0600 mode)") from None
-        return cls.loads(text, path)
-
-    @classmethod
-    def from_environment(cls, env: Mapping[str, str]) -> "ConnectInfo":
-        """From ``CLORCH_CONNECT`` (the content) or else ``CLORCH_CONNECT_FILE`` (a path)."""
-        if env.get(CONNECT_ENV):
-            return cls.loads(env[CONNECT_ENV], CONNECT_ENV)
-        path = env.get(CONNECT_FILE_ENV)
-        if not path:
-            raise ClorchError(f"{CONNECT_FILE_ENV} is not set: it names the connect file that %clorch start "
-                              "wrote (0600); set it in the environment, never on the command line")
-        return cls.read(path)
 
 
 def connect_file_prefix() -> str:
@@ -152,7 +79,7 @@ def remove_stale(directory: str, kind: str) -> str:
     hosts' entries (a shared home) are never touched. Returns ``directory``."""
     import shutil
 
-    from ..procs import pid_running
+    from ..common.procs import pid_running
 
     prefix = f"{kind}-{socket.gethostname()}-"
     for name in os.listdir(directory):

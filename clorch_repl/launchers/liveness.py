@@ -20,7 +20,7 @@ from ..wire.nanny import FromNanny, ToNanny
 
 logger = logging.getLogger(__name__)
 
-#: The exit status a nanny told to end after being declared lost leaves with (see clorch_repl.launchers.nanny).
+#: The exit status a nanny told to end after being declared lost leaves with (see clorch_repl.host.nanny).
 LOST_EXIT_CODE = 4
 
 

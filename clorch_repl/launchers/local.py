@@ -48,16 +48,16 @@ from jupyter_client import KernelManager
 from jupyter_client.connect import port_names
 from jupyter_client.kernelspec import KernelSpecManager
 
-from .. import procs
-from ..atomic import remove_quietly
+from ..common import procs
+from ..common.atomic import remove_quietly
 from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
-from ..topology import NPROC_ENV, Topology, resolve_topology
-from . import logcap, logfiles, supervisor
+from ..common.topology import NPROC_ENV, Topology, resolve_topology
+from ..host import logcap, logfiles, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .spares import wanted_spares
-from .rankfiles import RankFiles
+from ..host.rankfiles import RankFiles
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class LocalLauncher(Launcher):
     """Ranks as children of the notebook kernel (see the module docstring)."""
 
     name = "local"
-    batch_ranks = "clorch_repl.distributed.job_ranks:LocalJobRanks"
+    batch_ranks = "clorch_repl.jobs.job_ranks:LocalJobRanks"
 
     def __init__(self, topology: Topology, options: LaunchOptions | None = None) -> None:
         super().__init__(topology, options)

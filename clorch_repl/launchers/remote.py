@@ -21,12 +21,12 @@ from typing import Any
 
 from jupyter_client.session import Session as JupyterSession
 
-from ..atomic import remove_quietly
+from ..common.atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..wire.rank_env import host_gpu_lists
-from ..rank_sets import rank_words
-from ..topology import BACKENDS, Topology, remote_topology
-from . import supervisor
+from ..common.rank_sets import rank_words
+from ..common.topology import BACKENDS, Topology, remote_topology
+from ..host import supervisor
 from ..wire.nanny import ToNanny
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .callback import (LOST_AFTER_S, CallbackServer, RemotePeer, connect_dir, connect_file_prefix,

@@ -24,7 +24,8 @@ import sys
 
 from ..errors import ClorchError, ConfigError
 from .base import Progress
-from .callback import CONNECT_ENV, CONNECT_FILE_ENV, default_listen_address, route_address
+from ..wire.connect import CONNECT_ENV, CONNECT_FILE_ENV, route_address
+from .callback import default_listen_address
 from .remote import RemoteLauncher
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class SlurmLauncher(RemoteLauncher):
     """Ranks as the tasks of one srun step (see the module docstring)."""
 
     name = "slurm"
-    batch_ranks = "clorch_repl.distributed.job_ranks:SlurmJobRanks"
+    batch_ranks = "clorch_repl.jobs.job_ranks:SlurmJobRanks"
 
     def default_listen(self) -> str:
         node = _first_node_address()

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
-from ..topology import Topology
+from ..common.topology import Topology
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
 
 from ..errors import ClorchError, ConfigError, DistributedCellError, StartupError
-from ..human import wrap
+from ..common.human import wrap
 
 if TYPE_CHECKING:
     from ..launchers.base import LaunchOptions
@@ -133,7 +133,7 @@ def parse(func: Func, line: str) -> Any:
 
 def parse_hang_notice(value: str | None) -> float | None:
     """``--hang-notice``: seconds, 0 (off) or more; None when not given."""
-    from ..topology import parse_number
+    from ..common.topology import parse_number
 
     return parse_number(value, "--hang-notice", "seconds", zero="off")
 
@@ -141,7 +141,7 @@ def parse_hang_notice(value: str | None) -> float | None:
 def parse_max_mb(value: str | None) -> int:
     """``--max-mb``: the size limit of one value in bytes (default 256 MB)."""
     from ..wire.values import DEFAULT_LIMIT_BYTES
-    from ..topology import parse_number
+    from ..common.topology import parse_number
 
     mb = parse_number(value, "--max-mb", "megabytes")
     return DEFAULT_LIMIT_BYTES if mb is None else int(mb * 1_000_000)
@@ -150,7 +150,7 @@ def parse_max_mb(value: str | None) -> int:
 def parse_launch(args: Any) -> "LaunchOptions":
     """The launcher options of ``%clorch start`` as a validated LaunchOptions."""
     from ..launchers.base import ORPHAN_TIMEOUT_S, START_TIMEOUT_S, LaunchOptions
-    from ..topology import parse_number
+    from ..common.topology import parse_number
 
     def whole(value: str | None, what: str, floor: int) -> int | None:
         if value is None:
@@ -215,7 +215,7 @@ def parse_cpu_bind(value: str | None) -> str:
 
 
 def parse_ranks(value: str | None, what: str = "--ranks") -> list[int] | None:
-    from ..topology import parse_int_list
+    from ..common.topology import parse_int_list
 
     return parse_int_list(value, what)
 
@@ -225,7 +225,7 @@ def parse_run(parser: Any, line: str) -> RunRequest | None:
     before the script). ``parser``: the magic's argparse parser, with ``script`` and a REMAINDER
     ``args``. Bad input raises :class:`ConfigError` (a ``UsageError`` from the parser itself)."""
     from ..session.script_run import RunRequest
-    from ..topology import parse_timeout
+    from ..common.topology import parse_timeout
 
     args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
     if args.help:

@@ -68,7 +68,7 @@ def cell_options(magic: Callable[..., Any], line: str, *, quiet_help: bool = Fal
 def _read(magic: Callable[..., Any], line: str) -> CellOptions:
     args = parse(magic, line)
     from ..session.transfer import check_name
-    from ..topology import parse_timeout
+    from ..common.topology import parse_timeout
 
     ranks = parse_ranks(args.ranks)
     stdin_ranks = parse_ranks(args.stdin_ranks, "--stdin-ranks")

@@ -19,14 +19,15 @@ from IPython.display import display
 from ..errors import ClorchError, DistributedCellError
 from ..session.display import NotebookDisplay
 from ..session.session import Session
-from ..launchers.logfiles import without_ansi
+from ..host.logfiles import without_ansi
 from ..launchers.registry import launcher_class
-from ..topology import Topology, parse_timeout
+from ..common.topology import Topology, parse_timeout
 from . import sessions, views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
-from .suspend import parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option, suspend_command
+from .suspend import (parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option,
+                      suspend_command)
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, refused, stdin_ranks_option, tail_option, timeout_option, topology_options,
@@ -176,7 +177,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         if args.tail < 0:
             raise ClorchError(f"--tail must be 0 (everything) or more; got {args.tail}")
         if args.job is not None:
-            from ..distributed.batch import get_job
+            from ..jobs.batch import get_job
 
             text = get_job(args.job).logs(args.rank, tail=tail)
         else:
@@ -251,7 +252,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         """Batch jobs started with clorch_repl.distributed.launch from this kernel."""
         if parse(self._jobs, line) is None:
             return
-        from ..distributed.batch import jobs
+        from ..jobs.batch import jobs
 
         listed = jobs()
         if not listed:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from IPython.core.error import UsageError
 
+from ..common import env_vars
 from ..errors import ClorchError, DistributedCellError
 from ..wire.framing import peek_execute
 from .cell_options import cell_options
@@ -57,7 +58,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ENV", "HeadStart", "split_cell", "wanted"]
 
 #: the notebook environment's switch: "0" turns the head start off, "1" (the default) on
-ENV = "CLORCH_HEAD_START"
+ENV = env_vars.HEAD_START.name
 MAGIC = "distributed"
 #: what the content frame of a message must hold to be read at all (every other message passes)
 MARKER = b"%%" + MAGIC.encode()
@@ -71,7 +72,7 @@ _warned: set[str] = set()
 def wanted(environ: Mapping[str, str]) -> bool:
     """Whether the head start is on: ``CLORCH_HEAD_START`` unset, ``1`` or empty; ``0`` is off.
     Anything else is a mistake, said once in the notebook kernel's log, and leaves it on."""
-    value = environ.get(ENV, "1").strip()
+    value = (env_vars.HEAD_START.get(environ) or "").strip()
     if value not in ("", "0", "1") and value not in _warned:
         _warned.add(value)
         logger.warning("clorch_repl: %s=%r is neither 0 nor 1; the head start stays on", ENV, value)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from IPython.display import display
 
 from ..errors import ClorchError
-from ..human import span
+from ..common.human import span
 from ..session import registry
 from . import views
 from .arguments import argument, magic_arguments, parse

@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ClorchError, ConfigError
-from ..human import duration
+from ..common.human import duration
 from ..session.lifecycle import SessionState
 from ..session.suspend import refuse_cell
 from . import views

@@ -9,8 +9,8 @@ from typing import Any, Callable, Sequence
 from IPython.display import display
 
 from ..errors import ClorchError, ranks_are
-from ..human import duration as _duration
-from ..human import size as _bytes
+from ..common.human import duration as _duration
+from ..common.human import size as _bytes
 from ..session.rank_report import RankReport
 
 
@@ -90,9 +90,9 @@ def interrupt_report(stuck: dict[int, str], verdict: str) -> str:
     """What ``%clorch interrupt`` says of ranks that did not return: each distinct stack once,
     under the ranks it is theirs (three ranks in one barrier read as one block), paths from the
     environment (rankfiles.report_stack), then the verdict, wrapped at the cell's width."""
-    from ..human import wrap
-    from ..launchers.rankfiles import report_stack
-    from ..rank_sets import merge_blocks, rank_words
+    from ..common.human import wrap
+    from ..host.rankfiles import report_stack
+    from ..common.rank_sets import merge_blocks, rank_words
 
     lines = []
     for ranks, stack in merge_blocks([(r, tuple(report_stack(s))) for r, s in sorted(stuck.items())]):

@@ -15,7 +15,7 @@ from ..errors import ClorchError
 from ..launchers.base import LaunchOptions
 from ..launchers.local import LocalLauncher
 from ..launchers.spares import SPARES_ENV, wanted_spares
-from ..topology import Topology
+from ..common.topology import Topology
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rank_sets import rank_words
+from ..common.rank_sets import rank_words
 from .protocol import CellRequest
 from ..wire.framing import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
 

@@ -21,7 +21,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from ..diagnosis.probe import Prober
 from ..errors import ClorchError, SignatureError
 from ..launchers.base import Launcher
-from ..rank_sets import rank_words
+from ..common.rank_sets import rank_words
 from ..wire.framing import MessageDecoder, MessageEncoder
 
 logger = logging.getLogger(__name__)

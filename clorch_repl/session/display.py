@@ -38,8 +38,8 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from IPython.display import DisplayHandle, clear_output, display, publish_display_data
 
-from ..human import wrap
-from ..rank_sets import ranks_text
+from ..common.human import wrap
+from ..common.rank_sets import ranks_text
 from .held_notice import HeldNotice
 from .protocol import RankOutput
 from .widget_rows import WIDGET_VIEW, WidgetRows

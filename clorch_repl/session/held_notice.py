@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 from IPython.display import publish_display_data
 
-from ..human import wrap
-from ..rank_sets import ranks_text
+from ..common.human import wrap
+from ..common.rank_sets import ranks_text
 from ..wire.limits import HELD_MIME, Budget, Limits, limits_from_env
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..human import COLUMNS, wrap
+from ..common.human import COLUMNS, wrap
 from .cell_run import OUTPUT_TYPES, CellRun
 from .comms import COMM_TYPES
 from .protocol import RankOutput

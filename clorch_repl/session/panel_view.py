@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..human import duration as _duration
-from ..human import size as _bytes
+from ..common.human import duration as _duration
+from ..common.human import size as _bytes
 
 __all__ = ["RankSnapshot", "Collective", "rows", "render"]
 

@@ -1,7 +1,7 @@
 """Detach a local session from its kernel and connect to it again from another one.
 
 ``detach`` (``%clorch detach``): the ranks stop depending on this kernel. It ends the warm spares
-(they would outlive everything, owned by nobody), writes the hold (:mod:`clorch_repl.launchers.hold`:
+(they would outlive everything, owned by nobody), writes the hold (:mod:`clorch_repl.host.hold`:
 the supervisors then keep their ranks after this kernel is gone, ``keep_for`` without any owner),
 then the session file (:mod:`.registry`), and finally drives its own ranks the way any other
 kernel would: it lets go of its LocalLauncher (closing only its channels) and adopts the ranks
@@ -26,8 +26,8 @@ from typing import Any
 
 from .. import cuda
 from ..errors import ClorchError, ConfigError
-from ..human import size, span
-from ..launchers import hold
+from ..common.human import size, span
+from ..host import hold
 from ..launchers.adopted import AdoptedLauncher, no_start
 from ..launchers.base import Progress
 from . import registry
@@ -150,7 +150,7 @@ class ConnectedSession(Session):
         return super().stop(keep_logs=keep_logs, polite=polite)
 
     def owned(self) -> bool:
-        """Whether the session's hold still names this kernel (see .launchers.hold)."""
+        """Whether the session's hold still names this kernel (see clorch_repl.host.hold)."""
         current = hold.read(self.record.dir)
         return current is not None and int(current.get("owner_pid", 0)) == os.getpid()
 

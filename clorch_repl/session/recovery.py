@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..errors import ranks_are
 from ..launchers.base import Launcher
-from ..rank_sets import rank_words
+from ..common.rank_sets import rank_words
 from .protocol import CellOutcome, CellRequest
 from .relay import Relay
 from ..wire import PROTOCOL_VERSION

@@ -9,7 +9,7 @@ keys, 0600 in that 0700 directory; no key is ever put on a command line or in th
 pids of the kernels and supervisors, the topology, the generation of the group (the count of its
 in-place re-forms, under which the next re-form meets: a connecting kernel must go on counting
 from it), ``keep_for_s``, and the kernel that drove it when written. Who drives the session *now*
-is the hold file's business (:mod:`clorch_repl.launchers.hold`), which the supervisors read.
+is the hold file's business (:mod:`clorch_repl.host.hold`), which the supervisors read.
 
 Everything read back is validated (:func:`parse_record`) and any mistake named with its file, since
 a file can be stale (the session ended while the machine was down) or edited by hand.
@@ -27,9 +27,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..atomic import remove_quietly, write_json_atomic
+from ..common.atomic import remove_quietly, write_json_atomic
 from ..errors import ConfigError
-from ..topology import Topology
+from ..common.topology import Topology
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def names() -> list[str]:
 def live(record: SessionRecord) -> bool:
     """Whether any of the session's ranks still runs (a file of a session that ended while the
     machine was down, or whose supervisors were killed, is stale)."""
-    from ..procs import pid_running
+    from ..common.procs import pid_running
 
     return os.path.isdir(record.dir) and any(pid_running(r.pid) for r in record.ranks)
 

@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterable
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
-from ..rank_sets import rank_words
+from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
-from ..topology import Topology, check_unique_in_range
+from ..common.topology import Topology, check_unique_in_range
 from ..wire import PROTOCOL_VERSION
 from ..wire.limits import limits_from_env
 from ..wire.requests import request_code

@@ -2,7 +2,7 @@
 
 Why: a notebook holds its GPUs while its user reads, thinks or sleeps, and ``%clorch stop`` frees
 them only by losing the state. The CUDA driver can move a live process's GPU state to host memory
-and back (:mod:`clorch_repl.cuda_checkpoint`), so the ranks keep their processes, namespaces and
+and back (:mod:`clorch_repl.host.cuda_checkpoint`), so the ranks keep their processes, namespaces and
 tensors while their GPUs are free for others.
 
 Suspend: refuse what cannot be suspended (:func:`refusal`), abort the session's groups on every
@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import cuda_checkpoint
+from ..host import cuda_checkpoint
 from ..errors import ClorchError
-from ..human import size
+from ..common.human import size
 from ..launchers.spares import end_spares
-from ..rank_sets import rank_words, ranks_are
+from ..common.rank_sets import rank_words, ranks_are
 from .lifecycle import Lifecycle, SessionState
 from .protocol import CellRequest
 from ..wire import PROTOCOL_VERSION
@@ -42,7 +42,7 @@ from ..wire.requests import request_code
 
 if TYPE_CHECKING:
     from ..launchers.base import Launcher
-    from ..topology import Topology
+    from ..common.topology import Topology
     from .relay import Relay
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _where(launcher: "Launcher", rank: int) -> str:
 
 def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) -> dict[int, Moved]:
     """``action`` (suspend or resume) on ``ranks``' processes through the helper process (see
-    :mod:`clorch_repl.cuda_checkpoint` for why not here), run here or, for ranks on other hosts,
+    :mod:`clorch_repl.host.cuda_checkpoint` for why not here), run here or, for ranks on other hosts,
     by each rank's nanny there; every rank's result, failures named."""
     timeout = HELPER_FLOOR_S + held_bytes / SLOWEST_BYTES_S
     replies = launcher.checkpoint(action, ranks, timeout)
@@ -116,7 +116,7 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
                           "%clorch restart")
     targets = [f"{pid}={_where(launcher, rank)}" for pid, rank in pids.items()]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # the ranks' GPUs, whichever
-    command = [sys.executable, "-m", "clorch_repl.cuda_checkpoint", action, *targets]
+    command = [sys.executable, "-m", "clorch_repl.host.cuda_checkpoint", action, *targets]
     helper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               start_new_session=True)  # a Ctrl-C of the notebook's group never reaches it
     stdout, stderr = _finish(helper, action, ranks, timeout)

@@ -25,7 +25,7 @@ import pickle
 import secrets
 from typing import Any, Callable
 
-from ..atomic import remove_quietly
+from ..common.atomic import remove_quietly
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from ..wire import values
 from .display import NotebookDisplay

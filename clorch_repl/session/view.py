@@ -22,7 +22,7 @@ from .protocol import RankState
 
 if TYPE_CHECKING:
     from ..launchers.base import Launcher
-    from ..topology import Topology
+    from ..common.topology import Topology
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from . import notebook_runner
 from ..errors import ConfigError
-from ..topology import NPROC_ENV, parse_number
+from ..common.topology import NPROC_ENV, parse_number
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async
 
-from ..topology import NPROC_ENV
+from ..common.topology import NPROC_ENV
 
 logger = logging.getLogger(__name__)
 

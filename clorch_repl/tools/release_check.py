@@ -99,7 +99,7 @@ class _Checks:
 
     def interactive_session(self) -> str:
         from ..session.session import Session
-        from ..topology import resolve_topology
+        from ..common.topology import resolve_topology
 
         nproc, backend = self.nproc, self.launch_kw["backend"]
         session = Session(resolve_topology(nproc, self.launch_kw.get("devices"), backend))
@@ -120,9 +120,10 @@ class _Checks:
     def suspend_resume(self) -> str:
         """gpu: one NCCL rank's tensors survive ``%clorch suspend`` (its GPU memory freed) and
         ``%clorch resume`` (issue 37); one rank, since two GPUs' suspend is the two-GPU issue's."""
-        from .. import cuda, cuda_checkpoint
+        from .. import cuda
+        from ..host import cuda_checkpoint
         from ..session.session import Session
-        from ..topology import resolve_topology
+        from ..common.topology import resolve_topology
 
         problem = cuda_checkpoint.api_problem()
         if problem:
@@ -152,7 +153,7 @@ class _Checks:
         return f"1 NCCL rank with 1 GiB: suspended in {out:.1f}s (GPU memory freed), resumed in {back:.1f}s, exact"
 
     def cleanup(self) -> str:
-        from ..procs import wait_gone
+        from ..common.procs import wait_gone
 
         left = wait_gone(self.pids, 15.0)
         assert not left, f"processes still running after their jobs ended: {left}"

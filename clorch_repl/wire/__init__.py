@@ -11,6 +11,7 @@ module that kernel and client share.
   handlers are the rank's, :mod:`clorch_repl.kernel.requests`).
 - :mod:`.probe`: the control-channel question "where are you" and its answer's names.
 - :mod:`.nanny`: what a remote rank's nanny and the notebook's callback endpoint say.
+- :mod:`.connect`: how a nanny finds the notebook (the connect info, its variables, the heartbeat).
 - :mod:`.rank_env`: every rank's environment, written by the notebook's launchers, the nannies and
   batch jobs alike, and read by the rank.
 - :mod:`.results`: a batch job's rank result file, written by the rank, read by the job's monitor.

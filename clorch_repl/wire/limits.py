@@ -43,14 +43,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..common import env_vars
+
 logger = logging.getLogger(__name__)
 
-VOLUME_ENV = "CLORCH_OUTPUT_LIMIT"
-LINES_ENV = "CLORCH_OUTPUT_LINES"
-RATE_ENV = "CLORCH_OUTPUT_RATE"
-DEFAULT_VOLUME = 100 * 1024
-DEFAULT_LINES = 1_000
-DEFAULT_RATE = 50 * 1024
+VOLUME_ENV = env_vars.OUTPUT_LIMIT.name
+LINES_ENV = env_vars.OUTPUT_LINES.name
+RATE_ENV = env_vars.OUTPUT_RATE.name
+DEFAULT_VOLUME = int(env_vars.OUTPUT_LIMIT.default or 0)
+DEFAULT_LINES = int(env_vars.OUTPUT_LINES.default or 0)
+DEFAULT_RATE = int(env_vars.OUTPUT_RATE.default or 0)
 #: A rank's own budget is this many times the cell's volume and lines (see :func:`at_source`).
 SOURCE_FACTOR = 2
 #: The mime type of a report of held-back output (a rank's, the relay's guard's): a display the

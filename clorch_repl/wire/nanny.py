@@ -1,4 +1,4 @@
-"""What a rank's nanny (:mod:`clorch_repl.launchers.nanny`) and the notebook's callback endpoint
+"""What a rank's nanny (:mod:`clorch_repl.host.nanny`) and the notebook's callback endpoint
 (:mod:`.callback`) say to each other: one JSON object per ZeroMQ frame, over CurveZMQ.
 
 Every message has ``op`` (below); the nanny's also carry ``token`` (the session's, from the
@@ -48,7 +48,7 @@ class ToNanny:
     START_KERNEL = "start_kernel"
     START_SPARE = "start_spare"
     #: ``id``, ``action`` (suspend or resume): the CUDA driver's checkpoint of the kernel's process on
-    #: the nanny's host (clorch_repl.cuda_checkpoint); the reply's ``outcome`` is the helper's report
+    #: the nanny's host (clorch_repl.host.cuda_checkpoint); the reply's ``outcome`` is the helper's report
     CHECKPOINT = "checkpoint"
     #: ``code`` (and ``why`` when the rank was declared lost): end the nanny
     EXIT = "exit"

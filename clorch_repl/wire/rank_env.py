@@ -4,7 +4,7 @@ A rank's process learns who it is and how to join its group from its environment
 torchrun and API.md (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``) plus clorch's own (``CLORCH_DIST_BACKEND``,
 ``CLORCH_DIST_TIMEOUT_MS``, the private rendezvous file, the CPU binding). The session's local
-ranks, the nanny of a remote rank (:mod:`clorch_repl.launchers.nanny`) and ``dist.launch`` batch ranks all
+ranks, the nanny of a remote rank (:mod:`clorch_repl.host.nanny`) and ``dist.launch`` batch ranks all
 build it with :func:`rank_environment`, so a variable added for one reaches all of them; and a
 process started by srun or torchrun learns its place with :func:`read_identity`.
 """
@@ -17,24 +17,25 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..common import env_vars
 from ..errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-BACKEND_ENV = "CLORCH_DIST_BACKEND"
-TIMEOUT_ENV = "CLORCH_DIST_TIMEOUT_MS"
-#: Path of the group's FileStore, in a private directory (one host only; see clorch_repl.rendezvous)
-STORE_FILE_ENV = "CLORCH_STORE_FILE"
-#: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.numa)
-CPU_BIND_ENV = "CLORCH_CPU_BIND"
+BACKEND_ENV = env_vars.DIST_BACKEND.name
+TIMEOUT_ENV = env_vars.DIST_TIMEOUT_MS.name
+#: Path of the group's FileStore, in a private directory (one host only; see clorch_repl.distributed.rendezvous)
+STORE_FILE_ENV = env_vars.STORE_FILE.name
+#: ``numa`` or ``none``: whether the rank binds itself to its GPU's NUMA node (clorch_repl.kernel.numa)
+CPU_BIND_ENV = env_vars.CPU_BIND.name
 #: the rank's own GPU as its host names it (a physical index or a UUID): what NUMA binding and the
 #: GPU figures of ``%clorch top`` read, whatever position CUDA_VISIBLE_DEVICES gives it
-GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
+GPU_INDEX_ENV = env_vars.GPU_INDEX.name
 #: set in a warm spare's environment (clorch_repl.launchers.local): it imports torch before its
 #: kernel starts, and it learns the group's meeting point only when it is made a rank
-SPARE_ENV = "CLORCH_SPARE"
+SPARE_ENV = env_vars.SPARE.name
 #: a spare's rank log: where it moves its stdout and stderr when it is made a rank
-RANK_LOG_ENV = "CLORCH_RANK_LOG"
+RANK_LOG_ENV = env_vars.RANK_LOG.name
 #: variables of an elastic agent (torchrun) that must not steer the rank's own process group:
 #: its store is torchrun's rendezvous, not the group's (API.md: never reuse torchrun's port)
 _AGENT_ONLY = ("TORCHELASTIC_USE_AGENT_STORE",)

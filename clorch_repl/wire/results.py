@@ -1,6 +1,6 @@
 """A launched rank's result file: what crosses from the rank to the process that launched it.
 
-Each rank writes ``rank-<r>.result.json`` once, atomically (:mod:`clorch_repl.atomic`), when
+Each rank writes ``rank-<r>.result.json`` once, atomically (:mod:`clorch_repl.common.atomic`), when
 ``main`` returns or raises; the job's monitor reads it. Standard library only: the launching
 process, a notebook, must never initialise CUDA (so CUDA tensors travel as CPU tensors).
 """
@@ -13,7 +13,7 @@ import pickle
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..atomic import write_json_atomic
+from ..common.atomic import write_json_atomic
 
 __all__ = ["RankResult", "encode_value", "write_result", "read_result"]
 

@@ -31,7 +31,7 @@ import logging
 import os
 from typing import Any
 
-from ..atomic import remove_quietly
+from ..common.atomic import remove_quietly
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from clorch_repl.procs import pid_running, wait_gone
+from clorch_repl.common.procs import pid_running, wait_gone
 from lab_driver import LabPage, LabServer, wait_for, write_notebook
 
 pytestmark = pytest.mark.browser

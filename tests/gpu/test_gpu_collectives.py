@@ -110,7 +110,7 @@ def test_refusals_and_check_mode(results: list[dict[str, Any]]) -> None:
 def test_training_and_fail_fast_on_nccl() -> None:
     from clorch_repl import distributed as dist
     from clorch_repl.errors import RankFailure
-    from clorch_repl.procs import pid_running
+    from clorch_repl.common.procs import pid_running
 
     devices = list(range(NPROC))
     trained = dist.launch(nproc_per_node=NPROC, devices=devices, main="dist_workers:train_small",

@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from clorch_repl import cuda, cuda_checkpoint
+from clorch_repl import cuda
+from clorch_repl.host import cuda_checkpoint
 from clorch_repl.session.suspend import gpu_used
 from notebook_kernel import clorch_session
 from rank_text import lines_of

@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from clorch_repl import cuda
-from clorch_repl.procs import free_port
+from clorch_repl.common.procs import free_port
 from notebook_kernel import clorch_session
 from rank_text import lines_of
 

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from clorch_repl.procs import pid_running, wait_gone
+from clorch_repl.common.procs import pid_running, wait_gone
 
 from notebook_kernel import NotebookKernel, Reply
 

@@ -15,7 +15,7 @@ import dist_workers
 from clorch_repl import distributed as dist
 import clorch_repl.distributed as launch_mod  # jobs() and get_job() live here too
 from clorch_repl.errors import ConfigError, RankFailure
-from clorch_repl.procs import pid_running, wait_gone
+from clorch_repl.common.procs import pid_running, wait_gone
 
 FAST_FAIL_S = 15.0  # fail fast: the surviving rank sleeps 600 s unless the job ends it
 
@@ -49,7 +49,7 @@ def test_launch_trains_a_small_model() -> None:
     with pytest.raises(ConfigError, match="has ranks 0..1"):
         job.logs(2)
     assert launch_mod.jobs()[-1] is job
-    from clorch_repl.distributed.batch import get_job, jobs
+    from clorch_repl.jobs.batch import get_job, jobs
 
     assert jobs()[-1] is job and get_job(job.id) is job and dist.jobs()[-1] is job
 

@@ -19,13 +19,13 @@ from typing import Any, Iterator
 import pytest
 
 from clorch_repl.launchers.base import LaunchOptions, Launcher
-from clorch_repl.procs import free_port
+from clorch_repl.common.procs import free_port
 from clorch_repl.session.protocol import CellRequest, RankOutput, Status
 from clorch_repl.session.relay import Relay
 from clorch_repl.wire import PROTOCOL_VERSION
 from clorch_repl.wire.requests import request_code
 from clorch_repl.session.sink import PlainSink
-from clorch_repl.topology import remote_topology, resolve_topology
+from clorch_repl.common.topology import remote_topology, resolve_topology
 from plugin_path import with_plugins, without_plugins
 
 

@@ -16,7 +16,7 @@ from jupyter_client import BlockingKernelClient
 from clorch_repl.launchers.local import LocalLauncher
 from clorch_repl.session.protocol import CellRequest
 from clorch_repl.session.relay import Relay
-from clorch_repl.topology import resolve_topology
+from clorch_repl.common.topology import resolve_topology
 from clorch_repl.wire import PROTOCOL_VERSION
 from clorch_repl.wire.requests import request_code
 

@@ -1,4 +1,4 @@
-"""Issue 24: the rank's log keeps everything of a flood, bounded on disk (launchers/logcap.py),
+"""Issue 24: the rank's log keeps everything of a flood, bounded on disk (host/logcap.py),
 driven through a real notebook kernel: with ``CLORCH_LOG_CAP`` set small, a flood many times the
 cap leaves each rank's log under the cap plus slack, ``%clorch logs`` says how much of the oldest
 output was dropped, and its newest lines, up to the last one, are all there."""
@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from clorch_repl.launchers import logcap
+from clorch_repl.host import logcap
 
 from notebook_kernel import NotebookKernel
 

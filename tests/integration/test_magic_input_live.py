@@ -38,7 +38,7 @@ def test_status_without_ranks_answers_and_does_not_fail(no_session: Any) -> None
 
 
 def test_unloading_the_extension_stops_the_ranks(ip: Any, magics: Any) -> None:
-    from clorch_repl.procs import wait_gone
+    from clorch_repl.common.procs import wait_gone
 
     ip.run_line_magic("clorch", CPU_START)
     pids = magics.session.pids()

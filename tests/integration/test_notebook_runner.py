@@ -16,7 +16,7 @@ from typing import Iterator
 import nbformat
 import pytest
 
-from clorch_repl.procs import wait_gone
+from clorch_repl.common.procs import wait_gone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "clorch-notebook")

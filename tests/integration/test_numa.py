@@ -1,4 +1,4 @@
-"""clorch_repl.numa: a rank binding itself at start. Cpulists and a GPU's NUMA cores, without
+"""clorch_repl.kernel.numa: a rank binding itself at start. Cpulists and a GPU's NUMA cores, without
 processes: tests/unit/test_numa_units.py.
 
 Everything runs for real on this machine: sysfs is the machine's own, affinities are changed in
@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from clorch_repl import numa
+from clorch_repl.kernel import numa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -36,7 +36,7 @@ def run_child(code: str, env: dict[str, str] | None = None) -> subprocess.Comple
 # it, the intersection with the real affinity and sched_setaffinity on every thread, is real.
 BIND_CHILD = """
     import json, os, sys, threading, time
-    from clorch_repl import numa
+    from clorch_repl.kernel import numa
     node_cpus = set(json.loads(sys.argv[1]))
     numa._cpus_for_gpu = lambda index: (node_cpus, "") if index == 3 else (None, "no GPU %d here" % index)
     def allowed_of(tid):

@@ -19,7 +19,7 @@ from typing import Iterator
 import psutil
 import pytest
 
-from clorch_repl.procs import wait_gone
+from clorch_repl.common.procs import wait_gone
 from notebook_kernel import NotebookKernel
 from rank_text import lines_of
 
@@ -28,7 +28,7 @@ START = "%clorch start --launcher attach --nodes 1 --nproc-per-node 2 --listen 1
 
 def torchrun(connect_file: str, nproc: int = 2) -> subprocess.Popen[bytes]:
     """The printed command, as a user runs it on the node (here: this host)."""
-    from clorch_repl.procs import free_port
+    from clorch_repl.common.procs import free_port
 
     port = free_port()
     env = dict(os.environ, CLORCH_CONNECT_FILE=connect_file)

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
-from clorch_repl.procs import wait_gone
+from clorch_repl.common.procs import wait_gone
 from rank_text import lines_of, outputs_shown
 
 pytestmark = pytest.mark.usefixtures("ranks")

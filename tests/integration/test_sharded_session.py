@@ -13,7 +13,7 @@ import psutil
 import torch
 
 from clorch_repl.distributed import load_checkpoint
-from clorch_repl.procs import wait_gone
+from clorch_repl.common.procs import wait_gone
 from tests import sharded_helpers as sh
 from notebook_kernel import clorch_session
 

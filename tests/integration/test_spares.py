@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from clorch_repl.procs import wait_gone
+from clorch_repl.common.procs import wait_gone
 from notebook_kernel import NotebookKernel, clorch_session
 from rank_text import lines_of
 

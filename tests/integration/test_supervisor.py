@@ -1,4 +1,4 @@
-"""The rank supervisor (clorch_repl/launchers/supervisor.py) on its own, with real processes: what a
+"""The rank supervisor (clorch_repl/host/supervisor.py) on its own, with real processes: what a
 user notices as "the rank never started, and the log says why", "the notebook died while the rank
 was starting and nothing was left behind", and a stop's grace reaching the rank's children."""
 
@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
-from clorch_repl.procs import pid_running, wait_gone
-from clorch_repl.launchers import supervisor
+from clorch_repl.common.procs import pid_running, wait_gone
+from clorch_repl.host import supervisor
 
 # A child that ignores SIGTERM and says so: only SIGKILL (after the grace) ends it.
 STUBBORN = ("import os, signal, subprocess, sys, time\n"

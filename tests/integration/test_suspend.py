@@ -49,7 +49,7 @@ def test_cpu_ranks_refuse_suspend_and_keep_working() -> None:
 def test_the_checkpoint_helper_names_the_rank_and_the_driver_needed_without_one() -> None:
     """The helper the session (and each nanny) runs, for real: on this machine there is no NVIDIA
     driver, so each process's report says which rank, on which host, and what is needed."""
-    done = subprocess.run([sys.executable, "-m", "clorch_repl.cuda_checkpoint", "suspend", "4242=rank 1 on nodeA"],
+    done = subprocess.run([sys.executable, "-m", "clorch_repl.host.cuda_checkpoint", "suspend", "4242=rank 1 on nodeA"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout.splitlines()[0])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from IPython.utils.capture import capture_output
 
-from clorch_repl.procs import free_port
+from clorch_repl.common.procs import free_port
 from rank_text import lines_of, outputs_shown
 
 pytestmark = pytest.mark.usefixtures("ranks")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from clorch_repl.launchers.base import Progress
-from clorch_repl.launchers.callback import CONNECT_ENV
+from clorch_repl.wire.connect import CONNECT_ENV
 from clorch_repl.launchers.remote import RemoteLauncher
 
 #: How long the nannies get to exit on their own once told to, before they are terminated.

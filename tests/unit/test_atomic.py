@@ -1,4 +1,4 @@
-"""Atomic file replacement (clorch_repl.atomic): a reader sees the old file or the new one, and a
+"""Atomic file replacement (clorch_repl.common.atomic): a reader sees the old file or the new one, and a
 failed write leaves nothing behind. The SIGKILL-mid-write case is in test_checkpoint.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clorch_repl.atomic import write_atomically, write_json_atomic
+from clorch_repl.common.atomic import write_atomically, write_json_atomic
 
 
 def test_json_is_private_and_whole(tmp_path: Path) -> None:

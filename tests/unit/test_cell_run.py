@@ -14,8 +14,7 @@ from clorch_repl.wire import limits as flood
 from clorch_repl.session.cell_run import (ABORT_GRACE_S, FAILURE_GRACE_S, GROUP_CHECK_S, INTERRUPT_GRACE_S,
                                           REPLY_DRAIN_MAX_S, REPLY_DRAIN_S, REPLY_QUIET_S, CellRun, FreeGroup,
                                           GiveUp, Interrupt)
-from clorch_repl.session.ledger import (ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, InputRequest, Ledger,
-                                        Show)
+from clorch_repl.session.ledger import ABANDONED_KEPT, CommMessage, DebugEvent, EndOfFile, InputRequest, Ledger, Show
 from clorch_repl.session.protocol import CellRequest, Status
 from clorch_repl.wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 

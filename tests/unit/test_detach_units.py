@@ -12,9 +12,9 @@ import stat
 import pytest
 
 from clorch_repl.errors import ConfigError
-from clorch_repl.launchers import hold
+from clorch_repl.host import hold
 from clorch_repl.session import registry
-from clorch_repl.topology import Topology
+from clorch_repl.common.topology import Topology
 
 HOLD = {"owner_pid": 1234, "owner_start": 5, "keep_for_s": 10.0, "session_file": ""}
 
@@ -213,6 +213,6 @@ def test_sessions_gpu_memory_is_measured_or_said_unknown_never_made_up() -> None
 
 
 def test_keep_for_is_said_in_the_unit_it_was_given() -> None:
-    from clorch_repl.human import span
+    from clorch_repl.common.human import span
 
     assert [span(3600.0), span(1800.0), span(90.0), span(2.5)] == ["1 h", "30 min", "90 s", "2.5 s"]

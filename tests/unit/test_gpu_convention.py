@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from clorch_repl import numa
+from clorch_repl.kernel import numa
 from clorch_repl.errors import ConfigError
 from clorch_repl.kernel.torchrun import GroupFacts, disagreement
 from clorch_repl.wire.rank_env import (GPU_INDEX_ENV, RankPlace, device_index, host_gpu_lists, rank_environment,
-                                  visible_devices)
-from clorch_repl.topology import Topology, resolve_topology
+                                       visible_devices)
+from clorch_repl.common.topology import Topology, resolve_topology
 
 
 def local_envs(topo: Topology) -> list[dict[str, str]]:

@@ -159,43 +159,39 @@ def test_the_guards_catch_what_they_guard() -> None:
 #: RANK_SIDE), and take out what is no longer imported (a stale entry fails too).
 ROOMS: dict[str, set[str]] = {
     "": {"magics"},  # %load_ext clorch_repl
-    # the rank's side: the rank's kernel process, and the contract both sides import
-    "kernel": {"wire", "diagnosis", "distributed", "errors", "numa", "procs", "rendezvous"},
-    "wire": {"atomic", "errors"},
+    # the rank's side: the rank's kernel process, what runs beside it on its host, the contract
+    "kernel": {"wire", "diagnosis", "distributed", "common", "errors"},
+    "host": {"kernel", "wire", "common", "cuda", "errors"},
+    "wire": {"common", "errors"},
+    "rank": {"host"},  # python -m clorch_repl.rank: the nanny's documented name
     # the notebook's side
-    "magics": {"session", "launchers", "distributed", "wire", "cuda", "errors", "human", "rank_sets",
-               "topology"},
-    "session": {"launchers", "diagnosis", "wire", "atomic", "cuda", "cuda_checkpoint", "errors", "human", "procs", "rank_sets",
-                "topology"},
-    "launchers": {"kernel", "wire", "atomic", "cell_boundary", "cuda", "errors", "procs", "rank_sets", "topology"},
-    "rank": {"launchers"},  # python -m clorch_repl.rank: the nanny's old name
+    "magics": {"session", "launchers", "jobs", "host", "wire", "common", "cuda", "errors"},
+    "session": {"launchers", "host", "diagnosis", "wire", "common", "cuda", "errors"},
+    "launchers": {"kernel", "host", "wire", "common", "cuda", "errors"},
     # the rank-side library, batch jobs, diagnosis (rank's answers, notebook's analysis), training
-    "distributed": {"kernel", "launchers", "diagnosis", "wire", "atomic", "cuda", "errors", "procs", "rank_sets",
-                    "rendezvous", "topology", "user_frames"},
-    "diagnosis": {"launchers", "wire", "cell_boundary", "errors", "rank_sets"},
-    "training": {"distributed", "atomic", "errors", "procs", "user_frames"},
+    "distributed": {"jobs", "wire", "common", "cuda", "errors"},  # jobs: launch and Job keep API.md's names
+    "jobs": {"distributed", "kernel", "host", "launchers", "diagnosis", "wire", "common", "errors"},
+    "diagnosis": {"host", "wire", "common", "errors"},
+    "training": {"distributed", "common", "errors"},
     "amp": {"training"}, "data": {"training"}, "parallel": {"training"},
     "examples": {"amp", "cuda", "data", "distributed", "errors", "parallel"},
-    # the commands (clorch-notebook, clorch-release-check), and the release check's old module name
-    "tools": {"session", "distributed", "amp", "data", "parallel", "cuda", "cuda_checkpoint", "errors", "procs",
-              "topology"},
+    # the commands (clorch-notebook, clorch-release-check), and the release check's documented module name
+    "tools": {"session", "host", "distributed", "amp", "data", "parallel", "common", "cuda", "errors"},
     "release_check": {"tools"},
     # leaves and near-leaves every side may use
-    "errors": {"human", "launchers", "rank_sets", "session"},  # see NOTEBOOK_ONLY_IMPORTS
-    "rendezvous": {"wire"}, "topology": {"cuda", "errors"}, "user_frames": {"errors"},
-    "atomic": set(), "cell_boundary": set(), "cuda": set(), "cuda_checkpoint": set(), "human": set(), "numa": set(),
-    "procs": set(), "rank_sets": set(),
+    "errors": {"common", "host", "session"},  # see NOTEBOOK_ONLY_IMPORTS
+    "common": {"cuda", "errors"},
+    "cuda": set(),
 }
-#: Rooms that run in a rank's process, and rooms that run only in the notebook's: no module of the
-#: first imports a module of the second, directly or through any other module.
-RANK_SIDE = {"kernel", "wire"}
+#: Rooms that run in a rank's process or beside it on its host, and rooms that run only in the
+#: notebook's: no module of the first imports a module of the second, directly or through any other.
+RANK_SIDE = {"kernel", "host", "wire"}
 NOTEBOOK_SIDE = {"session", "magics"}
 #: Imports of notebook-side modules made inside functions that only the notebook calls, which the
 #: rank's side may reach without ever running them: the rendering of a failed cell
 #: (errors.DistributedCellError). The list may only shrink.
 NOTEBOOK_ONLY_IMPORTS: dict[str, set[str]] = {
-    "clorch_repl.errors": {"clorch_repl.session", "clorch_repl.session.protocol", "clorch_repl.launchers",
-                           "clorch_repl.launchers.rankfiles"},
+    "clorch_repl.errors": {"clorch_repl.session", "clorch_repl.session.protocol"},
 }
 
 
@@ -274,3 +270,27 @@ def test_the_room_guards_catch_what_they_guard() -> None:
         "clorch_repl.session.c",
         "rank side imports notebook side: clorch_repl.wire.b -> clorch_repl.errors -> clorch_repl.session.c"]
     assert _side_problems({}, {"kernel": {"session"}}) == ["ROOMS lets rank-side 'kernel' import notebook-side 'session'"]
+
+
+# ------------------------------------------------------------------------------ the top level (issue 33)
+#: The most modules (``__init__.py`` included) the package's top level may hold: its public face, the
+#: names API.md and README.md give users (``from clorch_repl import cuda, distributed as dist,
+#: parallel as ddp, data, amp``, ``clorch_repl.errors``, ``python -m clorch_repl.rank`` and
+#: ``python -m clorch_repl.release_check``). Everything else lives in the package of the process
+#: that runs it.
+TOP_LEVEL_MODULES = 8
+
+
+def _top_level_problems(names: list[str], limit: int) -> list[str]:
+    if len(names) <= limit:
+        return []
+    return [f"clorch_repl/ holds {len(names)} modules ({', '.join(names)}), at most {limit}: put the new one "
+            "in the package of the process that runs it (see ROOMS)"]
+
+
+def test_the_top_level_holds_only_the_public_face() -> None:
+    names = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert _top_level_problems(names, TOP_LEVEL_MODULES) == []
+    assert _top_level_problems(["a.py", "b.py", "c.py"], 2) == [
+        "clorch_repl/ holds 3 modules (a.py, b.py, c.py), at most 2: put the new one in the package of the "
+        "process that runs it (see ROOMS)"]

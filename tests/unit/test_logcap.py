@@ -1,4 +1,4 @@
-"""A rank's log bounded on disk (launchers/logcap.py): the rotation, the reader across it, the note
+"""A rank's log bounded on disk (host/logcap.py): the rotation, the reader across it, the note
 on what was dropped and the cap's setting. Pure file work in a temporary directory: fast."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from clorch_repl.launchers import logcap
-from clorch_repl.launchers.rankfiles import RankFiles, log_tail
+from clorch_repl.host import logcap
+from clorch_repl.host.rankfiles import RankFiles, log_tail
 
 CAP = logcap.MIN_CAP  # 64 KiB: a rotation past 32 KiB
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from clorch_repl.launchers.logfiles import KEEP_ENV, keep_logs, remove_keeping_logs, without_ansi
+from clorch_repl.host.logfiles import KEEP_ENV, keep_logs, remove_keeping_logs, without_ansi
 
 
 def session(tmp_path: Any) -> str:

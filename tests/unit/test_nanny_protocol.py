@@ -12,7 +12,8 @@ import pytest
 import zmq
 
 from clorch_repl.errors import ClorchError
-from clorch_repl.launchers.callback import CallbackServer, ConnectInfo
+from clorch_repl.launchers.callback import CallbackServer
+from clorch_repl.wire.connect import ConnectInfo
 from clorch_repl.wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode, mismatch
 
 
@@ -52,3 +53,13 @@ def test_only_the_same_version_passes() -> None:
     assert mismatch(PROTOCOL, "x") is None
     assert mismatch(str(PROTOCOL), "x") is not None  # a string is not the version
     assert decode(b"not json") is None and decode(b"[1]") is None
+
+
+def test_clorch_rank_help_describes_the_orphan_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    """``clorch-rank --help`` printed a traceback (argparse read "%clorch" as a format)."""
+    from clorch_repl.host.nanny import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert "%clorch start --orphan-timeout" in " ".join(capsys.readouterr().out.split())

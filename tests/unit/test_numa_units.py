@@ -1,4 +1,4 @@
-"""clorch_repl.numa without processes: cpulists, PCI names, a GPU's NUMA cores, and the variables
+"""clorch_repl.kernel.numa without processes: cpulists, PCI names, a GPU's NUMA cores, and the variables
 a rank reads, all on this machine's own sysfs. Binding real processes: tests/integration/test_numa.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from clorch_repl import numa
+from clorch_repl.kernel import numa
 
 
 PCI = numa.PCI_DEVICES

@@ -1,4 +1,4 @@
-"""clorch_repl.procs.tail_bytes (what ``%clorch logs --tail`` and a dead rank's report show)
+"""clorch_repl.common.procs.tail_bytes (what ``%clorch logs --tail`` and a dead rank's report show)
 against a plain reference on random logs: lines, ``\\r`` progress rewrites, ``\\r\\n``, blocks
 smaller than a line, and a read limit smaller than the lines asked for."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from clorch_repl.procs import collapse_carriage_returns, tail_bytes
+from clorch_repl.common.procs import collapse_carriage_returns, tail_bytes
 
 
 def ref_collapse(data: bytes) -> bytes:

@@ -13,8 +13,8 @@ from typing import Any
 from clorch_repl import errors
 from clorch_repl.diagnosis import render
 from clorch_repl.diagnosis.analyse import RankEvidence, analyse
-from clorch_repl.launchers.rankfiles import report_stack
-from clorch_repl.rank_sets import merge_blocks, rank_words, ranks_are, ranks_text
+from clorch_repl.host.rankfiles import report_stack
+from clorch_repl.common.rank_sets import merge_blocks, rank_words, ranks_are, ranks_text
 from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, Status
 
 SITE = "/work/.venv/lib/python3.11/site-packages"

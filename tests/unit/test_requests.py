@@ -21,7 +21,7 @@ from clorch_repl.wire.requests import RANK_MODULE, request_code
 from clorch_repl.session import profile, recovery, script_run, transfer
 from clorch_repl.session.protocol import CellOutcome, CellRequest
 from clorch_repl.session.script_run import RunRequest
-from clorch_repl.topology import Topology
+from clorch_repl.common.topology import Topology
 
 INJECTION = "'); import os; ('"
 

@@ -21,7 +21,7 @@ from clorch_repl.session.panel_view import render
 from clorch_repl.session.protocol import RankState
 from clorch_repl.session.rank_report import rank_reports
 from clorch_repl.session.view import session_view
-from clorch_repl.topology import Topology
+from clorch_repl.common.topology import Topology
 
 
 @dataclass

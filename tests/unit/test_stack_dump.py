@@ -1,4 +1,4 @@
-"""A stuck rank's faulthandler stack, as the notebook reads it (clorch_repl.launchers.rankfiles):
+"""A stuck rank's faulthandler stack, as the notebook reads it (clorch_repl.host.rankfiles):
 the main thread only, cut where IPython called the cell, in both formats faulthandler writes.
 
 Ranks dump their main thread alone (``Stack (most recent call first):``): a dump of every thread
@@ -8,7 +8,7 @@ a gloo barrier in CI. Dumps of every thread are still read (a rank of an older c
 
 from __future__ import annotations
 
-from clorch_repl.launchers.rankfiles import main_thread_stack
+from clorch_repl.host.rankfiles import main_thread_stack
 from clorch_repl.session.cell_end import idle_in_event_loop
 
 SITE = "/v/lib/python3.11/site-packages"
@@ -66,7 +66,7 @@ def test_a_dump_of_another_thread_is_no_place_of_the_rank() -> None:
 def test_both_views_of_a_stack_cut_at_the_same_frame() -> None:
     # The report (faulthandler text) and the live probe (frame records) share the rule: a dump line
     # and a frame naming IPython's run_code are the cell's caller; a user's own run_code is not.
-    from clorch_repl.cell_boundary import calls_the_cell, dump_line_calls_the_cell
+    from clorch_repl.common.cell_boundary import calls_the_cell, dump_line_calls_the_cell
 
     assert dump_line_calls_the_cell(f'  File "{SITE}/IPython/core/interactiveshell.py", line 3701 in run_code')
     assert calls_the_cell(f"{SITE}/IPython/core/interactiveshell.py", "run_code")

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from clorch_repl import cuda_checkpoint
+from clorch_repl.host import cuda_checkpoint
 from clorch_repl.errors import ClorchError, ConfigError
 from clorch_repl.magics.suspend import IdleSuspend, parse_duration
 from clorch_repl.session import suspend as susp
 from clorch_repl.session.lifecycle import IllegalMove, Lifecycle, SessionState
 from clorch_repl.session.session import Session
-from clorch_repl.topology import Topology
+from clorch_repl.common.topology import Topology
 
 GPU = Topology(nproc=2, devices=(0, 1), backend="nccl", timeout_s=600)
 CPU = Topology(nproc=2, devices=(None, None), backend="gloo", timeout_s=600)

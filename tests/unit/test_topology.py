@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from clorch_repl.errors import ConfigError
-from clorch_repl.topology import resolve_topology
+from clorch_repl.common.topology import resolve_topology
 
 
 def test_gpu_defaults_and_placement() -> None:

@@ -28,7 +28,7 @@ import os
 from typing import Any
 
 from ...errors import CheckpointError, ConfigError
-from ...user_frames import public
+from ...common.user_frames import public
 from . import in_flight, single_file
 from . import sharded as sharded_format
 from .container import read_container

@@ -31,9 +31,9 @@ import shutil
 import socket
 import threading
 
-from ...atomic import fsync_dir, remove_quietly
+from ...common.atomic import fsync_dir, remove_quietly
 from ...errors import CheckpointError, ConfigError
-from ...procs import pid_running
+from ...common.procs import pid_running
 from .safe_dcp import METADATA_FILE
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ checkpoint's folder, the ``clorch.pt`` that holds what DCP's files do not: every
 sampler state, the scaler state and the JSON metadata (:mod:`.sharded`).
 
 Writing: ``.<name>.clorch-tmp.<pid>.<random>`` in the same folder, fsynced, ``os.replace``d over
-the target (atomic on POSIX) and the folder fsynced (:func:`clorch_repl.atomic.write_atomically`),
+the target (atomic on POSIX) and the folder fsynced (:func:`clorch_repl.common.atomic.write_atomically`),
 so after a crash the path holds either the previous file or the new one. Temporary files left by a
 killed writer are removed by the next save. The file gets the mode a plain ``open()`` would give it
 (0666 less the umask), like ``torch.save``.
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ...atomic import remove_quietly, write_atomically
-from ...procs import pid_running
+from ...common.atomic import remove_quietly, write_atomically
+from ...common.procs import pid_running
 from ...errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def _sync_while_writing(fd: int, done: threading.Event, errors: list[OSError]) -
 
 
 def write_container(path: str, payload: dict[str, Any]) -> None:
-    """``torch.save`` through :func:`~clorch_repl.atomic.write_atomically`.
+    """``torch.save`` through :func:`~clorch_repl.common.atomic.write_atomically`.
 
     The previous checkpoint's inode is kept alive by a hard link until the rename is done and then
     deleted in the background: freeing a large file's blocks takes as long as writing a good part

@@ -1,6 +1,6 @@
 """Where a batch job's ranks run: :class:`JobRanks`, one kind per launcher that can run jobs.
 
-:func:`clorch_repl.distributed.batch.launch` names a launcher (``launcher="local"``,
+:func:`clorch_repl.jobs.batch.launch` names a launcher (``launcher="local"``,
 ``"slurm"``); the launcher registry (:mod:`clorch_repl.launchers.registry`, the entry-point group
 that ``%clorch start --launcher`` reads too) gives its class, whose ``batch_ranks`` names the
 :class:`JobRanks` that runs a job's ranks there. A launcher without one (``attach``: its ranks
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import ClorchError, ConfigError
-from ..launchers.rank_process import RankProcess
-from ..procs import LOOPBACK, free_port, tail_bytes
+from ..host.rank_process import RankProcess
+from ..common.procs import LOOPBACK, free_port, tail_bytes
 from ..wire.rank_env import RankPlace, rank_environment, world_environment
-from ..topology import Topology, parse_number, resolve_topology
+from ..common.topology import Topology, parse_number, resolve_topology
 from ..wire.results import read_result
 
 logger = logging.getLogger(__name__)
@@ -75,11 +75,11 @@ class JobPlan:
     @property
     def store_file(self) -> str:
         """The rendezvous: a FileStore in the job's private directory, which only this user can
-        open (clorch_repl.rendezvous says what is and is not protected)."""
+        open (clorch_repl.distributed.rendezvous says what is and is not protected)."""
         return os.path.join(self.directory, "rendezvous.store")
 
     def rank_command(self) -> list[str]:
-        return [sys.executable, "-m", "clorch_repl.distributed._rank_entry", self.spec_path]
+        return [sys.executable, "-m", "clorch_repl.jobs._rank_entry", self.spec_path]
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self.directory, f"rank-{rank}.log")

@@ -24,14 +24,15 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..atomic import write_json_atomic
+from ..common import env_vars
+from ..common.atomic import write_json_atomic
 from ..errors import ConfigError, JobStopped, JobTimeout, RankFailure
-from ..launchers.rankfiles import log_tail
-from ..launchers.supervisor import STOP_GRACE_S
-from ..procs import describe_exit
-from ..rank_sets import rank_words
-from ..topology import parse_number
-from ..user_frames import public
+from ..host.rankfiles import log_tail
+from ..host.supervisor import STOP_GRACE_S
+from ..common.procs import describe_exit
+from ..common.rank_sets import rank_words
+from ..common.topology import parse_number
+from ..common.user_frames import public
 from .job_inputs import extra_env, job_directory, what_to_run
 from .job_ranks import JobPlan, JobRanks, for_launcher, rank_pythonpath
 from .job_status import JobStatus, RankStatus
@@ -126,7 +127,7 @@ class Job:
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ConfigError(f"tail must be a non-negative whole number of lines or None; got {tail!r}")
         try:
-            return log_tail(path, tail)  # across a rotation of the capped log (launchers/logcap.py)
+            return log_tail(path, tail)  # across a rotation of the capped log (host/logcap.py)
         except FileNotFoundError:
             return ""
 
@@ -406,9 +407,9 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     write_json_atomic(spec_path, {**runs, "dir": directory, "parent_pid": os.getpid(), "job_id": job_id,
                                   "owns_dir": owns})
     base = dict(os.environ)
-    base.update({"PYTHONPATH": rank_pythonpath(), "CLORCH_JOB_ID": job_id})
+    base.update({"PYTHONPATH": rank_pythonpath(), env_vars.JOB_ID.name: job_id})
     if check:
-        base["CLORCH_DIST_CHECK"] = "1"
+        base[env_vars.DIST_CHECK.name] = "1"
     plan = JobPlan(job_id=job_id, directory=directory, spec_path=spec_path, topology=topology, base_env=base,
                    extra_env=extra, timeout_s=timeout_s, grace_s=grace, owns_dir=owns,
                    pg_timeout_s=topology.timeout_s if timeout_s is None else min(topology.timeout_s, timeout_s),

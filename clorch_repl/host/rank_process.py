@@ -1,7 +1,7 @@
 """One rank's process below its supervisor: started, watched, interrupted and ended one way.
 
-A multi-host rank's nanny (:mod:`clorch_repl.launchers.nanny`, its kernel and warm spare) and a batch job
-(:mod:`clorch_repl.distributed.job_ranks`, one process per rank) both start a command below a
+A multi-host rank's nanny (:mod:`clorch_repl.host.nanny`, its kernel and warm spare) and a batch job
+(:mod:`clorch_repl.jobs.job_ranks`, one process per rank) both start a command below a
 :mod:`.supervisor` and later ask the same things of it; this is the one place that knows how, as
 torch elastic's ``PContext`` serves every kind of worker. (The ``local`` launcher's ranks are
 started by jupyter_client's ``KernelManager`` from a kernelspec whose command is the same
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Mapping
 
-from ..procs import describe_exit
+from ..common.procs import describe_exit
 from . import supervisor
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import warnings
 
 import torch.distributed as dist
 
-from .wire.rank_env import STORE_FILE_ENV
+from ..wire.rank_env import STORE_FILE_ENV
 
 
 def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,

@@ -11,7 +11,7 @@ variables). This process is the rank's **nanny**; it never runs user code itself
 3. reads the notebook's address, public key and token from ``CLORCH_CONNECT`` (srun hands it
    every task) or else the connect file named by ``CLORCH_CONNECT_FILE``, and calls back over CurveZMQ (:mod:`clorch_repl.launchers.callback`);
 4. on the notebook's word, starts the rank's kernel as its child (below a
-   :mod:`~clorch_repl.launchers.supervisor`, which ends everything the kernel starts), its
+   :mod:`~clorch_repl.host.supervisor`, which ends everything the kernel starts), its
    channels bound to this host's address that reaches the notebook and encrypted with Curve keys
    made here; reports the kernel's connection info;
 5. stays: reports the kernel's exit at once, delivers interrupts, stack dumps, log tails, a fresh
@@ -47,17 +47,16 @@ from typing import Any, Mapping
 import zmq
 
 from .. import cuda
-from ..atomic import remove_quietly
+from ..common.atomic import remove_quietly
 from ..errors import ClorchError
 from . import supervisor
 from .logfiles import remove_keeping_logs
-from .base import ORPHAN_TIMEOUT_S
-from .callback import HEARTBEAT_S, ConnectInfo, route_address
+from ..wire.connect import HEARTBEAT_S, ORPHAN_TIMEOUT_S, ConnectInfo, route_address
 from ..wire.nanny import PROTOCOL, FromNanny, ToNanny, decode, encode
 from .rank_process import RankProcess
 from .rankfiles import RankFiles
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
-from ..procs import free_port, tree_rss
+from ..common.procs import free_port, tree_rss
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, Identity, RankPlace, rank_environment, read_identity
 
 logger = logging.getLogger(__name__)
@@ -274,7 +273,7 @@ class Nanny:
 
     def checkpoint(self, rid: Any, action: str) -> None:
         """``%clorch suspend/resume`` of this rank: the driver's checkpoint of its kernel's process,
-        by the helper process (clorch_repl.cuda_checkpoint) on this host. Not waited for here: the
+        by the helper process (clorch_repl.host.cuda_checkpoint) on this host. Not waited for here: the
         loop goes on beating and answers when the helper ends (:meth:`_check_checkpoints`)."""
         kernel, where = self.kernel, f"rank {self.identity.rank} on {self.host}"
         if action not in ("suspend", "resume"):
@@ -285,7 +284,7 @@ class Nanny:
             return
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         self.checkpoints.append((rid, subprocess.Popen(
-            [sys.executable, "-m", "clorch_repl.cuda_checkpoint", action, f"{kernel.rank_pid}={where}"],
+            [sys.executable, "-m", "clorch_repl.host.cuda_checkpoint", action, f"{kernel.rank_pid}={where}"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)))
 
     def _check_checkpoints(self) -> None:
@@ -416,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="clorch-rank", description=__doc__.split("\n\n")[0])
     parser.add_argument("--orphan-timeout", type=float, default=None,
                         help="seconds without a word from the notebook before this rank ends itself "
-                             f"(default: the connect file's, which is %clorch start --orphan-timeout, "
+                             f"(default: the connect file's, which is %%clorch start --orphan-timeout, "
                              f"{ORPHAN_TIMEOUT_S:.0f} unless given)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="clorch-rank: %(message)s")

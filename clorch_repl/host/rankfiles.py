@@ -1,7 +1,7 @@
 """A rank's files on the host where its kernel runs: its log, its stack-dump file and its pid file.
 
 Both sides of the seam read them: the ``local`` launcher on the notebook's own host, and the nanny
-(:mod:`clorch_repl.launchers.nanny`) on a remote host, which sends what they say back as messages. One place
+(:mod:`clorch_repl.host.nanny`) on a remote host, which sends what they say back as messages. One place
 therefore knows how a log is tailed, where a kernel's part of it starts after a restart, how a
 crash report is cut out of it and how a stack dump is asked for and read.
 """
@@ -16,9 +16,9 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .. import procs
-from ..atomic import remove_quietly
-from ..cell_boundary import dump_line_calls_the_cell
+from ..common import procs
+from ..common.atomic import remove_quietly
+from ..common.cell_boundary import dump_line_calls_the_cell
 from ..kernel import KERNEL_MODULE
 from . import logcap
 

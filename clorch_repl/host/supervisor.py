@@ -64,8 +64,9 @@ import time
 
 try:
     from . import hold, logcap
-except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap and hold lie beside it
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+except ImportError:  # run as a script (python -I -S .../supervisor.py): logcap and hold lie beside it,
+    _here = os.path.dirname(os.path.abspath(__file__))  # and the variables' table (env_vars) in ../common
+    sys.path[:0] = [_here, os.path.join(os.path.dirname(_here), "common")]
     import hold  # type: ignore[no-redef]
     import logcap  # type: ignore[no-redef]
 

@@ -28,12 +28,12 @@ import shutil
 import subprocess
 import sys
 
+from ..common import env_vars
+
 logger = logging.getLogger(__name__)
 
-#: ``numa`` or ``none``: whether a rank binds itself to its GPU's NUMA node at start.
-CPU_BIND_ENV = "CLORCH_CPU_BIND"
-#: The rank's physical GPU index (nvidia-smi's numbering), for CPU_BIND_ENV=numa.
-GPU_INDEX_ENV = "CLORCH_GPU_INDEX"
+CPU_BIND_ENV = env_vars.CPU_BIND.name
+GPU_INDEX_ENV = env_vars.GPU_INDEX.name
 MODES = ("numa", "none")
 PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_SMI_TIMEOUT_S = 10.0

@@ -36,13 +36,18 @@ import re
 import stat
 from typing import Mapping
 
+try:
+    from ..common import env_vars
+except ImportError:  # imported by the supervisor run as a script (python -I -S), which puts common/ on sys.path
+    import env_vars  # type: ignore[no-redef]
+
 logger = logging.getLogger(__name__)
 
 #: The environment variable (of the notebook, or of the nanny's host) that sets a rank's log cap
 #: at ``%clorch start``: bytes, ``k``/``M``/``G`` suffixes, ``0`` for no cap.
-CAP_ENV = "CLORCH_LOG_CAP"
+CAP_ENV = env_vars.LOG_CAP.name
 #: The default cap of one rank's log on disk: 64 MiB (the newest 32 to 64 MiB are kept).
-DEFAULT_CAP = 64 * 1024 * 1024
+DEFAULT_CAP = int(env_vars.LOG_CAP.default or 0)
 #: The smallest cap accepted: below it a rotation would copy on nearly every look.
 MIN_CAP = 64 * 1024
 #: How often the supervisor looks at the log while it grows, and while it does not.

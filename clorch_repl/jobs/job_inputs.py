@@ -5,7 +5,7 @@ command-line ``args``), and the job's arguments, extra environment and private d
 A script job runs the script as torchrun's worker would (``python SCRIPT ARGS``), in a rank whose
 process group is already formed: the script's own ``init_process_group`` is accepted and its
 ``destroy_process_group`` keeps the group, as under ``%clorch run``
-(:mod:`clorch_repl.distributed._script_entry`).
+(:mod:`clorch_repl.jobs._script_entry`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A rank's main-thread stack, read from the outside in, is the kernel's own machinery (ipykernel's
 dispatch, IPython's ``run_cell``) and then the user's cell. Everything outside the cell is the same
 on every rank and in every dump, so the stuck-rank report (faulthandler's text dumps,
-:mod:`clorch_repl.launchers.rankfiles`) and the live probe (frame records,
+:mod:`clorch_repl.host.rankfiles`) and the live probe (frame records,
 :mod:`clorch_repl.diagnosis.probe`) both cut where IPython's ``run_code`` calls the cell's code.
 Both ask here, so that the two views of one rank never disagree on where its cell starts.
 

@@ -1,8 +1,8 @@
-"""Entry point of one launched rank: ``python -m clorch_repl.distributed._rank_entry JOB_SPEC``.
+"""Entry point of one launched rank: ``python -m clorch_repl.jobs._rank_entry JOB_SPEC``.
 
 Joins the process group, calls ``main`` with the rank's dict, and reports the outcome to the
-parent through a result file (:mod:`.results`). The rank's supervisor
-(:mod:`clorch_repl.launchers.supervisor`) ends it and everything it started as soon as the
+parent through a result file (:mod:`clorch_repl.wire.results`). The rank's supervisor
+(:mod:`clorch_repl.host.supervisor`) ends it and everything it started as soon as the
 launching process is gone, so a killed notebook never leaves ranks behind.
 """
 
@@ -45,8 +45,8 @@ def _user_traceback(exc: BaseException) -> str:
 
 
 def run(spec_path: str) -> int:
-    from ..procs import end_own_group, watch_parent
-    from .failures import looks_like_cascade
+    from ..common.procs import end_own_group, watch_parent
+    from ..distributed.failures import looks_like_cascade
     from ..wire.results import RankResult, encode_value, write_result
 
     with open(spec_path) as fh:
@@ -76,7 +76,7 @@ def run(spec_path: str) -> int:
     result_path = os.path.join(spec["dir"], f"rank-{rank}.result.json")
     try:
         from ._target import load_target
-        from .group import process_group
+        from ..distributed.group import process_group
 
         fn = load_target(spec["main"]) if "main" in spec else None
         with process_group() as pg:

@@ -28,10 +28,15 @@ import shutil
 import stat
 import tempfile
 
+try:
+    from ..common import env_vars
+except ImportError:  # imported by the supervisor run as a script (python -I -S), which puts common/ on sys.path
+    import env_vars  # type: ignore[no-redef]
+
 logger = logging.getLogger(__name__)
 
 #: "0" removes the rank logs with their session's files (the default, "1", keeps them)
-KEEP_ENV = "CLORCH_KEEP_LOGS"
+KEEP_ENV = env_vars.KEEP_LOGS.name
 _LOG_NAME = re.compile(r"rank\d+\.log(\.1)?")
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links), as terminals read them
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
@@ -41,7 +46,7 @@ def keep_logs(session_dir: str) -> str:
     """Move the rank logs of ``session_dir`` into ``<session_dir>-logs``; returns that folder, or
     "" when there was no log to keep (or :data:`KEEP_ENV` is "0"). Safe to call from several
     processes at once."""
-    if os.environ.get(KEEP_ENV, "1").strip() == "0":
+    if (env_vars.KEEP_LOGS.get() or "").strip() == "0":
         return ""
     try:
         names = sorted(n for n in os.listdir(session_dir) if _LOG_NAME.fullmatch(n))

@@ -7,7 +7,7 @@ manages, releases the GPU, and later maps everything back at the same addresses;
 notices (measured for issue 37: a torch process holding 20 GiB, out in 15.6 s, back in 5.1 s, its
 tensors exact). Nothing of the user's code has to know how to save or load its state.
 
-Why a helper process (``python -m clorch_repl.cuda_checkpoint``) rather than the notebook's own:
+Why a helper process (``python -m clorch_repl.host.cuda_checkpoint``) rather than the notebook's own:
 the calls need ``cuInit(0)`` in the calling process, and a process that has initialised the CUDA
 driver cannot hand CUDA to the children it forks (a notebook's multiprocessing or DataLoader
 workers); the notebook stays CUDA-free (:mod:`clorch_repl.cuda`). Only :func:`api_problem`, which
@@ -28,13 +28,14 @@ import ctypes
 import enum
 import json
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
+
+from ..common import env_vars
 
 logger = logging.getLogger(__name__)
 
@@ -221,9 +222,9 @@ def act(driver: Driver, action: str, targets: Sequence[tuple[int, str]]) -> list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m clorch_repl.cuda_checkpoint suspend|resume|state PID=WHERE ...``: one JSON line
+    """``python -m clorch_repl.host.cuda_checkpoint suspend|resume|state PID=WHERE ...``: one JSON line
     per process on stdout; exit status 0 when every one succeeded."""
-    parser = argparse.ArgumentParser(prog="python -m clorch_repl.cuda_checkpoint")
+    parser = argparse.ArgumentParser(prog="python -m clorch_repl.host.cuda_checkpoint")
     parser.add_argument("action", choices=("suspend", "resume", "state"))
     parser.add_argument("targets", nargs="+", metavar="PID=WHERE")
     args = parser.parse_args(argv)
@@ -246,5 +247,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("CLORCH_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=env_vars.LOG_LEVEL.get())
     sys.exit(main())

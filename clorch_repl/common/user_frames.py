@@ -25,12 +25,13 @@ import sys
 import types
 from typing import Any, Callable, TypeVar
 
-from .errors import ClorchError
+from ..errors import ClorchError
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: clorch_repl's own folder (this module lies in clorch_repl/common/): every frame under it is the package's
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def users_frames(tb: types.TracebackType | None) -> types.TracebackType | None:

@@ -12,17 +12,18 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from . import cuda
-from .errors import ConfigError
+from .. import cuda
+from . import env_vars
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .launchers.base import LaunchOptions
+    from ..launchers.base import LaunchOptions
 
 BACKENDS = ("nccl", "gloo")
 CPU_DEFAULT_NPROC = 2
 #: The environment variable that gives ``%clorch start`` its default ``--nproc`` (clorch-notebook
 #: sets it for a whole run: ``--nproc``); read by clorch_repl.magics.core.
-NPROC_ENV = "CLORCH_NPROC"
+NPROC_ENV = env_vars.NPROC.name
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Topology:
     devices: tuple[int | None, ...]
     backend: str
     timeout_s: float
-    #: ``numa``: each GPU rank binds itself to its GPU's NUMA node (clorch_repl.numa); ``none``
+    #: ``numa``: each GPU rank binds itself to its GPU's NUMA node (clorch_repl.kernel.numa); ``none``
     cpu_bind: str = "none"
     #: rank ``r``'s GPU as its own process names it (``cuda:N``: N is its position in its
     #: CUDA_VISIBLE_DEVICES, LOCAL_RANK under torchrun's convention); empty: ranks of one host,
