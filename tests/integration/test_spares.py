@@ -238,19 +238,24 @@ def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None
 
 
 def test_a_healthy_restart_lets_the_ranks_exit_cleanly(tmp_path) -> None:
-    """A restart of an idle, healthy group stops it politely (its atexit handlers and buffered
-    files are not lost); only a dead, hung or busy group is ended at once."""
+    """A restart of an idle, healthy group stops it politely (its atexit handlers, buffered files
+    and unfinished threads are not lost, though the rank skips the interpreter's teardown:
+    clorch_repl.kernel.quick_exit); only a dead, hung or busy group is ended at once."""
     with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
         spare_pids(nb)
         marks = [tmp_path / f"exit-{r}" for r in (0, 1)]
         code = (f"%%distributed\nimport atexit, pathlib\nf = open(r'{tmp_path}/buffered-' + str(rank), 'w')\n"
                 "f.write('kept')  # buffered: only a clean exit flushes it\n"
-                f"atexit.register(lambda: pathlib.Path(r'{tmp_path}/exit-' + str(rank)).write_text('ran'))")
+                f"atexit.register(lambda: pathlib.Path(r'{tmp_path}/exit-' + str(rank)).write_text('ran'))\n"
+                "import threading, time\n"  # a thread still writing when the stop comes: an exit waits for it
+                f"threading.Thread(target=lambda r=rank: (time.sleep(0.5), pathlib.Path(r'{tmp_path}/thread-' + "
+                "str(r)).write_text('done'))).start()")
         assert nb.run(code).status == "ok"
         restarted = nb.run("%clorch restart", timeout=120)
         assert restarted.status == "ok" and "warm spare rank(s) taken" in restarted.text, restarted.text
         assert all(m.exists() for m in marks), "a healthy restart skipped the ranks' atexit handlers"
         assert [(tmp_path / f"buffered-{r}").read_text() for r in (0, 1)] == ["kept", "kept"]
+        assert [(tmp_path / f"thread-{r}").read_text() for r in (0, 1)] == ["done", "done"]
 
 
 def test_a_failed_restart_after_a_warm_start_does_not_break_the_next_one() -> None:
