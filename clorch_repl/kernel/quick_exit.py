@@ -10,10 +10,11 @@ for on purpose, and on GPUs it is where a healthy restart lost most of a second 
 after a death. The process's memory, GPU memory included (the driver frees a CUDA context when
 its process exits), and its descriptors go back to the system at exit either way.
 
-So once the kernel's loop has ended, :func:`exit_now` does what :c:func:`Py_FinalizeEx` does first,
-in its order (wait for the non-daemon threads, run the atexit handlers, flush the standard
-streams the rank's log is written through) and then ends the process with ``os._exit``. What is skipped is what CPython does not
-promise to run at exit anyway: ``__del__`` of objects still reachable from modules.
+So once the kernel's loop has ended, :func:`exit_now` does what ``Py_FinalizeEx`` does first, in
+its order (wait for the non-daemon threads, run the atexit handlers, flush the standard streams
+the rank's log is written through) and then ends the process with ``os._exit``. What is skipped
+is what CPython does not promise to run at exit anyway: ``__del__`` of objects still reachable
+from modules.
 """
 
 from __future__ import annotations
