@@ -14,9 +14,10 @@ ready (cold: the session here runs with ``CLORCH_SPARES=0``), beside ``torchrun`
 same group (``--starts`` times), and the start in a fresh notebook kernel whose ``%load_ext``
 warmed spares (``CLORCH_SPARES=1``, once they are ready), and ``%clorch restart`` until the group
 is usable again (the restart and the first cell after it, a barrier whose output shows that every
-rank is a new process with an empty namespace) in three situations, ``--restarts`` times each: a
-healthy group, after a rank's death (``os._exit(3)`` on the last rank) and after a hang (rank 0
-alone in a barrier, the cell ended by its ``--timeout``). Restarts are timed in two sessions of
+rank is a new process with an empty namespace), and the part of it that ended the old ranks,
+in three situations, ``--restarts`` times each: a healthy group, after a rank's death
+(``os._exit(3)`` on the last rank) and after a hang (rank 0 alone in a barrier, the cell ended
+by its ``--timeout``). Restarts are timed in two sessions of
 the same run, with warm spares (``--spares 1``, waiting before each restart until the spares are
 ready, as they are when a user restarts seconds after the last one) and without (``--spares 0``,
 the baseline), and the ratio of their medians is printed. Targets: p50 within 1.25x the floor at 2
@@ -117,11 +118,39 @@ def printed_pids(text: str, nproc: int) -> set[str]:
     return {line for r in range(nproc) for line in lines_of(text, r)}
 
 
+#: In the notebook kernel: the seconds each Session.stop took (a restart's first part: ending the
+#: old ranks), so that a restart's time splits into that and the rest (the group's forming, the
+#: first cell). A wrapper of the real method; what it measures is unchanged.
+TIME_STOPS = """
+import time as _time
+from clorch_repl.session.session import Session as _Session
+_clorch_bench_stops = []
+if not hasattr(_Session, '_clorch_bench_stop'):
+    _Session._clorch_bench_stop = _Session.stop
+    def _timed_stop(self, *args, **kwargs):
+        t0 = _time.monotonic()
+        try:
+            return _Session._clorch_bench_stop(self, *args, **kwargs)
+        finally:
+            _clorch_bench_stops.append(_time.monotonic() - t0)
+    _Session.stop = _timed_stop
+"""
+
+
+def stop_seconds(nb: NotebookKernel) -> float:
+    """What :data:`TIME_STOPS` recorded since the last call (the restart's stop), and resets it."""
+    text = nb.run("print(sum(_clorch_bench_stops)); _clorch_bench_stops.clear()").text
+    return float(text.strip().splitlines()[-1])
+
+
 def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) -> dict[str, list[float]]:
     """Seconds from ``%clorch restart`` until a cell has run a barrier on every fresh rank, per
-    situation in :data:`BEFORE_RESTART`. Checks that the ranks are new processes with empty
-    namespaces (the marker of the previous group is gone)."""
+    situation in :data:`BEFORE_RESTART`, and (under ``NAME stop``) the part of each that ended the
+    old ranks. Checks that the ranks are new processes with empty namespaces (the marker of the
+    previous group is gone)."""
     times: dict[str, list[float]] = {name: [] for name in BEFORE_RESTART}
+    times.update({f"{name} stop": [] for name in BEFORE_RESTART})
+    assert nb.run(TIME_STOPS).status == "ok"
     assert nb.run(FRESH).status == "ok"
     for _ in range(repeats):
         for name, before in BEFORE_RESTART.items():
@@ -129,6 +158,7 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) ->
             old = nb.run(FRESH.replace("assert 'clorch_marker' not in globals()\n", "")).text
             if before is not None:
                 nb.run(before.format(last=nproc - 1), timeout=120)  # fails, as it should
+            stop_seconds(nb)  # what the cells before stopped: nothing, normally
             t0 = time.perf_counter()
             _, status = round_trip(nb, "%clorch restart")
             assert status == "ok", f"%clorch restart {name} failed"
@@ -138,6 +168,7 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) ->
             now = printed_pids(fresh.text, nproc)
             assert len(now) == nproc and not now & printed_pids(old, nproc), (old, fresh.text)
             times[name].append(elapsed)
+            times[f"{name} stop"].append(stop_seconds(nb))
     return times
 
 
@@ -241,8 +272,12 @@ def main() -> None:
                   f"[{min(warm):.2f}-{max(warm):.2f}] over {len(warm)}, ratio to torchrun {statistics.median(warm) / ref:.2f}")
     for (n, spares), cases in restarts.items():
         for name, samples in cases.items():
+            if name.endswith(" stop"):
+                continue
+            stops = cases[f"{name} stop"]
             line = (f"restart {n} ranks {name}, --spares {spares}: median {statistics.median(samples):.2f} s "
-                    f"[{min(samples):.2f}-{max(samples):.2f}] over {len(samples)}")
+                    f"[{min(samples):.2f}-{max(samples):.2f}] over {len(samples)}, of which ending the old ranks "
+                    f"{statistics.median(stops):.2f} s [{min(stops):.2f}-{max(stops):.2f}]")
             cold = restarts.get((n, "0"), {}).get(name)
             if spares == "1" and cold:
                 line += f"; ratio to --spares 0: {statistics.median(samples) / statistics.median(cold):.2f}"

@@ -259,7 +259,11 @@ class Supervisor:
         process may fork while it is being ended."""
         me = os.getpid()
         first = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
-        _signal_all(descendants(me), first)
+        left = descendants(me)
+        if not left:  # the usual end of a stop or restart: one look at /proc, not three
+            self._reap()
+            return
+        _signal_all(left, first)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             self._reap()

@@ -26,6 +26,9 @@ with these additions:
   (:mod:`clorch_repl.kernel.numa`) before any thread starts, so every thread the kernel runs inherits
   it; what it did or why it could not is written to the rank's log, and nothing there stops it.
 
+After a shutdown request the rank exits through :func:`.quick_exit.exit_now`: threads, atexit
+handlers and flushed streams as at any clean exit, without the interpreter's teardown.
+
 The process group itself is joined later, through the kernel (a request, :mod:`.group`), so
 that its failures arrive as ordinary tracebacks.
 
@@ -137,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     _app_class().launch_instance(argv=[*args, *KERNEL_OPTIONS])
+    # The loop ended on a shutdown request (%clorch stop, a healthy group's restart): exit as cleanly
+    # as ever, without the interpreter's teardown that nobody waits for on purpose (.quick_exit).
+    from .quick_exit import exit_now
+
+    exit_now()
 
 
 if __name__ == "__main__":

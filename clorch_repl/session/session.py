@@ -182,13 +182,13 @@ class Session(Suspending):
                 sink: OutputSink | None = None) -> float:
         """Fresh ranks and a fresh process group with the same settings; logs are kept (appended).
 
-        A healthy group (every rank alive and idle) is stopped politely, as ``%clorch stop`` does:
-        its ranks leave the group and shut down, so their atexit handlers and file buffers run.
-        A group with a dead, hung or busy rank is ended at once, every rank of it, as torchrun's
-        agent ends its workers when one fails: SIGTERM, which a rank that must flush something on
-        the way out can handle (the supervisor's grace, 5 s, applies), then SIGKILL. Asking a
-        broken group to shut down would only wait, and ranks idle beside a dead NCCL peer can
-        block in their communicators' teardown.
+        A healthy group (every rank alive and idle) is stopped politely, as ``%clorch stop`` does: its ranks
+        leave the group and shut down, so their threads, atexit handlers and file buffers run (not the
+        interpreter's teardown: kernel.quick_exit). A group with a dead, hung or busy rank is ended at once, as
+        torchrun's agent ends its workers when one fails: SIGTERM, which a rank that must flush something can
+        handle (the supervisor's grace, 5 s), then SIGKILL; a broken group asked to shut down would only wait.
+        The new ranks start once every process of the old ones has exited (issue 39: on GPUs the driver frees
+        a process's memory at its exit; the old kernel's last words come before the new one's log banner).
         An interrupt (Ctrl-C) during the restart stops everything, warm spares included.
 
         ``ranks``: only those ranks start afresh (dead, stuck or not); the others keep their

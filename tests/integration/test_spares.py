@@ -238,19 +238,24 @@ def test_warm_spares_of_another_topology_unload_or_death_leave_nothing() -> None
 
 
 def test_a_healthy_restart_lets_the_ranks_exit_cleanly(tmp_path) -> None:
-    """A restart of an idle, healthy group stops it politely (its atexit handlers and buffered
-    files are not lost); only a dead, hung or busy group is ended at once."""
+    """A restart of an idle, healthy group stops it politely (its atexit handlers, buffered files
+    and unfinished threads are not lost, though the rank skips the interpreter's teardown:
+    clorch_repl.kernel.quick_exit); only a dead, hung or busy group is ended at once."""
     with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
         spare_pids(nb)
         marks = [tmp_path / f"exit-{r}" for r in (0, 1)]
         code = (f"%%distributed\nimport atexit, pathlib\nf = open(r'{tmp_path}/buffered-' + str(rank), 'w')\n"
                 "f.write('kept')  # buffered: only a clean exit flushes it\n"
-                f"atexit.register(lambda: pathlib.Path(r'{tmp_path}/exit-' + str(rank)).write_text('ran'))")
+                f"atexit.register(lambda: pathlib.Path(r'{tmp_path}/exit-' + str(rank)).write_text('ran'))\n"
+                "import threading, time\n"  # a thread still writing when the stop comes: an exit waits for it
+                f"threading.Thread(target=lambda r=rank: (time.sleep(0.5), pathlib.Path(r'{tmp_path}/thread-' + "
+                "str(r)).write_text('done'))).start()")
         assert nb.run(code).status == "ok"
         restarted = nb.run("%clorch restart", timeout=120)
         assert restarted.status == "ok" and "warm spare rank(s) taken" in restarted.text, restarted.text
         assert all(m.exists() for m in marks), "a healthy restart skipped the ranks' atexit handlers"
         assert [(tmp_path / f"buffered-{r}").read_text() for r in (0, 1)] == ["kept", "kept"]
+        assert [(tmp_path / f"thread-{r}").read_text() for r in (0, 1)] == ["done", "done"]
 
 
 def test_a_failed_restart_after_a_warm_start_does_not_break_the_next_one() -> None:
@@ -318,3 +323,42 @@ def test_a_bad_clorch_spares_is_refused_and_leaves_no_file(tmp_path) -> None:
         assert below(nb.pid) == []
     finally:
         nb.shutdown()
+
+
+#: In the notebook kernel: at each promotion of a spare, which processes of the old ranks (their
+#: kernels and supervisors, the whole trees' roots) still run. A wrapper of the launcher's own
+#: step, which it then takes; nothing is simulated.
+RECORD_PROMOTIONS = """
+from clorch_repl.launchers.local import LocalLauncher
+from clorch_repl.magics import magics_for
+from clorch_repl.procs import pid_running
+_old = [pid for p in magics_for(get_ipython()).session.group.ranks for pid in (p.pid, p.supervisor_pid)]
+_alive_at_promotion = []
+_promote = getattr(LocalLauncher, '_unrecorded_promote', LocalLauncher._promote)
+LocalLauncher._unrecorded_promote = _promote
+def _recording_promote(self, spare):
+    _alive_at_promotion.append([pid for pid in _old if pid_running(pid)])
+    _promote(self, spare)
+LocalLauncher._promote = _recording_promote
+"""
+
+
+def test_a_restart_makes_spares_ranks_only_once_the_old_ranks_are_gone() -> None:
+    """The point a restart waits for (issue 39): every process of the old ranks has exited
+    before a spare is made a rank. On GPUs the driver frees a rank's memory when its process
+    exits, and a spare made a rank creates its CUDA context as it joins: a new rank must not
+    meet the old one's memory on its GPU. And the old kernel's last words (its atexit output)
+    belong before the new kernel's banner in the rank's log. Both after a polite stop (a healthy
+    group) and after one at once (a dead rank)."""
+    with clorch_session("--nproc 2 --spares 1", stop=False) as nb:
+        for before in (None, "%%distributed --ranks 1\nimport os; os._exit(3)"):
+            spare_pids(nb)
+            rank_pids(nb)
+            assert nb.run(RECORD_PROMOTIONS).status == "ok"
+            if before:
+                assert nb.run(before, timeout=60).status == "error"
+            restarted = nb.run("%clorch restart", timeout=120)
+            assert restarted.status == "ok" and "2 warm spare rank(s) taken" in restarted.text, restarted.text
+            seen = nb.run("print(_alive_at_promotion)").text.strip()
+            assert seen == "[[], []]", f"old ranks' processes still running as spares were made ranks: {seen}"
+            assert nb.run(GROUP).status == "ok"
