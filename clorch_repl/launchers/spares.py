@@ -9,6 +9,7 @@ import logging
 import os
 from typing import Any
 
+from ..common import env_vars
 from ..errors import ConfigError
 from ..common.topology import Topology
 
@@ -16,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 #: ``0`` or ``1``: the default of ``%clorch start --spares`` (and whether loading the extension
 #: warms spares for the first start), for every topology; unset: one set for GPU ranks only
-SPARES_ENV = "CLORCH_SPARES"
+SPARES_ENV = env_vars.SPARES.name
 
 
 def wanted_spares(topology: Topology, given: int | None = None) -> int:

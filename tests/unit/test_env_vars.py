@@ -14,7 +14,7 @@ TABLE = "common/env_vars.py"
 NAME = re.compile(r"\bCLORCH_[A-Z0-9_]*[A-Z0-9]\b")
 #: modules that still spell a name themselves -> why; the list may only shrink. launchers/spares.py
 #: is being changed on another branch (the restart path): take it from env_vars.SPARES at the merge.
-STILL_SPELLED: dict[str, str] = {"launchers/spares.py": "CLORCH_SPARES, another branch's file"}
+STILL_SPELLED: dict[str, str] = {}
 
 
 def _modules() -> dict[str, pathlib.Path]:
