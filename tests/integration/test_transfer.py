@@ -27,9 +27,10 @@ def ok(nb: NotebookKernel, code: str) -> str:
 
 
 def failed(nb: NotebookKernel, code: str) -> str:
+    """The refusal's words on one line: clorch wraps its messages to the cell's width (issue 38)."""
     reply = nb.run(code)
     assert reply.status == "error", reply.text
-    return reply.text
+    return " ".join(reply.text.split())
 
 
 def no_value_files_left(nb: NotebookKernel) -> None:
