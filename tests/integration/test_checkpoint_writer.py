@@ -72,3 +72,20 @@ def test_a_failed_write_says_why_and_closing_leaves_no_process(tmp_path) -> None
     process.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_model_cast_to_another_dtype_is_saved_with_its_new_dtype(tmp_path) -> None:
+    """DCP's cached plans compare names and shapes only: the cache key holds the dtypes too."""
+    from clorch_repl.training.checkpoint.safe_dcp import read_metadata
+
+    model, _opt = _model()
+    path = str(tmp_path / "cast")
+    for _ in range(2):  # the second save reuses the first one's plan
+        save_checkpoint(path, model=model, sharded=True)
+    model.to(torch.bfloat16)  # the same names and shapes
+    save_checkpoint(path, model=model, sharded=True)
+    saved = read_metadata(path).state_dict_metadata["model.0.weight"]
+    assert saved.properties.dtype == torch.bfloat16
+    fresh = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    dcp.load(fresh, checkpoint_id=path)
+    assert all(torch.equal(fresh["model"][k], v) for k, v in model.state_dict().items())

@@ -154,6 +154,18 @@ def test_a_dead_rank_is_replaced_while_the_others_keep_theirs(tmp_path) -> None:
                         "print('saved', shard())\n")
         assert loaded.status == "ok", loaded.text
         assert {r: lines_of(loaded.text, r) for r in range(3)} == saved, (loaded.text, saved)
+        # and the saves after it work, blocking and asynchronous, the later ones from cached plans:
+        # the survivors' plan caches must not outlive the group the fresh rank was not in (issue 39)
+        after = str(tmp_path / "after")
+        for how in ("", ", async_save=True", ", async_save=True"):
+            resaved = nb.run("%%distributed\n"
+                             f"h = cdist.save_checkpoint({after!r}, model=net, optimizer=opt{how})\n"
+                             "print('saved', h if isinstance(h, str) else h.wait(60))\n", timeout=120)
+            assert resaved.status == "ok", resaved.text
+            assert [lines_of(resaved.text, r) for r in range(3)] == [[f"saved {after}"]] * 3, resaved.text
+        reloaded = nb.run(SHARDED + f"cdist.load_checkpoint({after!r}, model=net, optimizer=opt)\n"
+                          "print('saved', shard())\n")
+        assert {r: lines_of(reloaded.text, r) for r in range(3)} == saved, (reloaded.text, saved)
 
         # SIGKILL during a collective, then the same again: each replacement forms a new group
         killed = nb.run("%%distributed\nimport os, signal, torch, torch.distributed as dist\n"

@@ -43,14 +43,13 @@ from typing import Any, Iterator
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 from torch.distributed.tensor import DTensor
 
 from ...distributed import _c10d
 from ...errors import CheckpointError, ClorchError, ConfigError
-from . import in_flight
+from . import in_flight, save_plans
 from .commit import check_replaceable, commit, leftover_of, missing_files, remove_leftovers, temp_folder
 from .container import FORMAT, FORMAT_VERSION, is_torch_file, read_container, write_container
 from .extras import apply_extras, check_extras, checkpoint_metadata, local_extras, payload_extras, saved_state
@@ -93,17 +92,6 @@ def holds_dtensors(model: Any, optimizer: Any) -> bool:
     if optimizer is not None:
         return any(isinstance(v, DTensor) for entry in optimizer.state.values() for v in entry.values())
     return False
-
-
-class _ReusedPlanSavePlanner(DefaultSavePlanner):
-    """DCP's save planner with its plan cache on, under a name of its own (torch keys the cache by
-    the planner's class, so a user's own cached planner never shares it).
-
-    Planning is a pickled gather and scatter of every rank's write items: Python that, in an
-    asynchronous save, runs on the writing thread and takes the GIL from the training steps.
-    When a save's plan equals the previous one (the same model and optimizer saved again, the
-    usual case in a training loop), torch sends empty plans and reuses the global plan and its
-    metadata; a changed plan is planned in full and cached anew."""
 
 
 def _require_model(model: Any, optimizer: Any) -> None:
@@ -157,12 +145,14 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     rng = sampler_state = None
     metadata_json = "{}"
     dcp_state: dict[str, Any] = {}
+    shapes = ""
     try:
         metadata_json, rng, sampler_state = local_extras(sampler, state)
         _require_model(model, optimizer)
         if rank == 0:
             check_replaceable(target, is_torch_file(target))
         dcp_state = _dcp_state(model, optimizer)
+        shapes = save_plans.fingerprint(dcp_state)
         if async_save:
             dcp_state = _STAGER.stage(dcp_state)
     except ClorchError as exc:
@@ -170,8 +160,9 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
         logger.debug("preparing the checkpoint %s failed", target, exc_info=True)
         local_error = f"preparing the state failed: {type(exc).__name__}: {exc}"
-    gathered = gather((local_error, rng, sampler_state), group)
+    gathered = gather((local_error, rng, sampler_state, shapes), group)
     raise_if_any([g[0] for g in gathered], "saving the checkpoint")
+    plan_key = save_plans.plan_key(group, [g[3] for g in gathered])
 
     temp: str | None = None
     error: str | None = None
@@ -197,7 +188,7 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     def write() -> str:
         # An asynchronous save writes its shards in the writer process, out of the steps' GIL.
         writer = ProcessWriter(temp, _WRITER, arena) if async_save else RecordingWriter(temp)
-        _write_and_commit(dcp_state, writer, temp, target, group)
+        _write_and_commit(dcp_state, writer, plan_key, temp, target, group)
         return target
 
     if not async_save:
@@ -205,12 +196,12 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     return in_flight.start(target, time.perf_counter() - called_at, write)
 
 
-def _write_and_commit(dcp_state: dict[str, Any], writer: RecordingWriter, temp: str, target: str, group: Any) -> None:
+def _write_and_commit(dcp_state: dict[str, Any], writer: RecordingWriter, plan_key: str, temp: str, target: str,
+                      group: Any) -> None:
     error: str | None = None
     try:
         with _single_process_quiet():
-            dcp.save(dcp_state, storage_writer=writer, planner=_ReusedPlanSavePlanner(enable_plan_caching=True),
-                     process_group=group)
+            dcp.save(dcp_state, storage_writer=writer, planner=save_plans.planner(plan_key), process_group=group)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises on every rank; agreed below
         logger.debug("dcp.save into %s failed", temp, exc_info=True)
         error = f"writing the shards failed ({_dcp_error_text(exc)})"
@@ -226,6 +217,8 @@ def _write_and_commit(dcp_state: dict[str, Any], writer: RecordingWriter, temp: 
             logger.debug("committing %s failed", target, exc_info=True)
             error = str(exc) if isinstance(exc, CheckpointError) else f"committing {target} failed: {exc}"
     errors = gather(error, group)
+    if any(errors):
+        save_plans.forget()  # every rank sees the failure: no rank keeps a plan the others dropped
     if any(errors) and _c10d.rank() == 0 and os.path.isdir(temp):
         shutil.rmtree(temp, ignore_errors=True)
     raise_if_any(errors, "saving the checkpoint")
