@@ -89,3 +89,28 @@ def test_a_model_cast_to_another_dtype_is_saved_with_its_new_dtype(tmp_path) -> 
     fresh = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
     dcp.load(fresh, checkpoint_id=path)
     assert all(torch.equal(fresh["model"][k], v) for k, v in model.state_dict().items())
+
+
+def _staging_maps(pid: int) -> int:
+    with open(f"/proc/{pid}/maps") as maps:
+        return sum("clorch-checkpoint-staging" in line for line in maps)
+
+
+def test_an_interrupt_does_not_end_the_writer_and_a_new_layout_frees_the_old_block(tmp_path) -> None:
+    import signal
+    import time
+
+    model, opt = _model()
+    save_checkpoint(str(tmp_path / "a"), model=model, optimizer=opt, sharded=True, async_save=True).wait(120)
+    writer = sharded._WRITER._proc
+    assert _staging_maps(writer.pid) >= 1  # it maps the block the state was staged into
+    os.kill(writer.pid, signal.SIGINT)  # what an interrupt of the rank's cell sends its process group
+    handle = save_checkpoint(str(tmp_path / "b"), model=model, optimizer=opt, sharded=True, async_save=True)
+    assert handle.wait(120) == str(tmp_path / "b")
+    assert sharded._WRITER._proc is writer and writer.poll() is None  # the same writer, not a restarted one
+    # another layout: the writer lets the old block go before the rank makes the new one
+    sharded._STAGER.stage({"model": {"w": torch.ones(1000)}})
+    deadline = time.monotonic() + 10
+    while _staging_maps(writer.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _staging_maps(writer.pid) == 0

@@ -65,9 +65,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["EXTRAS_FILE", "holds_dtensors", "save", "load", "leftover_of", "missing_target_message"]
 
 EXTRAS_FILE = "clorch.pt"
-_STAGER = Stager()
 _WRITER = WriterProcess()
 atexit.register(_WRITER.close)
+_STAGER = Stager(before_new_block=_WRITER.forget_block)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -64,10 +64,13 @@ class Stager:
     when any tensor is on a GPU); :attr:`arena` is the current one, None before the first staging.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, before_new_block: Callable[[], None] | None = None) -> None:
         self._layout: Any = None
         self._buffers: Any = None
         self.arena: HostArena | None = None
+        #: called before a new block is made, so that whoever else maps the old one lets it go
+        #: (the writer process): two blocks of a large state at once could exhaust host memory
+        self._before_new_block = before_new_block
 
     @torch.no_grad()
     def stage(self, state: Any) -> Any:
@@ -75,6 +78,8 @@ class Stager:
         layout = _layout(state)
         if layout != self._layout:
             self._buffers = self._layout = self.arena = None  # the old block goes before the new one is made
+            if self._before_new_block is not None:
+                self._before_new_block()
             tensors = _local_tensors(state)
             self.arena = HostArena(HostArena.size_of(tensors), pin=any(t.device.type == "cuda" for t in tensors))
             self._buffers = self._allocate(state)

@@ -39,8 +39,14 @@ _HEADER = struct.Struct("!Q")
 #: file descriptors one message may carry (the staging block's)
 _MAX_FDS = 4
 
-#: what the writer process runs
-_CHILD = f"import sys; from {__name__} import main; sys.exit(main())"
+#: what the writer process runs. SIGINT ignored first: an interrupt of the rank's cell goes to its
+#: whole process group, and must not cut a save in flight (the rank's own stop ends the writer by
+#: its socket, or SIGTERM/SIGKILL to the group). The working directory is taken off the path (a
+#: ``clorch_repl`` folder there must not shadow the install); the package's own root goes last,
+#: for a rank that imports it from a path rather than an install.
+_CHILD = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+          "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; sys.path.append(sys.argv.pop(1))\n"
+          f"from {__name__} import main; sys.exit(main())")
 
 #: one item of a shard file: ("t", offset in the block, dtype name, shape) for a staged tensor,
 #: ("b", bytes) for bytes written as they are (DCP's BYTE_IO items, or a tensor saved in the rank)
@@ -101,11 +107,14 @@ class WriterProcess:
 
         with self._lock:
             sock = self._started()
-            if self._arena_sent is None or self._arena_sent() is not arena:
-                _send(sock, ("arena", id(arena), arena.nbytes), [arena.fd])
-                self._arena_sent = weakref.ref(arena)
-            _send(sock, ("write", path, items, fsync, id(arena)))
-            reply = _receive(sock)
+            try:
+                if self._arena_sent is None or self._arena_sent() is not arena:
+                    _send(sock, ("arena", id(arena), arena.nbytes), [arena.fd])
+                    self._arena_sent = weakref.ref(arena)
+                _send(sock, ("write", path, items, fsync, id(arena)))
+                reply = _receive(sock)
+            except OSError:  # the writer ended between the check and the send (a broken pipe)
+                reply = None
             if reply is None:
                 code = self._ended()
                 raise CheckpointError(f"the checkpoint writer process ended (exit code {code}) while writing {path}; "
@@ -115,8 +124,26 @@ class WriterProcess:
                 raise CheckpointError(f"writing {path} failed: {value}")
             return value
 
+    def forget_block(self) -> None:
+        """Have the writer unmap the staging block it was given: the rank is about to make another
+        (a changed layout), and the old one's memory must go first, not at the next write."""
+        with self._lock:
+            if self._sock is not None and self._arena_sent is not None:
+                try:
+                    _send(self._sock, ("drop",))
+                except OSError:  # an ended writer holds nothing; the next write starts another
+                    logger.debug("the checkpoint writer had ended before its block was dropped")
+                self._arena_sent = None
+
     def close(self) -> None:
-        """End the writer: it finishes nothing more and exits at the closed socket."""
+        """End the writer: it finishes nothing more and exits at the closed socket. A write in
+        flight is cut (its reply never read), so a rank that ends does not wait for it."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # without the lock a write in flight holds
+            except OSError:
+                logger.debug("the checkpoint writer's socket was already closed")
         with self._lock:
             if self._sock is not None:
                 self._sock.close()
@@ -136,11 +163,10 @@ class WriterProcess:
         self._ended()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
         try:
             # Not ``-m``: the package imports this module before runpy would run it as __main__.
-            self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, "--fd", str(theirs.fileno())],
-                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+            self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, package_root, "--fd", str(theirs.fileno())],
+                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
         self._sock, self._arena_sent = ours, None
@@ -206,6 +232,9 @@ def serve(sock: socket.socket) -> int:
         if received is None:
             return 0
         message, fds = received
+        if message[0] == "drop":
+            blocks.clear()
+            continue
         if message[0] == "arena":
             _kind, arena_id, size = message
             blocks.clear()  # a new layout: the old block is no longer staged into
