@@ -331,7 +331,7 @@ def test_a_bad_clorch_spares_is_refused_and_leaves_no_file(tmp_path) -> None:
 RECORD_PROMOTIONS = """
 from clorch_repl.launchers.local import LocalLauncher
 from clorch_repl.magics import magics_for
-from clorch_repl.procs import pid_running
+from clorch_repl.common.procs import pid_running
 _old = [pid for p in magics_for(get_ipython()).session.group.ranks for pid in (p.pid, p.supervisor_pid)]
 _alive_at_promotion = []
 _promote = getattr(LocalLauncher, '_unrecorded_promote', LocalLauncher._promote)

@@ -1,4 +1,4 @@
-"""clorch_repl.procs.wait_gone, which every stop and restart waits with (issue 39: woken by each
+"""clorch_repl.common.procs.wait_gone, which every stop and restart waits with (issue 39: woken by each
 exit through a process descriptor, not by a poll): real child processes, which end, are zombies
 (exited, not reaped: gone, as their GPU memory and descriptors are), or outlive the wait."""
 
@@ -9,7 +9,7 @@ import sys
 
 import psutil
 
-from clorch_repl.procs import wait_gone
+from clorch_repl.common.procs import wait_gone
 
 
 def test_wait_gone_returns_what_still_runs_and_counts_zombies_as_gone() -> None:
