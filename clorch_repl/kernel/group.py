@@ -22,11 +22,12 @@ from .shell import current_shell
 logger = logging.getLogger(__name__)
 
 
-def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protocol: int) -> None:
+def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protocol: int | None = None) -> None:
     """Initialise the default process group from the launcher's environment (see API.md).
 
     ``protocol``: the notebook's version of the wire contract (:mod:`clorch_repl.wire`), checked
-    before anything else: a rank of another install refuses to join, naming both versions.
+    before anything else: a rank of another install refuses to join, naming both versions (None:
+    a notebook from before the version was sent, refused as such).
     ``env``: variables a warm spare learns only now (the group's rendezvous file and port); they
     are set first. A spare (local or a remote rank's) then moves its output to its rank's log.
     ``generation``: the session's re-form count when this rank replaces a dead one: it meets the
@@ -82,7 +83,7 @@ def join_group(env: dict[str, str] | None = None, generation: int = 0, *, protoc
         _quiet_kernel_logger(kernel)
 
 
-def _check_protocol(theirs: int) -> None:
+def _check_protocol(theirs: int | None) -> None:
     """Refuse to join a notebook of another wire contract: a rank started from another install (the
     package upgraded under a running notebook, a host's own environment) would otherwise fail
     later, and obscurely, on a message one side reads differently."""
@@ -166,7 +167,7 @@ def leave_group() -> None:
 
 
 def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] | None = None, *,
-           protocol: int) -> None:
+           protocol: int | None = None) -> None:
     """The ``regroup`` request (:mod:`.requests`), sent to every live rank at once: a rank in
     ``fresh`` (a new process in a dead rank's place) joins the group with ``env`` as a start would
     (:func:`join_group`, which checks ``protocol``); every other rank gives its groups new backends

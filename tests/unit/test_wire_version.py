@@ -10,7 +10,7 @@ import os
 import pytest
 
 from clorch_repl import __version__
-from clorch_repl.errors import ProtocolMismatch, UnknownRequest
+from clorch_repl.errors import ProtocolMismatch
 from clorch_repl.wire import PROTOCOL_VERSION, mismatch
 from clorch_repl.wire.nanny import PROTOCOL
 from clorch_repl.wire.requests import request_code
@@ -31,7 +31,8 @@ def test_a_rank_refuses_to_join_a_notebook_of_another_version(monkeypatch: pytes
 
 def test_a_notebook_that_sends_no_version_is_told_to_run_the_same_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(UnknownRequest, match=r"rank 0 cannot take request 'join'.*protocol.*must run the same version"):
+    with pytest.raises(ProtocolMismatch, match=r"rank 0 cannot join: the notebook speaks no protocol version \(a "
+                       r"clorch_repl from before the version was checked\).*restart the notebook's kernel"):
         exec(request_code("join", env={}))  # noqa: S102 - what a notebook from before the check sends
 
 
