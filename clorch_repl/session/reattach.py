@@ -230,7 +230,8 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
 def _stale(name: str) -> bool:
     """Whether the session file ``name`` is of a session that ended (none of its ranks runs)."""
     try:
-        return not registry.live(registry.read(name))
+        record = registry.read(name)
+        return registry.elsewhere(record) is None and not registry.live(record)
     except ConfigError as exc:  # damaged, or not this user's: never removed silently
         logger.info("clorch_repl: session file %s kept: %s", name, exc)
         return False
@@ -246,6 +247,10 @@ def connect(name: str | None, take: bool, progress: Progress) -> tuple[Connected
                                                           if known else "no detached session of yours is running"))
         name = known[0]
     record = registry.read(name)
+    host = registry.elsewhere(record)
+    if host is not None:
+        raise ConfigError(f"session {name!r} runs on host {host}, not here (its file is in a home directory both "
+                          f"hosts share): connect from a kernel on {host}")
     if not registry.live(record):
         registry.remove(name, record.dir)
         raise ConfigError(f"session {name!r} has ended (none of its ranks runs); its file was removed")
@@ -317,6 +322,11 @@ def status_rows() -> tuple[list[str], list[list[str]]]:
             record = registry.read(name)
         except ConfigError as exc:
             rows.append([name, "?", "?", "?", f"unreadable: {exc}", "-", "-", "-", "-"])
+            continue
+        host = registry.elsewhere(record)
+        if host is not None:  # a shared home: that host's pids and folders are not ours to judge
+            rows.append([name, f"{record.topology.nproc} x {record.topology.backend}", host, record.launcher,
+                         "not checked here", "-", f"pid {record.owner_pid} on {host}", "-", "-"])
             continue
         if not registry.live(record):
             registry.remove(name, record.dir)

@@ -66,7 +66,8 @@ class SessionRecord:
     owner_pid: int
     written_at: float = field(default_factory=time.time)
     uid: int = field(default_factory=os.getuid)
-    #: the host the ranks run on (a detached session is local: its file is on that host)
+    #: the host the ranks run on (a detached session's ranks are local to the kernel that detached
+    #: it; its file may be seen from other hosts too, where the runtime directory is in a shared home)
     host: str = field(default_factory=socket.gethostname)
 
     def to_json(self) -> dict[str, Any]:
@@ -209,6 +210,13 @@ def names() -> list[str]:
     """The names of this user's session files, sorted."""
     folder = runtime_dir()
     return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json") and _NAME.match(f[:-5]))
+
+
+def elsewhere(record: SessionRecord) -> str | None:
+    """The other host a session's ranks run on, or None when they run here (or the file, from
+    before the host was recorded, does not say). Seen from another host, a session can be
+    neither judged ended nor connected to: its pids and folder are that host's."""
+    return None if record.host in ("?", socket.gethostname()) else record.host
 
 
 def live(record: SessionRecord) -> bool:

@@ -199,6 +199,23 @@ def test_a_session_file_whose_ranks_are_gone_is_stale_and_a_damaged_one_is_kept(
     assert not _stale("bob-1")  # never removed silently: the user is told what is wrong with it
 
 
+def test_a_session_of_another_host_in_a_shared_home_is_listed_not_judged(tmp_path, monkeypatch) -> None:
+    """Jupyter's runtime directory is under the home, which clusters share between hosts: a
+    session file of host B seen from host A names B's pids and folders, so A must neither call it
+    ended (and remove it) nor connect to it."""
+    from clorch_repl.session import reattach
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    registry.write(record(dir=str(tmp_path / "not-here"), host="node-b"))  # its pids mean nothing here
+    assert not reattach._stale("alice-1")
+    header, rows = reattach.status_rows()
+    assert rows == [["alice-1", "2 x gloo", "node-b", "local", "not checked here", "-", "pid 42 on node-b", "-", "-"]]
+    assert len(header) == len(rows[0])
+    with pytest.raises(ConfigError, match="runs on host node-b, not here .* connect from a kernel on node-b"):
+        reattach.connect("alice-1", take=False, progress=lambda _: None)
+    assert os.path.exists(registry.path_of("alice-1"))  # listed, refused, and kept for its own host
+
+
 def test_sessions_gpu_memory_is_measured_or_said_unknown_never_made_up() -> None:
     from clorch_repl.session.reattach import gpu_memory
 
