@@ -1,7 +1,7 @@
 """The ``local`` launcher: every rank is a child of the notebook kernel, on this host.
 
 This is today's fast path. Each rank's kernel is started by a jupyter_client ``KernelManager``
-whose kernelspec runs :mod:`.supervisor`, which starts the kernel as its child: the process
+whose kernelspec runs :mod:`clorch_repl.host.supervisor`, which starts the kernel as its child: the process
 jupyter_client knows is the supervisor, whose exit status mirrors the kernel's; the kernel's own
 pid comes from the supervisor's pid file (stack dumps, ``%clorch status``). The supervisor is what
 ends everything a rank started, daemons included, when the rank is stopped or the notebook dies.
@@ -432,7 +432,7 @@ class LocalLauncher(Launcher):
         return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
 
     def close(self) -> None:
-        """End the warm spares (no grace needed) and remove the files, but for the logs (:mod:`.logfiles`)."""
+        """End the warm spares (no grace needed) and remove the files, but for the logs (:mod:`clorch_repl.host.logfiles`)."""
         spares, self.spares = self.spares, []
         try:
             if spares:

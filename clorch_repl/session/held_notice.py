@@ -1,5 +1,5 @@
 """The cell's output limits as the page sees them, and the one line at the top of the cell's output
-that says what was held back (see :mod:`.flood` for the limits and why they are what they are).
+that says what was held back (see :mod:`clorch_repl.wire.limits` for the limits and why they are what they are).
 
 Why at the top: the line used to come at the cell's end, under the thousands of lines a flood had
 shown, one 330-character line per rank, wrapped by the browser in the middle of a word. Here the

@@ -3,8 +3,8 @@
 Everything here runs as silent requests through the session (:meth:`Session.run` with
 ``silent=True``; written by :func:`.requests.request_code`): the relay's plumbing is unchanged,
 the requests get the same checks as a cell (no dead or busy rank) and can be interrupted like
-one. What a value may be, how it is written and read live in :mod:`.values`, the rank's half in
-:mod:`clorch_repl.kernel.transfer`; see :mod:`.values` for why values travel through the
+one. What a value may be, how it is written and read live in :mod:`clorch_repl.wire.values`, the rank's half in
+:mod:`clorch_repl.kernel.transfer`; see :mod:`clorch_repl.wire.values` for why values travel through the
 session's private directory with their digest on the signed channel.
 
 * ``pull``: each chosen rank writes its value to a private file and announces the file and its

@@ -1,5 +1,5 @@
 """What a rank's nanny (:mod:`clorch_repl.host.nanny`) and the notebook's callback endpoint
-(:mod:`.callback`) say to each other: one JSON object per ZeroMQ frame, over CurveZMQ.
+(:mod:`clorch_repl.launchers.callback`) say to each other: one JSON object per ZeroMQ frame, over CurveZMQ.
 
 Every message has ``op`` (below); the nanny's also carry ``token`` (the session's, from the
 connect file) and ``rank``. Requests that expect an answer carry ``id``, and the answer is a

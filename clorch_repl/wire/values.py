@@ -1,6 +1,6 @@
 """Values that travel between the notebook and its ranks (``%clorch pull/push``, ``--gather``):
 what may travel, how it is written and read. The notebook's half of a transfer is
-:mod:`.transfer`, the rank's :mod:`clorch_repl.kernel.transfer`.
+:mod:`clorch_repl.session.transfer`, the rank's :mod:`clorch_repl.kernel.transfer`.
 
 Both the notebook and every rank import this module, so the rules about what may travel live in
 one place:
