@@ -62,9 +62,23 @@ def _held_pause() -> None:
     so that a runaway print loop leaves the cores to the notebook, its server and its browser."""
     __tracebackhide__ = True  # a KeyboardInterrupt landing in the pause is the user's print's
     with _budget_lock:
-        pause = _pace.held(threading.get_ident(), time.monotonic(), time.thread_time)
+        pause = _pace.held(threading.get_ident(), time.monotonic(), _not_queued)
     if pause > 0:
         time.sleep(pause)
+
+
+def _not_queued() -> float:
+    """A clock of this thread that stands still only while it waits on a run queue for a core:
+    the monotonic clock less that wait (Linux's ``/proc/thread-self/schedstat``, its second field,
+    in ns). The pace asks whether the thread got a core, and a thread blocked on I/O, the GIL or
+    a GPU's sync did not want one: its CPU time alone would count those as waits for a core.
+    Where schedstat cannot be read, the thread's CPU time."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stat:
+            queued_ns = int(stat.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return time.thread_time()
+    return time.monotonic() - queued_ns / 1e9
 
 
 def _start_budget(limits: Limits, silent: bool = False) -> None:

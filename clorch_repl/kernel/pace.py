@@ -65,8 +65,10 @@ class Pace:
         self.paused_s = 0.0
 
     def held(self, thread: int, now: float, cpu: Callable[[], float]) -> float:
-        """A write of ``thread`` was held back at ``now`` (monotonic); ``cpu``: that thread's CPU
-        clock (read only at a window's end). Returns the seconds the thread pauses now."""
+        """A write of ``thread`` was held back at ``now`` (monotonic); ``cpu``: a clock of that
+        thread that stands still while it waits for a core (its CPU time, or better the wall clock
+        less its run-queue wait: see :func:`.output._not_queued`), read only at a window's end.
+        Returns the seconds the thread pauses now."""
         window = self._windows.get(thread)
         if window is None:
             self._windows[thread] = _Window(now, cpu())
