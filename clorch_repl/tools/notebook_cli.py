@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Sequence
 
@@ -69,7 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except notebook_runner.UsageProblem as exc:
         print(f"clorch-notebook: {exc}", file=sys.stderr)
         return notebook_runner.EXIT_USAGE
-    return runner.run()
+    status = runner.run()
+    # The run is over and its status decided: a signal between here and the exit (a second Ctrl-C
+    # sent while the stop it asked for ended) has nothing left to stop and must not turn the
+    # status into a death by signal.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    return status
 
 
 if __name__ == "__main__":

@@ -176,6 +176,22 @@ class NotebookRun:
         """Execute every cell, write the executed copy, make sure nothing the kernel started runs."""
         started = time.monotonic()
         outcome = asyncio.run(self._run())
+        # The kernel and its ranks are stopped: a signal now (a second Ctrl-C a user sends while
+        # the stop they asked for ends) has nothing left to stop, and must not cut the executed
+        # copy's writing or turn the run's exit status into a death by signal.
+        late = {signum: signal.signal(signum, self._signal_after_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._finish(outcome, started)
+        finally:
+            for signum, handler in late.items():
+                signal.signal(signum, handler)
+
+    def _signal_after_stop(self, signum: int, _frame: Any) -> None:
+        self.signals.append(signum)
+        logger.debug("%s after the stop: nothing left to stop", signal.Signals(signum).name)
+
+    def _finish(self, outcome: Outcome, started: float) -> int:
+        """Write the executed copy and say the verdict; the run's exit status."""
         try:
             nbformat.write(self.nb, self.output)
             where = f"executed copy: {self.output}"
