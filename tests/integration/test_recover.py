@@ -10,6 +10,7 @@ working all_reduce."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -70,6 +71,9 @@ def test_an_interrupted_hang_keeps_every_rank_and_its_models() -> None:
         msg_id = nb.send("%%distributed\nprint('in', flush=True)\nif rank == 1:\n    time.sleep(3600)\n"
                          "else:\n    dist.all_reduce(torch.ones(3))\n")
         nb.wait_for_ranks(msg_id, "in", timeout=60)
+        # let rank 0 reach the collective: on a loaded machine it could still be on its way into
+        # all_reduce when "in" arrives, and the verdict then rightly finds nothing pending yet
+        time.sleep(1.0)
         nb.km.interrupt_kernel()
         hung = nb.collect(msg_id, timeout=90)
         text = _plain(hung.text)
