@@ -80,7 +80,7 @@ class HostArena:
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
         offset = _aligned(self._next)
-        size = numel * torch.empty((), dtype=dtype).element_size()
+        size = numel * dtype.itemsize
         if offset + size > self.nbytes:
             raise ValueError(f"the staging arena of {self.nbytes} bytes has no room for {size} more at {offset}")
         self._next = offset + size
