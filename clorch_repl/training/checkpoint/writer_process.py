@@ -248,7 +248,11 @@ def serve(sock: socket.socket) -> int:
         except Exception as exc:  # noqa: BLE001 - the rank raises it as a CheckpointError on every rank
             logger.debug("writing %s failed", path, exc_info=True)
             reply = ("error", f"{type(exc).__name__}: {exc}")
-        _send(sock, reply)
+        try:
+            _send(sock, reply)
+        except OSError:  # the rank ended while this file was written: nobody is left to tell
+            logger.warning("the rank ended while %s was written; the save it belonged to was never committed", path)
+            return 0
 
 
 def main(argv: list[str] | None = None) -> int:
