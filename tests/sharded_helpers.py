@@ -332,3 +332,36 @@ def fsdp_scaled_steps(ctx: dict[str, Any]) -> dict[str, Any]:
     model(batch("fsdp", 9)).float().sum().backward()
     out["after_no_sync"] = ddp.optimizer_step(model, opt)
     return out
+
+
+def fsdp1_unreadable_metadata_on_one_rank(ctx: dict[str, Any]) -> dict[str, Any]:
+    """An FSDP1 model (whose optimizer state dict takes collectives) saved sharded; then rank 1 loads
+    from a copy of the folder whose ``.metadata`` it cannot read (a host's own disk, say), rank 0
+    from the good one. Every rank must get the same refusal naming rank 1, and none may hang."""
+    import shutil
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from clorch_repl.distributed import load_checkpoint, save_checkpoint
+
+    args, rank = ctx["args"], ctx["rank"]
+    model = FullyShardedDataParallel(Transformer(), use_orig_params=True, device_id=torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train_step(model, opt, "plain")
+    save_checkpoint(args["path"], model=model, optimizer=opt, sharded=True)
+    torch.distributed.barrier()
+    broken = args["path"] + "-broken"
+    if rank == 0:
+        shutil.copytree(args["path"], broken)
+        with open(os.path.join(broken, ".metadata"), "wb") as fh:
+            fh.write(b"not a pickle")
+    torch.distributed.barrier()
+
+    def local() -> list[torch.Tensor]:  # FSDP1's state dicts hold ShardedTensors: the local flat shards
+        return [t.detach().clone() for p in model.parameters() for t in (p, *opt.state[p].values())]
+
+    before = local()
+    error = _error(lambda: load_checkpoint(broken if rank == 1 else args["path"], model=model, optimizer=opt))
+    after = local()
+    return {"rank": rank, "error": error,
+            "unchanged": len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))}

@@ -305,9 +305,18 @@ def _load(source: str, folder: str, model: Any, optimizer: Any, sampler: Any, sc
         if os.path.exists(extras_path):
             extras = read_container(extras_path, torch.device("cpu"))
         _require_model(model, optimizer)
+        sampler_entry = check_extras(source, extras, sampler, scaler, restore_rng, rank)
+    except ClorchError as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - anything unexpected while validating counts as "does not fit"
+        logger.debug("reading the checkpoint %s failed", source, exc_info=True)
+        error = f"the checkpoint {source} could not be read: {type(exc).__name__}: {exc}"
+    # Agreed before the state dict is taken: FSDP1's takes collectives, which the ranks that read
+    # the files would enter while a rank that could not waits in the agreement (measured: a hang).
+    raise_if_any(gather(error, group), "loading the checkpoint")
+    try:
         dcp_state = _dcp_state(model, optimizer)
         _check(source, folder, metadata, extras, model, optimizer, dcp_state)
-        sampler_entry = check_extras(source, extras, sampler, scaler, restore_rng, rank)
     except ClorchError as exc:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - anything unexpected while validating counts as "does not fit"
