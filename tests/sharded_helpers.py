@@ -335,7 +335,8 @@ def fsdp_scaled_steps(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 def fsdp1_unreadable_metadata_on_one_rank(ctx: dict[str, Any]) -> dict[str, Any]:
-    """An FSDP1 model (whose optimizer state dict takes collectives) saved sharded; then rank 1 loads
+    """An FSDP1 model (whose optimizer state dict takes collectives) saved sharded; a save that rank 0
+    alone refuses (the target is a folder of other files); then rank 1 loads
     from a copy of the folder whose ``.metadata`` it cannot read (a host's own disk, say), rank 0
     from the good one. Every rank must get the same refusal naming rank 1, and none may hang."""
     import shutil
@@ -349,7 +350,13 @@ def fsdp1_unreadable_metadata_on_one_rank(ctx: dict[str, Any]) -> dict[str, Any]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     train_step(model, opt, "plain")
     save_checkpoint(args["path"], model=model, optimizer=opt, sharded=True)
+    other = args["path"] + "-other"  # a folder of other files: rank 0 refuses to replace it
+    if rank == 0:
+        os.makedirs(other)
+        with open(os.path.join(other, "notes.txt"), "w") as fh:
+            fh.write("mine")
     torch.distributed.barrier()
+    refused_save = _error(lambda: save_checkpoint(other, model=model, optimizer=opt, sharded=True))
     broken = args["path"] + "-broken"
     if rank == 0:
         shutil.copytree(args["path"], broken)
@@ -363,5 +370,5 @@ def fsdp1_unreadable_metadata_on_one_rank(ctx: dict[str, Any]) -> dict[str, Any]
     before = local()
     error = _error(lambda: load_checkpoint(broken if rank == 1 else args["path"], model=model, optimizer=opt))
     after = local()
-    return {"rank": rank, "error": error,
+    return {"rank": rank, "error": error, "refused_save": refused_save,
             "unchanged": len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))}

@@ -251,13 +251,15 @@ def test_fsdp_overflow_in_one_shard_skips_the_step_everywhere(dtype) -> None:
         assert r["after_no_sync"] is True
 
 
-def test_a_rank_that_cannot_read_the_metadata_is_named_and_no_rank_hangs(tmp_path) -> None:
-    """FSDP1's optimizer state dict takes collectives: a rank that failed reading the metadata must
-    not leave the others inside them (they would wait for it, or pair their collectives with its
-    report). Every rank refuses, naming rank 1, and the model is unchanged."""
+def test_a_rank_that_refuses_alone_is_named_and_no_rank_hangs(tmp_path) -> None:
+    """FSDP1's optimizer state dict takes collectives: a rank that refused a save (rank 0: the target
+    is a folder of other files) or failed reading a load's metadata (rank 1) must not leave the
+    others inside them, waiting for it. Every rank refuses, naming the rank, and the model is
+    unchanged."""
     results = train_helpers.run_ranks("tests.sharded_helpers:fsdp1_unreadable_metadata_on_one_rank", nproc=2,
                                       args={"path": str(tmp_path / "fsdp1")}, timeout_s=120)
     for r in results:
         assert r["error"] is not None and "CheckpointError" in r["error"], r
         assert "rank 1" in r["error"] and "-broken" in r["error"], r["error"]
+        assert r["refused_save"] is not None and "-other" in r["refused_save"], r["refused_save"]
         assert r["unchanged"], r

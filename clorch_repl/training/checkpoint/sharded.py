@@ -151,6 +151,15 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
         _require_model(model, optimizer)
         if rank == 0:
             check_replaceable(target, is_torch_file(target))
+    except ClorchError as exc:
+        local_error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
+        logger.debug("preparing the checkpoint %s failed", target, exc_info=True)
+        local_error = f"preparing the checkpoint failed: {type(exc).__name__}: {exc}"
+    # Agreed before the state dict is taken: FSDP1's takes collectives, which the other ranks
+    # would enter while a rank that refused waits in the agreement (as in the load).
+    raise_if_any(gather(local_error, group), "saving the checkpoint")
+    try:
         dcp_state = _dcp_state(model, optimizer)
         shapes = save_plans.fingerprint(dcp_state)
         if async_save:
