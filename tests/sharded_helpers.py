@@ -372,3 +372,32 @@ def fsdp1_unreadable_metadata_on_one_rank(ctx: dict[str, Any]) -> dict[str, Any]
     after = local()
     return {"rank": rank, "error": error, "refused_save": refused_save,
             "unchanged": len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))}
+
+
+def fsdp1_round_trip(ctx: dict[str, Any]) -> dict[str, Any]:
+    """An FSDP1 model saved with the defaults: whether a folder (the sharded format) was written,
+    and whether each rank's local shards and optimizer state load back exactly."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from clorch_repl.distributed import load_checkpoint, save_checkpoint
+
+    args, rank = ctx["args"], ctx["rank"]
+
+    def build_fsdp1(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        inner = Transformer()
+        _init(inner, seed)
+        model = FullyShardedDataParallel(inner, use_orig_params=True, device_id=torch.device("cpu"))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def local(model: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [t.detach().clone() for p in model.parameters() for t in (p, *opt.state[p].values())]
+
+    model, opt = build_fsdp1(0)
+    train_step(model, opt, "plain")
+    save_checkpoint(args["path"], model=model, optimizer=opt)
+    fresh, fresh_opt = build_fsdp1(5)
+    train_step(fresh, fresh_opt, "plain", seed=3)
+    load_checkpoint(args["path"], model=fresh, optimizer=fresh_opt)
+    saved, loaded = local(model, opt), local(fresh, fresh_opt)
+    return {"rank": rank, "folder": os.path.isdir(args["path"]),
+            "exact": len(saved) == len(loaded) and all(torch.equal(a, b) for a, b in zip(saved, loaded))}

@@ -263,3 +263,13 @@ def test_a_rank_that_refuses_alone_is_named_and_no_rank_hangs(tmp_path) -> None:
         assert "rank 1" in r["error"] and "-broken" in r["error"], r["error"]
         assert r["refused_save"] is not None and "-other" in r["refused_save"], r["refused_save"]
         assert r["unchanged"], r
+
+
+def test_an_fsdp1_model_saves_sharded_by_default_and_loads_back_exactly(tmp_path) -> None:
+    """FSDP1 (``FullyShardedDataParallel``) holds flat shards, not DTensors; a single file written
+    by rank 0 alone would take its full state dict's collectives on rank 0 only. The default
+    decides for the sharded format, as for FSDP2."""
+    results = train_helpers.run_ranks("tests.sharded_helpers:fsdp1_round_trip", nproc=2,
+                                      args={"path": str(tmp_path / "fsdp1")}, timeout_s=120)
+    assert [r["folder"] for r in results] == [True, True], results
+    assert [r["exact"] for r in results] == [True, True], results

@@ -11,7 +11,7 @@ Two formats, chosen by what is saved:
 * **single file** (:mod:`.single_file`), for unsharded models (plain or DDP): rank zero writes one
   ``torch.save`` zip (:mod:`.container`);
 * **sharded** (:mod:`.sharded`), when the model's or the optimizer's state holds DTensors (FSDP2,
-  tensor parallel, 2-D meshes), or with ``sharded=True``: a folder in torch.distributed.checkpoint's
+  tensor parallel, 2-D meshes) or the model is wrapped in FSDP1, or with ``sharded=True``: a folder in torch.distributed.checkpoint's
   format, every rank writing its own shards, committed across ranks by one rename
   (:mod:`.commit`), loadable on any number of ranks and into an unsharded model without a group,
   its metadata read through an allow-list (:mod:`.safe_dcp`). ``async_save=True`` returns once the
@@ -45,8 +45,8 @@ def save_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
     """Save a checkpoint at ``path``; every rank must call it. Returns the absolute path, or with
     ``async_save=True`` a :class:`CheckpointSave` handle (``wait()``, ``done()``).
 
-    ``sharded``: None (the default) saves the sharded format exactly when the model or optimizer
-    holds DTensors; True saves it for any model; False refuses a sharded model (its single file
+    ``sharded``: None (the default) saves the sharded format exactly when the model is sharded (its
+    parameters or the optimizer's state hold DTensors, or it is wrapped in FSDP1); True saves it for any model; False refuses a sharded model (its single file
     would hold rank zero's shards only). ``state`` must be JSON-serialisable; :func:`load_checkpoint`
     returns it. With ``async_save`` the checkpoint holds the state at the call; a second save (or a
     load) on the rank waits for the first.
@@ -56,9 +56,9 @@ def save_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
         raise ConfigError(f"sharded must be True, False or None (decide from the model); got {sharded!r}")
     if not isinstance(async_save, bool):
         raise ConfigError(f"async_save must be True or False; got {async_save!r}")
-    holds = sharded_format.holds_dtensors(model, optimizer)
+    holds = sharded_format.holds_shards(model, optimizer)
     if sharded is False and holds:
-        raise ConfigError("the model or optimizer holds DTensors (FSDP2 or tensor parallel), so a single file "
+        raise ConfigError("the model is sharded (FSDP2, tensor parallel or FSDP1), so a single file "
                           "would keep only rank 0's shards: leave sharded= out (or pass True) to save a sharded "
                           "checkpoint folder")
     if sharded or holds:
@@ -87,9 +87,9 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
         return sharded_format.load(source, model, optimizer, sampler, scaler, restore_rng)
     if not os.path.exists(source) and sharded_format.leftover_of(source) is not None:
         raise CheckpointError(sharded_format.missing_target_message(source))
-    if sharded_format.holds_dtensors(model, optimizer):
+    if sharded_format.holds_shards(model, optimizer):
         raise ConfigError(f"{source} is a single-file checkpoint (an unsharded model's) and the model is sharded "
-                          "(FSDP2 or tensor parallel): load it into the unsharded model, then shard it, or save "
+                          "(FSDP2, tensor parallel or FSDP1): load it into the unsharded model, then shard it, or save "
                           "the sharded model with save_checkpoint to get a sharded checkpoint")
     return single_file.load(source, model, optimizer, sampler, scaler, restore_rng)
 

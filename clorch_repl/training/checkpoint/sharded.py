@@ -2,7 +2,7 @@
 its own shards, committed across ranks in one rename.
 
 Used when the model's or the optimizer's state holds DTensors (FSDP2 ``fully_shard``, tensor
-parallelism, 2-D meshes), or with ``sharded=True``. The folder::
+parallelism, 2-D meshes) or the model is wrapped in FSDP1's ``FullyShardedDataParallel``, or with ``sharded=True``. The folder::
 
     PATH/
       .metadata          DCP's index of every tensor's shards (written by rank zero)
@@ -62,7 +62,7 @@ from .writer_process import WriterProcess
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EXTRAS_FILE", "holds_dtensors", "save", "load", "leftover_of", "missing_target_message"]
+__all__ = ["EXTRAS_FILE", "holds_shards", "save", "load", "leftover_of", "missing_target_message"]
 
 EXTRAS_FILE = "clorch.pt"
 _WRITER = WriterProcess()
@@ -81,12 +81,18 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def holds_dtensors(model: Any, optimizer: Any) -> bool:
-    """Whether the model's parameters or buffers, or the optimizer's state, hold DTensors."""
+def holds_shards(model: Any, optimizer: Any) -> bool:
+    """Whether the model's parameters or buffers, or the optimizer's state, hold DTensors (FSDP2,
+    tensor parallel), or the model is wrapped in FSDP1's ``FullyShardedDataParallel``: each rank
+    holds only its part, and a state dict of the whole model takes collectives on every rank."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
     from ..ddp import unwrap
 
     if model is not None:
         module = unwrap(model)
+        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+            return True
         if any(isinstance(t, DTensor) for t in (*module.parameters(), *module.buffers())):
             return True
     if optimizer is not None:
