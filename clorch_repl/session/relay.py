@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -38,7 +38,7 @@ from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
 from .hooks import NoStdin, StdinHook
 from .stdin import StdinBroker
-from .cell_request import packed_request
+from .cell_request import StartedCell, packed_request
 
 logger = logging.getLogger(__name__)
 
@@ -51,21 +51,6 @@ LIVENESS_PERIOD_S = 0.2
 INTERRUPT_PROBE_S = 1.0
 
 RankSink = Callable[[int, dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class StartedCell:
-    """The handle of a cell :meth:`Relay.begin` sent to its ranks, for :meth:`Relay.finish` to wait
-    for: every way a cell begins (the magic, :meth:`Session.run`, the head start, clorch's own
-    requests) gets one, so what a Ctrl-C during the send means is decided in one place."""
-
-    request: CellRequest
-    run: CellRun
-    stdin: StdinBroker
-    #: Kernel > Interrupt came while the cell was being sent: every rank has it, and
-    #: :meth:`Relay.finish` ends it as interrupted (the ranks are interrupted at once, their
-    #: output shown), rather than the interrupt escaping and leaving the cell begun, unread
-    interrupted: bool = False
 
 
 class Relay:
@@ -92,6 +77,8 @@ class Relay:
         self.cell_names = CellNames()
         #: how often channels were opened (a replaced rank's are new: %clorch top asks again)
         self.connections = 0
+        #: another thread asked the cell being waited for to be interrupted (see interrupt_waiting)
+        self._interrupt_asked = threading.Event()
 
     # ----------------------------------------------------------------- what others may ask
     def client(self, rank: int) -> BlockingKernelClient | None:
@@ -196,6 +183,7 @@ class Relay:
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)
+        self._interrupt_asked.clear()  # asked of an earlier cell, after it ended
         if silent:
             stdin = NoStdin("clorch_repl's own requests read no input")
         elif stdin is None:
@@ -242,6 +230,15 @@ class Relay:
                 self.channels.watch(stdin.front.socket, False)
         return run.outcome
 
+    def interrupt_waiting(self) -> bool:
+        """From any thread: the cell being waited for is interrupted as Kernel > Interrupt does it
+        (ranks interrupted, the grace period, the stuck report), within a liveness period; False
+        when no cell is waited for. Why a flag: the relay's sockets belong to the waiting thread."""
+        if self._cell is None:
+            return False
+        self._interrupt_asked.set()
+        return True
+
     @property
     def unfinished(self) -> StartedCell | None:
         """The cell begun and not yet finished, if any (nothing is read from the ranks meanwhile)."""
@@ -261,6 +258,9 @@ class Relay:
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
         while not run.over:
             try:
+                if self._interrupt_asked.is_set():
+                    self._interrupt_asked.clear()
+                    self._on_keyboard_interrupt(run, watch)
                 next_liveness = self._wait_once(run, watch, next_liveness)
             except KeyboardInterrupt:
                 self._on_keyboard_interrupt(run, watch)

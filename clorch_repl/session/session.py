@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any, Callable, Iterable
 
-from ..diagnosis import DEFAULT_HANG_NOTICE_S
+from ..diagnosis import DEFAULT_HANG_NOTICE_S, render
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
@@ -370,8 +370,6 @@ class Session(Suspending):
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):
         the verdict, then ``ranks``' evidence (every rank's by default)."""
-        from ..diagnosis import render
-
         _, relay = self._require()
         refuse_cell(self.life, "then %clorch why")  # a suspended rank's answer would wait for the resume
         if ranks is not None:
@@ -383,8 +381,11 @@ class Session(Suspending):
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
         (none when they waited in a collective and the group was aborted and formed again) and
-        the recovery's line, if there was one."""
+        the recovery's line, if there was one. Called from another thread while a cell is waited
+        for, it interrupts that cell as Ctrl-C would (its outcome says the rest) and returns ({}, None)."""
         group, relay = self._require()
+        if relay.interrupt_waiting():
+            return {}, None
         group.interrupt()
         deadline = time.monotonic() + grace_s
         busy = relay.busy()
@@ -409,8 +410,7 @@ class Session(Suspending):
         return rank_reports(self.view(), self._require()[0].memory())
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
-        """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
-        ranks over their control channels, so it answers while a save's thread writes."""
+        """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked over control."""
         _, relay = self._require()
         if self.life.state is SessionState.SUSPENDED:
             return {}  # nothing writes while suspended, and asking would wait for the resume
