@@ -27,7 +27,6 @@ class NotebookStdin(StdinHook):
     """The notebook kernel's way to ask its front end for a line, without blocking (see module)."""
 
     def __init__(self, kernel: Any) -> None:
-        super().__init__()
         self.kernel = kernel
         self.socket: zmq.Socket = kernel.stdin_socket
         kernel._parent_ident["shell"]  # noqa: B018 - there in ipykernel 6 and 7 (a view in 7); read in _cell

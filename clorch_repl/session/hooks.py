@@ -63,14 +63,15 @@ class StdinHook:
 
     #: a ZeroMQ socket the relay's poll watches while a prompt is open (None: no wake-up needed)
     socket: Any = None
-
-    def __init__(self) -> None:
-        self._answered: str | None = None
+    #: the default open()'s answer until poll() takes it (a class default: subclasses need not
+    #: call this class's __init__)
+    _answered: str | None = None
 
     def answer(self, rank: int, prompt: str, password: bool) -> str:
         """The line for ``rank``'s prompt (without its newline); raise EOFError for end-of-file
         (the rank's ``input()`` raises EOFError). ``password``: the rank asked with getpass, so
-        the line must not be echoed."""
+        the line must not be echoed. Any other exception leaves ``run`` as an output hook's does,
+        with the cell still running on the ranks (``interrupt`` ends it)."""
         raise NotImplementedError(f"{type(self).__name__} answers no prompts: override answer() (or open() and "
                                   "poll()), or run the cell with NoStdin")
 
@@ -95,9 +96,6 @@ class CellHooks(PlainSink, StdinHook):
     """A cell's hooks in one object: output (:class:`~clorch_repl.session.sink.OutputSink`, here
     with PlainSink's defaults: override :meth:`output`) and prompts (:class:`StdinHook`: override
     :meth:`answer`; without it, a rank's ``input()`` raises, naming this class)."""
-
-    def __init__(self) -> None:
-        StdinHook.__init__(self)
 
     def answers_prompts(self) -> bool:
         """Whether this class answers prompts (overrides answer or open): when it does not, the
