@@ -50,7 +50,6 @@ from typing import Any, Protocol
 import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from ..session.ledger import COMM_TYPES
 from . import widget_states
 
 logger = logging.getLogger(__name__)
