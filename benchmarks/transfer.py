@@ -57,7 +57,7 @@ def main() -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     from clorch_repl.magics import magics_for
-    from clorch_repl.session.display import MERGE_HOLD_S
+    from clorch_repl.notebook.display import MERGE_HOLD_S
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "clorch_repl")

@@ -6,7 +6,7 @@
    comm_msg with ipywidgets' ``update``) and waits for the kernel's idle status of that message
    (JupyterLab's widget manager sends the next update of a dragged slider only then). For a
    slider made on rank 1 this crosses the notebook kernel to the rank and back (see
-   ``clorch_repl.session.comms``); the floor is a slider made in the notebook kernel itself,
+   ``clorch_repl.notebook.comms``); the floor is a slider made in the notebook kernel itself,
    measured in the same run, in alternating rounds. Prints p50/p90 in ms and the ratio.
 2. What forwarding a ``tqdm.auto`` widget bar costs a cell: a ``%%distributed`` loop of 200
    steps of 5 ms with a widget bar, beside the same loop with the bar disabled, alternating.

@@ -44,7 +44,7 @@ def said(text: str, prefix: str) -> list[str]:
 
 def outputs_shown(outputs: list) -> list:
     """A captured cell's displays (IPython's RichOutput), less the empty one the display reserves
-    at the top of a cell's output for the held-back line (clorch_repl.session.held_notice), which
+    at the top of a cell's output for the held-back line (clorch_repl.notebook.held_notice), which
     a front end shows as nothing until something is held back."""
     return [o for o in outputs
             if not str((getattr(o, "transient", None) or {}).get("display_id", "")).startswith("clorch-held-")]

@@ -32,7 +32,7 @@ class RankEvidence:
     #: the prompt the rank waits at for an answer from the notebook (clorch_repl.session.stdin):
     #: held by the user, in pdb or input(), not hung
     prompt: str | None = None
-    #: paused by JupyterLab's debugger panel (a breakpoint or a step; clorch_repl.session.debugger)
+    #: paused by JupyterLab's debugger panel (a breakpoint or a step; clorch_repl.notebook.debugger)
     paused: bool = False
     #: the rank's host when the session spans hosts ("" on the notebook's own)
     host: str = ""

@@ -17,7 +17,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from ..errors import ClorchError, DistributedCellError
-from ..session.display import NotebookDisplay
+from ..notebook.display import NotebookDisplay
+from ..notebook.front_end import NotebookStdin
+from ..notebook.hooks import NotebookHooks
 from ..session.session import Session
 from ..host.logfiles import without_ansi
 from ..launchers.registry import launcher_class
@@ -48,7 +50,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         self.session: Session | None = None
         #: warm spares started when the extension was loaded, for the first %clorch start
         self.warm = LoadSpares()
-        #: the live %clorch top panel, if one is open (clorch_repl.session.panel)
+        #: the live %clorch top panel, if one is open (clorch_repl.notebook.panel)
         self.panel: Any = None
         #: %%distributed cells sent from ipykernel's shell handler (installed by load())
         self.head_start = HeadStart(self)
@@ -127,7 +129,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             taken, warm[0] = warm[0], None
             return taken or launcher(topo, options)
 
-        session = Session(topology, make)
+        session = Session(topology, make, NotebookHooks())
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
         session.start(progress)
@@ -297,7 +299,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
 
         name = transfer.check_name(args.name)
         ranks, limit = parse_ranks(args.ranks), parse_max_mb(args.max_mb)  # input first, then the ranks
-        self.shell.user_ns[name] = transfer.pull(self._session(), name, ranks, limit)
+        self.shell.user_ns[name] = transfer.pull(self._session(), name, ranks, limit, show=NotebookDisplay)
 
     @magic_arguments(name="clorch push")
     @argument("name", help="the notebook variable to send to each rank")
@@ -314,7 +316,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         ranks, limit = parse_ranks(args.ranks), parse_max_mb(args.max_mb)
         if name not in self.shell.user_ns:
             raise ClorchError(f"name {name!r} is not defined in the notebook")
-        transfer.push(self._session(), name, self.shell.user_ns[name], ranks, limit)
+        transfer.push(self._session(), name, self.shell.user_ns[name], ranks, limit, show=NotebookDisplay)
 
     @magic_arguments(name="clorch run")
     @argument("-h", "--help", action="store_true", help="show this help (after SCRIPT, --help is the script's)")
@@ -339,7 +341,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         if request is None:
             return
         session = self._session()
-        outcome = script_run.run(session, request, notebook_cell_number(self.shell))
+        outcome = script_run.run(session, request, notebook_cell_number(self.shell), show=NotebookDisplay)
         if not outcome.ok:
             raise DistributedCellError(outcome, request.timeout_s, merge=request.merge)
 
@@ -359,7 +361,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         session = self._session()
         # %debug on the rank: IPython's own post-mortem of sys.last_traceback, its pdb prompts
         # answered in the notebook through the cell's stdin path (clorch_repl.session.stdin).
-        outcome = session.run("%debug", [rank], timeout, NotebookDisplay((rank,)), stdin_ranks=[rank])
+        outcome = session.run("%debug", [rank], timeout, NotebookDisplay((rank,)), stdin_ranks=[rank],
+                              stdin=NotebookStdin.current())
         if not outcome.ok:
             raise DistributedCellError(outcome, timeout)
 
@@ -409,7 +412,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             if options is None:
                 return
             session = self._session()
-            views.notice(session.degraded_notice())  # ranks lost: the cell runs on the others
+            views.notice(views.degraded_notice(session))  # ranks lost: the cell runs on the others
             number = notebook_cell_number(self.shell)
             claimed = self.head_start.claim(line, cell, number)  # never a --profile cell
             display_ = NotebookDisplay(session.chosen(options.rank_list), merge=options.merge, hosts=session.hosts())
@@ -419,7 +422,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
                     return session.finish(claimed, display_)  # interrupted if a Ctrl-C came in its send
                 return session.run(cell, options.rank_list, options.timeout_s, display_,
                                    hang_notice_s=options.hang_notice_s, stdin_ranks=options.stdin_rank_list,
-                                   cell_number=number)
+                                   cell_number=number, stdin=NotebookStdin.current())
 
             if options.profile is None:
                 outcome = run_cell()
@@ -427,11 +430,12 @@ class ClorchMagics(sessions.SessionCommands, Magics):
                 from ..session import profile
 
                 outcome, report = profile.profiled(session, options.rank_list,
-                                                   options.profile or profile.default_folder(number, session), run_cell)
+                                                   options.profile or profile.default_folder(number, session), run_cell,
+                                                   show=NotebookDisplay)
                 display(report)  # the trace as a link (ProfileReport._repr_html_)
             if outcome.ok and options.gather is not None:
                 from ..session.transfer import pull
                 self.shell.user_ns[options.gather] = pull(session, None, options.rank_list, options.max_bytes,
-                                                          what=f"--gather {options.gather}")
+                                                          what=f"--gather {options.gather}", show=NotebookDisplay)
         if not outcome.ok:
             raise DistributedCellError(outcome, options.timeout_s, merge=options.merge)

@@ -46,6 +46,7 @@ from IPython.core.error import UsageError
 
 from ..common import env_vars
 from ..errors import ClorchError, DistributedCellError
+from ..notebook.front_end import NotebookStdin
 from ..wire.framing import peek_execute
 from .cell_options import cell_options
 
@@ -241,7 +242,7 @@ class HeadStart:
             number = int(shell.execution_count)  # what the magic's cell number will read
             started = session.begin(body, options.rank_list, options.timeout_s, hang_notice_s=options.hang_notice_s,
                                     stdin_ranks=options.stdin_rank_list, cell_number=number,
-                                    allow_stdin=bool(content.get("allow_stdin", False)))
+                                    stdin=NotebookStdin.current(bool(content.get("allow_stdin", False))))
         except (UsageError, ClorchError):
             return None  # refused: the magic refuses it again, in the cell, with the same words
         return _Pending(str(parent.get("header", {}).get("msg_id", "")), line, body, number, started)
@@ -270,7 +271,7 @@ class HeadStart:
     def _abandon(self, pending: _Pending) -> None:
         """The magic never claimed the cell (the notebook's cell was interrupted, or failed, before
         IPython reached it): interrupt it on the ranks, show what they did, free them."""
-        from ..session.display import NotebookDisplay
+        from ..notebook.display import NotebookDisplay
 
         session = self._magics.session
         if session is None or not session.running:

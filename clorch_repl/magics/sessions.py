@@ -16,6 +16,7 @@ from IPython.display import display
 
 from ..errors import ClorchError
 from ..common.human import span
+from ..notebook.hooks import NotebookHooks
 from ..session import registry
 from . import views
 from .arguments import argument, magic_arguments, parse
@@ -100,7 +101,7 @@ class SessionCommands:
         if self.session is not None and self.session.running:
             raise ClorchError("this kernel drives ranks already: %clorch stop (or %clorch detach) first")
         name = None if args.name is None else registry.check_name(args.name)
-        session, tail = connect(name, args.take, views.StartProgress())
+        session, tail = connect(name, args.take, views.StartProgress(), NotebookHooks())
         self.session = session
         topo = session.topology
         print(f"clorch: connected to session {session.name!r}: {topo.nproc} {topo.backend} rank(s), "

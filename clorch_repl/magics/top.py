@@ -1,4 +1,4 @@
-"""``%clorch top``: open, print once, or close the live rank panel (:mod:`clorch_repl.session.panel`)."""
+"""``%clorch top``: open, print once, or close the live rank panel (:mod:`clorch_repl.notebook.panel`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Callable
 from IPython.display import display
 
 from ..errors import ConfigError
-from ..session.panel import INTERVAL_S, Panel, snapshot_once
+from ..notebook.panel import INTERVAL_S, Panel, snapshot_once
 from ..session.panel_view import render
 
 __all__ = ["command"]

@@ -11,7 +11,10 @@ from IPython.display import display
 from ..errors import ClorchError, ranks_are
 from ..common.human import duration as _duration
 from ..common.human import size as _bytes
+from ..common.rank_sets import rank_words
+from ..session.lifecycle import SessionState
 from ..session.rank_report import RankReport
+from ..session.session import Session
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
@@ -137,3 +140,11 @@ def session_line(session: Any) -> str | None:
     lines = [] if state == "ready" else [f"clorch: the session is {state}" + (f": {why}" if why else "")]
     held = held_line(session)
     return "\n".join(lines + ([held] if held else [])) or None
+
+
+def degraded_notice(session: Session) -> str | None:
+    """One line before each cell while the session has lost ranks, None otherwise."""
+    if session.life.state is not SessionState.DEGRADED or session.group is None:
+        return None
+    return (f"clorch: {session.life.why}: cells run on {rank_words(session.chosen(None))}, which have no group "
+            f"(collectives fail) until %clorch restart --ranks {','.join(map(str, session.lost))}")

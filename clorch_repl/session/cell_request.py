@@ -3,10 +3,13 @@ signs and sends it per rank, see :meth:`clorch_repl.session.relay.Relay.begin`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..common.rank_sets import rank_words
+from .cell_run import CellRun
 from .protocol import CellRequest
+from .stdin import StdinBroker
 from ..wire.framing import CELL_NUMBER_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK, OUTPUT_LIMITS_KEY, pack
 
 
@@ -29,3 +32,18 @@ def packed_request(request: CellRequest, silent: bool, allowed: bool, front: boo
             f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
         metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
     return pack(metadata), pack(content)
+
+
+@dataclass(frozen=True)
+class StartedCell:
+    """The handle of a cell :meth:`Relay.begin` sent to its ranks, for :meth:`Relay.finish` to wait
+    for: every way a cell begins (the magic, :meth:`Session.run`, the head start, clorch's own
+    requests) gets one, so what a Ctrl-C during the send means is decided in one place."""
+
+    request: CellRequest
+    run: CellRun
+    stdin: StdinBroker
+    #: Kernel > Interrupt came while the cell was being sent: every rank has it, and
+    #: :meth:`Relay.finish` ends it as interrupted (the ranks are interrupted at once, their
+    #: output shown), rather than the interrupt escaping and leaving the cell begun, unread
+    interrupted: bool = False

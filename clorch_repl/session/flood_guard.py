@@ -98,29 +98,3 @@ def withheld_report(rank: int, guard: Budget) -> dict[str, Any] | None:
     if not guard.held:
         return None
     return held_display({"rank": rank, "lines": guard.held_lines, "chars": guard.held_chars, "late": False})
-
-
-def bound_cell_history(cell_number: int | None, relayed: list[int]) -> None:
-    """Keep IPython's record of a ``%%distributed`` cell's relayed text bounded (:func:`bound_history`);
-    ``relayed``: the session's list of such cells.
-
-    The record is keyed by the cell's own number (``[12]``, what IPython's output capture
-    read when the cell began), not by ``shell.execution_count``, which IPython has already
-    moved on to the next cell's number while this one runs: keyed by that, the bound cut an
-    empty record and the notebook kept every cell's output (34 MB over 120 cells of 3,000
-    lines a rank)."""
-    try:
-        from IPython.core.getipython import get_ipython
-    except ImportError:  # a script using the Python API: no history to bound
-        return
-    shell = get_ipython()
-    history = getattr(shell, "history_manager", None)
-    outputs = getattr(history, "outputs", None)
-    if outputs is None:
-        return
-    if cell_number is None:
-        result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-        cell_number = getattr(result, "execution_count", None)
-    if cell_number is None:
-        cell_number = shell.execution_count - 1
-    bound_history(outputs, int(cell_number), relayed=relayed, exceptions=getattr(history, "exceptions", None))

@@ -16,11 +16,13 @@ from typing import Any
 
 from ..common.human import COLUMNS, wrap
 from .cell_run import OUTPUT_TYPES, CellRun
-from .comms import COMM_TYPES
 from .protocol import RankOutput
 from ..wire.framing import COUNTED_KEY, IOPUB_COUNT_KEY
 
 logger = logging.getLogger(__name__)
+
+#: Comm message types (widgets), forwarded in both directions and never dropped.
+COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 #: Per rank, how many abandoned requests are remembered so that their late output is dropped. An
 #: entry goes once its reply and every message the reply counts (or its idle status) came; one
@@ -132,7 +134,7 @@ class Ledger:
             if content.get("execution_state") == "idle":
                 self._idle(rank, parent_id, cell)
             return []
-        if msg_type == "debug_event":  # JupyterLab's debugger on a rank (clorch_repl.session.debugger)
+        if msg_type == "debug_event":  # JupyterLab's debugger on a rank (clorch_repl.notebook.debugger)
             event = content.get("event")
             if event == "stopped":
                 self.debug_paused.add(rank)

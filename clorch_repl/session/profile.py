@@ -31,7 +31,7 @@ from ..diagnosis import straggler
 from ..diagnosis.straggler import MIME
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from ..wire.requests import request_code
-from .display import NotebookDisplay
+from .hooks import ShowOutput, plain_output
 from .protocol import CellOutcome
 from .transfer import MimeCollector
 
@@ -86,18 +86,19 @@ def default_folder(cell_number: int | None, session: Any = None) -> str:
 
 
 def profiled(session: Any, ranks: list[int] | None, folder: str,
-             run_cell: Callable[[], CellOutcome]) -> tuple[CellOutcome, ProfileReport]:
-    """Run ``run_cell`` with the profiler on every chosen rank; returns its outcome and the report."""
+             run_cell: Callable[[], CellOutcome], *, show: ShowOutput = plain_output) -> tuple[CellOutcome, ProfileReport]:
+    """Run ``run_cell`` with the profiler on every chosen rank; returns its outcome and the report
+    (what the profiler's requests print goes to ``show``'s output hook)."""
     folder = os.path.abspath(os.path.expanduser(folder))
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ConfigError(f"--profile {folder}: that is a file; give a folder for the traces")
     os.makedirs(folder, exist_ok=True)
     chosen = session.chosen(ranks)
     started = session.run(request_code("profile_start"), list(chosen), REQUEST_TIMEOUT_S,
-                          NotebookDisplay(ranks=chosen), silent=True)
+                          show(chosen), silent=True)
     if not started.ok:
         raise ClorchError(f"--profile could not start the profiler: {DistributedCellError(started).summary()}")
-    collector = MimeCollector(chosen, MIME)
+    collector = MimeCollector(chosen, MIME, show)
     try:
         outcome = run_cell()
     finally:

@@ -31,7 +31,7 @@ from ..host import hold
 from ..launchers.adopted import AdoptedLauncher, no_start
 from ..launchers.base import Progress
 from . import registry
-from .comms import CommBridge
+from .hooks import SessionHooks
 from .relay import Relay
 from .lifecycle import SessionState
 from .session import Session
@@ -51,11 +51,11 @@ class ConnectedSession(Session):
     """A session whose ranks this kernel adopted (see the module docstring): cells, status,
     interrupts, ``why`` and stop work as in the first kernel; it cannot restart the ranks."""
 
-    def __init__(self, record: registry.SessionRecord, session_file: str) -> None:
+    def __init__(self, record: registry.SessionRecord, session_file: str, hooks: SessionHooks | None = None) -> None:
         launcher = AdoptedLauncher.from_entries(
             record.topology, record.dir,
             [(r.rank, r.connection_file, r.pid, r.supervisor_pid, r.started_at) for r in record.ranks], session_file)
-        super().__init__(record.topology, lambda _topology: launcher)
+        super().__init__(record.topology, lambda _topology: launcher, hooks)
         self.record = record
 
     @property
@@ -81,8 +81,7 @@ class ConnectedSession(Session):
         """Open channels to every rank and wait, up to :data:`CONNECT_TIMEOUT_S`, for them to
         answer: they may be finishing a cell the previous kernel started (said after :data:`BUSY_S`)."""
         self.relay = Relay(self.group)
-        self.comms = CommBridge(self.relay)
-        self.relay.set_comm_sink(self.comms.from_rank)
+        self._bridge_widgets(self.relay)
         try:
             self.relay.connect(lambda k, total: progress(f"ranks answering {k}/{total}"), CONNECT_TIMEOUT_S,
                                late=(BUSY_S, lambda: progress("the ranks are busy (a cell an earlier kernel "
@@ -221,7 +220,7 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
     hold.write(group.dir, os.getpid(), keep_for_s, path)  # first: from here on this kernel's end keeps them
     registry.write(record)
     release(session)
-    connected = ConnectedSession(record, path)
+    connected = ConnectedSession(record, path, session.hooks)
     connected.start(progress)
     logger.info("clorch_repl: detached session %s (%s)", name, group.dir)
     return connected
@@ -237,9 +236,10 @@ def _stale(name: str) -> bool:
         return False
 
 
-def connect(name: str | None, take: bool, progress: Progress) -> tuple[ConnectedSession, str]:
-    """Adopt the detached session ``name`` (the only one when None); the session and what its
-    ranks printed lately (a tail of each log, and where the rest is)."""
+def connect(name: str | None, take: bool, progress: Progress,
+            hooks: SessionHooks | None = None) -> tuple[ConnectedSession, str]:
+    """Adopt the detached session ``name`` (the only one when None), driven with ``hooks``; the
+    session and what its ranks printed lately (a tail of each log, and where the rest is)."""
     if name is None:
         known = registry.names()
         if len(known) != 1:
@@ -265,7 +265,7 @@ def connect(name: str | None, take: bool, progress: Progress) -> tuple[Connected
     hold.write(record.dir, os.getpid(), record.keep_for_s, path)
     record = dataclasses.replace(record, owner_pid=os.getpid(), written_at=time.time())
     registry.write(record)
-    session = ConnectedSession(record, path)
+    session = ConnectedSession(record, path, hooks)
     session.start(progress)
     return session, tails(session)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -36,8 +36,9 @@ from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Le
 from .protocol import CellOutcome, CellRequest
 from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
-from .stdin import FrontEnd, StdinBroker
-from .cell_request import packed_request
+from .hooks import NoStdin, StdinHook
+from .stdin import StdinBroker
+from .cell_request import StartedCell, packed_request
 
 logger = logging.getLogger(__name__)
 
@@ -52,21 +53,6 @@ INTERRUPT_PROBE_S = 1.0
 RankSink = Callable[[int, dict[str, Any]], None]
 
 
-@dataclass(frozen=True)
-class StartedCell:
-    """The handle of a cell :meth:`Relay.begin` sent to its ranks, for :meth:`Relay.finish` to wait
-    for: every way a cell begins (the magic, :meth:`Session.run`, the head start, clorch's own
-    requests) gets one, so what a Ctrl-C during the send means is decided in one place."""
-
-    request: CellRequest
-    run: CellRun
-    stdin: StdinBroker
-    #: Kernel > Interrupt came while the cell was being sent: every rank has it, and
-    #: :meth:`Relay.finish` ends it as interrupted (the ranks are interrupted at once, their
-    #: output shown), rather than the interrupt escaping and leaving the cell begun, unread
-    interrupted: bool = False
-
-
 class Relay:
     """Runs cells over the ranks' channels (see the module docstring)."""
 
@@ -76,7 +62,7 @@ class Relay:
         self.ledger = Ledger()
         self._prober: Prober = self.channels.prober
         #: called from a cell's wait loop every LIVENESS_PERIOD_S, on this thread: what must run
-        #: while a cell runs and use sockets (%clorch top, clorch_repl.session.panel); none waits
+        #: while a cell runs and use sockets (%clorch top, clorch_repl.notebook.panel); none waits
         self._ticks: list[Callable[[], None]] = []
         #: where the ranks' comm messages go (see set_comm_sink); None drops them
         self._comm_sink: RankSink | None = None
@@ -91,6 +77,8 @@ class Relay:
         self.cell_names = CellNames()
         #: how often channels were opened (a replaced rank's are new: %clorch top asks again)
         self.connections = 0
+        #: another thread asked the cell being waited for to be interrupted (see interrupt_waiting)
+        self._interrupt_asked = threading.Event()
 
     # ----------------------------------------------------------------- what others may ask
     def client(self, rank: int) -> BlockingKernelClient | None:
@@ -175,15 +163,14 @@ class Relay:
         return self.finish(self.begin(request, silent=silent, interrupt_grace_s=interrupt_grace_s), sink)
 
     def begin(self, request: CellRequest, *, silent: bool = False, interrupt_grace_s: float = INTERRUPT_GRACE_S,
-              allow_stdin: bool | None = None) -> StartedCell:
+              stdin: StdinHook | NoStdin | None = None) -> StartedCell:
         """Send ``request`` to its ranks and return at once; :meth:`finish` waits for it.
 
         Between the two nothing is read (the ranks' replies and output wait in ZeroMQ's queues),
         so whatever the caller does meanwhile, the notebook kernel's own handling of the cell
         (clorch_repl.magics.head_start), overlaps the ranks' run without anything being shown
-        early or lost. Exactly one cell may be begun and not finished. ``allow_stdin``: what the
-        notebook's front end allowed for this cell, when ipykernel has not yet recorded it (a
-        cell begun from its shell dispatch); None asks ipykernel.
+        early or lost. Exactly one cell may be begun and not finished. ``stdin``: what answers the
+        ranks' prompts (:mod:`.hooks`; None: nobody, the ranks' ``input()`` raises saying so).
 
         A Ctrl-C during the sends is held back until every rank has the cell, and then does not
         escape: the handle comes back marked :attr:`StartedCell.interrupted`, and :meth:`finish`
@@ -196,8 +183,12 @@ class Relay:
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)
-        front, no_front = (None, "clorch_repl's own requests read no input") if silent else (
-            FrontEnd.current(allow_stdin))
+        self._interrupt_asked.clear()  # asked of an earlier cell, after it ended
+        if silent:
+            stdin = NoStdin("clorch_repl's own requests read no input")
+        elif stdin is None:
+            stdin = NoStdin("the cell was run without a stdin hook")
+        front, no_front = (None, stdin.why) if isinstance(stdin, NoStdin) else (stdin, "")
         started = StartedCell(request, run, StdinBroker(front, self.channels.answer))
         self._cell, self._stdin, self._started = run, started.stdin, started
         try:
@@ -235,9 +226,18 @@ class Relay:
             self._wait(run, watch)
         finally:
             self._cell, self._stdin, self._sink, self._started = None, None, PlainSink(), None
-            if stdin.front is not None:
+            if stdin.front is not None and stdin.front.socket is not None:
                 self.channels.watch(stdin.front.socket, False)
         return run.outcome
+
+    def interrupt_waiting(self) -> bool:
+        """From any thread: the cell being waited for is interrupted as Kernel > Interrupt does it
+        (ranks interrupted, the grace period, the stuck report), within a liveness period; False
+        when no cell is waited for. Why a flag: the relay's sockets belong to the waiting thread."""
+        if self._cell is None:
+            return False
+        self._interrupt_asked.set()
+        return True
 
     @property
     def unfinished(self) -> StartedCell | None:
@@ -258,6 +258,9 @@ class Relay:
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
         while not run.over:
             try:
+                if self._interrupt_asked.is_set():
+                    self._interrupt_asked.clear()
+                    self._on_keyboard_interrupt(run, watch)
                 next_liveness = self._wait_once(run, watch, next_liveness)
             except KeyboardInterrupt:
                 self._on_keyboard_interrupt(run, watch)
@@ -278,7 +281,7 @@ class Relay:
         sink.flush()
         if stdin.step(run.pending, lambda: sink.flush(final=True)):
             run.answered_prompt(time.monotonic())  # the user answered a prompt: progress
-        if stdin.front is not None:
+        if stdin.front is not None and stdin.front.socket is not None:
             self.channels.watch(stdin.front.socket, stdin.open is not None)
         now = time.monotonic()
         run.end_drained(now)
@@ -399,7 +402,7 @@ class Relay:
 
     def pump_between_cells(self, late_limit: int) -> None:
         """Between cells: route what has arrived, without waiting, so that widget traffic of a
-        rank's thread reaches the front end live (clorch_repl.session.comms calls this from the
+        rank's thread reaches the front end live (clorch_repl.notebook.comms calls this from the
         notebook kernel's event loop). Output meanwhile waits for the next cell as before; while
         ``late_limit`` pieces of it wait, nothing is read and ZeroMQ's queues hold the rest."""
         if len(self.ledger.late) < late_limit and self._cell is None:

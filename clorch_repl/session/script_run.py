@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from ..errors import ClorchError, DistributedCellError, ScriptNotFound
-from .display import NotebookDisplay
+from .hooks import ShowOutput, plain_output
 from .protocol import CellOutcome
 from ..wire.requests import request_code
 from .session import Session
@@ -50,16 +50,18 @@ class RunRequest:
                             interactive=self.interactive)
 
 
-def run(session: Session, request: RunRequest, cell_number: int | None = None) -> CellOutcome:
-    """Check that every chosen rank has the script, then run it there as a cell."""
+def run(session: Session, request: RunRequest, cell_number: int | None = None, *,
+        show: ShowOutput = plain_output) -> CellOutcome:
+    """Check that every chosen rank has the script, then run it there as a cell, its output to
+    ``show``'s output hook."""
     chosen = session.chosen(request.ranks)
     check = session.run(request.rank_code(check=True), request.ranks, CHECK_TIMEOUT_S,
-                        NotebookDisplay(chosen, hosts=session.hosts()), silent=True)
+                        show(chosen, hosts=session.hosts()), silent=True)
     if not check.ok:
         missing = all(o.error is not None and o.error.ename == "ScriptNotFound" for o in check.failed)
         error = ScriptNotFound if missing and check.failed else ClorchError
         raise error(f"%clorch run {request.script}: nothing was run: {DistributedCellError(check).summary()}")
-    display = NotebookDisplay(chosen, merge=request.merge, hosts=session.hosts())
+    display = show(chosen, merge=request.merge, hosts=session.hosts())
     logger.debug("running %s on %s", request.script, chosen)
     return session.run(request.rank_code(), request.ranks, request.timeout_s, display,
                        hang_notice_s=request.hang_notice_s, cell_number=cell_number)

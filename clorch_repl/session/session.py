@@ -1,10 +1,8 @@
-"""A session: one group of ranks as the notebook sees it.
+"""A session: one group of ranks, as the notebook, a script or an agent drives it (the engine).
 
-It composes where the ranks run (a launcher, :mod:`clorch_repl.launchers`) and the cells' I/O
-(:mod:`.relay`) and adds the rules that span both: a cell never runs on a dead rank or on one
-still busy with an abandoned cell, a failed start leaves no process behind, and restart keeps the
-settings and the logs.
-"""
+No IPython: the driver shows and answers through hooks (:mod:`.hooks`). It composes a launcher and
+the cells' I/O (:mod:`.relay`) with the rules that span both: no cell on a dead or still-busy rank,
+no process left by a failed start, the settings and logs kept by restart."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import os
 import time
 from typing import Any, Callable, Iterable
 
-from ..diagnosis import DEFAULT_HANG_NOTICE_S
+from ..diagnosis import DEFAULT_HANG_NOTICE_S, render
 from ..errors import ClorchError, ConfigError, StartupError, ranks_are
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
@@ -23,11 +21,9 @@ from ..common.topology import Topology, check_unique_in_range
 from ..wire import PROTOCOL_VERSION
 from ..wire.limits import limits_from_env
 from ..wire.requests import request_code
-from . import flood_guard, recovery
+from . import recovery
 from .cell_labels import RankCells
-from .comms import CommBridge, notebook_kernel
-from .debugger import DebugForwarder
-from .kernel_status import busy_during
+from .hooks import Debugger, NoStdin, SessionHooks, StdinHook, WidgetHook, stdin_of
 from .lifecycle import Lifecycle, SessionState
 from .protocol import CellOutcome, CellRequest, Status
 from .rank_report import RankReport, rank_reports
@@ -51,21 +47,23 @@ class Session(Suspending):
     launcher lives from the first start to the final stop: a restart asks it for fresh kernels in
     the same place (the same directory of logs, the same allocation of a cluster)."""
 
-    def __init__(self, topology: Topology, launcher: LauncherFactory = LocalLauncher) -> None:
-        #: the notebook cells whose relayed text IPython's history keeps (see _bound_history)
-        self._relayed_cells: list[int] = []
+    def __init__(self, topology: Topology, launcher: LauncherFactory = LocalLauncher,
+                 hooks: SessionHooks | None = None) -> None:
+        #: what the driving process offers between cells (widgets, the debugger panel): see .hooks
+        self.hooks = hooks if hooks is not None else SessionHooks()
         self.topology = topology
         self._make_launcher = launcher
         self.group: Launcher | None = None
         self.relay: Relay | None = None
-        self.comms: CommBridge | None = None
+        #: where the ranks' widget messages go (the hooks' answer for this group), if anywhere
+        self.comms: WidgetHook | None = None
         #: JupyterLab's debugger forwarded to a rank (%clorch debugger), if on
-        self.debugger: DebugForwarder | None = None
+        self.debugger: Debugger | None = None
         self.started_at: float | None = None
         #: the session's --hang-notice (seconds; 0 = off), used by cells that give none
         self.hang_notice_s: float = DEFAULT_HANG_NOTICE_S
         #: the user's cell running now: (its first line, its ranks, time.monotonic() at its start);
-        #: read by %clorch top's thread (clorch_repl.session.panel)
+        #: read by %clorch top's thread (clorch_repl.notebook.panel)
         self.current_cell: tuple[str, tuple[int, ...], float] | None = None
         #: what the session is (clorch_repl.session.lifecycle): changed here alone, read by all
         self.life = Lifecycle()
@@ -129,8 +127,7 @@ class Session(Suspending):
         self.topology = self.group.topology  # a remote launcher learns devices and backend
         n = self.topology.nproc
         self.relay = Relay(self.group)
-        self.comms = CommBridge(self.relay)  # widgets made on ranks, in the notebook's front end
-        self.relay.set_comm_sink(self.comms.from_rank)
+        self._bridge_widgets(self.relay)
         self.relay.connect(lambda k, total: progress(f"ranks ready {k}/{total}"))
         progress(f"ranks ready {n}/{n}; joining the {self.topology.backend} process group")
         # Bounded: the process group's own timeout, plus time to import torch.
@@ -139,6 +136,11 @@ class Session(Suspending):
         outcome = self.relay.execute(join, silent=True)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
+
+    def _bridge_widgets(self, relay: Relay) -> None:
+        """The ranks' widget messages to where the hooks say (the notebook's front end), if anywhere."""
+        self.comms = self.hooks.widgets(relay)
+        relay.set_comm_sink(self.comms.from_rank if self.comms is not None else None)
 
     def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
@@ -253,42 +255,41 @@ class Session(Suspending):
         self.life.move("formed" if formed else "degrade", why)
         self._lost = () if formed else tuple(sorted(set(self._lost) | set(lost)))
 
-    def degraded_notice(self) -> str | None:
-        """One line before each cell while the session has lost ranks, None otherwise."""
-        if self.life.state is not SessionState.DEGRADED or self.group is None:
-            return None
-        return (f"clorch: {self.life.why}: cells run on {rank_words(self.chosen(None))}, which have no group "
-                f"(collectives fail) until %clorch restart --ranks {','.join(map(str, self._lost))}")
+    @property
+    def lost(self) -> tuple[int, ...]:
+        """Ranks that cannot be in a group (dead or stuck) while the session is degraded."""
+        return self._lost
 
     # ------------------------------------------------------------------------------- cells
     def run(self, code: str, ranks: list[int] | None, timeout_s: float | None,
             sink: OutputSink | None, *, silent: bool = False, hang_notice_s: float | None = None,
-            stdin_ranks: list[int] | None = None, cell_number: int | None = None) -> CellOutcome:
-        """Run ``code`` on the chosen ranks; ``silent`` runs it as clorch's own request (not in
-        the ranks' history or cell count: value transfers). ``stdin_ranks``: the ranks whose
-        prompts reach the front end (every rank by default). ``cell_number``: the number the
-        notebook shows for the cell, which the ranks give their run of it."""
+            stdin_ranks: list[int] | None = None, cell_number: int | None = None,
+            stdin: StdinHook | NoStdin | None = None) -> CellOutcome:
+        """Run ``code`` on ``ranks`` (None: all), output to ``sink`` and prompts to ``stdin`` (None:
+        ``sink`` if it answers prompts, see :mod:`.hooks`); ``silent``: clorch's own request (not
+        in the ranks' history). ``stdin_ranks``: whose prompts reach the hook (default all);
+        ``cell_number``: the notebook's number for the cell, which the ranks give their run of it."""
         if silent:
             _, relay = self._require()
             return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
         started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
-                             cell_number=cell_number)  # a Ctrl-C during its send marks it (StartedCell.interrupted)
+                             cell_number=cell_number, stdin=stdin_of(sink, stdin))  # a Ctrl-C during its send marks it (StartedCell.interrupted)
         return self.finish(started, sink)
 
     def begin(self, code: str, ranks: list[int] | None, timeout_s: float | None, *,
               hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
-              cell_number: int | None = None, allow_stdin: bool | None = None) -> StartedCell:
+              cell_number: int | None = None, stdin: StdinHook | NoStdin | None = None) -> StartedCell:
         """Send a user's cell to the chosen ranks and return at once (see :meth:`Relay.begin`);
         :meth:`finish` waits for it. Everything that can refuse the cell (a dead or busy rank, a
-        bad option) refuses it here, before any rank is sent anything. ``allow_stdin``: what
-        the front end allowed, for a cell begun before ipykernel records it."""
+        bad option) refuses it here, before any rank is sent anything. ``stdin``: what answers
+        the ranks' prompts (None: nobody)."""
         _, relay = self._require()
         request = self._request(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
                                 cell_number=cell_number)
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
         self.current_cell = self.cells.sent(first if cell_number is None else f"[{cell_number}] {first}", request.ranks)
         try:
-            return relay.begin(request, allow_stdin=allow_stdin)
+            return relay.begin(request, stdin=stdin)
         except BaseException:  # not sent (the relay ended whatever it had sent; a Ctrl-C marks the handle)
             self.current_cell = None
             raise
@@ -296,12 +297,12 @@ class Session(Suspending):
     def finish(self, started: StartedCell, sink: OutputSink | None, *, interrupted: bool = False) -> CellOutcome:
         """Wait for a cell :meth:`begin` sent, streaming its output to ``sink`` (see
         :meth:`Relay.finish`: ``interrupted``, or a handle whose send was interrupted, ends it as
-        interrupted); the notebook kernel reads busy meanwhile."""
+        interrupted); the hooks' ``waiting`` is held meanwhile (the notebook kernel reads busy)."""
         try:
             relay = self.relay
             if relay is None:
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
-            with busy_during(notebook_kernel()):
+            with self.hooks.waiting():
                 outcome = relay.finish(started, sink, interrupted=interrupted)
                 if outcome.group_aborted or any(r.status is Status.DIED for r in outcome.ranks.values()):
                     outcome.recovery = self._recover((outcome.diagnosis or "").split("\n", 1)[0],
@@ -309,7 +310,7 @@ class Session(Suspending):
                 return outcome
         finally:
             self.current_cell = None
-            flood_guard.bound_cell_history(started.request.cell_number, self._relayed_cells)
+            self.hooks.cell_ended(started.request.cell_number)
 
     def _request(self, code: str, ranks: list[int] | None, timeout_s: float | None, *, silent: bool = False,
                  hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
@@ -353,7 +354,7 @@ class Session(Suspending):
 
     def debug_rank(self, rank: int | None) -> None:
         """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
-        with None, let the notebook kernel answer them itself again (see .debugger)."""
+        with None, let the notebook kernel answer them itself again (the hooks' ``debugger``)."""
         if rank is not None:  # checked before anything changes
             group, relay = self._require()
             check_unique_in_range([rank], self.topology.nproc, "%clorch debugger", "rank")
@@ -363,14 +364,12 @@ class Session(Suspending):
             if self.relay is not None:
                 self.relay.set_debug_sink(None)
         if rank is not None:
-            self.debugger = DebugForwarder.for_notebook(group.ranks[rank], rank)
+            self.debugger = self.hooks.debugger(group.ranks[rank], rank)
             relay.set_debug_sink(self.debugger.event)
 
     def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
         """Where every rank is and the first collective they disagree on (``%clorch why``):
         the verdict, then ``ranks``' evidence (every rank's by default)."""
-        from ..diagnosis import render
-
         _, relay = self._require()
         refuse_cell(self.life, "then %clorch why")  # a suspended rank's answer would wait for the resume
         if ranks is not None:
@@ -382,8 +381,11 @@ class Session(Suspending):
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
         (none when they waited in a collective and the group was aborted and formed again) and
-        the recovery's line, if there was one."""
+        the recovery's line, if there was one. Called from another thread while a cell is waited
+        for, it interrupts that cell as Ctrl-C would (its outcome says the rest) and returns ({}, None)."""
         group, relay = self._require()
+        if relay.interrupt_waiting():
+            return {}, None
         group.interrupt()
         deadline = time.monotonic() + grace_s
         busy = relay.busy()
@@ -408,8 +410,7 @@ class Session(Suspending):
         return rank_reports(self.view(), self._require()[0].memory())
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
-        """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked of the
-        ranks over their control channels, so it answers while a save's thread writes."""
+        """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked over control."""
         _, relay = self._require()
         if self.life.state is SessionState.SUSPENDED:
             return {}  # nothing writes while suspended, and asking would wait for the resume
@@ -438,9 +439,8 @@ class Session(Suspending):
 
     def pids(self) -> list[int]:
         """The local ranks' own Python processes (their kernels, below each rank's supervisor)."""
-        if self.group is None:
-            return []
-        return [pid for p in self.group.ranks if not p.host and (pid := p.pid) is not None]
+        ranks = self.group.ranks if self.group is not None else []
+        return [pid for p in ranks if not p.host and (pid := p.pid) is not None]
 
     def _require(self) -> tuple[Launcher, Relay]:
         if self.group is None or self.relay is None:

@@ -5,7 +5,7 @@ Why one contract: the relay used to name only ``output`` and ``flush`` in its pr
 ordering of widgets and the hang notice. Every method the relay calls is named here, as
 jupyter_client's ``execute_interactive`` hooks (``output_hook``, ``stdin_hook``) are one contract.
 :class:`PlainSink` gives the behaviour a sink without an opinion wants (widget messages delivered
-at once, the hang notice as a warning); :class:`~clorch_repl.session.display.NotebookDisplay` is
+at once, the hang notice as a warning); :class:`~clorch_repl.notebook.display.NotebookDisplay` is
 the notebook's sink.
 """
 
@@ -33,7 +33,7 @@ class OutputSink(Protocol):
 
     def comm(self, rank: int, deliver: Callable[[], None]) -> None:
         """A rank's comm message (a widget's); ``deliver`` republishes it. A sink that orders
-        output calls it in the rank's order with the rank's output (see session.comms)."""
+        output calls it in the rank's order with the rank's output (see clorch_repl.notebook.comms)."""
 
     def notice(self, text: str) -> None:
         """A message of clorch_repl's own into the running cell (the hang notice)."""

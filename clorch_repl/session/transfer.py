@@ -28,7 +28,7 @@ from typing import Any, Callable
 from ..common.atomic import remove_quietly
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from ..wire import values
-from .display import NotebookDisplay
+from .hooks import ShowOutput, plain_output
 from .protocol import CellOutcome, RankOutput
 from ..wire.requests import request_code
 from .session import Session
@@ -49,12 +49,12 @@ def check_name(name: str, what: str = "NAME") -> str:
 class MimeCollector:
     """Takes the ranks' announcements of one private MIME type out of the output (they are never
     shown: value transfers here, profile summaries in :mod:`clorch_repl.session.profile`) and
-    passes everything else on to the display."""
+    passes everything else on to the display ``show`` makes."""
 
-    def __init__(self, ranks: tuple[int, ...], mime: str = values.MIME) -> None:
+    def __init__(self, ranks: tuple[int, ...], mime: str = values.MIME, show: ShowOutput = plain_output) -> None:
         self.found: dict[int, dict[str, Any]] = {}
         self.mime = mime
-        self.display = NotebookDisplay(ranks=ranks)
+        self.display = show(ranks)
 
     def output(self, item: RankOutput) -> None:
         data = item.content.get("data") or {}
@@ -79,8 +79,9 @@ def _fail(what: str, outcome: CellOutcome) -> ClorchError:
 
 
 def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int,
-         what: str | None = None) -> dict[int, Any]:
-    """``{rank: value}`` of ``name`` on each chosen rank (``None``: the last cell's value)."""
+         what: str | None = None, *, show: ShowOutput = plain_output) -> dict[int, Any]:
+    """``{rank: value}`` of ``name`` on each chosen rank (``None``: the last cell's value); what
+    the ranks print meanwhile goes to ``show``'s output hook."""
     what = what or f"%clorch pull {name}"
     chosen = session.chosen(ranks)
     directory = session.value_dir()
@@ -89,7 +90,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
     # One request for every rank (one per rank would serialise them): each rank writes the file
     # of its own RANK, by the same rule.
     code = request_code("export_value", name=name, folder=directory, token=token, limit=int(limit))
-    collector = MimeCollector(chosen)
+    collector = MimeCollector(chosen, show=show)
     try:
         outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, collector, silent=True)
         if not outcome.ok:
@@ -110,7 +111,8 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
             remove_quietly(path)
 
 
-def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int) -> tuple[int, ...]:
+def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int, *,
+         show: ShowOutput = plain_output) -> tuple[int, ...]:
     """Give every chosen rank ``value`` as ``name``; returns the ranks."""
     chosen = session.chosen(ranks)
     path = os.path.join(session.value_dir(), f"value-{secrets.token_hex(8)}-push.pt")
@@ -120,8 +122,7 @@ def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit
         except values.TransferError as exc:
             raise ClorchError(f"%clorch push {name}: {exc}") from None
         code = request_code("import_value", name=name, path=path, sha256=digest)
-        outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, NotebookDisplay(ranks=chosen),
-                              silent=True)
+        outcome = session.run(code, list(chosen), TRANSFER_TIMEOUT_S, show(chosen), silent=True)
         if not outcome.ok:
             raise _fail(f"%clorch push {name}", outcome)
         return chosen

@@ -1,5 +1,5 @@
 """Where each rank's widget views go in a cell's output: rows of one slot per rank, in rank order
-(pure: no display; :class:`~clorch_repl.session.display.NotebookDisplay` fills the slots).
+(pure: no display; :class:`~clorch_repl.notebook.display.NotebookDisplay` fills the slots).
 
 Why: ranks make their tqdm.auto bars in whatever order they reach them, and shown as they came
 four bars read 2, 0, 3, 1; in slots made in rank order they read 0, 1, 2, 3.

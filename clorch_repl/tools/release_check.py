@@ -98,11 +98,10 @@ class _Checks:
         raise AssertionError("the job succeeded although a rank raised")
 
     def interactive_session(self) -> str:
-        from ..session.session import Session
-        from ..common.topology import resolve_topology
+        from ..session.engine import local_session
 
         nproc, backend = self.nproc, self.launch_kw["backend"]
-        session = Session(resolve_topology(nproc, self.launch_kw.get("devices"), backend))
+        session = local_session(nproc, backend, self.launch_kw.get("devices"))  # the engine, as scripts drive it
         seconds = session.start()
         try:
             self.pids.extend(session.pids())
@@ -122,13 +121,12 @@ class _Checks:
         ``%clorch resume`` (issue 37); one rank, since two GPUs' suspend is the two-GPU issue's."""
         from .. import cuda
         from ..host import cuda_checkpoint
-        from ..session.session import Session
-        from ..common.topology import resolve_topology
+        from ..session.engine import local_session
 
         problem = cuda_checkpoint.api_problem()
         if problem:
             return f"skipped: {problem}"
-        session = Session(resolve_topology(1, [0], "nccl"))
+        session = local_session(1, "nccl", [0])
         session.start()
         try:
             self.pids.extend(session.pids())

@@ -18,7 +18,7 @@ def test_a_line_ended_late_after_another_ranks_line_adds_no_empty_line(monkeypat
     send the newline later than the unfinished line's hold. The line is then shown unfinished,
     another rank's line ends it on screen, and the late newline has nothing left to end: it
     used to show as an empty ``[rank 0]`` line (seen once in the full suite, under load)."""
-    import clorch_repl.session.display as display
+    import clorch_repl.notebook.display as display
 
     monkeypatch.setattr(display, "PARTIAL_LINE_HOLD_S", 0.0)  # both holds over: the rank is that late
     monkeypatch.setattr(display, "MERGE_HOLD_S", 0.0)

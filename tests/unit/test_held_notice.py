@@ -1,5 +1,5 @@
 """The cell's output limits on the page, across its ranks, and the one line at the top of the
-cell's output saying what they held back (clorch_repl.session.held_notice), on the display alone."""
+cell's output saying what they held back (clorch_repl.notebook.held_notice), on the display alone."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from IPython.utils.capture import capture_output
 
-from clorch_repl.session.display import NotebookDisplay
+from clorch_repl.notebook.display import NotebookDisplay
 from clorch_repl.wire.limits import Limits, held_display
-from clorch_repl.session.held_notice import HeldNotice
+from clorch_repl.notebook.held_notice import HeldNotice
 from clorch_repl.session.protocol import RankOutput
 
 

@@ -1,4 +1,4 @@
-"""The notebook kernel's status while a %%distributed cell runs (clorch_repl.session.kernel_status):
+"""The notebook kernel's status while a %%distributed cell runs (clorch_repl.notebook.kernel_status):
 a control request's idle does not make JupyterLab's status bar say Idle. Fast: a stand-in kernel
 records what would be published; tests/integration/test_widgets.py checks it in a real notebook kernel."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clorch_repl.session.kernel_status import busy_during, published_status
+from clorch_repl.notebook.kernel_status import busy_during, published_status
 
 
 def test_only_a_control_requests_idle_during_a_cell_is_held_busy() -> None:

@@ -164,8 +164,9 @@ ROOMS: dict[str, set[str]] = {
     "host": {"kernel", "wire", "common", "cuda", "errors"},
     "wire": {"common", "errors"},
     "rank": {"host"},  # python -m clorch_repl.rank: the nanny's documented name
-    # the notebook's side
-    "magics": {"session", "launchers", "jobs", "host", "wire", "common", "cuda", "errors"},
+    # the notebook's side: the magics over the notebook layer (IPython's hooks) over the engine (session)
+    "magics": {"notebook", "session", "launchers", "jobs", "host", "wire", "common", "cuda", "errors"},
+    "notebook": {"session", "diagnosis", "wire", "common", "errors"},
     "session": {"launchers", "host", "diagnosis", "wire", "common", "cuda", "errors"},
     "launchers": {"kernel", "host", "wire", "common", "cuda", "errors"},
     # the rank-side library, batch jobs, diagnosis (rank's answers, notebook's analysis), training
@@ -186,7 +187,7 @@ ROOMS: dict[str, set[str]] = {
 #: Rooms that run in a rank's process or beside it on its host, and rooms that run only in the
 #: notebook's: no module of the first imports a module of the second, directly or through any other.
 RANK_SIDE = {"kernel", "host", "wire"}
-NOTEBOOK_SIDE = {"session", "magics"}
+NOTEBOOK_SIDE = {"session", "notebook", "magics"}
 #: Imports of notebook-side modules made inside functions that only the notebook calls, which the
 #: rank's side may reach without ever running them: the rendering of a failed cell
 #: (errors.DistributedCellError). The list may only shrink.
@@ -294,3 +295,58 @@ def test_the_top_level_holds_only_the_public_face() -> None:
     assert _top_level_problems(["a.py", "b.py", "c.py"], 2) == [
         "clorch_repl/ holds 3 modules (a.py, b.py, c.py), at most 2: put the new one in the package of the "
         "process that runs it (see ROOMS)"]
+
+
+# ------------------------------------------------------------------------------ IPython (issue 33)
+#: The packages of a notebook's front end: only the notebook layer imports them, so that the engine
+#: (clorch_repl.session: start, run a cell with hooks, interrupt, status, stop) runs in a script,
+#: the release check or an agent without IPython (tests/integration/test_engine.py checks the
+#: process too).
+FRONT_END_PACKAGES = ("IPython", "ipywidgets")
+#: The rooms whose modules may import them: the notebook layer (``notebook/``: IPython's hooks;
+#: ``magics/``: the magics over them), and the rank's kernel, which is an IPython kernel in a
+#: process of its own.
+FRONT_END_ROOMS = {"notebook", "magics", "kernel"}
+#: Modules of other rooms that may, and why; the list may only shrink.
+FRONT_END_MODULES: dict[str, str] = {
+    "clorch_repl.diagnosis.probe": "its cell_frames runs in the rank's kernel, answering a probe",
+}
+
+
+def _front_end_imports(source: str) -> set[str]:
+    """The front-end packages (:data:`FRONT_END_PACKAGES`) a module imports, deferred imports included."""
+    found = set()
+    for node in _import_nodes(ast.parse(source)):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.level:
+            continue  # the package's own modules: the room table's business
+        found |= {name.split(".")[0] for name in names if name.split(".")[0] in FRONT_END_PACKAGES}
+    return found
+
+
+def _front_end_problems(imports: dict[str, set[str]], rooms: set[str], allowed: dict[str, str]) -> list[str]:
+    problems = []
+    for module, packages in sorted(imports.items()):
+        if packages and _room(module) not in rooms and module not in allowed:
+            problems.append(f"{module} imports {', '.join(sorted(packages))}, which only the notebook layer may "
+                            "(notebook/, magics/): take it through a hook of clorch_repl.session.hooks")
+    problems += [f"{module} is listed in FRONT_END_MODULES but imports no IPython now: take it off the list"
+                 for module in sorted(allowed) if not imports.get(module)]
+    return problems
+
+
+def test_only_the_notebook_layer_imports_ipython() -> None:
+    imports = {_module_name(r): _front_end_imports(p.read_text()) for r, p in _modules().items()}
+    assert _front_end_problems(imports, FRONT_END_ROOMS, FRONT_END_MODULES) == []
+
+
+def test_the_ipython_guard_catches_what_it_guards() -> None:
+    """On made-up modules: a deferred import in the engine, an import in the notebook layer, a stale entry."""
+    source = "def show():\n    from IPython.display import display\nimport ipywidgets.widgets\nfrom . import x\n"
+    assert _front_end_imports(source) == {"IPython", "ipywidgets"}
+    imports = {"clorch_repl.session.x": {"IPython"}, "clorch_repl.notebook.y": {"IPython"},
+               "clorch_repl.common.z": set()}
+    assert _front_end_problems(imports, {"notebook"}, {"clorch_repl.common.z": "why"}) == [
+        "clorch_repl.session.x imports IPython, which only the notebook layer may (notebook/, magics/): take it "
+        "through a hook of clorch_repl.session.hooks",
+        "clorch_repl.common.z is listed in FRONT_END_MODULES but imports no IPython now: take it off the list"]

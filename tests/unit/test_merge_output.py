@@ -11,7 +11,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from clorch_repl.errors import DistributedCellError
-from clorch_repl.session.display import MERGE_HOLD_S, NotebookDisplay, group_label
+from clorch_repl.notebook.display import MERGE_HOLD_S, NotebookDisplay, group_label
 from clorch_repl.session.protocol import CellOutcome, RankError, RankOutcome, RankOutput, Status
 from rank_text import lines_of
 
@@ -31,7 +31,7 @@ def value(rank: int, text: str) -> RankOutput:
 
 def shown(outputs: list[Any]) -> list[Any]:  # noqa: F811 - RichOutput objects, see _shown for dicts
     """The displays a cell shows, less the empty one reserved at the top of its output for the
-    held-back line (clorch_repl.session.held_notice)."""
+    held-back line (clorch_repl.notebook.held_notice)."""
     return [o for o in outputs if not str((getattr(o, "transient", None) or {}).get("display_id", "")).startswith("clorch-held-")]
 
 
@@ -143,7 +143,7 @@ def test_the_same_unfinished_last_line_is_merged_at_the_cells_end() -> None:
 
 
 def test_the_rest_of_a_line_already_shown_in_part_stays_that_ranks(monkeypatch: Any) -> None:
-    import clorch_repl.session.display as display
+    import clorch_repl.notebook.display as display
 
     monkeypatch.setattr(display, "PARTIAL_LINE_HOLD_S", 0.0)  # "step " is shown before the rest comes
     with capture_output() as cap:
@@ -204,7 +204,7 @@ def test_random_interleavings_keep_every_ranks_lines_in_order(hold: float, monke
     exactly the lines it printed, in its order (hold 0 exercises the hold-expired path)."""
     import random
 
-    from clorch_repl.session import display as display_module
+    from clorch_repl.notebook import display as display_module
 
     monkeypatch.setattr(display_module, "MERGE_HOLD_S", hold)
     rng = random.Random(1234)

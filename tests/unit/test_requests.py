@@ -173,7 +173,6 @@ def _sent_by_the_call_sites(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> l
     from clorch_repl.session import session as session_module
 
     monkeypatch.setattr(session_module, "Relay", RecordingRelay)
-    monkeypatch.setattr(session_module, "CommBridge", lambda relay: SimpleNamespace(from_rank=None, close=lambda: None))
     RecordingRelay.codes = []
     live = session_module.Session(Topology(2, (None, None), "gloo", 60.0), QuietLauncher)
     live.start()

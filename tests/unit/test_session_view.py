@@ -16,7 +16,7 @@ import pytest
 
 from clorch_repl.session.cell_labels import RankCells
 from clorch_repl.session.lifecycle import Lifecycle, SessionState
-from clorch_repl.session.panel import Tracker, snapshot, suspended_note
+from clorch_repl.notebook.panel import Tracker, snapshot, suspended_note
 from clorch_repl.session.panel_view import render
 from clorch_repl.session.protocol import RankState
 from clorch_repl.session.rank_report import rank_reports

@@ -403,7 +403,7 @@ def test_a_helper_that_cannot_run_leaves_the_session_running(monkeypatch: pytest
 
 
 def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -> None:
-    from clorch_repl.session.panel import Panel
+    from clorch_repl.notebook.panel import Panel
 
     class Prober:
         """Stands in for the ranks' control channels (a real panel: tests/integration/test_top.py)."""

@@ -1,14 +1,14 @@
 """Rank widgets' states kept in the notebook kernel for a front end that reconnects (a reload, a
 second tab): what the bridge forwards builds them, and the answer to ipywidgets' request_states
-carries them in ipywidgets' format (clorch_repl.session.widget_states). The page itself:
+carries them in ipywidgets' format (clorch_repl.notebook.widget_states). The page itself:
 tests/browser/test_lab_glance.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from clorch_repl.session import widget_states
-from clorch_repl.session.widget_states import WidgetStates
+from clorch_repl.notebook import widget_states
+from clorch_repl.notebook.widget_states import WidgetStates
 
 
 def _open(model: str, **state: Any) -> dict[str, Any]:

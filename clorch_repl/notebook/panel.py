@@ -36,9 +36,9 @@ from typing import Any, Callable
 
 from ..diagnosis.analyse import analyse
 from ..diagnosis.entries import RankEvidence, op_at, progress
-from .lifecycle import SessionState
-from .panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
-from .view import SessionView
+from ..session.lifecycle import SessionState
+from ..session.panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
+from ..session.view import SessionView
 
 logger = logging.getLogger(__name__)
 

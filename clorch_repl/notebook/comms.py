@@ -56,8 +56,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a front end's message to a rank may wait to be queued before it is dropped.
 SEND_TIMEOUT_MS = 1000
-#: Comm message types forwarded in both directions.
-COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 #: After a front end's message is sent to a rank, how long its answer is waited for (the notebook
 #: kernel is busy meanwhile); whatever comes later is forwarded at the next read.
 SETTLE_S = 2.0

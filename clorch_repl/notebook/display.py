@@ -41,8 +41,8 @@ from IPython.display import DisplayHandle, clear_output, display, publish_displa
 from ..common.human import wrap
 from ..common.rank_sets import ranks_text
 from .held_notice import HeldNotice
-from .protocol import RankOutput
-from .widget_rows import WIDGET_VIEW, WidgetRows
+from ..session.protocol import RankOutput
+from ..session.widget_rows import WIDGET_VIEW, WidgetRows
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class NotebookDisplay:
     def comm(self, rank: int, deliver: Callable[[], None]) -> None:
         """A rank's comm message (a widget's), ``deliver`` publishing it: queued in the rank's
         order with its output, so that a widget's comm_open precedes its view and its comm_close
-        follows it, never merged, and never holding a partial line back (see session.comms)."""
+        follows it, never merged, and never holding a partial line back (see clorch_repl.notebook.comms)."""
         self._queues.setdefault(rank, collections.deque()).append(_Unit("comm", deliver, None, time.monotonic()))
         self._drain(time.monotonic(), final=False)
 

@@ -1,0 +1,171 @@
+"""The engine's hooks: what a session asks of the program that drives it (issue 33).
+
+Why hooks: a session (start, run a cell, interrupt, status, stop) is driven by the notebook's
+magics, by ``clorch-release-check``, by scripts and by agents, and only the first runs inside
+IPython. So the session asks whoever drives it, in the manner of jupyter_client's
+``execute_interactive`` (its ``output_hook`` and ``stdin_hook``), and never imports IPython:
+
+* a cell's output goes to an output hook (:class:`~clorch_repl.session.sink.OutputSink`:
+  ``output``, ``flush``, ``comm``, ``notice``; :class:`~clorch_repl.session.sink.PlainSink`
+  gives defaults);
+* a rank's ``input()``, ``getpass`` or ``breakpoint()`` prompt goes to a :class:`StdinHook`
+  (override :meth:`StdinHook.answer` for a blocking answer, as a script or an agent gives one);
+  :class:`NoStdin` says why a cell's ranks may not ask (their ``input()`` then raises, saying so);
+* :class:`CellHooks` is both in one object, the usual thing to pass to ``Session.run``;
+* what lives between cells, in the driving process, is a :class:`SessionHooks`: where the ranks'
+  widget (comm) messages go, what to do while a cell is waited for and after it, and JupyterLab's
+  debugger panel. The base class offers none of it (plain Python); the notebook's
+  implementation is :class:`clorch_repl.notebook.hooks.NotebookHooks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, ContextManager, Mapping, Protocol
+
+from ..errors import ClorchError
+from .protocol import RankOutput
+from .sink import OutputSink, PlainSink
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CellHooks", "NoStdin", "OutputSink", "PlainSink", "RankOutput", "SessionHooks", "ShowOutput",
+           "StdinHook", "WidgetHook", "plain_output", "stdin_of"]
+
+#: The answer that makes a rank's ``input()`` raise EOFError (what Ctrl-D is at a terminal).
+END_OF_FILE = "\x04"
+
+
+@dataclass(frozen=True)
+class NoStdin:
+    """A cell whose ranks may not ask for input, and why (shown by a rank's ``input()``, which
+    raises at once instead of waiting for an answer nobody will give)."""
+
+    why: str
+
+
+class StdinHook:
+    """Answers the prompts of a cell's ranks (``input()``, ``getpass``, ``breakpoint()``'s pdb).
+
+    The contract, in the session's order: one prompt is open at a time; requests that arrive
+    together are served in rank order. :meth:`open` opens a prompt, then :meth:`poll` is called
+    on every pass of the relay's loop until it returns the line (the other ranks' output keeps
+    streaming, deaths and the time limit are still noticed meanwhile); :meth:`cancel` closes a
+    prompt whose rank stopped waiting (interrupted or dead): a late answer to it must be dropped.
+
+    The default :meth:`open` calls :meth:`answer`, which blocks: a script or an agent overrides
+    only that (as jupyter_client's ``stdin_hook`` answers an ``input_request``). A hook that asks
+    someone elsewhere without blocking (the notebook's front end) overrides :meth:`open`,
+    :meth:`poll` and :meth:`cancel`, and sets :attr:`socket` so that the relay's poll wakes when
+    the answer arrives."""
+
+    #: a ZeroMQ socket the relay's poll watches while a prompt is open (None: no wake-up needed)
+    socket: Any = None
+    #: the default open()'s answer until poll() takes it (a class default: subclasses need not
+    #: call this class's __init__)
+    _answered: str | None = None
+
+    def answer(self, rank: int, prompt: str, password: bool) -> str:
+        """The line for ``rank``'s prompt (without its newline); raise EOFError for end-of-file
+        (the rank's ``input()`` raises EOFError). ``password``: the rank asked with getpass, so
+        the line must not be echoed. Any other exception leaves ``run`` as an output hook's does,
+        with the cell still running on the ranks (``interrupt`` ends it)."""
+        raise NotImplementedError(f"{type(self).__name__} answers no prompts: override answer() (or open() and "
+                                  "poll()), or run the cell with NoStdin")
+
+    def open(self, rank: int, prompt: str, password: bool) -> None:
+        """A prompt of ``rank`` opens; its answer is what :meth:`poll` returns next."""
+        try:
+            self._answered = self.answer(rank, prompt, password)
+        except EOFError:
+            self._answered = END_OF_FILE
+
+    def poll(self) -> str | None:
+        """The open prompt's answer if it has come, None while it has not."""
+        answered, self._answered = self._answered, None
+        return answered
+
+    def cancel(self) -> None:
+        """The open prompt's rank stopped waiting (or no prompt is open): drop a late answer."""
+        self._answered = None
+
+
+class CellHooks(PlainSink, StdinHook):
+    """A cell's hooks in one object: output (:class:`~clorch_repl.session.sink.OutputSink`, here
+    with PlainSink's defaults: override :meth:`output`) and prompts (:class:`StdinHook`: override
+    :meth:`answer`; without it, a rank's ``input()`` raises, naming this class)."""
+
+    def answers_prompts(self) -> bool:
+        """Whether this class answers prompts (overrides answer or open): when it does not, the
+        ranks are told so before they ask, rather than left waiting."""
+        cls = type(self)
+        return cls.answer is not StdinHook.answer or cls.open is not StdinHook.open
+
+
+def stdin_of(sink: object, stdin: StdinHook | NoStdin | None) -> StdinHook | NoStdin:
+    """The stdin a cell gets: ``stdin`` as given; or, for None, the output hook itself when it
+    answers prompts (a :class:`CellHooks` that overrides ``answer``), else :class:`NoStdin`."""
+    if stdin is not None:
+        return stdin
+    if isinstance(sink, CellHooks) and sink.answers_prompts():
+        return sink
+    return NoStdin(f"this cell was run without a stdin hook ({type(sink).__name__} answers no prompts: "
+                   "pass stdin=, or a CellHooks that overrides answer())")
+
+
+class ShowOutput(Protocol):
+    """Makes the output hook of one of clorch's own requests that shows what the ranks print (a
+    transfer, ``%clorch run``, ``--profile``): the notebook passes its display class."""
+
+    def __call__(self, ranks: tuple[int, ...], *, merge: bool = True,
+                 hosts: Mapping[int, str] | None = None) -> OutputSink: ...
+
+
+def plain_output(ranks: tuple[int, ...], *, merge: bool = True, hosts: Mapping[int, str] | None = None) -> OutputSink:
+    """The :class:`ShowOutput` of plain Python: the ranks' output is not shown (their logs keep it)."""
+    return PlainSink()
+
+
+class WidgetHook(Protocol):
+    """Where the ranks' comm messages (widgets: ipywidgets, ``tqdm.auto`` bars) go, between cells
+    and, ordered by the output hook's ``comm``, during them."""
+
+    def from_rank(self, rank: int, msg: dict[str, Any]) -> None:
+        """A rank's ``comm_open``, ``comm_msg`` or ``comm_close``, as it arrived."""
+
+    def close(self) -> None:
+        """The session is stopping: forget the ranks' comms (nothing is delivered after this)."""
+
+
+class Debugger(Protocol):
+    """JupyterLab's debugger panel pointed at one rank (``%clorch debugger``)."""
+
+    def event(self, rank: int, msg: dict[str, Any]) -> None:
+        """A rank's ``debug_event``."""
+
+    def uninstall(self) -> None:
+        """The driving process answers debug requests itself again."""
+
+
+class SessionHooks:
+    """What the process that drives a session offers between cells. The base class offers nothing
+    (plain Python: a script, an agent, the release check): the ranks' widget messages are
+    dropped, a cell's wait changes nothing around it, and the debugger panel is refused."""
+
+    def widgets(self, relay: Any) -> WidgetHook | None:
+        """Where the ranks' comm messages go for this group of ranks (``relay``: its
+        :class:`~clorch_repl.session.relay.Relay`); None drops them."""
+        return None
+
+    def waiting(self) -> ContextManager[None]:
+        """Held while a cell is waited for (the notebook kernel reports itself busy)."""
+        return contextlib.nullcontext()
+
+    def cell_ended(self, cell_number: int | None) -> None:
+        """A user's cell (``cell_number``: the number its front end gave it, if any) has ended."""
+
+    def debugger(self, rank_handle: Any, rank: int) -> Debugger:
+        """The debugger panel forwarded to ``rank``, installed."""
+        raise ClorchError("the debugger panel is JupyterLab's: %clorch debugger works in a notebook kernel only")

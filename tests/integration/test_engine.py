@@ -1,0 +1,170 @@
+"""The engine driven from plain Python with hooks (issue 33), on a real 2-rank gloo group: each
+rank's output through the output hook, ``input()`` answered by a stdin hook, an interrupt of a
+running cell, status, and a stop that leaves no process; and a script using the engine whose own
+process never imports IPython (the ranks' kernels do: they are IPython kernels)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+from clorch_repl.common.procs import wait_gone
+from clorch_repl.session.engine import CellHooks, NoStdin, RankOutput, Session, Status, local_session
+from clorch_repl.session.lifecycle import SessionState
+from clorch_repl.session.protocol import RankState
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Recorder(CellHooks):
+    """What a script's hooks would do: keep each rank's output, answer prompts from a table."""
+
+    def __init__(self, answers: dict[int, str] | None = None) -> None:
+        super().__init__()
+        self.items: list[RankOutput] = []
+        self.prompts: list[tuple[int, str, bool]] = []
+        self.answers = answers
+        self.started = threading.Event()
+
+    def output(self, item: RankOutput) -> None:
+        self.items.append(item)
+        if "started" in item.content.get("text", ""):
+            self.started.set()
+
+    def answer(self, rank: int, prompt: str, password: bool) -> str:
+        self.prompts.append((rank, prompt, password))
+        if self.answers is None or rank not in self.answers:
+            raise EOFError
+        return self.answers[rank]
+
+    def text(self, rank: int, stream: str = "stdout") -> str:
+        return "".join(i.content["text"] for i in self.items
+                       if i.rank == rank and i.kind == "stream" and i.content.get("name") == stream)
+
+
+class OutputOnly(CellHooks):
+    """Hooks that show output and answer no prompts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[RankOutput] = []
+
+    def output(self, item: RankOutput) -> None:
+        self.items.append(item)
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[Session]:
+    engine = local_session(2, "gloo")
+    engine.start()
+    yield engine
+    children = [p.pid for p in psutil.Process().children(recursive=True)]
+    assert engine.stop() == []
+    assert wait_gone(children, 10) == []
+
+
+def test_each_ranks_output_reaches_the_output_hook_labelled_by_its_rank(session: Session) -> None:
+    hooks = Recorder()
+    outcome = session.run("import sys\nprint(f'hello from {rank} of {world_size}')\n"
+                          "print('warned', file=sys.stderr)\nrank * 10", None, None, hooks)
+    assert outcome.ok, outcome
+    for rank in (0, 1):
+        assert hooks.text(rank) == f"hello from {rank} of 2\n"
+        assert hooks.text(rank, "stderr") == "warned\n"
+        values = [i.content["data"]["text/plain"] for i in hooks.items if i.rank == rank and i.kind == "execute_result"]
+        assert values == [str(rank * 10)]
+
+
+def test_input_on_the_ranks_is_answered_by_the_stdin_hook_in_rank_order(session: Session) -> None:
+    hooks = Recorder({0: "zero", 1: "one"})
+    outcome = session.run("name = input('your name? ')\nprint('got', name)", None, 60, hooks)
+    assert outcome.ok, outcome
+    assert hooks.prompts == [(0, "your name? ", False), (1, "your name? ", False)]
+    assert hooks.text(0) == "got zero\n" and hooks.text(1) == "got one\n"
+
+
+def test_end_of_file_from_the_hook_and_no_hook_at_all_end_the_ranks_input_with_a_reason(session: Session) -> None:
+    outcome = session.run("input('? ')", [1], 60, Recorder({}))  # the hook raises EOFError for rank 1
+    assert outcome.ranks[1].status is Status.ERROR and outcome.ranks[1].error.ename == "EOFError"
+    outcome = session.run("input('? ')", [0], 60, OutputOnly())
+    error = outcome.ranks[0].error
+    assert error is not None and "OutputOnly answers no prompts" in error.evalue, error
+    outcome = session.run("input('? ')", [0], 60, OutputOnly(), stdin=NoStdin("this agent reads no input"))
+    assert "this agent reads no input" in outcome.ranks[0].error.evalue
+
+
+def test_interrupt_from_another_thread_ends_the_running_cell_and_the_ranks_keep_their_state(session: Session) -> None:
+    assert session.run("kept = rank + 100", None, 30, Recorder()).ok
+    hooks = Recorder()
+
+    def interrupt_once_started() -> None:
+        if hooks.started.wait(30):
+            session.interrupt()
+
+    helper = threading.Thread(target=interrupt_once_started)
+    helper.start()
+    t0 = time.monotonic()
+    outcome = session.run("import time\nprint('started', flush=True)\ntime.sleep(120)", None, None, hooks)
+    helper.join()
+    assert hooks.started.is_set(), hooks.items
+    assert time.monotonic() - t0 < 30
+    assert outcome.interrupted and {o.status for o in outcome.ranks.values()} == {Status.INTERRUPTED}, outcome
+    after = Recorder()
+    assert session.run("print(kept)", None, 30, after).ok
+    assert after.text(0) == "100\n" and after.text(1) == "101\n"
+    assert session.interrupt() == ({}, None)  # nothing running: nothing stuck, nothing to recover
+
+
+def test_status_says_the_session_is_ready_and_each_rank_idle(session: Session) -> None:
+    view = session.view()
+    assert view.state is SessionState.READY and view.backend == "gloo" and view.launcher == "local"
+    assert [(r.rank, r.state) for r in view.ranks] == [(0, RankState.IDLE), (1, RankState.IDLE)]
+    rows = session.status()
+    assert [row.pid for row in rows] == session.pids() and all(row.pid for row in rows)
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import psutil
+    from clorch_repl.session.engine import CellHooks, local_session
+
+    class Hooks(CellHooks):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def output(self, item):
+            self.lines.append([item.rank, item.content.get("text", "")])
+
+        def answer(self, rank, prompt, password):
+            return f"answer {rank}"
+
+    session = local_session(2, "gloo")
+    session.start()
+    hooks = Hooks()
+    ok = session.run("print(input('q? '))", None, 60, hooks).ok
+    children = [p.pid for p in psutil.Process().children(recursive=True)]
+    left = session.stop()
+    print(json.dumps({"ok": ok, "lines": sorted(hooks.lines), "left": left, "children": children,
+                      "ipython": sorted(m for m in sys.modules if m.split(".")[0] in ("IPython", "ipywidgets",
+                                                                                      "ipykernel"))}))
+""")
+
+
+def test_a_script_drives_the_engine_without_importing_ipython() -> None:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ok"] and report["lines"] == [[0, "answer 0\n"], [1, "answer 1\n"]], report
+    assert report["ipython"] == [], report["ipython"]
+    assert report["left"] == [] and report["children"]  # its ranks ran below it, and stop ended them
+    assert wait_gone(report["children"], 10) == []
