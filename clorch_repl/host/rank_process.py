@@ -18,7 +18,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from typing import Mapping
 
 from ..common.procs import describe_exit
@@ -26,10 +25,6 @@ from ..placement import teardown
 from . import supervisor
 
 logger = logging.getLogger(__name__)
-
-#: What SIGKILL waits for after the supervisor's own grace has run out: it SIGKILLs what is left
-#: at ``grace_s`` and exits; this second is for that to happen before we do it ourselves.
-KILL_MARGIN_S = 1.0
 
 
 class RankProcess:
@@ -102,10 +97,10 @@ class RankProcess:
     def end(self, grace_s: float = supervisor.STOP_GRACE_S) -> int | None:
         """End the rank and everything below it: SIGTERM to the supervisor (which passes it on and
         SIGKILLs what is left after its own grace), then SIGKILL to whatever is still there after
-        ``grace_s`` and :data:`KILL_MARGIN_S` (the one way every supervised rank is ended,
-        :func:`clorch_repl.placement.teardown.end_supervised`). Returns the exit status."""
+        ``grace_s`` and a margin: the one way every supervised rank is ended
+        (:func:`clorch_repl.placement.teardown.end_supervised`). Returns the exit status."""
         child = self.child
         if child.poll() is not None:
             return child.returncode
-        teardown.end_supervised([child.pid], time.monotonic() + grace_s + KILL_MARGIN_S)
+        teardown.end_supervised([child.pid], teardown.deadline(grace_s))
         return child.wait()

@@ -42,9 +42,6 @@ SRUN_POLL_S = 0.2
 #: How long srun may outlive its SIGTERM beyond the job's grace (it waits Slurm's KillWait for
 #: its tasks) before it is killed.
 SRUN_KILL_WAIT_S = 5.0
-#: How long a local rank's supervisor may outlive the job's grace (it SIGKILLs what is left of its
-#: rank at that grace and exits) before it is killed itself.
-KILL_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -179,8 +176,7 @@ class LocalJobRanks(JobRanks):
         sups = [p.supervisor_pid for r, p in enumerate(self.procs) if r in ranks and p is not None and p.running]
         if not sups:
             return
-        deadline = time.monotonic() + grace_s + KILL_MARGIN_S
-        thread = threading.Thread(target=teardown.end_supervised, args=(sups, deadline), daemon=True,
+        thread = threading.Thread(target=teardown.end_supervised, args=(sups, teardown.deadline(grace_s)), daemon=True,
                                   name=f"clorch-{self.plan.job_id}-stop")
         thread.start()
         if wait:

@@ -24,6 +24,9 @@ from ..common.procs import kill_tree, pid_running, process_tree, signal_group, w
 
 logger = logging.getLogger(__name__)
 
+#: What SIGKILL waits for after a supervisor's own grace has run out: it SIGKILLs what is left of
+#: its rank at that grace and exits; this second is for that to happen before we do it ourselves.
+KILL_MARGIN_S = 1.0
 #: How long the processes of ended ranks get to be gone after their SIGKILL before they are
 #: named as having outlived the stop.
 GONE_WAIT_S = 2.0
@@ -49,6 +52,11 @@ def end_supervised(supervisors: list[int], deadline: float) -> list[psutil.Proce
     for pid, tree in trees.items():
         kill_tree(pid, tree)
     return [p for tree in trees.values() for p in tree]
+
+
+def deadline(grace_s: float, margin_s: float = KILL_MARGIN_S) -> float:
+    """The time.monotonic() by which supervisors given ``grace_s`` should be gone."""
+    return time.monotonic() + grace_s + margin_s
 
 
 def outlived(pids: Iterable[int], timeout_s: float = GONE_WAIT_S) -> list[str]:
