@@ -32,8 +32,6 @@ logger = logging.getLogger(__name__)
 SRUN_EXIT_S = 10.0
 #: How long srun gets after SIGTERM to end its tasks (it waits Slurm's KillWait for them).
 SRUN_TERM_S = 10.0
-#: How much of srun's own output a start that failed shows.
-SRUN_SAID_LINES = 20
 
 
 class SlurmLauncher(RemoteLauncher):
@@ -74,7 +72,7 @@ class SlurmLauncher(RemoteLauncher):
         code = self.srun.poll()
         if code is None:
             return None
-        return f"srun exited ({code}) saying:\n{self.srun.said(SRUN_SAID_LINES) or '(nothing)'}"
+        return f"srun exited ({code}) saying:\n{self.srun.said() or '(nothing)'}"
 
     def end(self, lost: bool = False) -> None:
         srun = getattr(self, "srun", None)
