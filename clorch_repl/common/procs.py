@@ -1,6 +1,7 @@
-"""Process plumbing shared by worker kernels and batch jobs: free ports, stopping process trees,
-reading the end of a process's log, and the watchdog that ends a rank when the process that
-started it is gone.
+"""Process plumbing shared by worker kernels and batch jobs: free ports, process trees and their
+SIGKILL, waiting for processes to be gone, reading the end of a process's log, and the watchdog
+that ends a rank when the process that started it is gone. Ending a group of ranks through their
+supervisors is :mod:`clorch_repl.placement.teardown`, built on these.
 
 Processes are only ever signalled by the pid or process group we started, never by name.
 """
@@ -237,21 +238,3 @@ def end_own_group() -> None:
     finally:
         os._exit(1)
 
-
-def end_supervised(supervisors: list[int], deadline: float) -> list[psutil.Process]:
-    """End ranks through their supervisors: SIGTERM to each one still running (it ends its rank
-    and all it started, with its own grace, then SIGKILL), wait for them until ``deadline``
-    (time.monotonic()), then SIGKILL whatever of their trees is left. Returns every process that
-    was in those trees, for the caller to wait on. The trees are read first, before anything is
-    re-parented."""
-    trees = {pid: process_tree(pid) for pid in supervisors}
-    for pid in supervisors:
-        if pid_running(pid):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    wait_gone(supervisors, timeout_s=max(0.0, deadline - time.monotonic()))
-    for pid, tree in trees.items():
-        kill_tree(pid, tree)
-    return [p for tree in trees.values() for p in tree]

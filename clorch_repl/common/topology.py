@@ -208,11 +208,21 @@ def remote_topology(options: "LaunchOptions", backend: str | None, timeout_s: fl
     if options.nproc_per_node is None:
         raise ConfigError(f"--launcher {launcher} needs --nproc-per-node: how many ranks to start on each node "
                           "(one per GPU on GPU nodes)")
+    return nodes_topology(options.nodes, options.nproc_per_node, backend, timeout_s)
+
+
+def nodes_topology(nodes: int, nproc_per_node: int, backend: str | None, timeout_s: float | str | None, *,
+                   timeout_name: str = "timeout", default_backend: str = "") -> Topology:
+    """``nodes x nproc_per_node`` ranks placed on nodes by a launcher of the cluster (a session's
+    srun or attach ranks, a batch job's srun step), the one reading of such a request: no device
+    is known here (each rank uses its node's GPU ``LOCAL_RANK``; a session fills them in when the
+    ranks call back), the backend is checked, ``default_backend`` where none is given ("": decided
+    once the ranks report their GPUs), and the timeout read as ``timeout_name``."""
     if backend is not None:
         backend = str(backend).lower()
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    timeout = parse_timeout(timeout_s, "timeout")
-    nproc = options.nodes * options.nproc_per_node
-    return Topology(nproc=nproc, devices=(None,) * nproc, backend=backend or "",
+    timeout = parse_timeout(timeout_s, timeout_name)
+    nproc = nodes * nproc_per_node
+    return Topology(nproc=nproc, devices=(None,) * nproc, backend=backend or default_backend,
                     timeout_s=timeout if timeout is not None else 600.0)

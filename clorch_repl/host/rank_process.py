@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 from typing import Mapping
 
 from ..common.procs import describe_exit
+from ..placement import teardown
 from . import supervisor
 
 logger = logging.getLogger(__name__)
-
-#: What SIGKILL waits for after the supervisor's own grace has run out: it SIGKILLs what is left
-#: at ``grace_s`` and exits; this second is for that to happen before we do it ourselves.
-KILL_MARGIN_S = 1.0
 
 
 class RankProcess:
@@ -95,30 +91,16 @@ class RankProcess:
     def interrupt(self) -> None:
         """KeyboardInterrupt in the rank's running code: SIGINT to its process group (the
         supervisor blocks SIGINT; the rank receives it)."""
-        if not self.running:
-            return
-        try:
-            os.killpg(self.child.pid, signal.SIGINT)
-        except ProcessLookupError:
+        if self.running and not teardown.interrupt(self.child.pid):
             logger.debug("pid %d ended before its interrupt", self.child.pid)
 
     def end(self, grace_s: float = supervisor.STOP_GRACE_S) -> int | None:
         """End the rank and everything below it: SIGTERM to the supervisor (which passes it on and
         SIGKILLs what is left after its own grace), then SIGKILL to whatever is still there after
-        ``grace_s`` and :data:`KILL_MARGIN_S`. Returns the exit status."""
+        ``grace_s`` and a margin: the one way every supervised rank is ended
+        (:func:`clorch_repl.placement.teardown.end_supervised`). Returns the exit status."""
         child = self.child
         if child.poll() is not None:
             return child.returncode
-        child.terminate()
-        try:
-            return child.wait(timeout=grace_s + KILL_MARGIN_S)
-        except subprocess.TimeoutExpired:
-            logger.warning("pid %d outlived its stop by %.1f s; sending SIGKILL to it and everything below it",
-                           child.pid, grace_s + KILL_MARGIN_S)
-        for pid in supervisor.descendants(child.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue  # gone meanwhile: what we wanted
-        child.kill()
+        teardown.end_supervised([child.pid], teardown.deadline(grace_s))
         return child.wait()

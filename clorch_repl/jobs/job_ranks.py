@@ -17,9 +17,7 @@ from __future__ import annotations
 import abc
 import importlib
 import logging
-import math
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -28,9 +26,11 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import ClorchError, ConfigError
 from ..host.rank_process import RankProcess
-from ..common.procs import LOOPBACK, free_port, tail_bytes
-from ..wire.rank_env import RankPlace, rank_environment, world_environment
-from ..common.topology import Topology, parse_number, resolve_topology
+from ..common.procs import LOOPBACK, free_port
+from ..placement import teardown
+from ..placement.srun import SrunStep, srun_command, time_limit
+from ..wire.rank_env import local_place, rank_environment, world_environment
+from ..common.topology import Topology, nodes_topology, resolve_topology
 from ..wire.results import read_result
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,6 @@ SRUN_POLL_S = 0.2
 #: How long srun may outlive its SIGTERM beyond the job's grace (it waits Slurm's KillWait for
 #: its tasks) before it is killed.
 SRUN_KILL_WAIT_S = 5.0
-#: Lines of srun's own output added to a failure that it may explain.
-SRUN_SAID_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -144,13 +142,9 @@ class LocalJobRanks(JobRanks):
         return resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
 
     def environment(self, rank: int) -> dict[str, str]:
-        plan, topo = self.plan, self.plan.topology
-        env = rank_environment(RankPlace(
-            rank=rank, local_rank=rank, world_size=topo.nproc, local_world_size=topo.nproc,
-            master_addr=LOOPBACK, master_port=self.port, backend=topo.backend, timeout_s=plan.pg_timeout_s,
-            gpu=topo.visible_devices(rank) or None, host_gpus=topo.host_gpus() if plan.torchrun_gpus else (),
-            store_file=plan.store_file, socket_ifname="lo",
-            cpu_bind=topo.cpu_bind), plan.base_env)
+        plan = self.plan
+        env = rank_environment(local_place(plan.topology, rank, master_port=self.port, store_file=plan.store_file,
+                                           timeout_s=plan.pg_timeout_s, host_gpus=plan.torchrun_gpus), plan.base_env)
         env.update(plan.extra_env)
         return env
 
@@ -177,13 +171,16 @@ class LocalJobRanks(JobRanks):
         self.report(rank, proc.wait())
 
     def stop(self, ranks: list[int], grace_s: float, wait: bool) -> None:
-        live = [p for r, p in enumerate(self.procs) if r in ranks and p is not None and p.running]
-        threads = [threading.Thread(target=p.end, args=(grace_s,), daemon=True) for p in live]
-        for t in threads:
-            t.start()
+        """The chosen ranks' supervisors ended together (:func:`clorch_repl.placement.teardown.end_supervised`:
+        one shared grace), from a thread of its own unless ``wait``."""
+        sups = [p.supervisor_pid for r, p in enumerate(self.procs) if r in ranks and p is not None and p.running]
+        if not sups:
+            return
+        thread = threading.Thread(target=teardown.end_supervised, args=(sups, teardown.deadline(grace_s)), daemon=True,
+                                  name=f"clorch-{self.plan.job_id}-stop")
+        thread.start()
         if wait:
-            for t in threads:
-                t.join()
+            thread.join()
 
     def pid(self, rank: int) -> int | None:
         proc = self.procs[rank]
@@ -201,7 +198,7 @@ class SlurmJobRanks(JobRanks):
 
     def __init__(self, plan: JobPlan, report: Report) -> None:
         super().__init__(plan, report)
-        self.srun: subprocess.Popen[bytes] | None = None
+        self.srun: SrunStep | None = None
         self._stopping: set[int] = set()
         self._lock = threading.Lock()
 
@@ -214,45 +211,27 @@ class SlurmJobRanks(JobRanks):
             raise ConfigError(f"nodes must be a whole number >= 1; got {nodes!r}")
         if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
             raise ConfigError(f"launcher='slurm' needs nproc_per_node, a whole number >= 1; got {nproc_per_node!r}")
-        chosen = (backend or "gloo").lower()
-        if chosen not in ("gloo", "nccl"):
-            raise ConfigError(f"backend must be one of nccl, gloo; got {backend!r}")
+        topology = nodes_topology(nodes, nproc_per_node, backend or None, pg_timeout_s, timeout_name="pg_timeout_s",
+                                  default_backend="gloo")
         if log_dir is None:
             raise ConfigError("launcher='slurm' needs log_dir on a filesystem the nodes share with this host (the "
                               "job's spec, rendezvous file, results and logs live there); /tmp is not shared")
-        timeout = parse_number(pg_timeout_s, "pg_timeout_s", "seconds")
-        nproc = nodes * nproc_per_node
-        return Topology(nproc=nproc, devices=(None,) * nproc, backend=chosen,
-                        timeout_s=timeout if timeout is not None else 600.0)
+        return topology
 
     def start(self) -> None:
-        from ..launchers.slurm import require_srun, srun_command
-
         plan = self.plan
-        require_srun()
         env = world_environment(plan.topology.backend, plan.pg_timeout_s, plan.store_file, plan.base_env)
         # The ranks meet through the FileStore (CLORCH_STORE_FILE); torch's env:// names are set
         # all the same, as a local job's are (the store is chosen by MASTER_PORT's match).
         env.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(free_port())})
         env.update(plan.extra_env)
-        minutes = None if plan.timeout_s is None else str(max(1, math.ceil(plan.timeout_s / 60)))
-        command = srun_command(plan.nodes, plan.topology.nproc // plan.nodes, f"clorch-{plan.job_id}",
-                               srun_args=plan.srun_args, output=os.path.join(plan.directory, "rank-%t.log"),
-                               time=minutes)
-        log = os.open(self._srun_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            self.srun = subprocess.Popen(command + plan.rank_command(), env=env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-                                         close_fds=True)
-        except OSError as exc:
-            raise ClorchError(f"{plan.job_id}: could not run srun ({exc})") from exc
-        finally:
-            os.close(log)
+        name = f"clorch-{plan.job_id}"
+        command = srun_command(plan.nodes, plan.topology.nproc // plan.nodes, name, srun_args=plan.srun_args,
+                               output=os.path.join(plan.directory, "rank-%t.log"), time=time_limit(plan.timeout_s))
+        # the tasks write their own rank-N.log (--output); srun's own word goes to srun.log
+        self.srun = SrunStep.start(command + plan.rank_command(), env=env, name=name, what=plan.job_id,
+                                   log_path=os.path.join(plan.directory, "srun.log"), tasks_write_stdout=False)
         threading.Thread(target=self._watch, name=f"clorch-{plan.job_id}-srun", daemon=True).start()
-
-    @property
-    def _srun_log(self) -> str:
-        return os.path.join(self.plan.directory, "srun.log")
 
     def _watch(self) -> None:
         """A rank has ended when its result file is there (it exits right after writing it); every
@@ -280,35 +259,23 @@ class SlurmJobRanks(JobRanks):
             time.sleep(SRUN_POLL_S)
 
     def stop(self, ranks: list[int], grace_s: float, wait: bool) -> None:
-        """SIGTERM to srun, which passes it to every task; SIGKILL after ``grace_s`` (one step:
-        its tasks end together)."""
+        """SIGTERM to srun, which passes it to every task; SIGKILL and scancel after ``grace_s``
+        and srun's own wait for its tasks (one step: its tasks end together;
+        :meth:`clorch_repl.placement.srun.SrunStep.end`)."""
         srun = self.srun
         with self._lock:
             self._stopping.update(ranks)
         if srun is None or srun.poll() is not None:
             return
-
-        def end() -> None:
-            srun.terminate()
-            try:
-                srun.wait(timeout=grace_s + SRUN_KILL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                logger.warning("clorch_repl: %s: srun outlived SIGTERM by %.0f s; killing it", self.plan.job_id,
-                               grace_s + SRUN_KILL_WAIT_S)
-                srun.kill()
-
-        thread = threading.Thread(target=end, daemon=True)
+        thread = threading.Thread(target=srun.end, kwargs={"term_wait_s": grace_s + SRUN_KILL_WAIT_S}, daemon=True,
+                                  name=f"clorch-{self.plan.job_id}-stop")
         thread.start()
         if wait:
             thread.join()
 
     def notes(self) -> str:
         """srun's own output: it may say why (a bad partition, an unshared directory)."""
-        try:
-            with open(self._srun_log, "rb") as fh:
-                said = tail_bytes(fh, SRUN_SAID_LINES).decode(errors="replace").rstrip()
-        except FileNotFoundError:
-            return ""
+        said = self.srun.said() if self.srun is not None else ""
         return f"srun said:\n{said}" if said else ""
 
 

@@ -28,14 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import signal
-import time
 from typing import Any
 
 from ..common import procs
 from ..errors import ConfigError
 from ..common.topology import Topology
 from ..host import hold
+from ..placement import teardown
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from ..host.rankfiles import RankFiles
 from ..host.supervisor import STOP_GRACE_S
@@ -125,7 +124,7 @@ class AdoptedLauncher(Launcher):
         supervisor leads the group and blocks SIGINT, so its kernel and the kernel's children get it."""
         for proc in self.ranks if ranks is None else [self.ranks[r] for r in ranks]:
             if proc.alive:
-                procs.signal_group(proc.supervisor_pid, signal.SIGINT)
+                teardown.interrupt(proc.supervisor_pid)
 
     def dump_stack(self, rank: int) -> str:
         proc = self.ranks[rank]
@@ -148,12 +147,8 @@ class AdoptedLauncher(Launcher):
         grace, then SIGKILL); then SIGKILL to whatever of their trees is left. ``polite`` changes
         nothing here: the session's stop has already asked the ranks to leave their group."""
         sups = [p.supervisor_pid for p in self.ranks if procs.pid_running(p.supervisor_pid)]
-        ended = procs.end_supervised(sups, time.monotonic() + grace_s + 0.5)
-        pids = sups + [p.pid for p in self.ranks] + [t.pid for t in ended]
-        left = procs.wait_gone(pids, timeout_s=2.0)
-        if left:
-            logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
-        return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
+        ended = teardown.end_supervised(sups, teardown.deadline(grace_s, 0.5))
+        return teardown.outlived(sups + [p.pid for p in self.ranks] + [t.pid for t in ended])
 
     def close(self) -> None:
         """Remove the session's directory and its session file: the session is over."""

@@ -17,6 +17,7 @@ import logging
 import shlex
 
 from .base import Progress
+from ..placement.srun import srun_hint
 from ..wire.connect import CONNECT_FILE_ENV
 from .remote import RemoteLauncher
 
@@ -40,8 +41,8 @@ class AttachLauncher(RemoteLauncher):
 
     def srun_command(self) -> str:
         opts = self.options
-        return (f"{CONNECT_FILE_ENV}={shlex.quote(self.connect_file)} srun --nodes {opts.nodes} "
-                f"--ntasks-per-node {opts.nproc_per_node} python -m clorch_repl.rank")
+        assert opts.nproc_per_node is not None  # RemoteLauncher refuses a start without it
+        return f"{CONNECT_FILE_ENV}={shlex.quote(self.connect_file)} {srun_hint(opts.nodes, opts.nproc_per_node)}"
 
     def begin(self, progress: Progress) -> None:
         print(f"clorch: run this on each of the {self.options.nodes} node(s) (FIRST_NODE: a host name of the "

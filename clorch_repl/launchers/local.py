@@ -50,9 +50,10 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from ..common import procs
 from ..common.atomic import remove_quietly
+from ..placement import teardown
 from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
-from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
+from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, local_place, rank_environment
 from ..common.topology import NPROC_ENV, Topology, resolve_topology
 from ..host import logcap, logfiles, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
@@ -170,12 +171,7 @@ class LocalLauncher(Launcher):
 
     def rank_env(self, rank: int, master_port: int) -> dict[str, str]:
         """The environment of one rank (:mod:`clorch_repl.wire.rank_env`), plus the stack file."""
-        topo = self.topology
-        env = rank_environment(RankPlace(
-            rank=rank, local_rank=rank, world_size=topo.nproc, local_world_size=topo.nproc,
-            master_addr=procs.LOOPBACK, master_port=master_port, backend=topo.backend,
-            timeout_s=topo.timeout_s, gpu=topo.visible_devices(rank) or None, host_gpus=topo.host_gpus(),
-            store_file=self.store_file, socket_ifname="lo", cpu_bind=topo.cpu_bind))
+        env = rank_environment(local_place(self.topology, rank, master_port=master_port, store_file=self.store_file))
         env[STACK_FILE_ENV] = self.files[rank].stack_path
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
@@ -415,7 +411,7 @@ class LocalLauncher(Launcher):
             procs.wait_gone(kernels, timeout_s=min(grace_s, SHUTDOWN_WAIT_S))
         # The supervisors have their own grace (the same STOP_GRACE_S); give them a little more
         # to finish their SIGKILLs before ours.
-        ended = procs.end_supervised(sups, start + grace_s + 0.5)
+        ended = teardown.end_supervised(sups, start + grace_s + 0.5)
         for proc in handles:
             proc.poll()
             try:
@@ -426,10 +422,7 @@ class LocalLauncher(Launcher):
             if proc.log_path:  # a spare that never became a rank
                 remove_quietly(proc.log_path)
                 remove_quietly(logcap.older_path(proc.log_path))
-        left = procs.wait_gone(sups + kernels + [p.pid for p in ended], timeout_s=2.0)
-        if left:
-            logger.warning("clorch_repl: processes %s of the ranks outlived the stop", sorted(set(left)))
-        return [f"process {pid} (sent SIGKILL)" for pid in sorted(set(left))]
+        return teardown.outlived(sups + kernels + [p.pid for p in ended])
 
     def close(self) -> None:
         """End the warm spares (no grace needed) and remove the files, but for the logs (:mod:`clorch_repl.host.logfiles`)."""

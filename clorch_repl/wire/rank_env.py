@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..common import env_vars
+from ..common.procs import LOOPBACK
 from ..errors import ConfigError
+from ..placement.slurm_tasks import task_place
+
+if TYPE_CHECKING:
+    from ..common.topology import Topology
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +69,25 @@ class RankPlace:
     #: the network interface gloo/NCCL use (ranks on several hosts), unless the user set one
     socket_ifname: str | None = None
     cpu_bind: str = "none"
+
+
+#: The interface gloo and NCCL use where the ranks of one host meet over loopback.
+LOOPBACK_IFNAME = "lo"
+
+
+def local_place(topology: Topology, rank: int, *, master_port: int, store_file: str, timeout_s: float | None = None,
+                host_gpus: bool = True) -> RankPlace:
+    """Rank ``rank`` of a group whose ranks all run on this host (a session's local ranks, a
+    local batch job's): its local rank is its rank, the group meets over loopback through the
+    FileStore ``store_file``, and its GPU is the topology's (:meth:`Topology.visible_devices`).
+    ``timeout_s``: the group's timeout where it is not the topology's; ``host_gpus=False``: the
+    rank sees its own GPU only, not every rank's at ``cuda:{LOCAL_RANK}``."""
+    return RankPlace(rank=rank, local_rank=rank, world_size=topology.nproc, local_world_size=topology.nproc,
+                     master_addr=LOOPBACK, master_port=master_port, backend=topology.backend,
+                     timeout_s=topology.timeout_s if timeout_s is None else timeout_s,
+                     gpu=topology.visible_devices(rank) or None,
+                     host_gpus=topology.host_gpus() if host_gpus else (), store_file=store_file,
+                     socket_ifname=LOOPBACK_IFNAME, cpu_bind=topology.cpu_bind)
 
 
 def world_environment(backend: str, timeout_s: float, store_file: str | None = None,
@@ -178,19 +201,6 @@ class Identity:
     launcher: str
 
 
-def _tasks_per_node(spec: str, node: int) -> int:
-    """Slurm's compressed task counts, e.g. ``"2(x3),1"``: the count of node ``node``."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if not m:
-            raise ConfigError(f"cannot read SLURM_STEP_TASKS_PER_NODE={spec!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    if not 0 <= node < len(counts):
-        raise ConfigError(f"SLURM_NODEID={node} is outside SLURM_STEP_TASKS_PER_NODE={spec!r}")
-    return counts[node]
-
-
 def read_identity(env: Mapping[str, str]) -> Identity:
     """Who this rank is, from torchrun's variables or else Slurm's."""
     try:
@@ -198,11 +208,9 @@ def read_identity(env: Mapping[str, str]) -> Identity:
             world = int(env["WORLD_SIZE"])
             return Identity(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), world,
                             int(env.get("LOCAL_WORLD_SIZE", str(world))), "torchrun")
-        if "SLURM_PROCID" in env:
-            per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
-            return Identity(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")),
-                            int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
-                            _tasks_per_node(per_node, int(env.get("SLURM_NODEID", "0"))), "slurm")
+        task = task_place(env)  # Slurm's variables are read in one place, for every srun task
+        if task is not None:
+            return Identity(task.rank, task.local_rank, task.world_size, task.local_world_size, "slurm")
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"cannot read this rank's place from the launcher's variables ({exc})") from None
     raise ConfigError("no rank variables: run clorch-rank under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) "

@@ -161,17 +161,18 @@ ROOMS: dict[str, set[str]] = {
     "": {"magics"},  # %load_ext clorch_repl
     # the rank's side: the rank's kernel process, what runs beside it on its host, the contract
     "kernel": {"wire", "diagnosis", "distributed", "common", "errors"},
-    "host": {"kernel", "wire", "common", "cuda", "errors"},
-    "wire": {"common", "errors"},
+    "host": {"kernel", "wire", "placement", "common", "cuda", "errors"},
+    "wire": {"placement", "common", "errors"},
     "rank": {"host"},  # python -m clorch_repl.rank: the nanny's documented name
     # the notebook's side: the magics over the notebook layer (IPython's hooks) over the engine (session)
     "magics": {"notebook", "session", "launchers", "jobs", "host", "wire", "common", "cuda", "errors"},
     "notebook": {"session", "diagnosis", "wire", "common", "errors"},
     "session": {"launchers", "host", "diagnosis", "wire", "common", "cuda", "errors"},
-    "launchers": {"kernel", "host", "wire", "common", "cuda", "errors"},
+    "launchers": {"kernel", "host", "placement", "wire", "common", "cuda", "errors"},
     # the rank-side library, batch jobs, diagnosis (rank's answers, notebook's analysis), training
     "distributed": {"jobs", "wire", "common", "cuda", "errors"},  # jobs: launch and Job keep API.md's names
-    "jobs": {"distributed", "kernel", "host", "launchers", "diagnosis", "wire", "common", "errors"},
+    # launchers: only its registry, to find a launcher's JobRanks by name (its srun and teardown are placement's)
+    "jobs": {"distributed", "kernel", "host", "launchers", "placement", "diagnosis", "wire", "common", "errors"},
     "diagnosis": {"host", "wire", "common", "errors"},
     "training": {"distributed", "common", "errors"},
     "amp": {"training"}, "data": {"training"}, "parallel": {"training"},
@@ -179,14 +180,16 @@ ROOMS: dict[str, set[str]] = {
     # the commands (clorch-notebook, clorch-release-check), and the release check's documented module name
     "tools": {"session", "host", "distributed", "amp", "data", "parallel", "common", "cuda", "errors"},
     "release_check": {"tools"},
-    # leaves and near-leaves every side may use
+    # leaves and near-leaves every side may use; placement: where ranks run and how they end, written once
+    # for sessions (launchers) and batch jobs (jobs): srun, Slurm's task variables, supervised teardown
+    "placement": {"common", "errors"},
     "errors": {"common", "host", "session"},  # see NOTEBOOK_ONLY_IMPORTS
     "common": {"cuda", "errors"},
     "cuda": set(),
 }
 #: Rooms that run in a rank's process or beside it on its host, and rooms that run only in the
 #: notebook's: no module of the first imports a module of the second, directly or through any other.
-RANK_SIDE = {"kernel", "host", "wire"}
+RANK_SIDE = {"kernel", "host", "wire", "placement"}
 NOTEBOOK_SIDE = {"session", "notebook", "magics"}
 #: Imports of notebook-side modules made inside functions that only the notebook calls, which the
 #: rank's side may reach without ever running them: the rendering of a failed cell
