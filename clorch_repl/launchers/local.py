@@ -56,17 +56,19 @@ from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, 
 from ..common.topology import NPROC_ENV, Topology, resolve_topology
 from ..host import logcap, logfiles, supervisor
 from .base import LaunchOptions, Launcher, Progress, RankHandle
+from . import forked
 from .spares import wanted_spares
 from ..host.rankfiles import RankFiles
 
 logger = logging.getLogger(__name__)
 
 KERNEL_NAME = "clorch-rank"
+#: the same kernel, its process forked from the session's zygote (.forked; issue 39)
+FORKED_KERNEL_NAME = "clorch-rank-forked"
 STOP_GRACE_S = supervisor.STOP_GRACE_S
 #: How long ranks get to leave after a shutdown request before they are sent SIGTERM (part of
 #: the one shared grace period of a stop, not added to it).
 SHUTDOWN_WAIT_S = 1.5
-
 
 #: How long a start waits for spares that are still starting before it starts the ranks cold.
 SPARE_READY_S = 120.0
@@ -148,15 +150,17 @@ class LocalLauncher(Launcher):
         self.store_file = ""
         self.master_port = 0
         self._spec_manager = self._write_kernelspec()
+        #: the zygote the ranks are forked from, started at the first fork (CLORCH_FORK_RANKS=0: none)
+        self.zygotes = forked.Zygotes(self.dir)
         self.spares: list[LocalRank] = []  # type: ignore[assignment]
         #: what the current ranks learn when they join (spares made ranks); see join_environment
         self._joining: dict[str, str] = {}
 
     def _write_kernelspec(self) -> KernelSpecManager:
-        spec_dir = os.path.join(self.dir, "kernels", KERNEL_NAME)
-        os.makedirs(spec_dir, exist_ok=True)
+        """Two specs of one command: a fresh interpreter's, and a forked rank's (its provisioner
+        asks the zygote, which runs the same supervisor command in a forked process)."""
         # The supervisor watches this process (the notebook kernel, which starts every rank).
-        spec = {
+        spec: dict[str, Any] = {
             "argv": supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
                                        [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"],
                                        pid_file="{connection_file}.pid", session_dir=self.dir),
@@ -164,8 +168,11 @@ class LocalLauncher(Launcher):
             "language": "python",
             "interrupt_mode": "signal",
         }
-        with open(os.path.join(spec_dir, "kernel.json"), "w") as fh:
-            json.dump(spec, fh)
+        for name, metadata in ((KERNEL_NAME, {}), (FORKED_KERNEL_NAME, {"kernel_provisioner": {
+                "provisioner_name": forked.PROVISIONER}})):
+            os.makedirs(os.path.join(self.dir, "kernels", name), exist_ok=True)
+            with open(os.path.join(self.dir, "kernels", name, "kernel.json"), "w") as fh:
+                json.dump({**spec, "metadata": metadata}, fh)
         return KernelSpecManager(kernel_dirs=[os.path.join(self.dir, "kernels")])
 
     def rank_env(self, rank: int, master_port: int) -> dict[str, str]:
@@ -183,12 +190,13 @@ class LocalLauncher(Launcher):
     def _start_kernel(self, name: str, env: dict[str, str], files: RankFiles, log_fd: int) -> LocalRank:
         """One kernel below its supervisor: connection file ``NAME.json`` and IPC sockets
         ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
-        manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
-                                transport="ipc", ip=os.path.join(self.dir, name))
+        fork = {forked.ZYGOTE_KW: self.zygotes.get()} if forked.wanted() else {}
+        manager = KernelManager(kernel_name=FORKED_KERNEL_NAME if fork else KERNEL_NAME,
+                                kernel_spec_manager=self._spec_manager, transport="ipc", ip=os.path.join(self.dir, name))
         manager.connection_file = os.path.join(self.dir, f"{name}.json")
         cwd = os.getcwd()
         try:
-            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
+            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=cwd, **fork)
         finally:
             os.close(log_fd)
         rank = LocalRank(files.rank, manager, files)
@@ -438,4 +446,5 @@ class LocalLauncher(Launcher):
             if spares:
                 self._end(spares, 1.0, polite=False)
         finally:
+            self.zygotes.close()
             self.kept_logs = logfiles.remove_keeping_logs(self.dir)

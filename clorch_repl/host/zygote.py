@@ -1,0 +1,182 @@
+"""The rank zygote: one process per local session that has imported what a rank's kernel imports
+(torch, ipykernel, the rank's kernel classes) once, and forks each rank from that state.
+
+    python -m clorch_repl.host.zygote FD
+
+Why (issue 39): a cold rank spent about 1.26 s of CPU before its group formed (8 ranks on the
+2-core box), 1.0 s of it importing torch in its join and 0.2 s importing ipykernel: N ranks cost N
+times that, so a start grew with the rank count wherever the ranks outnumber the cores. A forked
+rank shares those pages with the zygote and pays for its kernel's start only.
+
+What a rank is does not change. For each request the zygote forks the rank's **supervisor**
+(:mod:`.supervisor`, run in-process: its own session, the rank's log as stdout and stderr, the
+rank's environment and working directory), and the supervisor forks the **kernel**, which runs
+:func:`clorch_repl.kernel.app.main` in-process instead of exec'ing ``python -m
+clorch_repl.kernel.app``: the kernel is still the supervisor's child, the supervisor still its
+subreaper and the mirror of its exit status. The supervisor's parent is the zygote, which it
+watches as it watched the notebook; the zygote exits when the notebook's end of its socket
+closes (the notebook's exit, even by SIGKILL, or the launcher's close), so a supervisor whose
+zygote is gone ends its rank exactly as one whose notebook is gone does.
+
+The protocol (a ``SOCK_SEQPACKET`` socket pair; the notebook's side is
+:mod:`clorch_repl.launchers.forked`): a request is one JSON message ``{"argv", "env", "cwd"}``
+(``argv``: the supervisor's command line as :func:`.supervisor.command` builds it) carrying the
+log's descriptor; the answer ``{"pid": N}`` (the supervisor's pid) or ``{"error": "..."}``; and,
+whenever a supervisor has exited, ``{"exited": N, "returncode": R}`` (Popen's convention).
+
+What a forked kernel shares with its zygote that a fresh interpreter would not: the hash seed of
+``str`` (so set orders agree across ranks) and whatever module state was made at import (NumPy's
+global generator is re-seeded in each kernel, as ``random`` re-seeds itself after a fork).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: the largest request (a rank's whole environment) the socket takes in one message
+MAX_MESSAGE = 1 << 20
+#: the kernel module a forked kernel runs in-process (anything else is exec'd as before)
+KERNEL_MODULE = "clorch_repl.kernel.app"
+
+
+def preload() -> None:
+    """What every rank imports before its group forms: a warm spare's imports and the kernel's
+    classes; then the objects are frozen out of the collector, so that a supervisor forked from
+    here (which runs no user code) does not copy the pages its collections would touch."""
+    from ..kernel import app
+
+    app.warm_imports()
+    app._app_class()
+    from ..kernel import output, rank_kernel  # noqa: F401  (what ipykernel loads by name)
+    from . import supervisor  # noqa: F401
+
+    gc.freeze()
+
+
+def run_kernel(cmd: list[str]) -> int:
+    """The kernel's part, in the supervisor's forked child: what ``python -m clorch_repl.kernel.app
+    ARGS`` would run, in this already-importing process."""
+    from ..kernel import app
+
+    gc.unfreeze()  # the kernel collects as any kernel does (IPython's collect at exit included)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # its global generator was seeded once, in the zygote
+        numpy.random.seed()
+    sys.argv = [app.__file__, *cmd[3:]]
+    sys.modules["__main__"] = app  # multiprocessing's spawn re-imports the rank's main module by name
+    try:
+        app.main(cmd[3:])  # a shutdown request ends in os._exit (kernel.quick_exit)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - as an interpreter would: the traceback in the rank's log
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+    return 0
+
+
+def _child(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
+    """The supervisor's process, right after the fork: the rank's session, descriptors,
+    environment and working directory, then the supervisor with an in-process kernel."""
+    from . import supervisor
+
+    os.setsid()  # as jupyter_client's Popen(start_new_session=True): the rank's own process group
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in closing:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(null)
+    os.close(log_fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = list(request["argv"])
+    opts = argv[4:argv.index("--")]  # python -I -S supervisor.py OPTS -- CMD
+    at = opts.index("--parent")
+    opts[at + 1] = str(os.getppid())  # the zygote: gone when the notebook is
+    cmd = argv[argv.index("--") + 1:]
+    in_process = run_kernel if cmd[1:3] == ["-m", KERNEL_MODULE] else None
+    return supervisor.main([*opts, "--", *cmd], in_process=in_process)
+
+
+def _fork(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _child(request, log_fd, closing)
+        except BaseException:  # noqa: BLE001 - the rank's log says why it never started
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(log_fd)
+    return pid
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+
+
+def serve(sock: socket.socket) -> None:
+    """Fork a rank for each request until the notebook's end closes; report each exit."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    closing = [sock.fileno(), wake_r, wake_w]
+    while True:
+        for fd, _ in poller.poll():
+            if fd == wake_r:
+                os.read(wake_r, 4096)
+                continue
+            msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
+            if not msg:
+                return  # the notebook's end closed
+            try:
+                pid = _fork(json.loads(msg), fds[0], closing)
+                sock.send(json.dumps({"pid": pid}).encode())
+            except (OSError, ValueError, KeyError, IndexError) as exc:
+                for fd_ in fds:
+                    os.close(fd_)
+                sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            sock.send(json.dumps({"exited": pid, "returncode": _returncode(status)}).encode())
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    preload()
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    try:
+        serve(sock)
+    except (BrokenPipeError, ConnectionResetError):  # the notebook is gone: so are we
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
