@@ -42,12 +42,12 @@ import sys
 import traceback
 from typing import Any
 
+from ..kernel import KERNEL_MODULE  # the kernel a forked supervisor runs in-process (anything else: exec'd)
+
 logger = logging.getLogger(__name__)
 
 #: the largest request (a rank's whole environment) the socket takes in one message
 MAX_MESSAGE = 1 << 20
-#: the kernel module a forked kernel runs in-process (anything else is exec'd as before)
-KERNEL_MODULE = "clorch_repl.kernel.app"
 
 
 def preload() -> None:
@@ -115,6 +115,8 @@ def _child(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
 
 
 def _fork(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
+    sys.stdout.flush()  # nothing of the zygote's own buffers may reach a rank's log
+    sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         code = 1
