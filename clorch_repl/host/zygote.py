@@ -1,7 +1,7 @@
 """The rank zygote: one process per local session that has imported what a rank's kernel imports
 (torch, ipykernel, the rank's kernel classes) once, and forks each rank from that state.
 
-    python -m clorch_repl.host.zygote FD
+    python -m clorch_repl.host.zygote FD ROOM
 
 Why (issue 39): a cold rank spent about 1.26 s of CPU before its group formed (8 ranks on the
 2-core box), 1.0 s of it importing torch in its join and 0.2 s importing ipykernel: N ranks cost N
@@ -42,6 +42,7 @@ import sys
 import traceback
 from typing import Any
 
+from . import proctitle
 from ..kernel import KERNEL_MODULE  # the kernel a forked supervisor runs in-process (anything else: exec'd)
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def run_kernel(cmd: list[str]) -> int:
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # its global generator was seeded once, in the zygote
         numpy.random.seed()
+    proctitle.set_cmdline(cmd)
     sys.argv = [app.__file__, *cmd[3:]]
     sys.modules["__main__"] = app  # multiprocessing's spawn re-imports the rank's main module by name
     try:
@@ -109,7 +111,9 @@ def _child(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
     opts = argv[4:argv.index("--")]  # python -I -S supervisor.py OPTS -- CMD
     at = opts.index("--parent")
     opts[at + 1] = str(os.getppid())  # the zygote: gone when the notebook is
+    argv[4:4 + len(opts)] = opts
     cmd = argv[argv.index("--") + 1:]
+    proctitle.set_cmdline(argv)
     in_process = run_kernel if cmd[1:3] == ["-m", KERNEL_MODULE] else None
     return supervisor.main([*opts, "--", *cmd], in_process=in_process)
 
@@ -170,6 +174,7 @@ def serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
+    proctitle.set_cmdline([sys.executable, "-m", __spec__.name if __spec__ else __name__, argv[0]])
     sock = socket.socket(fileno=int(argv[0]))
     preload()
     sock.send(json.dumps({"ready": os.getpid()}).encode())

@@ -27,6 +27,7 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 
 from ..common import env_vars
+from ..host import proctitle
 from ..errors import ClorchError
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class Zygote:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "clorch_repl.host.zygote", str(theirs.fileno())],
+                # ROOM: space for each forked rank's own command line (host.proctitle)
+                [sys.executable, "-m", "clorch_repl.host.zygote", str(theirs.fileno()), proctitle.ROOM],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=self.env,
                 cwd=self.cwd, start_new_session=True)
         finally:
