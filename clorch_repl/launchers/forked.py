@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from jupyter_client.provisioning import LocalProvisioner
 
@@ -39,6 +39,12 @@ ZYGOTE_KW = "clorch_zygote"
 #: how long the zygote may take over its imports (torch's, cold, on a busy box) before a start fails
 READY_S = 120.0
 FORK_ENV = env_vars.FORK_RANKS.name
+#: what the zygote runs (``python -m``)
+ZYGOTE_MODULE = "clorch_repl.host.zygote"
+
+
+class ZygoteError(ClorchError):
+    """The zygote could not fork a rank: the launcher starts its ranks as fresh interpreters."""
 
 
 def wanted() -> bool:
@@ -51,7 +57,7 @@ class Zygote:
 
     def __init__(self, log_path: str) -> None:
         #: what it was started with: a rank forked later must see what a fresh one would
-        self.env, self.cwd = dict(os.environ), os.getcwd()
+        self.env, self.cwd, self.log_path = dict(os.environ), os.getcwd(), log_path
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
         self._ready = False
@@ -62,7 +68,7 @@ class Zygote:
         try:
             self.process = subprocess.Popen(
                 # ROOM: space for each forked rank's own command line (host.proctitle)
-                [sys.executable, "-m", "clorch_repl.host.zygote", str(theirs.fileno()), proctitle.ROOM],
+                [sys.executable, "-m", ZYGOTE_MODULE, str(theirs.fileno()), proctitle.ROOM],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=self.env,
                 cwd=self.cwd, start_new_session=True)
         finally:
@@ -86,8 +92,7 @@ class Zygote:
         except (socket.timeout, BlockingIOError):
             return None
         if not data:
-            raise ClorchError(f"the rank zygote (pid {self.pid}) ended ({self.process.poll()}); "
-                              "see zygote.log in the session's directory")
+            raise ZygoteError(f"the rank zygote (pid {self.pid}) ended ({self.process.poll()}){self._tail()}")
         msg = json.loads(data)
         if "exited" in msg:
             self._exits[msg["exited"]] = msg["returncode"]
@@ -102,22 +107,31 @@ class Zygote:
             deadline = time.monotonic() + READY_S
             while not self._ready:
                 if self.process.poll() is not None:
-                    raise ClorchError(f"the rank zygote ended ({self.process.returncode}) before a rank "
-                                      "was forked; see zygote.log in the session's directory")
+                    raise ZygoteError(f"the rank zygote ended ({self.process.returncode}) before a rank "
+                                      f"was forked{self._tail()}")
                 if time.monotonic() > deadline:
-                    raise ClorchError(f"the rank zygote did not finish its imports within {READY_S:.0f} s")
+                    raise ZygoteError(f"the rank zygote did not finish its imports within {READY_S:.0f} s")
                 self._receive(0.1)
             request = json.dumps({"argv": cmd, "env": env, "cwd": cwd}).encode()
             socket.send_fds(self._sock, [request], [log_fd])
             while True:
                 msg = self._receive(READY_S)
                 if msg is None:
-                    raise ClorchError("the rank zygote did not answer a fork request")
+                    raise ZygoteError("the rank zygote did not answer a fork request")
                 if "pid" in msg:
                     self.forked.append(msg["pid"])
                     return ForkedProcess(msg["pid"], self)
                 if "error" in msg:
-                    raise ClorchError(f"the rank zygote could not fork a rank: {msg['error']}")
+                    raise ZygoteError(f"the rank zygote could not fork a rank: {msg['error']}")
+
+    def _tail(self, lines: int = 5) -> str:
+        """The end of its log (why it ended: an import that failed), for the message that says so."""
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                tail = fh.read().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return "; its log ends with:\n" + "\n".join(tail) if tail else ""
 
     def returncode(self, pid: int) -> int | None:
         """``pid``'s exit status as Popen gives it, once the zygote reported it."""
@@ -206,9 +220,13 @@ class Zygotes:
         self.dir = session_dir
         self.current: Zygote | None = None
         self._retired: list[Zygote] = []
+        #: why forking failed, once it did: this launcher's ranks are fresh interpreters from then on
+        self.broken = ""
 
-    def get(self) -> Zygote:
-        """The zygote to fork from now (a fresh one where the last is stale)."""
+    def get(self) -> Zygote | None:
+        """The zygote to fork from now (a fresh one where the last is stale); None when forking failed."""
+        if self.broken:
+            return None
         self._retired = [z for z in self._retired if not _closed_if_idle(z)]
         if self.current is not None and self.current.stale():
             logger.info("clorch_repl: the environment or working directory changed; a new rank zygote starts")
@@ -231,3 +249,22 @@ def _closed_if_idle(zygote: Zygote) -> bool:
         return False
     zygote.close()
     return True
+
+
+def start_kernel(zygotes: Zygotes, manager_for: Callable[[bool], Any], **kwargs: Any) -> Any:
+    """Start a rank's kernel (``manager_for(forked)`` makes its ``KernelManager``): forked from the
+    zygote where wanted, as a fresh interpreter where not, or where the zygote failed (said once,
+    in the log: the rank's own start then shows what is wrong, e.g. a torch that cannot import)."""
+    zygote = zygotes.get() if wanted() else None
+    if zygote is not None:
+        manager = manager_for(True)
+        try:
+            manager.start_kernel(**kwargs, **{ZYGOTE_KW: zygote})
+            return manager
+        except ZygoteError as exc:
+            zygotes.broken = str(exc)
+            logger.warning("clorch_repl: %s; starting the ranks as fresh interpreters", exc)
+            manager.cleanup_resources()
+    manager = manager_for(False)
+    manager.start_kernel(**kwargs)
+    return manager

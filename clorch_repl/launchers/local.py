@@ -1,7 +1,8 @@
 """The ``local`` launcher: every rank is a child of the notebook kernel, on this host.
 
-This is today's fast path. Each rank's kernel is started by a jupyter_client ``KernelManager``
-whose kernelspec runs :mod:`clorch_repl.host.supervisor`, which starts the kernel as its child: the process
+Each rank's kernel is started by a jupyter_client ``KernelManager`` whose kernelspec runs
+:mod:`clorch_repl.host.supervisor`, which starts the kernel as its child (both forked from the session's
+zygote, which imported torch and the kernel once: :mod:`.forked`, issue 39): the process
 jupyter_client knows is the supervisor, whose exit status mirrors the kernel's; the kernel's own
 pid comes from the supervisor's pid file (stack dumps, ``%clorch status``). The supervisor is what
 ends everything a rank started, daemons included, when the rank is stopped or the notebook dies.
@@ -55,16 +56,15 @@ from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, RankPlace, rank_environment
 from ..common.topology import NPROC_ENV, Topology, resolve_topology
 from ..host import logcap, logfiles, supervisor
-from .base import LaunchOptions, Launcher, Progress, RankHandle
 from . import forked
+from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .spares import wanted_spares
 from ..host.rankfiles import RankFiles
 
 logger = logging.getLogger(__name__)
 
 KERNEL_NAME = "clorch-rank"
-#: the same kernel, its process forked from the session's zygote (.forked; issue 39)
-FORKED_KERNEL_NAME = "clorch-rank-forked"
+FORKED_KERNEL_NAME = "clorch-rank-forked"  # the same kernel, forked from the session's zygote (.forked)
 STOP_GRACE_S = supervisor.STOP_GRACE_S
 #: How long ranks get to leave after a shutdown request before they are sent SIGTERM (part of
 #: the one shared grace period of a stop, not added to it).
@@ -188,15 +188,15 @@ class LocalLauncher(Launcher):
         return env
 
     def _start_kernel(self, name: str, env: dict[str, str], files: RankFiles, log_fd: int) -> LocalRank:
-        """One kernel below its supervisor: connection file ``NAME.json`` and IPC sockets
-        ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
-        fork = {forked.ZYGOTE_KW: self.zygotes.get()} if forked.wanted() else {}
-        manager = KernelManager(kernel_name=FORKED_KERNEL_NAME if fork else KERNEL_NAME,
-                                kernel_spec_manager=self._spec_manager, transport="ipc", ip=os.path.join(self.dir, name))
-        manager.connection_file = os.path.join(self.dir, f"{name}.json")
+        """One kernel below its supervisor (forked from the zygote: .forked): connection file ``NAME.json``
+        and IPC sockets ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
+        def manager_for(fork: bool) -> KernelManager:
+            return KernelManager(kernel_name=FORKED_KERNEL_NAME if fork else KERNEL_NAME, transport="ipc",
+                                 kernel_spec_manager=self._spec_manager, ip=os.path.join(self.dir, name),
+                                 connection_file=os.path.join(self.dir, f"{name}.json"))
         cwd = os.getcwd()
         try:
-            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=cwd, **fork)
+            manager = forked.start_kernel(self.zygotes, manager_for, env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
         finally:
             os.close(log_fd)
         rank = LocalRank(files.rank, manager, files)

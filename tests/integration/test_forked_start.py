@@ -75,3 +75,22 @@ def test_fork_ranks_off_starts_fresh_interpreters() -> None:
         kernels = [int(lines_of(reply.text, r)[0].split()[3]) for r in range(2)]
         for pid in kernels:
             assert "clorch_repl.kernel.app" in " ".join(psutil.Process(pid).cmdline())
+
+
+def test_a_zygote_that_cannot_start_leaves_fresh_interpreters_that_work() -> None:
+    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("import clorch_repl.launchers.forked as _f\n_f.ZYGOTE_MODULE = 'clorch_repl.no_such_zygote'").status == "ok"
+        started = nb.run("%clorch start --nproc 2 --backend gloo")
+        assert started.status == "ok", started.text
+        reply = nb.run(CELL)
+        assert reply.status == "ok", reply.text
+        assert _tree(nb)["zygote"] == []
+        kernels = [int(lines_of(reply.text, r)[0].split()[3]) for r in range(2)]
+        assert all("clorch_repl.kernel.app" in " ".join(psutil.Process(pid).cmdline()) for pid in kernels)
+        everything = [p.pid for p in psutil.Process(nb.pid).children(recursive=True)]
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone(everything, 10) == []
+    finally:
+        nb.shutdown()
