@@ -76,19 +76,26 @@ def main() -> None:
     parser.add_argument("--nprocs", default="4,8,16")
     parser.add_argument("--repeats", type=int, default=3, help="starts per mode and baseline, per rank count")
     parser.add_argument("--iters", type=int, default=100, help="pairs of cells for the empty cell (0: none)")
+    parser.add_argument("--fresh-max", type=int, default=10**6,
+                        help="time fresh interpreters and torchrun (each rank imports torch: about 0.3 GB a "
+                             "rank) only up to this many ranks")
     args = parser.parse_args()
     nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
         for n in (int(x) for x in args.nprocs.split(",")):
             load = os.getloadavg()[0]
-            times: dict[str, list[float]] = {name: [] for name in [*MODES, "plain ipykernels", "torchrun"]}
+            heavy = n <= args.fresh_max
+            times: dict[str, list[float]] = {name: [] for name in [*MODES, "plain ipykernels", "torchrun"]
+                                             if heavy or name in ("forked", "plain ipykernels")}
             for _ in range(args.repeats):
                 for name, fork in MODES.items():
-                    times[name].append(clorch_start(nb, n, fork))
-                    nb.run("%clorch stop")
+                    if name in times:
+                        times[name].append(clorch_start(nb, n, fork))
+                        nb.run("%clorch stop")
                 times["plain ipykernels"].append(plain_kernels(n))
-                times["torchrun"].append(torchrun_start(n, "gloo"))
+                if heavy:
+                    times["torchrun"].append(torchrun_start(n, "gloo"))
             print(f"{n} ranks (load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end):")
             for name, samples in times.items():
                 label = f"%clorch start, {name}" if name in MODES else name

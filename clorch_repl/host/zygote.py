@@ -47,6 +47,8 @@ from ..kernel import KERNEL_MODULE  # the kernel a forked supervisor runs in-pro
 
 logger = logging.getLogger(__name__)
 
+#: how often the zygote looks for its parent, the notebook (the supervisors look every 0.1 s)
+PARENT_POLL_MS = 200
 #: the largest request (a rank's whole environment) the socket takes in one message
 MAX_MESSAGE = 1 << 20
 
@@ -139,7 +141,8 @@ def _returncode(status: int) -> int:
 
 
 def serve(sock: socket.socket) -> None:
-    """Fork a rank for each request until the notebook's end closes; report each exit."""
+    """Fork a rank for each request until the notebook's end closes or the notebook is gone;
+    report each exit."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -148,8 +151,9 @@ def serve(sock: socket.socket) -> None:
     poller.register(sock, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     closing = [sock.fileno(), wake_r, wake_w]
-    while True:
-        for fd, _ in poller.poll():
+    parent = os.getppid()
+    while os.getppid() == parent:  # the socket's end may outlive the notebook in a child it forked
+        for fd, _ in poller.poll(PARENT_POLL_MS):
             if fd == wake_r:
                 os.read(wake_r, 4096)
                 continue
@@ -157,12 +161,12 @@ def serve(sock: socket.socket) -> None:
             if not msg:
                 return  # the notebook's end closed
             try:
-                pid = _fork(json.loads(msg), fds[0], closing)
-                sock.send(json.dumps({"pid": pid}).encode())
-            except (OSError, ValueError, KeyError, IndexError) as exc:
+                answer: dict[str, Any] = {"pid": _fork(json.loads(msg), fds[0], closing)}
+            except (OSError, ValueError, KeyError, IndexError) as exc:  # before the fork: nothing started
                 for fd_ in fds:
                     os.close(fd_)
-                sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            sock.send(json.dumps(answer).encode())
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
