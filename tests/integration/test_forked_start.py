@@ -94,3 +94,21 @@ def test_a_zygote_that_cannot_start_leaves_fresh_interpreters_that_work() -> Non
         assert wait_gone(everything, 10) == []
     finally:
         nb.shutdown()
+
+
+def test_a_changed_environment_forks_the_next_ranks_from_a_fresh_zygote() -> None:
+    with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
+        first = _tree(nb)["zygote"]
+        assert len(first) == 1
+        assert nb.run("%env CLORCH_TEST_MARK=seen").status == "ok"
+        assert nb.run("%clorch restart").status == "ok"
+        reply = nb.run("%%distributed\nimport os\nprint(os.environ.get('CLORCH_TEST_MARK'), os.getppid())")
+        assert reply.status == "ok", reply.text
+        rows = [lines_of(reply.text, r)[0].split() for r in range(2)]
+        assert [row[0] for row in rows] == ["seen", "seen"], reply.text
+        forked_from = {psutil.Process(int(row[1])).ppid() for row in rows}
+        now = [z.pid for z in _tree(nb)["zygote"]]
+        assert len(forked_from) == 1 and forked_from <= set(now) and first[0].pid not in forked_from, \
+            "the ranks came from the zygote of the old environment"
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone([first[0].pid, *now], 10) == [], "a zygote outlived the stop"
