@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_client.provisioning import LocalProvisioner
 
 from ..common import env_vars
@@ -261,8 +262,8 @@ def start_kernel(zygotes: Zygotes, manager_for: Callable[[bool], Any], **kwargs:
         try:
             manager.start_kernel(**kwargs, **{ZYGOTE_KW: zygote})
             return manager
-        except ZygoteError as exc:
-            zygotes.broken = str(exc)
+        except (ZygoteError, NoSuchKernel) as exc:  # NoSuchKernel: the provisioner's entry point unknown
+            zygotes.broken = str(exc)  # (clorch_repl installed anew under a running notebook)
             logger.warning("clorch_repl: %s; starting the ranks as fresh interpreters", exc)
             manager.cleanup_resources()
     manager = manager_for(False)
