@@ -13,10 +13,11 @@ What a rank is does not change. For each request the zygote forks the rank's **s
 rank's environment and working directory), and the supervisor forks the **kernel**, which runs
 :func:`clorch_repl.kernel.app.main` in-process instead of exec'ing ``python -m
 clorch_repl.kernel.app``: the kernel is still the supervisor's child, the supervisor still its
-subreaper and the mirror of its exit status. The supervisor's parent is the zygote, which it
-watches as it watched the notebook; the zygote exits when the notebook's end of its socket
-closes (the notebook's exit, even by SIGKILL, or the launcher's close), so a supervisor whose
-zygote is gone ends its rank exactly as one whose notebook is gone does.
+subreaper and the mirror of its exit status. The supervisor's parent is the zygote; it watches
+the notebook itself, through a pidfd the zygote opened (:class:`Notebook`), and ends its rank
+when the notebook is gone as before. The zygote exits when the notebook's end of its socket
+closes (the notebook's exit, even by SIGKILL, or the launcher's close) or the notebook is gone;
+a zygote killed alone leaves the ranks running (the launcher forks the next ones from a new one).
 
 The protocol (a ``SOCK_SEQPACKET`` socket pair; the notebook's side is
 :mod:`clorch_repl.launchers.forked`): a request is one JSON message ``{"argv", "env", "cwd"}``
@@ -40,7 +41,7 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from . import proctitle
 from ..kernel import KERNEL_MODULE  # the kernel a forked supervisor runs in-process (anything else: exec'd)
@@ -90,7 +91,28 @@ def run_kernel(cmd: list[str]) -> int:
     return 0
 
 
-def _child(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
+class Notebook:
+    """The zygote's parent, the notebook, as a forked supervisor watches it: through a pidfd opened
+    while it surely lived (no reused pid is ever taken for it), inherited across the fork; where
+    there is none (Linux before 5.3), through the zygote, which does not outlive the notebook. So a
+    zygote that dies alone (the out-of-memory killer) leaves the ranks running, and the session's
+    directory where it is."""
+
+    def __init__(self) -> None:
+        self.zygote = os.getpid()
+        try:
+            self.fd: int | None = os.pidfd_open(os.getppid())
+        except (AttributeError, OSError):
+            self.fd = None
+
+    def alive(self) -> bool:
+        if self.fd is None:
+            return os.getppid() == self.zygote
+        return not select.select([self.fd], [], [], 0)[0]  # readable once it has exited
+
+
+
+def _child(request: dict[str, Any], log_fd: int, closing: list[int], notebook: Notebook) -> int:
     """The supervisor's process, right after the fork: the rank's session, descriptors,
     environment and working directory, then the supervisor with an in-process kernel."""
     from . import supervisor
@@ -110,24 +132,30 @@ def _child(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     argv = list(request["argv"])
-    opts = argv[4:argv.index("--")]  # python -I -S supervisor.py OPTS -- CMD
-    at = opts.index("--parent")
-    opts[at + 1] = str(os.getppid())  # the zygote: gone when the notebook is
-    argv[4:4 + len(opts)] = opts
-    cmd = argv[argv.index("--") + 1:]
+    opts, cmd = argv[4:argv.index("--")], argv[argv.index("--") + 1:]  # python -I -S supervisor.py OPTS -- CMD
     proctitle.set_cmdline(argv)
-    in_process = run_kernel if cmd[1:3] == ["-m", KERNEL_MODULE] else None
-    return supervisor.main([*opts, "--", *cmd], in_process=in_process)
+    in_process = _kernel_without(notebook.fd) if cmd[1:3] == ["-m", KERNEL_MODULE] else None
+    return supervisor.main([*opts, "--", *cmd], in_process=in_process, parent_alive=notebook.alive)
 
 
-def _fork(request: dict[str, Any], log_fd: int, closing: list[int]) -> int:
+def _kernel_without(fd: int | None) -> Callable[[list[str]], int]:
+    """:func:`run_kernel`, with the supervisor's descriptor of the notebook closed first (the rank's
+    process holds nothing of its supervisor's)."""
+    def run(cmd: list[str]) -> int:
+        if fd is not None:
+            os.close(fd)
+        return run_kernel(cmd)
+    return run
+
+
+def _fork(request: dict[str, Any], log_fd: int, closing: list[int], notebook: Notebook) -> int:
     sys.stdout.flush()  # nothing of the zygote's own buffers may reach a rank's log
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            code = _child(request, log_fd, closing)
+            code = _child(request, log_fd, closing, notebook)
         except BaseException:  # noqa: BLE001 - the rank's log says why it never started
             traceback.print_exc()
         finally:
@@ -140,7 +168,7 @@ def _returncode(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, notebook: Notebook) -> None:
     """Fork a rank for each request until the notebook's end closes or the notebook is gone;
     report each exit."""
     wake_r, wake_w = os.pipe()
@@ -161,7 +189,7 @@ def serve(sock: socket.socket) -> None:
             if not msg:
                 return  # the notebook's end closed
             try:
-                answer: dict[str, Any] = {"pid": _fork(json.loads(msg), fds[0], closing)}
+                answer: dict[str, Any] = {"pid": _fork(json.loads(msg), fds[0], closing, notebook)}
             except (OSError, ValueError, KeyError, IndexError) as exc:  # before the fork: nothing started
                 for fd_ in fds:
                     os.close(fd_)
@@ -178,12 +206,13 @@ def serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
+    notebook = Notebook()
     proctitle.set_cmdline([sys.executable, "-m", __spec__.name if __spec__ else __name__, argv[0]])
     sock = socket.socket(fileno=int(argv[0]))
     preload()
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     try:
-        serve(sock)
+        serve(sock, notebook)
     except (BrokenPipeError, ConnectionResetError):  # the notebook is gone: so are we
         pass
     return 0

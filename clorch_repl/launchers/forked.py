@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -62,6 +63,8 @@ class Zygote:
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
         self._ready = False
+        #: its end of the socket closed: it is gone (its supervisors end their ranks as orphans)
+        self.gone = False
         #: every supervisor it forked
         self.forked: list[int] = []
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -86,14 +89,17 @@ class Zygote:
         return self.process.poll() is not None or self.env != dict(os.environ) or self.cwd != os.getcwd()
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any] | None:
-        """One message (exits filed away as they come); None on timeout."""
+        """One message (exits filed away as they come); None on timeout or once it is gone."""
+        if self.gone:
+            return None
         self._sock.settimeout(timeout_s)
         try:
             data = self._sock.recv(1 << 16)
         except (socket.timeout, BlockingIOError):
             return None
         if not data:
-            raise ZygoteError(f"the rank zygote (pid {self.pid}) ended ({self.process.poll()}){self._tail()}")
+            self.gone = True
+            return None
         msg = json.loads(data)
         if "exited" in msg:
             self._exits[msg["exited"]] = msg["returncode"]
@@ -107,9 +113,8 @@ class Zygote:
         with self._lock:
             deadline = time.monotonic() + READY_S
             while not self._ready:
-                if self.process.poll() is not None:
-                    raise ZygoteError(f"the rank zygote ended ({self.process.returncode}) before a rank "
-                                      f"was forked{self._tail()}")
+                if self.gone or self.process.poll() is not None:
+                    raise ZygoteError(f"the rank zygote ended ({self._ended()}) before a rank was forked{self._tail()}")
                 if time.monotonic() > deadline:
                     raise ZygoteError(f"the rank zygote did not finish its imports within {READY_S:.0f} s")
                 self._receive(0.1)
@@ -118,12 +123,20 @@ class Zygote:
             while True:
                 msg = self._receive(READY_S)
                 if msg is None:
-                    raise ZygoteError("the rank zygote did not answer a fork request")
+                    raise ZygoteError(f"the rank zygote ended ({self._ended()}){self._tail()}" if self.gone
+                                      else "the rank zygote did not answer a fork request")
                 if "pid" in msg:
                     self.forked.append(msg["pid"])
                     return ForkedProcess(msg["pid"], self)
                 if "error" in msg:
                     raise ZygoteError(f"the rank zygote could not fork a rank: {msg['error']}")
+
+    def _ended(self) -> str:
+        """Its exit status, once its socket closed (it is exiting): collected, so no zombie is left."""
+        try:
+            return str(self.process.wait(timeout=2.0))
+        except subprocess.TimeoutExpired:
+            return "still exiting"
 
     def _tail(self, lines: int = 5) -> str:
         """The end of its log (why it ended: an import that failed), for the message that says so."""
@@ -170,10 +183,21 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._zygote.returncode(self.pid)
+            if self.returncode is None and self._zygote.gone and not self._running():
+                self.returncode = -signal.SIGKILL  # its zygote died: orphaned supervisors end their ranks so
             if self.returncode is not None and self._pidfd is not None:
                 os.close(self._pidfd)
                 self._pidfd = None
         return self.returncode
+
+    def _running(self) -> bool:
+        if self._pidfd is not None:
+            return not select.select([self._pidfd], [], [], 0)[0]  # readable once it has exited
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -246,7 +270,7 @@ class Zygotes:
 
 
 def _closed_if_idle(zygote: Zygote) -> bool:
-    if any(zygote.returncode(pid) is None for pid in zygote.forked):
+    if not zygote.gone and any(zygote.returncode(pid) is None for pid in zygote.forked):
         return False
     zygote.close()
     return True

@@ -2,8 +2,9 @@
 
 Eight gloo ranks start, form their group and run a cell; each rank is its own process below its
 own supervisor, with its own random streams; after ``%clorch stop`` nothing is left, the zygote
-included; a notebook killed outright takes the zygote and every rank with it; and
-``CLORCH_FORK_RANKS=0`` still starts fresh interpreters.
+included; a notebook killed outright takes the zygote and every rank with it; a zygote killed
+alone leaves the session working; a zygote that cannot start, or ``CLORCH_FORK_RANKS=0``, leaves
+fresh interpreters; a changed environment gets a fresh zygote.
 """
 
 from __future__ import annotations
@@ -112,3 +113,20 @@ def test_a_changed_environment_forks_the_next_ranks_from_a_fresh_zygote() -> Non
             "the ranks came from the zygote of the old environment"
         assert nb.run("%clorch stop").status == "ok"
         assert wait_gone([first[0].pid, *now], 10) == [], "a zygote outlived the stop"
+
+
+def test_a_zygote_killed_alone_leaves_the_ranks_working_and_a_restart_forks_from_a_fresh_one() -> None:
+    with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
+        tree = _tree(nb)
+        old = [p.pid for p in tree["other"]]
+        os.kill(tree["zygote"][0].pid, signal.SIGKILL)  # the out-of-memory killer's choice, say
+        time.sleep(1.0)  # the supervisors look for the notebook every 0.1 s
+        reply = nb.run(CELL)
+        assert reply.status == "ok" and len(lines_of(reply.text, 1)) == 1, reply.text
+        restarted = nb.run("%clorch restart")
+        assert restarted.status == "ok", restarted.text
+        assert wait_gone(old, 10) == [], "the old ranks outlived the restart"
+        reply = nb.run(CELL)
+        assert reply.status == "ok" and len(lines_of(reply.text, 1)) == 1, reply.text
+        fresh = _tree(nb)["zygote"]
+        assert len(fresh) == 1 and fresh[0].pid != tree["zygote"][0].pid
