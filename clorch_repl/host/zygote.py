@@ -111,7 +111,6 @@ class Notebook:
         return not select.select([self.fd], [], [], 0)[0]  # readable once it has exited
 
 
-
 def _child(request: dict[str, Any], log_fd: int, closing: list[int], notebook: Notebook) -> int:
     """The supervisor's process, right after the fork: the rank's session, descriptors,
     environment and working directory, then the supervisor with an in-process kernel."""
