@@ -150,15 +150,13 @@ class LocalLauncher(Launcher):
         self.store_file = ""
         self.master_port = 0
         self._spec_manager = self._write_kernelspec()
-        #: the zygote the ranks are forked from, started at the first fork (CLORCH_FORK_RANKS=0: none)
-        self.zygotes = forked.Zygotes(self.dir)
+        self.zygotes = forked.Zygotes(self.dir)  # the ranks' zygote, started at the first fork
         self.spares: list[LocalRank] = []  # type: ignore[assignment]
         #: what the current ranks learn when they join (spares made ranks); see join_environment
         self._joining: dict[str, str] = {}
 
     def _write_kernelspec(self) -> KernelSpecManager:
-        """Two specs of one command: a fresh interpreter's, and a forked rank's (its provisioner
-        asks the zygote, which runs the same supervisor command in a forked process)."""
+        """Two specs of one command: a fresh interpreter's, a forked rank's (the zygote runs it)."""
         # The supervisor watches this process (the notebook kernel, which starts every rank).
         spec: dict[str, Any] = {
             "argv": supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
@@ -235,6 +233,8 @@ class LocalLauncher(Launcher):
             files = self.files[rank]
             self.ranks.append(self._start_kernel(f"rank{rank}", self.rank_env(rank, master_port), files,
                                                  files.open_log()))
+        if self.zygotes.broken:  # each such start is a slow one: say why
+            progress(f"{self.zygotes.broken}; the ranks started as fresh interpreters")
 
     def _stale(self, spares: list[LocalRank]) -> str:
         """Why the warm spares cannot be the next ranks ("" when they can): one died, the set is

@@ -85,6 +85,8 @@ def test_a_zygote_that_cannot_start_leaves_fresh_interpreters_that_work() -> Non
         assert nb.run("import clorch_repl.launchers.forked as _f\n_f.ZYGOTE_MODULE = 'clorch_repl.no_such_zygote'").status == "ok"
         started = nb.run("%clorch start --nproc 2 --backend gloo")
         assert started.status == "ok", started.text
+        assert "the rank zygote ended" in started.text and "No module named" in started.text \
+            and "the ranks started as fresh interpreters" in started.text, started.text
         reply = nb.run(CELL)
         assert reply.status == "ok", reply.text
         assert _tree(nb)["zygote"] == []
