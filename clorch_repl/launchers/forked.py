@@ -184,7 +184,8 @@ class ForkedProcess:
         if self.returncode is None:
             self.returncode = self._zygote.returncode(self.pid)
             if self.returncode is None and self._zygote.gone and not self._running():
-                self.returncode = -signal.SIGKILL  # its zygote died: orphaned supervisors end their ranks so
+                # its zygote died before it, so nobody collected its status: reported as a SIGKILL
+                self.returncode = -signal.SIGKILL
             if self.returncode is not None and self._pidfd is not None:
                 os.close(self._pidfd)
                 self._pidfd = None
