@@ -61,6 +61,7 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 try:
     from . import hold, logcap
@@ -174,8 +175,16 @@ def _signal_all(pids: list[int], signum: int) -> None:
 
 class Supervisor:
     def __init__(self, cmd: list[str], grace_s: float, pid_file: str | None, session_dir: str | None,
-                 parent: int | None = None, log_cap: int = 0) -> None:
+                 parent: int | None = None, log_cap: int = 0,
+                 in_process: Callable[[list[str]], int] | None = None,
+                 parent_alive: Callable[[], bool] | None = None) -> None:
         self.cmd = cmd
+        #: runs ``cmd`` in the forked child instead of exec'ing it (a rank forked from the zygote,
+        #: :mod:`.zygote`, whose imports are done already); None: exec, as a fresh interpreter
+        self.in_process = in_process
+        #: whether the notebook lives; by default, whether we are still ``parent``'s child (a rank
+        #: forked from the zygote, whose parent is the zygote, watches the notebook itself)
+        self.parent_alive = parent_alive or (lambda: os.getppid() == self.parent)
         self.log_cap = log_cap
         self.grace_s = grace_s
         self.pid_file = pid_file
@@ -192,6 +201,8 @@ class Supervisor:
         if pid == 0:  # the kernel: default signal mask and handlers, same process group
             try:
                 signal.pthread_sigmask(signal.SIG_SETMASK, set())
+                if self.in_process is not None:
+                    os._exit(self.in_process(self.cmd))
                 os.execvp(self.cmd[0], self.cmd)
             except OSError as exc:  # stderr is the rank's log: say why the rank never started
                 try:
@@ -234,7 +245,7 @@ class Supervisor:
                     reason = "stop"
                     break
             self._reap()
-            if not self.hold.keep(os.getppid() == self.parent):
+            if not self.hold.keep(self.parent_alive()):
                 reason = "orphaned"
                 break
             wait_s = min(POLL_S, self.log.check())
@@ -300,7 +311,8 @@ class Supervisor:
         return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], in_process: Callable[[list[str]], int] | None = None,
+         parent_alive: Callable[[], bool] | None = None) -> int:
     grace_s, pid_file, session_dir, parent, log_cap = 5.0, None, None, None, 0
     try:
         split = argv.index("--")
@@ -327,7 +339,7 @@ def main(argv: list[str]) -> int:
     if not _subreaper():
         sys.stderr.write("clorch supervisor: PR_SET_CHILD_SUBREAPER unavailable; daemons a rank "
                          "starts may outlive it\n")
-    sup = Supervisor(cmd, grace_s, pid_file, session_dir, parent, log_cap)
+    sup = Supervisor(cmd, grace_s, pid_file, session_dir, parent, log_cap, in_process, parent_alive)
     sup.start()
     return sup.run()
 

@@ -1,4 +1,6 @@
-"""Entry point of one rank's kernel process: ``python -m clorch_repl.kernel.app -f CONN``.
+"""Entry point of one rank's kernel process: ``python -m clorch_repl.kernel.app -f CONN``, or
+:func:`main` called in a process forked from the local session's zygote, which imported all of
+this once (:mod:`clorch_repl.host.zygote`, issue 39).
 
 The kernel is started by the rank's :mod:`clorch_repl.host.supervisor`, which ends it and
 everything it started when the notebook is gone or the rank is stopped. A rank is a plain ipykernel

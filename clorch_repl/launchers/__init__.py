@@ -2,7 +2,7 @@
 
 :mod:`.base` holds the contract (:class:`Launcher`, :class:`RankHandle`); ``local`` (children of
 this kernel), ``slurm`` (``srun``) and ``attach`` (any launcher the user runs: torchrun, srun,
-mpirun...) implement it. They are found by name in the entry-point group ``clorch_repl.launchers``
+mpirun...) implement it; ``local`` forks its ranks from a zygote through :mod:`.forked`. They are found by name in the entry-point group ``clorch_repl.launchers``
 (declared in pyproject.toml), so another package can add one with::
 
     [project.entry-points."clorch_repl.launchers"]

@@ -1,7 +1,8 @@
 """The ``local`` launcher: every rank is a child of the notebook kernel, on this host.
 
-This is today's fast path. Each rank's kernel is started by a jupyter_client ``KernelManager``
-whose kernelspec runs :mod:`clorch_repl.host.supervisor`, which starts the kernel as its child: the process
+Each rank's kernel is started by a jupyter_client ``KernelManager`` whose kernelspec runs
+:mod:`clorch_repl.host.supervisor`, which starts the kernel as its child (both forked from the session's
+zygote, which imported torch and the kernel once: :mod:`.forked`, issue 39): the process
 jupyter_client knows is the supervisor, whose exit status mirrors the kernel's; the kernel's own
 pid comes from the supervisor's pid file (stack dumps, ``%clorch status``). The supervisor is what
 ends everything a rank started, daemons included, when the rank is stopped or the notebook dies.
@@ -56,6 +57,7 @@ from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, local_place, rank_environment
 from ..common.topology import NPROC_ENV, Topology, resolve_topology
 from ..host import logcap, logfiles, supervisor
+from . import forked
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from .spares import wanted_spares
 from ..host.rankfiles import RankFiles
@@ -63,11 +65,11 @@ from ..host.rankfiles import RankFiles
 logger = logging.getLogger(__name__)
 
 KERNEL_NAME = "clorch-rank"
+FORKED_KERNEL_NAME = "clorch-rank-forked"  # the same kernel, forked from the session's zygote (.forked)
 STOP_GRACE_S = supervisor.STOP_GRACE_S
 #: How long ranks get to leave after a shutdown request before they are sent SIGTERM (part of
 #: the one shared grace period of a stop, not added to it).
 SHUTDOWN_WAIT_S = 1.5
-
 
 #: How long a start waits for spares that are still starting before it starts the ranks cold.
 SPARE_READY_S = 120.0
@@ -149,15 +151,15 @@ class LocalLauncher(Launcher):
         self.store_file = ""
         self.master_port = 0
         self._spec_manager = self._write_kernelspec()
+        self.zygotes = forked.Zygotes(self.dir)  # the ranks' zygote, started at the first fork
         self.spares: list[LocalRank] = []  # type: ignore[assignment]
         #: what the current ranks learn when they join (spares made ranks); see join_environment
         self._joining: dict[str, str] = {}
 
     def _write_kernelspec(self) -> KernelSpecManager:
-        spec_dir = os.path.join(self.dir, "kernels", KERNEL_NAME)
-        os.makedirs(spec_dir, exist_ok=True)
+        """Two specs of one command: a fresh interpreter's, a forked rank's (the zygote runs it)."""
         # The supervisor watches this process (the notebook kernel, which starts every rank).
-        spec = {
+        spec: dict[str, Any] = {
             "argv": supervisor.command(sys.executable, STOP_GRACE_S, os.getpid(),
                                        [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"],
                                        pid_file="{connection_file}.pid", session_dir=self.dir),
@@ -165,8 +167,11 @@ class LocalLauncher(Launcher):
             "language": "python",
             "interrupt_mode": "signal",
         }
-        with open(os.path.join(spec_dir, "kernel.json"), "w") as fh:
-            json.dump(spec, fh)
+        for name, metadata in ((KERNEL_NAME, {}), (FORKED_KERNEL_NAME, {"kernel_provisioner": {
+                "provisioner_name": forked.PROVISIONER}})):
+            os.makedirs(os.path.join(self.dir, "kernels", name), exist_ok=True)
+            with open(os.path.join(self.dir, "kernels", name, "kernel.json"), "w") as fh:
+                json.dump({**spec, "metadata": metadata}, fh)
         return KernelSpecManager(kernel_dirs=[os.path.join(self.dir, "kernels")])
 
     def rank_env(self, rank: int, master_port: int) -> dict[str, str]:
@@ -177,14 +182,15 @@ class LocalLauncher(Launcher):
         return env
 
     def _start_kernel(self, name: str, env: dict[str, str], files: RankFiles, log_fd: int) -> LocalRank:
-        """One kernel below its supervisor: connection file ``NAME.json`` and IPC sockets
-        ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
-        manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=self._spec_manager,
-                                transport="ipc", ip=os.path.join(self.dir, name))
-        manager.connection_file = os.path.join(self.dir, f"{name}.json")
+        """One kernel below its supervisor (forked from the zygote: .forked): connection file ``NAME.json``
+        and IPC sockets ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
+        def manager_for(fork: bool) -> KernelManager:
+            return KernelManager(kernel_name=FORKED_KERNEL_NAME if fork else KERNEL_NAME, transport="ipc",
+                                 kernel_spec_manager=self._spec_manager, ip=os.path.join(self.dir, name),
+                                 connection_file=os.path.join(self.dir, f"{name}.json"))
         cwd = os.getcwd()
         try:
-            manager.start_kernel(env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
+            manager = forked.start_kernel(self.zygotes, manager_for, env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
         finally:
             os.close(log_fd)
         rank = LocalRank(files.rank, manager, files)
@@ -223,6 +229,8 @@ class LocalLauncher(Launcher):
             files = self.files[rank]
             self.ranks.append(self._start_kernel(f"rank{rank}", self.rank_env(rank, master_port), files,
                                                  files.open_log()))
+        if self.zygotes.broken:  # each such start is a slow one: say why
+            progress(f"{self.zygotes.broken}; the ranks started as fresh interpreters")
 
     def _stale(self, spares: list[LocalRank]) -> str:
         """Why the warm spares cannot be the next ranks ("" when they can): one died, the set is
@@ -431,4 +439,5 @@ class LocalLauncher(Launcher):
             if spares:
                 self._end(spares, 1.0, polite=False)
         finally:
+            self.zygotes.close()
             self.kept_logs = logfiles.remove_keeping_logs(self.dir)

@@ -1,0 +1,134 @@
+"""A cold start forks its ranks from one zygote (issue 39): what a user would notice of it.
+
+Eight gloo ranks start, form their group and run a cell; each rank is its own process below its
+own supervisor, with its own random streams; after ``%clorch stop`` nothing is left, the zygote
+included; a notebook killed outright takes the zygote and every rank with it; a zygote killed
+alone leaves the session working; a zygote that cannot start, or ``CLORCH_FORK_RANKS=0``, leaves
+fresh interpreters; a changed environment gets a fresh zygote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from clorch_repl.common.procs import wait_gone
+from notebook_kernel import NotebookKernel, clorch_session
+from rank_text import lines_of
+
+CELL = ("%%distributed\nimport os, random, numpy, torch.distributed as dist\ndist.barrier()\n"
+        "print(rank, world_size, dist.get_world_size(), os.getpid(), os.getppid(), random.random(), "
+        "numpy.random.random())")
+
+
+def _tree(nb: NotebookKernel) -> dict[str, list[psutil.Process]]:
+    """The notebook kernel's children by what they are: the zygote, supervisors and kernels."""
+    found: dict[str, list[psutil.Process]] = {"zygote": [], "other": []}
+    for child in psutil.Process(nb.pid).children(recursive=True):
+        kind = "zygote" if child.ppid() == nb.pid and "clorch_repl.host.zygote" in " ".join(child.cmdline()) else "other"
+        found[kind].append(child)
+    return found
+
+
+def test_eight_forked_gloo_ranks_form_their_group_run_a_cell_and_leave_nothing() -> None:
+    with clorch_session("--nproc 8 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
+        assert "8 rank(s) ready, gloo process group formed" in nb.start_reply.text
+        reply = nb.run(CELL)
+        assert reply.status == "ok", reply.text
+        rows = [lines_of(reply.text, r)[0].split() for r in range(8)]
+        assert [row[:3] for row in rows] == [[str(r), "8", "8"] for r in range(8)]
+        kernels, parents = {int(row[3]) for row in rows}, {int(row[4]) for row in rows}
+        assert len(kernels) == 8 and len(parents) == 8, "each rank a process below a supervisor of its own"
+        assert len({row[5] for row in rows}) == 8 and len({row[6] for row in rows}) == 8, \
+            "ranks forked from one zygote drew the same random numbers"
+        tree = _tree(nb)
+        assert len(tree["zygote"]) == 1, [p.cmdline() for p in psutil.Process(nb.pid).children(recursive=True)]
+        zygote = tree["zygote"][0]
+        assert {psutil.Process(p).ppid() for p in parents} == {zygote.pid}, "supervisors are the zygote's children"
+        everything = [zygote.pid, *[p.pid for p in tree["other"]]]
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone(everything, 10) == [], "a rank, supervisor or the zygote outlived the stop"
+        # a start after the stop forks from a fresh zygote, and works the same
+        assert nb.run("%clorch start --nproc 2 --backend gloo").status == "ok"
+        assert nb.run(CELL.replace("dist.barrier()", "")).status == "ok"
+
+
+def test_a_killed_notebook_takes_the_zygote_and_its_ranks_with_it() -> None:
+    with clorch_session("--nproc 2 --backend gloo", stop=False, env={"CLORCH_SPARES": "0"}) as nb:
+        tree = _tree(nb)
+        assert len(tree["zygote"]) == 1
+        everything = [p.pid for p in tree["zygote"] + tree["other"]]
+        t0 = time.monotonic()
+        os.kill(nb.pid, signal.SIGKILL)
+        left = wait_gone(everything, 15)
+        assert left == [], f"{left} still running {time.monotonic() - t0:.0f} s after the notebook's SIGKILL"
+
+
+def test_fork_ranks_off_starts_fresh_interpreters() -> None:
+    with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0", "CLORCH_FORK_RANKS": "0"}) as nb:
+        reply = nb.run(CELL)
+        assert reply.status == "ok", reply.text
+        tree = _tree(nb)
+        assert tree["zygote"] == []
+        kernels = [int(lines_of(reply.text, r)[0].split()[3]) for r in range(2)]
+        for pid in kernels:
+            assert "clorch_repl.kernel.app" in " ".join(psutil.Process(pid).cmdline())
+
+
+def test_a_zygote_that_cannot_start_leaves_fresh_interpreters_that_work() -> None:
+    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("import clorch_repl.launchers.forked as _f\n_f.ZYGOTE_MODULE = 'clorch_repl.no_such_zygote'").status == "ok"
+        started = nb.run("%clorch start --nproc 2 --backend gloo")
+        assert started.status == "ok", started.text
+        assert "the rank zygote ended" in started.text and "No module named" in started.text \
+            and "the ranks started as fresh interpreters" in started.text, started.text
+        reply = nb.run(CELL)
+        assert reply.status == "ok", reply.text
+        assert _tree(nb)["zygote"] == []
+        kernels = [int(lines_of(reply.text, r)[0].split()[3]) for r in range(2)]
+        assert all("clorch_repl.kernel.app" in " ".join(psutil.Process(pid).cmdline()) for pid in kernels)
+        everything = [p.pid for p in psutil.Process(nb.pid).children(recursive=True)]
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone(everything, 10) == []
+    finally:
+        nb.shutdown()
+
+
+def test_a_changed_environment_forks_the_next_ranks_from_a_fresh_zygote() -> None:
+    with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
+        first = _tree(nb)["zygote"]
+        assert len(first) == 1
+        assert nb.run("%env CLORCH_TEST_MARK=seen").status == "ok"
+        assert nb.run("%clorch restart").status == "ok"
+        reply = nb.run("%%distributed\nimport os\nprint(os.environ.get('CLORCH_TEST_MARK'), os.getppid())")
+        assert reply.status == "ok", reply.text
+        rows = [lines_of(reply.text, r)[0].split() for r in range(2)]
+        assert [row[0] for row in rows] == ["seen", "seen"], reply.text
+        forked_from = {psutil.Process(int(row[1])).ppid() for row in rows}
+        now = [z.pid for z in _tree(nb)["zygote"]]
+        assert len(forked_from) == 1 and forked_from <= set(now) and first[0].pid not in forked_from, \
+            "the ranks came from the zygote of the old environment"
+        assert nb.run("%clorch stop").status == "ok"
+        assert wait_gone([first[0].pid, *now], 10) == [], "a zygote outlived the stop"
+
+
+def test_a_zygote_killed_alone_leaves_the_ranks_working_and_a_restart_forks_from_a_fresh_one() -> None:
+    with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
+        tree = _tree(nb)
+        old = [p.pid for p in tree["other"]]
+        os.kill(tree["zygote"][0].pid, signal.SIGKILL)  # the out-of-memory killer's choice, say
+        time.sleep(1.0)  # the supervisors look for the notebook every 0.1 s
+        reply = nb.run(CELL)
+        assert reply.status == "ok" and len(lines_of(reply.text, 1)) == 1, reply.text
+        restarted = nb.run("%clorch restart")
+        assert restarted.status == "ok", restarted.text
+        assert wait_gone(old, 10) == [], "the old ranks outlived the restart"
+        reply = nb.run(CELL)
+        assert reply.status == "ok" and len(lines_of(reply.text, 1)) == 1, reply.text
+        fresh = _tree(nb)["zygote"]
+        assert len(fresh) == 1 and fresh[0].pid != tree["zygote"][0].pid
