@@ -3,7 +3,9 @@
 The parts, each with the one thing it owns: :mod:`.channels` the sockets, :mod:`.ledger` which
 request each message belongs to (across cells), :mod:`.cell_run` one cell's book-keeping and
 policy (when a rank's part is over, when to interrupt, when to give up), :mod:`.hang_watch` the
-hang notice, :mod:`.sink` the contract with what shows the output. The relay feeds the first's
+hang notice, :mod:`.sink` the contract with what shows the output, :mod:`.waited` the cell waited
+for and what other threads may do to it (ask for its interrupt, nothing else), and
+:mod:`.rank_questions` where the ranks are. The relay feeds the first's
 messages to the second and third and does what they answer: sends interrupts, asks the ranks
 where they are, reads deaths, serves prompts. A cell's wait always ends: when every rank has
 finished, when a rank's process dies (seen within a fraction of a second), at the cell's time
