@@ -341,7 +341,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         if request is None:
             return
         session = self._session()
-        outcome = script_run.run(session, request, notebook_cell_number(self.shell), show=NotebookDisplay)
+        outcome = script_run.run(session, request, notebook_cell_number(self.shell), show=NotebookDisplay,
+                                 stdin=NotebookStdin.current())  # its input() and pdb, as a cell's
         if not outcome.ok:
             raise DistributedCellError(outcome, request.timeout_s, merge=request.merge)
 

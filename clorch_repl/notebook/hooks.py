@@ -12,7 +12,7 @@ import logging
 from typing import Any, ContextManager
 
 from ..session import flood_guard
-from ..session.hooks import SessionHooks, WidgetHook
+from ..session.hooks import SessionHooks, Verbs, WidgetHook
 from .comms import CommBridge, notebook_kernel
 from .debugger import DebugForwarder
 from .kernel_status import busy_during
@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 
 class NotebookHooks(SessionHooks):
     """A session's hooks inside the notebook kernel (see the module docstring)."""
+
+    #: the engine's refusals name the magics the notebook's user types
+    verbs = Verbs(interrupt="%clorch interrupt", restart="%clorch restart",
+                  restart_ranks="%clorch restart --ranks {ranks}")
 
     def __init__(self) -> None:
         #: the notebook cells whose relayed text IPython's history keeps (see bound_cell_history)

@@ -19,7 +19,15 @@ What the notebook's magics, ``clorch-release-check``, scripts and agents use ali
 
 The verbs are :class:`~clorch_repl.session.session.Session`'s: ``start``, ``run`` (or ``begin``
 then ``finish``), ``interrupt``, ``view`` and ``status``, ``stop``; the hooks' contract is
-:mod:`clorch_repl.session.hooks`. The notebook's implementation of the hooks is
+:mod:`clorch_repl.session.hooks`.
+
+Threads: a session belongs to the thread that started it, which calls every method, and on which
+every hook is called (its ZeroMQ sockets and its book of the ranks' requests are not locked).
+``interrupt`` alone is safe from any other thread (a watchdog, a timer, a signal handler's
+helper): it interrupts the cell being waited for, or, with none, sends the ranks their
+KeyboardInterrupt and returns at once (see :mod:`clorch_repl.session.waited`).
+
+The notebook's implementation of the hooks is
 :mod:`clorch_repl.notebook`.
 """
 

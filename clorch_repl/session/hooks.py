@@ -16,6 +16,17 @@ IPython. So the session asks whoever drives it, in the manner of jupyter_client'
   widget (comm) messages go, what to do while a cell is waited for and after it, and JupyterLab's
   debugger panel. The base class offers none of it (plain Python); the notebook's
   implementation is :class:`clorch_repl.notebook.hooks.NotebookHooks`.
+
+What holds for every hook: it is called on the thread that called ``run`` (or ``finish``), the
+session's own (see ``Session.interrupt``, the one method other threads may call), never on
+another. A hook that raises during a cell's wait (an output hook's ``output``, ``flush``,
+``comm``, ``notice``; a stdin hook's ``answer``, ``open``, ``poll``, ``cancel``;
+``SessionHooks.waiting``) ends the wait there: the cell is abandoned as a timed-out one is (it
+runs on to its end on the ranks, which refuse the next cell till then, unless interrupted; its
+later output is dropped and counted, never given to the next cell) and the exception leaves
+``run``. A KeyboardInterrupt from a hook interrupts the cell, as Ctrl-C does. ``cell_ended``
+runs once the cell is over: when it raises after a cell that raised, it is logged and the
+cell's own exception is the one that leaves ``run``.
 """
 
 from __future__ import annotations
@@ -32,10 +43,22 @@ from .sink import OutputSink, PlainSink
 logger = logging.getLogger(__name__)
 
 __all__ = ["CellHooks", "NoStdin", "OutputSink", "PlainSink", "RankOutput", "SessionHooks", "ShowOutput",
-           "StdinHook", "WidgetHook", "plain_output", "stdin_of"]
+           "StdinHook", "Verbs", "WidgetHook", "plain_output", "stdin_of"]
 
 #: The answer that makes a rank's ``input()`` raise EOFError (what Ctrl-D is at a terminal).
 END_OF_FILE = "\x04"
+
+
+@dataclass(frozen=True)
+class Verbs:
+    """How the engine's refusals name what the user can do next, in the words of whoever drives
+    the session: a script calls the session's methods (these defaults), the notebook's user types
+    magics (:class:`clorch_repl.notebook.hooks.NotebookHooks` gives those)."""
+
+    interrupt: str = "session.interrupt()"
+    restart: str = "session.restart()"
+    #: a restart of some ranks only; ``{ranks}``: their numbers, comma-separated
+    restart_ranks: str = "session.restart(ranks=[{ranks}])"
 
 
 @dataclass(frozen=True)
@@ -44,6 +67,11 @@ class NoStdin:
     raises at once instead of waiting for an answer nobody will give)."""
 
     why: str
+
+
+#: why a cell run without any stdin hook may not ask (``stdin=None`` and an output hook that
+#: answers no prompts)
+NO_STDIN_HOOK = "this cell was run without a stdin hook"
 
 
 class StdinHook:
@@ -55,11 +83,14 @@ class StdinHook:
     streaming, deaths and the time limit are still noticed meanwhile); :meth:`cancel` closes a
     prompt whose rank stopped waiting (interrupted or dead): a late answer to it must be dropped.
 
-    The default :meth:`open` calls :meth:`answer`, which blocks: a script or an agent overrides
-    only that (as jupyter_client's ``stdin_hook`` answers an ``input_request``). A hook that asks
-    someone elsewhere without blocking (the notebook's front end) overrides :meth:`open`,
-    :meth:`poll` and :meth:`cancel`, and sets :attr:`socket` so that the relay's poll wakes when
-    the answer arrives."""
+    The default :meth:`open` calls :meth:`answer`, which blocks: a script overrides only that (as
+    jupyter_client's ``stdin_hook`` answers an ``input_request``). While a blocking ``answer``
+    runs it holds the relay's loop: the other ranks' output waits, and an interrupt, a death or
+    the time limit is noticed only once it returns (an interrupt then drops the answer and the
+    prompts queued meanwhile). A hook that must not hold the loop (an agent asking elsewhere, the
+    notebook's front end) overrides :meth:`open` (send the question, return at once), :meth:`poll`
+    and :meth:`cancel` instead, and sets :attr:`socket` so that the relay's poll wakes when the
+    answer arrives. Every method is called on the thread that runs the cell."""
 
     #: a ZeroMQ socket the relay's poll watches while a prompt is open (None: no wake-up needed)
     socket: Any = None
@@ -70,8 +101,9 @@ class StdinHook:
     def answer(self, rank: int, prompt: str, password: bool) -> str:
         """The line for ``rank``'s prompt (without its newline); raise EOFError for end-of-file
         (the rank's ``input()`` raises EOFError). ``password``: the rank asked with getpass, so
-        the line must not be echoed. Any other exception leaves ``run`` as an output hook's does,
-        with the cell still running on the ranks (``interrupt`` ends it)."""
+        the line must not be echoed. Any other exception leaves ``run`` as an output hook's does
+        (see the module docstring: the cell is abandoned, still running on the ranks, and
+        ``interrupt`` ends it)."""
         raise NotImplementedError(f"{type(self).__name__} answers no prompts: override answer() (or open() and "
                                   "poll()), or run the cell with NoStdin")
 
@@ -111,8 +143,11 @@ def stdin_of(sink: object, stdin: StdinHook | NoStdin | None) -> StdinHook | NoS
         return stdin
     if isinstance(sink, CellHooks) and sink.answers_prompts():
         return sink
-    return NoStdin(f"this cell was run without a stdin hook ({type(sink).__name__} answers no prompts: "
-                   "pass stdin=, or a CellHooks that overrides answer())")
+    if sink is None:
+        return NoStdin(f"{NO_STDIN_HOOK} (pass stdin=, or hooks that answer prompts: a CellHooks that "
+                       "overrides answer())")
+    return NoStdin(f"{NO_STDIN_HOOK} ({type(sink).__name__} answers no prompts: pass stdin=, or a CellHooks "
+                   "that overrides answer())")
 
 
 class ShowOutput(Protocol):
@@ -152,7 +187,11 @@ class Debugger(Protocol):
 class SessionHooks:
     """What the process that drives a session offers between cells. The base class offers nothing
     (plain Python: a script, an agent, the release check): the ranks' widget messages are
-    dropped, a cell's wait changes nothing around it, and the debugger panel is refused."""
+    dropped, a cell's wait changes nothing around it, and the debugger panel is refused. Each is
+    called on the session's own thread; see the module docstring for one that raises."""
+
+    #: how the session's refusals name the user's next step (a script's methods by default)
+    verbs: Verbs = Verbs()
 
     def widgets(self, relay: Any) -> WidgetHook | None:
         """Where the ranks' comm messages go for this group of ranks (``relay``: its
@@ -160,11 +199,15 @@ class SessionHooks:
         return None
 
     def waiting(self) -> ContextManager[None]:
-        """Held while a cell is waited for (the notebook kernel reports itself busy)."""
+        """Held while a cell is waited for (the notebook kernel reports itself busy). Raising on
+        entry or exit leaves ``run`` as a raising output hook does."""
         return contextlib.nullcontext()
 
     def cell_ended(self, cell_number: int | None) -> None:
-        """A user's cell (``cell_number``: the number its front end gave it, if any) has ended."""
+        """A user's cell (``cell_number``: the number its front end gave it, if any) has ended,
+        however it ended. Raising after a cell that ended well leaves ``run`` with the exception
+        (the outcome is lost); after a cell that raised, it is logged and the cell's own
+        exception leaves ``run``."""
 
     def debugger(self, rank_handle: Any, rank: int) -> Debugger:
         """The debugger panel forwarded to ``rank``, installed."""

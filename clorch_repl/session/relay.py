@@ -3,7 +3,9 @@
 The parts, each with the one thing it owns: :mod:`.channels` the sockets, :mod:`.ledger` which
 request each message belongs to (across cells), :mod:`.cell_run` one cell's book-keeping and
 policy (when a rank's part is over, when to interrupt, when to give up), :mod:`.hang_watch` the
-hang notice, :mod:`.sink` the contract with what shows the output. The relay feeds the first's
+hang notice, :mod:`.sink` the contract with what shows the output, :mod:`.waited` the cell waited
+for and what other threads may do to it (ask for its interrupt, nothing else), and
+:mod:`.rank_questions` where the ranks are. The relay feeds the first's
 messages to the second and third and does what they answer: sends interrupts, asks the ranks
 where they are, reads deaths, serves prompts. A cell's wait always ends: when every rank has
 finished, when a rank's process dies (seen within a fraction of a second), at the cell's time
@@ -16,15 +18,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import threading
 import time
 from typing import Any, Callable
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from ..diagnosis import render
-from ..diagnosis.analyse import RankEvidence, Verdict, analyse
-from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
+from ..diagnosis.probe import Prober
 from ..errors import ClorchError
 from ..launchers.base import Launcher
 from .cell_files import CellNames
@@ -36,9 +35,11 @@ from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Le
 from .protocol import CellOutcome, CellRequest
 from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
-from .hooks import NoStdin, StdinHook
+from .hooks import NoStdin, StdinHook, stdin_of
 from .stdin import StdinBroker
 from .cell_request import StartedCell, packed_request
+from .rank_questions import AsksRanks
+from .waited import WaitedCell
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ INTERRUPT_PROBE_S = 1.0
 RankSink = Callable[[int, dict[str, Any]], None]
 
 
-class Relay:
+class Relay(AsksRanks):
     """Runs cells over the ranks' channels (see the module docstring)."""
 
     def __init__(self, launcher: Launcher) -> None:
@@ -68,17 +69,13 @@ class Relay:
         self._comm_sink: RankSink | None = None
         #: where a rank's debug_event goes (%clorch debugger: see set_debug_sink); None drops them
         self._debug_sink: RankSink | None = None
-        #: the running cell, and its prompts (clorch_repl.session.stdin) and sink
-        self._cell: CellRun | None = None
-        self._stdin: StdinBroker | None = None
-        self._sink: OutputSink = PlainSink()
-        self._started: StartedCell | None = None
+        #: the cell waited for, its prompts (clorch_repl.session.stdin) and sink; and the one
+        #: thing other threads may do (see .waited: nothing else here is theirs to call)
+        self._waited = WaitedCell()
         #: the notebook's cells, to name them in the ranks' faulthandler stacks (see stack_of)
         self.cell_names = CellNames()
         #: how often channels were opened (a replaced rank's are new: %clorch top asks again)
         self.connections = 0
-        #: another thread asked the cell being waited for to be interrupted (see interrupt_waiting)
-        self._interrupt_asked = threading.Event()
 
     # ----------------------------------------------------------------- what others may ask
     def client(self, rank: int) -> BlockingKernelClient | None:
@@ -175,22 +172,21 @@ class Relay:
         A Ctrl-C during the sends is held back until every rank has the cell, and then does not
         escape: the handle comes back marked :attr:`StartedCell.interrupted`, and :meth:`finish`
         ends the cell as interrupted. This is the one place an interrupted send is recovered."""
-        if self._started is not None:
+        if self._waited.started is not None:
             # A cell begun and then lost (an interrupt between its send and its wait): end it on the
             # ranks rather than refuse every cell from now on.
             logger.warning("clorch_repl: a cell sent to the ranks was never waited for; interrupting it")
-            self.finish(self._started, PlainSink(), interrupted=True)
+            self.finish(self._waited.started, PlainSink(), interrupted=True)
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)
-        self._interrupt_asked.clear()  # asked of an earlier cell, after it ended
         if silent:
             stdin = NoStdin("clorch_repl's own requests read no input")
         elif stdin is None:
-            stdin = NoStdin("the cell was run without a stdin hook")
+            stdin = stdin_of(None, None)  # the one wording of "nobody answers"
         front, no_front = (None, stdin.why) if isinstance(stdin, NoStdin) else (stdin, "")
         started = StartedCell(request, run, StdinBroker(front, self.channels.answer))
-        self._cell, self._stdin, self._started = run, started.stdin, started
+        self._waited.begin(started)
         try:
             with ctrl_c_deferred() as deferred:
                 self._send_all(run, request, silent, front is not None, no_front)
@@ -198,7 +194,7 @@ class Relay:
             self.finish(started, PlainSink(), interrupted=True)  # the ranks already sent it must not run on
             raise
         if deferred.came:  # every rank has it: finish ends the cell as interrupted
-            started = self._started = dataclasses.replace(started, interrupted=True)
+            started = self._waited.started = dataclasses.replace(started, interrupted=True)
         return started
 
     def finish(self, started: StartedCell, sink: OutputSink | None = None, *,
@@ -206,16 +202,22 @@ class Relay:
         """Wait for a cell :meth:`begin` sent, streaming its output to ``sink``; its outcome.
         ``interrupted`` (or the handle's own mark, a Ctrl-C during its send): the notebook's cell
         was interrupted before it came to wait (the ranks are interrupted at once and given the
-        grace period, as for Kernel > Interrupt)."""
+        grace period, as for Kernel > Interrupt).
+
+        A hook that raises (anything but a KeyboardInterrupt, which interrupts the cell) ends the
+        wait there: the cell is abandoned as a timed-out one is (it runs on to its end on the
+        ranks, which stay busy till then; its later output is dropped and counted, never given
+        to the next cell) and the exception leaves this call."""
         run, stdin = started.run, started.stdin
         interrupted = interrupted or started.interrupted
-        if self._cell is not run:
+        if self._waited.run is not run:
             raise ClorchError("this cell was already finished")
+        ended = False
         try:
             sink = complete_sink(sink)
             for item in self.ledger.take_late():
                 sink.output(item)
-            self._sink = sink
+            self._waited.sink = sink
             watch = HangWatch(self, run, sink, started.request.hang_notice_s, run.now)
             if interrupted:  # nothing read since the sends: what came first frees the ranks that finished
                 try:
@@ -224,25 +226,42 @@ class Relay:
                     run.user_interrupt()
                 self._on_keyboard_interrupt(run, watch)
             self._wait(run, watch)
+            ended = True
+            for item in self.ledger.end(run):
+                sink.output(item)
+            sink.flush(final=True)
         finally:
-            self._cell, self._stdin, self._sink, self._started = None, None, PlainSink(), None
+            if not ended:  # a hook raised, or the wait was left by force: nothing of it reaches another cell
+                logger.info("clorch_repl: the wait for a cell ended early; its output from now on is dropped")
+                self.ledger.end(run)
+            self._waited.end()
             if stdin.front is not None and stdin.front.socket is not None:
                 self.channels.watch(stdin.front.socket, False)
         return run.outcome
 
-    def interrupt_waiting(self) -> bool:
+    def abandon(self, started: StartedCell) -> None:
+        """End the wait for ``started`` unwaited (a session hook raised before the wait began): as
+        a raising output hook leaves it (see :meth:`finish`). Nothing when it is not waited for."""
+        if self._waited.run is started.run:
+            self.ledger.end(started.run)
+            self._waited.end()
+
+    def owned_here(self) -> bool:
+        """Whether the calling thread owns the relay (made it): only it may use anything here but
+        :meth:`interrupt_waiting` (see .waited)."""
+        return self._waited.owned_here()
+
+    def interrupt_waiting(self, otherwise: Callable[[], None] | None = None) -> bool:
         """From any thread: the cell being waited for is interrupted as Kernel > Interrupt does it
-        (ranks interrupted, the grace period, the stuck report), within a liveness period; False
-        when no cell is waited for. Why a flag: the relay's sockets belong to the waiting thread."""
-        if self._cell is None:
-            return False
-        self._interrupt_asked.set()
-        return True
+        (ranks interrupted, the grace period, the stuck report) by its waiting loop, within a
+        liveness period (True). When none is waited for, ``otherwise`` is called instead, under
+        the lock that keeps a cell from beginning meanwhile, and False returned (see .waited)."""
+        return self._waited.ask_interrupt(otherwise)
 
     @property
     def unfinished(self) -> StartedCell | None:
         """The cell begun and not yet finished, if any (nothing is read from the ranks meanwhile)."""
-        return self._started
+        return self._waited.started
 
     def _send_all(self, run: CellRun, request: CellRequest, silent: bool, front: bool, no_front: str) -> None:
         """Send the cell to each of its ranks: its content and metadata packed once a cell for the
@@ -258,19 +277,15 @@ class Relay:
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
         while not run.over:
             try:
-                if self._interrupt_asked.is_set():
-                    self._interrupt_asked.clear()
+                if self._waited.take_interrupt():
                     self._on_keyboard_interrupt(run, watch)
                 next_liveness = self._wait_once(run, watch, next_liveness)
             except KeyboardInterrupt:
                 self._on_keyboard_interrupt(run, watch)
-        for item in self.ledger.end(run):
-            self._sink.output(item)
-        self._sink.flush(final=True)
 
     def _wait_once(self, run: CellRun, watch: HangWatch, next_liveness: float) -> float:
         """One pass: read until the next thing is due, then do what is due; the next liveness check."""
-        stdin, sink = self._stdin, self._sink
+        stdin, sink = self._waited.stdin, self._waited.sink
         assert stdin is not None
         now = time.monotonic()
         limits = [next_liveness] + run.wake_at()
@@ -310,7 +325,10 @@ class Relay:
             # the interrupt waits for it.
             run.diagnosed(self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S))
         if command.ranks:
+            self._pump(0)  # prompts that came while a blocking answer() held the loop: dropped below
             self._launcher.interrupt(list(command.ranks))
+            if self._waited.stdin is not None:  # an interrupted rank's queued prompt is not asked
+                self._waited.stdin.drop(command.ranks)
         run.interrupted(command.ranks, time.monotonic())
 
     def _on_keyboard_interrupt(self, run: CellRun, watch: HangWatch) -> None:
@@ -353,7 +371,7 @@ class Relay:
         pass, see Channels.read) to the running cell, or the ledger between cells."""
         for rank, kind, msg in self.channels.read(timeout_s):
             now = time.monotonic()
-            cell = self._cell
+            cell = self._waited.run
             if kind == "shell":
                 self.ledger.reply(rank, msg, cell, now)
             elif kind == "stdin":
@@ -364,21 +382,21 @@ class Relay:
     def _apply(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Show):
-                self._sink.output(effect.item)
+                self._waited.sink.output(effect.item)
             elif isinstance(effect, CommMessage):
                 if self._comm_sink is None:
                     continue
                 deliver = functools.partial(self._comm_sink, effect.rank, effect.msg)
                 if effect.in_cell:
-                    self._sink.comm(effect.rank, deliver)
+                    self._waited.sink.comm(effect.rank, deliver)
                 else:
                     deliver()
             elif isinstance(effect, DebugEvent):
                 if self._debug_sink is not None:
                     self._debug_sink(effect.rank, effect.msg)
             elif isinstance(effect, InputRequest):
-                assert self._stdin is not None
-                self._stdin.request(effect.rank, effect.msg)
+                assert self._waited.stdin is not None
+                self._waited.stdin.request(effect.rank, effect.msg)
             elif isinstance(effect, EndOfFile):
                 self.channels.answer(effect.rank, "\x04")
 
@@ -405,44 +423,5 @@ class Relay:
         rank's thread reaches the front end live (clorch_repl.notebook.comms calls this from the
         notebook kernel's event loop). Output meanwhile waits for the next cell as before; while
         ``late_limit`` pieces of it wait, nothing is read and ZeroMQ's queues hold the rest."""
-        if len(self.ledger.late) < late_limit and self._cell is None:
+        if len(self.ledger.late) < late_limit and self._waited.run is None:
             self._pump(0)
-
-    # ----------------------------------------------------------------------------- diagnosis
-    def diagnose(self, ranks: list[int] | None = None, *, all_threads: bool = False,
-                 fallback: bool = True, timeout_s: float = PROBE_TIMEOUT_S,
-                 unanswered: set[int] | None = None) -> tuple[Verdict, list[RankEvidence]]:
-        """Ask the ranks where they are (over control, while they run) and line the answers up.
-
-        A rank that does not answer within ``timeout_s`` (native code holding its GIL) is shown
-        with its faulthandler stack when ``fallback`` is set. Ranks in ``unanswered`` have just
-        failed to answer a question: they are not asked again (each would cost the wait again)."""
-        ranks = [p.rank for p in self._launcher.ranks] if ranks is None else ranks
-        alive = [r for r in ranks if self._launcher.ranks[r].alive and r not in (unanswered or ())]
-        answers = self._prober.ask(alive, all_threads=all_threads, timeout_s=timeout_s)
-        states = []
-        for rank in ranks:
-            proc = self._launcher.ranks[rank]
-            if not proc.alive:
-                states.append(RankEvidence(rank, dead=proc.exit, host=proc.host))
-                continue
-            state = RankEvidence(rank, answer=answers.get(rank), host=proc.host,
-                                 prompt=self._stdin.prompts.get(rank) if self._stdin is not None else None,
-                                 paused=rank in self.ledger.debug_paused)
-            if not state.answered and fallback:
-                state.fallback_stack = self.stack_of(rank)
-            states.append(state)
-        return analyse(states), states
-
-    def light_answers(self) -> dict[int, dict | None]:
-        """Every live rank's flight-recorder group status (the hang watch's cheap question)."""
-        return self._prober.ask([p.rank for p in self._launcher.ranks if p.alive], light=True)
-
-    def stack_of(self, rank: int) -> str:
-        """Where ``rank``'s main thread is now, from its faulthandler (answers while native code
-        holds its GIL), its cells named as the notebook shows them (``Cell In[12], line 3``)."""
-        return self.cell_names.name(self._launcher.dump_stack(rank), rank)
-
-    def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
-        verdict, states = self.diagnose(timeout_s=timeout_s)
-        return render.report(verdict, states)

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from ..errors import ClorchError, DistributedCellError, ScriptNotFound
-from .hooks import ShowOutput, plain_output
+from .hooks import NoStdin, ShowOutput, StdinHook, plain_output
 from .protocol import CellOutcome
 from ..wire.requests import request_code
 from .session import Session
@@ -51,9 +51,10 @@ class RunRequest:
 
 
 def run(session: Session, request: RunRequest, cell_number: int | None = None, *,
-        show: ShowOutput = plain_output) -> CellOutcome:
+        show: ShowOutput = plain_output, stdin: StdinHook | NoStdin | None = None) -> CellOutcome:
     """Check that every chosen rank has the script, then run it there as a cell, its output to
-    ``show``'s output hook."""
+    ``show``'s output hook and its prompts (``input()``, ``breakpoint()``) to ``stdin``, as a
+    ``%%distributed`` cell's (None: nobody answers, the script's ``input()`` raises saying so)."""
     chosen = session.chosen(request.ranks)
     check = session.run(request.rank_code(check=True), request.ranks, CHECK_TIMEOUT_S,
                         show(chosen, hosts=session.hosts()), silent=True)
@@ -64,4 +65,4 @@ def run(session: Session, request: RunRequest, cell_number: int | None = None, *
     display = show(chosen, merge=request.merge, hosts=session.hosts())
     logger.debug("running %s on %s", request.script, chosen)
     return session.run(request.rank_code(), request.ranks, request.timeout_s, display,
-                       hang_notice_s=request.hang_notice_s, cell_number=cell_number)
+                       hang_notice_s=request.hang_notice_s, cell_number=cell_number, stdin=stdin)

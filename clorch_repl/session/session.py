@@ -7,7 +7,6 @@ no process left by a failed start, the settings and logs kept by restart."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Iterable
 
@@ -19,7 +18,6 @@ from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
 from ..common.topology import Topology, check_unique_in_range
 from ..wire import PROTOCOL_VERSION
-from ..wire.limits import limits_from_env
 from ..wire.requests import request_code
 from . import recovery
 from .cell_labels import RankCells
@@ -30,6 +28,7 @@ from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .sink import OutputSink
 from .suspend import Suspending, refuse_cell
+from .cell_rules import cell_request
 from .view import SessionView, session_view
 
 logger = logging.getLogger(__name__)
@@ -218,7 +217,8 @@ class Session(Suspending):
         busy = [r for r in relay.busy() if r not in ranks and group.ranks[r].alive]
         if busy:
             raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
-                              f"wait, %clorch interrupt, or add {'it' if len(busy) == 1 else 'them'} to --ranks")
+                              f"wait, {self.hooks.verbs.interrupt}, or restart "
+                              f"{'it' if len(busy) == 1 else 'them'} too")
         dead = [p.rank for p in group.ranks if not p.alive and p.rank not in ranks]
         if dead:
             raise ClorchError(f"{ranks_are(dead)} dead too: add {'it' if len(dead) == 1 else 'them'} to --ranks")
@@ -298,8 +298,8 @@ class Session(Suspending):
         """Wait for a cell :meth:`begin` sent, streaming its output to ``sink`` (see
         :meth:`Relay.finish`: ``interrupted``, or a handle whose send was interrupted, ends it as
         interrupted); the hooks' ``waiting`` is held meanwhile (the notebook kernel reads busy)."""
+        relay = self.relay
         try:
-            relay = self.relay
             if relay is None:
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
             with self.hooks.waiting():
@@ -307,41 +307,28 @@ class Session(Suspending):
                 if outcome.group_aborted or any(r.status is Status.DIED for r in outcome.ranks.values()):
                     outcome.recovery = self._recover((outcome.diagnosis or "").split("\n", 1)[0],
                                                      outcome.aborted_at or time.monotonic())
-                return outcome
-        finally:
+        except BaseException:
+            if relay is not None:
+                relay.abandon(started)  # waiting() raised before the wait: as a raising output hook leaves it
             self.current_cell = None
-            self.hooks.cell_ended(started.request.cell_number)
+            try:
+                self.hooks.cell_ended(started.request.cell_number)
+            except Exception:  # noqa: BLE001 - the cell's own exception is the one to see
+                logger.exception("clorch_repl: the session hooks' cell_ended raised as a cell failed")
+            raise
+        self.current_cell = None
+        self.hooks.cell_ended(started.request.cell_number)
+        return outcome
 
     def _request(self, code: str, ranks: list[int] | None, timeout_s: float | None, *, silent: bool = False,
                  hang_notice_s: float | None = None, stdin_ranks: list[int] | None = None,
                  cell_number: int | None = None) -> CellRequest:
-        """The request for a cell, once every rule that refuses one is checked."""
+        """The request for a cell, once every rule that refuses one is checked (see .cell_rules)."""
         group, relay = self._require()
-        refuse_cell(self.life)  # suspended: no rank runs anything until %clorch resume
-        chosen = self.chosen(ranks)
-        check_unique_in_range(chosen, self.topology.nproc, "--ranks", "rank")
-        dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
-        if dead:
-            what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
-            lost = ",".join(str(p.rank) for p in dead)
-            raise ClorchError(f"{what} is dead: %clorch restart --ranks {lost} starts it afresh while the others keep "
-                              "their variables, or %clorch restart starts every rank afresh")
-        busy = [r for r in relay.busy() if r in chosen]
-        if busy:
-            raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run %clorch interrupt, "
-                              "or %clorch restart")
-        if stdin_ranks is not None:
-            check_unique_in_range(stdin_ranks, self.topology.nproc, "--stdin-ranks", "rank")
-        notice = 0.0 if silent else self.hang_notice_s if hang_notice_s is None else hang_notice_s
-        recover = not silent and self.life.state is SessionState.READY
-        try:
-            limits = limits_from_env(os.environ)
-        except ValueError as exc:
-            raise ClorchError(f"{exc} (the output limits of %%distributed cells, read from the notebook's "
-                              "environment: fix it with %env, or unset it for the default)") from None
-        return CellRequest(code, chosen, timeout_s, hang_notice_s=notice,
-                           stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks),
-                           cell_number=cell_number, output_limits=limits, recover=recover)
+        return cell_request(code, self.chosen(ranks), timeout_s, group=group, relay=relay, life=self.life,
+                            nproc=self.topology.nproc, verbs=self.hooks.verbs, silent=silent,
+                            hang_notice_s=self.hang_notice_s if hang_notice_s is None else hang_notice_s,
+                            stdin_ranks=stdin_ranks, cell_number=cell_number)
 
     def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
         """The ranks a cell runs on: ``ranks``, or every rank of the session when None (every
@@ -381,10 +368,16 @@ class Session(Suspending):
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
         (none when they waited in a collective and the group was aborted and formed again) and
-        the recovery's line, if there was one. Called from another thread while a cell is waited
-        for, it interrupts that cell as Ctrl-C would (its outcome says the rest) and returns ({}, None)."""
+        the recovery's line, if there was one.
+
+        The one method safe from another thread than the session's own (the one that started it):
+        while a cell is waited for, that cell is interrupted as Ctrl-C would (its outcome says the
+        rest); otherwise only the ranks' signals are sent (no stacks, no recovery: those use the
+        session's sockets). Either way it returns ({}, None) at once (see .waited)."""
         group, relay = self._require()
-        if relay.interrupt_waiting():
+        if relay.interrupt_waiting(otherwise=None if relay.owned_here() else group.interrupt):
+            return {}, None
+        if not relay.owned_here():
             return {}, None
         group.interrupt()
         deadline = time.monotonic() + grace_s

@@ -7,6 +7,12 @@ jupyter_client's ``execute_interactive`` hooks (``output_hook``, ``stdin_hook``)
 :class:`PlainSink` gives the behaviour a sink without an opinion wants (widget messages delivered
 at once, the hang notice as a warning); :class:`~clorch_repl.notebook.display.NotebookDisplay` is
 the notebook's sink.
+
+Every method is called on the thread that runs the cell (the one that called ``Session.run`` or
+``finish``). One that raises ends the cell's wait there: the cell is abandoned as a timed-out
+one is (it runs on to its end on the ranks; its later output is dropped and counted, never
+given to the next cell's sink) and the exception leaves ``run``; a KeyboardInterrupt interrupts
+the cell instead, as Ctrl-C does (see :mod:`clorch_repl.session.hooks`).
 """
 
 from __future__ import annotations

@@ -104,6 +104,19 @@ class StdinBroker:
             self.open = rank
         return answered
 
+    def drop(self, ranks: tuple[int, ...] | list[int]) -> None:
+        """``ranks`` were interrupted: their prompts, open or queued, are not asked any more (a
+        rank that asks again after the interrupt, as pdb does, is asked anew), and an answer to
+        the open one that comes late is dropped. Why at the interrupt and not when each rank
+        ends: a blocking ``answer()`` holds the loop, so prompts pile up meanwhile, and each
+        would be asked in turn before the interrupted ranks' ends are read."""
+        for rank in ranks:
+            self._asks.pop(rank, None)
+        if self.open in ranks:
+            self.open = None
+            if self.front is not None:
+                self.front.cancel()
+
     def _send(self, rank: int, value: str) -> None:
         self._asks.pop(rank, None)
         self._answer(rank, value)

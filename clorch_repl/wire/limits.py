@@ -19,7 +19,7 @@ The limits (:class:`Limits`) are the cell's, across all its ranks, as the page s
   (default 50 KiB/s: a burst of 100 KiB, then a steady log never waits).
 
 They are kept in three places. The notebook's display keeps them for the cell as shown
-(session/held_notice.py: merged lines count once), and says at the top of the cell's output what it
+(notebook/held_notice.py: merged lines count once), and says at the top of the cell's output what it
 held back, while the cell runs. Each rank holds back, at the source, what exceeds
 :func:`at_source` (twice the cell's volume and lines, the same rate): that is never serialised and
 never crosses ZeroMQ, and as it is larger than the cell's, the page's limit is reached first and
@@ -56,7 +56,7 @@ DEFAULT_RATE = int(env_vars.OUTPUT_RATE.default or 0)
 #: A rank's own budget is this many times the cell's volume and lines (see :func:`at_source`).
 SOURCE_FACTOR = 2
 #: The mime type of a report of held-back output (a rank's, the relay's guard's): a display the
-#: notebook's display reads and does not show (session/held_notice.py); other clients show its
+#: notebook's display reads and does not show (notebook/held_notice.py); other clients show its
 #: text/plain.
 HELD_MIME = "application/vnd.clorch.held+json"
 #: The bucket holds this many seconds of the rate.

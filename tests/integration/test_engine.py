@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,9 @@ import psutil
 import pytest
 
 from clorch_repl.common.procs import wait_gone
-from clorch_repl.session.engine import CellHooks, NoStdin, RankOutput, Session, Status, local_session
+from clorch_repl.errors import ClorchError
+from clorch_repl.session.engine import (CellHooks, NoStdin, RankOutput, Session, SessionHooks, Status,
+                                        local_session)
 from clorch_repl.session.lifecycle import SessionState
 from clorch_repl.session.protocol import RankState
 
@@ -122,6 +125,134 @@ def test_interrupt_from_another_thread_ends_the_running_cell_and_the_ranks_keep_
     assert session.run("print(kept)", None, 30, after).ok
     assert after.text(0) == "100\n" and after.text(1) == "101\n"
     assert session.interrupt() == ({}, None)  # nothing running: nothing stuck, nothing to recover
+
+
+class RaisesOnOutput(CellHooks):
+    """An output hook with a bug: it raises at the cell's first output."""
+
+    def output(self, item: RankOutput) -> None:
+        raise RuntimeError("the hook failed")
+
+
+class RaisesAtCellEnd(SessionHooks):
+    def cell_ended(self, cell_number: int | None) -> None:
+        raise ValueError("cell_ended failed")
+
+
+def wait_idle(session: Session, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while [r.state for r in session.view().ranks] != [RankState.IDLE, RankState.IDLE]:
+        assert time.monotonic() < deadline, session.view()
+        time.sleep(0.1)
+
+
+def test_a_raising_output_hook_leaves_the_rest_of_its_cells_output_out_of_the_next_cell(session: Session) -> None:
+    with pytest.raises(RuntimeError, match="the hook failed"):
+        session.run("import time\nfor i in range(3):\n    print('old', i, flush=True)\n    time.sleep(0.3)",
+                    None, 30, RaisesOnOutput())
+    wait_idle(session)  # the cell ran on to its end on the ranks
+    after = Recorder()
+    assert session.run("print('new')", None, 30, after).ok
+    for rank in (0, 1):
+        assert "old" not in after.text(rank).replace("dropped", ""), after.items  # at most the dropped count
+        assert "new\n" in after.text(rank)
+
+
+def test_a_raising_cell_ended_hook_does_not_hide_the_cells_own_exception(session: Session) -> None:
+    hooks, session.hooks = session.hooks, RaisesAtCellEnd()
+    try:
+        with pytest.raises(RuntimeError, match="the hook failed"):
+            session.run("print('x')", None, 30, RaisesOnOutput())
+        wait_idle(session)
+        with pytest.raises(ValueError, match="cell_ended failed"):  # a cell that ended well: it is said
+            session.run("1", None, 30, Recorder())
+    finally:
+        session.hooks = hooks
+    assert session.run("1", None, 30, Recorder()).ok
+
+
+class BlockingAnswer(CellHooks):
+    """A script's blocking answer() that takes its time: it holds the relay's loop meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[int] = []
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def answer(self, rank: int, prompt: str, password: bool) -> str:
+        self.asked.append(rank)
+        self.entered.set()
+        self.release.wait(30)
+        return "late"
+
+
+def test_an_interrupt_while_a_blocking_answer_runs_drops_the_prompts_queued_meanwhile(session: Session) -> None:
+    hooks = BlockingAnswer()
+
+    def interrupt_while_answering() -> None:
+        if hooks.entered.wait(30):
+            time.sleep(1.0)  # the other rank's prompt arrives meanwhile, and waits
+            session.interrupt()
+            hooks.release.set()
+
+    helper = threading.Thread(target=interrupt_while_answering)
+    helper.start()
+    t0 = time.monotonic()
+    outcome = session.run("import time\nvalue = input('n? ')\ntime.sleep(60)", None, None, hooks)
+    helper.join()
+    assert hooks.asked == [0], hooks.asked  # rank 1's prompt, queued when the interrupt came, is not asked
+    assert outcome.interrupted and {o.status for o in outcome.ranks.values()} == {Status.INTERRUPTED}, outcome
+    assert time.monotonic() - t0 < 30
+    wait_idle(session)
+
+
+def test_interrupts_from_another_thread_between_short_cells_never_wedge_the_session(session: Session) -> None:
+    # review ex6: an interrupt that found no cell waited for used the relay's sockets and ledger from
+    # its own thread while the main thread ran the next cell; after ~1000 cells every run was refused
+    stop, failures, readers = threading.Event(), [], set()
+    relay = session.relay
+    assert relay is not None
+    read = relay.channels.read
+
+    def read_and_say_who(timeout_s: float):  # type: ignore[no-untyped-def]
+        readers.add(threading.get_ident())
+        return read(timeout_s)
+
+    relay.channels.read = read_and_say_who  # type: ignore[method-assign]
+
+    def hammer() -> None:
+        while not stop.is_set():
+            try:
+                session.interrupt(grace_s=0.2)
+            except Exception as exc:  # noqa: BLE001 - collected and asserted on below
+                failures.append(f"interrupt: {exc!r}")
+            time.sleep(random.uniform(0, 0.01))
+
+    helper = threading.Thread(target=hammer)
+    helper.start()
+    deadline, cells, refused = time.monotonic() + 20, 0, []
+    try:
+        while cells < 400 and time.monotonic() < deadline:
+            try:
+                session.run("x = 1", None, 10, CellHooks())
+            except ClorchError as exc:
+                refused.append(str(exc))
+            cells += 1
+    finally:
+        stop.set()
+        helper.join()
+        del relay.channels.read
+    assert failures == [], failures[:5]
+    assert readers == {threading.get_ident()}  # the helper never read the relay's sockets
+    deadline = time.monotonic() + 15  # a rank interrupted in its last cell may still be finishing it
+    while True:
+        try:
+            assert session.run("print('alive')", None, 10, Recorder()).ok
+            break
+        except ClorchError as exc:
+            assert time.monotonic() < deadline, f"wedged after {cells} cells: {exc}; refused {len(refused)} times"
+            time.sleep(0.2)
+    assert len(refused) < cells // 4, refused[:5]
 
 
 def test_status_says_the_session_is_ready_and_each_rank_idle(session: Session) -> None:

@@ -6,6 +6,7 @@ prompt waits, and the hang notice for a rank held at a pdb prompt."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 from queue import Empty
 from typing import Iterator
@@ -185,6 +186,17 @@ def test_other_ranks_stream_and_the_time_limit_holds_while_a_prompt_waits(nb: No
     assert reply.status == "error"
     assert "[rank 0] tick 2" in reply.text, reply.text
     assert "Timed out" in reply.text and "after 6 s" in reply.text, reply.text
+
+
+def test_clorch_run_answers_a_scripts_input_in_the_notebook(nb: NotebookKernel, tmp_path: pathlib.Path) -> None:
+    # %clorch run is a cell like %%distributed: the script's input() (and pdb) is asked of the
+    # notebook's front end, not refused for want of a stdin hook the notebook user cannot pass
+    script = tmp_path / "ask.py"
+    script.write_text("import os\nif os.environ['RANK'] == '0':\n    print('got', input('n? '))\n")
+    reply = nb.run(f"%clorch run --ranks 0 {script}", answers=["7"], timeout=90)
+    assert reply.status == "ok", reply.text
+    assert reply.prompts == ["[rank 0] n? "], reply.prompts
+    assert "got 7" in reply.text, reply.text
 
 
 def test_a_rank_that_dies_while_another_waits_at_a_prompt_ends_the_cell(nb: NotebookKernel) -> None:

@@ -5,8 +5,14 @@ order. The same on real ranks: tests/integration/test_engine.py."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
-from clorch_repl.session.hooks import END_OF_FILE, CellHooks, NoStdin, PlainSink, stdin_of
+import pytest
+
+from clorch_repl.errors import ClorchError
+from clorch_repl.notebook.hooks import NotebookHooks
+from clorch_repl.session.cell_rules import refuse_dead_or_busy
+from clorch_repl.session.hooks import END_OF_FILE, NO_STDIN_HOOK, CellHooks, NoStdin, PlainSink, SessionHooks, stdin_of
 from clorch_repl.session.stdin import GATHER_S, StdinBroker
 
 
@@ -58,3 +64,33 @@ def test_prompts_arriving_together_are_answered_in_rank_order() -> None:
     assert hooks.asked == [(0, "a? ", True), (1, "b? ", False)]
     assert sent == [(0, "line 0"), (1, "line 1")] and broker.waiting == set()
     assert len(flushed) == 2  # the cell's output is flushed before each prompt opens
+
+
+def test_a_cell_run_with_no_hooks_at_all_is_told_so_without_naming_nonetype() -> None:
+    refused = stdin_of(None, None)
+    assert isinstance(refused, NoStdin) and refused.why.startswith(NO_STDIN_HOOK), refused
+    assert "NoneType" not in refused.why and "stdin=" in refused.why
+
+
+class BusyRelay:
+    def busy(self) -> list[int]:
+        return [1]
+
+
+def _refusal(hooks: SessionHooks, alive: bool) -> str:
+    group = SimpleNamespace(ranks=[SimpleNamespace(rank=r, alive=alive or r == 0, where=f"rank {r}", exit="SIGKILL")
+                                   for r in (0, 1)])
+    with pytest.raises(ClorchError) as refused:
+        refuse_dead_or_busy(group, BusyRelay(), (0, 1), hooks.verbs)  # type: ignore[arg-type]
+    return str(refused.value)
+
+
+def test_the_engines_refusals_name_the_engines_methods_and_the_notebooks_its_magics() -> None:
+    assert _refusal(SessionHooks(), alive=True) == ("rank 1 is still running an earlier cell: wait, run "
+                                                    "session.interrupt(), or session.restart()")
+    assert "session.restart(ranks=[1]) starts it afresh" in _refusal(SessionHooks(), alive=False)
+    assert "%clorch" not in _refusal(SessionHooks(), alive=False)
+    assert _refusal(NotebookHooks(), alive=True) == ("rank 1 is still running an earlier cell: wait, run "
+                                                     "%clorch interrupt, or %clorch restart")
+    assert "rank 1 (SIGKILL) is dead: %clorch restart --ranks 1 starts it afresh" in _refusal(NotebookHooks(),
+                                                                                            alive=False)

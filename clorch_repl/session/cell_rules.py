@@ -1,0 +1,61 @@
+"""The rules that refuse a cell before any rank is sent anything, and the request that passes them.
+
+Why apart from :mod:`.session`: every way a cell begins (``run``, ``begin``, clorch's own
+requests) passes the same rules, and their refusals are the user's next step, named in the words
+of whoever drives the session (:class:`~clorch_repl.session.hooks.Verbs`: a script's methods, the
+notebook's magics), not the notebook's alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from ..common.topology import check_unique_in_range
+from ..errors import ClorchError, ranks_are
+from ..launchers.base import Launcher
+from ..wire.limits import limits_from_env
+from .hooks import Verbs
+from .lifecycle import Lifecycle, SessionState
+from .protocol import CellRequest
+from .suspend import refuse_cell
+
+if TYPE_CHECKING:
+    from .relay import Relay
+
+logger = logging.getLogger(__name__)
+
+
+def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], verbs: Verbs) -> None:
+    """Refuse a cell on ``chosen`` ranks when one is dead or still runs an earlier cell."""
+    dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
+    if dead:
+        what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
+        lost = ",".join(str(p.rank) for p in dead)
+        raise ClorchError(f"{what} is dead: {verbs.restart_ranks.format(ranks=lost)} starts it afresh while the "
+                          f"others keep their variables, or {verbs.restart} starts every rank afresh")
+    busy = [r for r in relay.busy() if r in chosen]
+    if busy:
+        raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run {verbs.interrupt}, "
+                          f"or {verbs.restart}")
+
+
+def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *, group: Launcher, relay: Relay,
+                 life: Lifecycle, nproc: int, hang_notice_s: float, verbs: Verbs, silent: bool = False,
+                 stdin_ranks: list[int] | None = None, cell_number: int | None = None) -> CellRequest:
+    """The request for a cell on ``chosen``, once every rule that refuses one is checked
+    (``hang_notice_s``: the cell's own, or the session's)."""
+    refuse_cell(life)  # suspended: no rank runs anything until it resumes
+    check_unique_in_range(chosen, nproc, "--ranks", "rank")
+    refuse_dead_or_busy(group, relay, chosen, verbs)
+    if stdin_ranks is not None:
+        check_unique_in_range(stdin_ranks, nproc, "--stdin-ranks", "rank")
+    try:
+        limits = limits_from_env(os.environ)
+    except ValueError as exc:
+        raise ClorchError(f"{exc} (the output limits of %%distributed cells, read from the notebook's "
+                          "environment: fix it with %env, or unset it for the default)") from None
+    return CellRequest(code, chosen, timeout_s, hang_notice_s=0.0 if silent else hang_notice_s,
+                       stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks), cell_number=cell_number,
+                       output_limits=limits, recover=not silent and life.state is SessionState.READY)
