@@ -134,13 +134,11 @@ class LeanExecute:
         except Exception:  # noqa: BLE001 - as ipykernel: logged, the kernel goes on
             self.log.error("Exception in message handler:", exc_info=True)
         except KeyboardInterrupt:
+            self._uninterruptible()
             self.log.error("KeyboardInterrupt caught in kernel.")
         finally:
             self._counting = None
-            try:
-                self.post_handler_hook()
-            except Exception:  # noqa: BLE001 - as ipykernel
-                self.log.debug("Unable to signal in post_handler_hook:", exc_info=True)
+            self._uninterruptible()
         _flush_streams()
         if replied:
             if isinstance(stream, ZMQStream) and stream.sending():
@@ -149,6 +147,20 @@ class LeanExecute:
             self._publish_status("idle", "shell")  # no reply: the idle ends the relay's wait
         else:
             self._publish_status_and_flush("idle", "shell", stream)
+
+    def _uninterruptible(self) -> None:
+        """SIGINT back to what it was between requests (ipykernel's post_handler_hook: ignored),
+        even if one more arrives while that is done (its KeyboardInterrupt is dropped: the cell's
+        code is over, there is nothing left for it to interrupt)."""
+        while True:
+            try:
+                self.post_handler_hook()
+                return
+            except KeyboardInterrupt:
+                continue
+            except Exception:  # noqa: BLE001 - as ipykernel: the request goes on without it
+                self.log.debug("Unable to signal in post_handler_hook:", exc_info=True)
+                return
 
     async def _lean_execute_request(self, stream, idents: list[bytes], parent: dict) -> bool:  # type: ignore[no-untyped-def]
         """Run the request and reply, with the count of its iopub messages; True once replied."""
@@ -172,6 +184,10 @@ class LeanExecute:
             if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
                 self.shell.execution_count = number  # the notebook's [n] (wire.CELL_NUMBER_KEY)
         reply_content = await self.do_execute(**args)
+        # The user's code has returned: an interrupt from here on would only cut the reply (or
+        # the idle) on its way out, and the relay would wait for this rank for good (seen: a
+        # rank left "still running an earlier cell" after an interrupt that came as a cell ended).
+        self._uninterruptible()
         _flush_streams()
         if self._execute_sleep:
             time.sleep(self._execute_sleep)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -125,6 +126,45 @@ def test_interrupt_from_another_thread_ends_the_running_cell_and_the_ranks_keep_
     assert session.run("print(kept)", None, 30, after).ok
     assert after.text(0) == "100\n" and after.text(1) == "101\n"
     assert session.interrupt() == ({}, None)  # nothing running: nothing stuck, nothing to recover
+
+
+def test_interrupts_that_come_as_a_ranks_code_has_ended_leave_its_reply_and_the_session_usable(
+        session: Session) -> None:
+    """Ctrl-Cs that land after the rank's code returned, while its reply is on its way out, must not
+    cut the reply (or the idle that stands for it): the relay would wait for that rank for good.
+    The stretch is made wide enough to aim at: ipykernel's own debug pause after the code
+    (``_execute_sleep``), and the kernel's log of a caught KeyboardInterrupt made slow, so that a
+    second SIGINT lands inside that handler (before the fix it escaped it: no reply, no idle)."""
+    setup = ("import time\nk = get_ipython().kernel\n_clorch_log_error = k.log.error\n"
+             "k.log.error = lambda *a, **kw: (time.sleep(1.0), _clorch_log_error(*a, **kw))\n"
+             "k._execute_sleep = 2.0\nimport os\nos.getpid()")
+    hooks = Recorder()
+    assert session.run(setup, None, 30, hooks).ok
+    pids = [int(i.content["data"]["text/plain"]) for i in hooks.items if i.kind == "execute_result"]
+    assert len(pids) == 2, hooks.items
+    hooks = Recorder()
+
+    def ctrl_c_after_the_code() -> None:
+        if hooks.started.wait(30):
+            for _ in range(2):  # in the pause before the reply; then inside the handler's slow log
+                time.sleep(0.5)
+                for pid in pids:
+                    os.kill(pid, signal.SIGINT)
+
+    helper = threading.Thread(target=ctrl_c_after_the_code)
+    helper.start()
+    try:
+        outcome = session.run("print('started', flush=True)\nrank * 10", None, 15, hooks)
+    finally:
+        helper.join()
+        session.run("k._execute_sleep = 0\nk.log.error = _clorch_log_error", None, 30, Recorder())
+    assert not outcome.timed_out, outcome
+    assert {r: o.status for r, o in outcome.ranks.items()} == {0: Status.OK, 1: Status.OK}, outcome
+    values = {i.rank: i.content["data"]["text/plain"] for i in hooks.items if i.kind == "execute_result"}
+    assert values == {0: "0", 1: "10"}, hooks.items
+    after = Recorder()
+    assert session.run("print('next', rank)", None, 30, after).ok
+    assert after.text(0) == "next 0\n" and after.text(1) == "next 1\n"
 
 
 class RaisesOnOutput(CellHooks):
