@@ -3,9 +3,13 @@
 A session's ``slurm`` launcher (:mod:`clorch_repl.launchers.slurm`: one nanny per task) and a batch
 job under ``launcher="slurm"`` (:mod:`clorch_repl.jobs.job_ranks`: one job rank per task) both run
 one srun step from this process and end it the same way (:meth:`SrunStep.end`): a wait for it to
-exit on its own (a session's nannies were told to exit), SIGTERM (srun passes it to every task and
-waits Slurm's KillWait for them), SIGKILL, and then ``scancel`` of the step (:meth:`SrunStep.cancel`),
-because a killed srun can no longer end its tasks and the step could live on to its time limit.
+exit on its own (a session's nannies were told to exit), SIGTERM, SIGKILL, and then ``scancel`` of
+the step (:meth:`SrunStep.cancel`), because a killed srun can no longer end its tasks and the step
+could live on to its time limit. On SIGTERM srun does not pass the signal on: it forces the step's
+end at once (Slurm 22.05 on tests/cluster.py's cluster: "forcing job termination", tasks that
+trap SIGTERM "Killed" within milliseconds, srun gone in 20-60 ms) and waits up to KillWait + 2 s
+for the step to be over ("Waiting up to 7 seconds for job step to finish" at KillWait=5): a
+rank gets no grace of ours under srun.
 The printed line ``--launcher attach`` shows for Slurm is written here too (:func:`srun_hint`).
 
 Inside an allocation (``salloc``, an ``sbatch`` job: ``SLURM_JOB_ID`` is set) srun runs a step in
@@ -36,13 +40,13 @@ from ..errors import ClorchError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: How long srun may take to end its tasks after the SIGTERM it passes on: Slurm's KillWait, the
-#: wait between a step's SIGTERM and its SIGKILL, at Slurm's default (30 s; slurm.conf may set
-#: another). A shorter wait would SIGKILL srun, and warn, while Slurm is still giving a rank its
-#: KillWait to finish (a checkpoint written on SIGTERM); where a cluster sets it longer, srun gets
-#: its SIGKILL and the step its scancel after this. The session's launcher and batch jobs both wait
-#: it (a batch job adds its own grace).
-SRUN_KILL_WAIT_S = 30.0
+#: How long srun gets, after our SIGTERM, to see its step over: srun's own wait then, Slurm's
+#: KillWait + 2 s (see the module docstring), at Slurm's default KillWait of 30 s. A healthy step
+#: is over in milliseconds; srun takes this long only when a node cannot be reached, and a shorter
+#: wait would SIGKILL it (with a warning) in the middle of its own end of the step. Where a
+#: cluster sets KillWait longer, srun gets its SIGKILL and the step its scancel after this. The
+#: one value for a session's launcher and a batch job (their stop's grace changes nothing here).
+SRUN_KILL_WAIT_S = 32.0
 #: How long ``squeue``/``scancel`` may take before the cancel gives up and says what to check.
 SLURM_QUERY_S = 10.0
 #: Lines of srun's own output that :meth:`SrunStep.said` gives (a failure it may explain: a bad
