@@ -38,6 +38,12 @@ def _wait_steps(job: str, present: bool, timeout: float) -> list[str]:
     return steps
 
 
+def _wait_tasks(cluster, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(cluster.processes_in(h) for h in ("hostA", "hostB")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 @pytest.fixture()
 def slurm_env(two_hosts_clean, monkeypatch):  # noqa: F811
     for key, value in two_hosts_clean.slurm_env().items():
@@ -93,9 +99,7 @@ def test_a_killed_sruns_job_outside_an_allocation_is_cancelled_by_name(slurm_env
     step = SrunStep.start(srun_command(2, 1, NAME) + ["sleep", "300"], env=os.environ, name=NAME,
                           what="test step", log_path=str(tmp_path / "srun.log"))
     assert step.allocation is None
-    deadline = time.monotonic() + 30
-    while not all(slurm_env.processes_in(h) for h in ("hostA", "hostB")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_tasks(slurm_env)
     os.kill(step.process.pid, signal.SIGSTOP)
     with caplog.at_level(logging.INFO, logger="clorch_repl.placement.srun"):
         step.end(term_wait_s=1.0)
@@ -104,18 +108,22 @@ def test_a_killed_sruns_job_outside_an_allocation_is_cancelled_by_name(slurm_env
     assert slurm_env.wait_no_jobs(timeout=30) == [], "srun's job outlived its end"
 
 
-def test_a_hung_sruns_step_inside_an_allocation_is_gone_after_its_end(allocation, tmp_path,
+def test_a_hung_sruns_step_inside_an_allocation_is_gone_after_its_end(allocation, slurm_env, tmp_path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     """The whole end() of a hung srun (SIGSTOP) in an allocation: SIGTERM, SIGKILL, then the
     step's cancel by id (or, where Slurm was quicker, the step already gone); the allocation stays."""
     step = SrunStep.start(srun_command(2, 1, NAME) + ["sleep", "300"], env=os.environ, name=NAME,
                           what="test step", log_path=str(tmp_path / "srun.log"))
     assert _wait_steps(allocation, present=True, timeout=30), f"the step did not start: {step.said()}"
+    # its tasks running on both nodes first: a step shows in squeue before srun has launched them,
+    # and one stopped in the middle of its launch once lingered 30 s after its scancel
+    _wait_tasks(slurm_env)
     os.kill(step.process.pid, signal.SIGSTOP)
     with caplog.at_level(logging.INFO, logger="clorch_repl.placement.srun"):
         step.end(term_wait_s=1.0)
     assert step.poll() == -9
     assert f"scancel {allocation}.0" in caplog.text or "already gone" in caplog.text, caplog.text
-    assert _wait_steps(allocation, present=False, timeout=30) == [], "the step outlived its end"
+    left = _wait_steps(allocation, present=False, timeout=30)
+    assert left == [], f"the step outlived its end; srun said: {step.said()}\n{slurm_env.logs_tail(12)}"
     jobs = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
     assert jobs == [allocation]
