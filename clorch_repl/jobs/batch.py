@@ -138,7 +138,9 @@ class Job:
 
     @public
     def stop(self, grace_s: float | None = None) -> JobStatus:
-        """End every live rank (its whole process tree): SIGTERM, then SIGKILL after ``grace_s``."""
+        """End every live rank (its whole process tree): SIGTERM, then SIGKILL after ``grace_s``.
+        Under ``launcher="slurm"`` there is no such grace: srun ends its step at once on SIGTERM
+        (:mod:`clorch_repl.placement.srun`)."""
         with self._lock:
             if not self._done.is_set() and self._reason is None:
                 self._reason = "stopped"

@@ -28,7 +28,7 @@ from ..errors import ClorchError, ConfigError
 from ..host.rank_process import RankProcess
 from ..common.procs import LOOPBACK, free_port
 from ..placement import teardown
-from ..placement.srun import SrunStep, srun_command, time_limit
+from ..placement.srun import SRUN_KILL_WAIT_S, SrunStep, srun_command, time_limit
 from ..wire.rank_env import local_place, rank_environment, world_environment
 from ..common.topology import Topology, nodes_topology, resolve_topology
 from ..wire.results import read_result
@@ -39,9 +39,6 @@ logger = logging.getLogger(__name__)
 Report = Callable[[int, int], None]
 #: How often srun's tasks' result files are looked for.
 SRUN_POLL_S = 0.2
-#: How long srun may outlive its SIGTERM beyond the job's grace (it waits Slurm's KillWait for
-#: its tasks) before it is killed.
-SRUN_KILL_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -259,15 +256,17 @@ class SlurmJobRanks(JobRanks):
             time.sleep(SRUN_POLL_S)
 
     def stop(self, ranks: list[int], grace_s: float, wait: bool) -> None:
-        """SIGTERM to srun, which passes it to every task; SIGKILL and scancel after ``grace_s``
-        and srun's own wait for its tasks (one step: its tasks end together;
-        :meth:`clorch_repl.placement.srun.SrunStep.end`)."""
+        """SIGTERM to srun, which ends the whole step at once (one step: its tasks end together);
+        SIGKILL and scancel if srun is still there after its own wait for the step
+        (:data:`~clorch_repl.placement.srun.SRUN_KILL_WAIT_S`,
+        :meth:`clorch_repl.placement.srun.SrunStep.end`). ``grace_s`` changes nothing under srun:
+        srun kills its tasks on SIGTERM without a grace of ours."""
         srun = self.srun
         with self._lock:
             self._stopping.update(ranks)
         if srun is None or srun.poll() is not None:
             return
-        thread = threading.Thread(target=srun.end, kwargs={"term_wait_s": grace_s + SRUN_KILL_WAIT_S}, daemon=True,
+        thread = threading.Thread(target=srun.end, kwargs={"term_wait_s": SRUN_KILL_WAIT_S}, daemon=True,
                                   name=f"clorch-{self.plan.job_id}-stop")
         thread.start()
         if wait:

@@ -147,7 +147,7 @@ class AdoptedLauncher(Launcher):
         grace, then SIGKILL); then SIGKILL to whatever of their trees is left. ``polite`` changes
         nothing here: the session's stop has already asked the ranks to leave their group."""
         sups = [p.supervisor_pid for p in self.ranks if procs.pid_running(p.supervisor_pid)]
-        ended = teardown.end_supervised(sups, teardown.deadline(grace_s, 0.5))
+        ended = teardown.end_supervised(sups, teardown.deadline(grace_s))
         return teardown.outlived(sups + [p.pid for p in self.ranks] + [t.pid for t in ended])
 
     def close(self) -> None:

@@ -406,7 +406,6 @@ class LocalLauncher(Launcher):
 
     def _end(self, handles: list[LocalRank], grace_s: float, polite: bool) -> list[str]:
         """:meth:`stop`'s work, for any kernels of this launcher (the ranks, or the spares)."""
-        start = time.monotonic()
         sups = [p.supervisor_pid for p in handles if p.supervisor_pid is not None]
         kernels = [p.pid for p in handles if p.pid is not None]
         if polite:
@@ -417,9 +416,9 @@ class LocalLauncher(Launcher):
                     except (OSError, RuntimeError) as exc:  # its channel is gone: SIGTERM follows anyway
                         logger.debug("shutdown request to rank %d failed: %s", proc.rank, exc)
             procs.wait_gone(kernels, timeout_s=min(grace_s, SHUTDOWN_WAIT_S))
-        # The supervisors have their own grace (the same STOP_GRACE_S); give them a little more
-        # to finish their SIGKILLs before ours.
-        ended = teardown.end_supervised(sups, start + grace_s + 0.5)
+        # The supervisors have their own grace (the same STOP_GRACE_S) from their SIGTERM; ours
+        # comes teardown's one margin after it, so they finish their SIGKILLs first.
+        ended = teardown.end_supervised(sups, teardown.deadline(grace_s))
         for proc in handles:
             proc.poll()
             try:

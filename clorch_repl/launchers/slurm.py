@@ -4,7 +4,8 @@ Inside an allocation (``salloc``, an ``sbatch`` job: ``SLURM_JOB_ID`` is set) sr
 it; outside, srun asks Slurm for one (``--partition``, ``--time``). The nannies never exit because
 a kernel died, so the step (and the allocation) lives until ``%clorch stop``: then every nanny is
 told to exit, srun sees its tasks end and exits, and only if it does not within
-:data:`SRUN_EXIT_S` is it sent SIGTERM (srun passes it to the tasks), then SIGKILL and ``scancel``.
+:data:`SRUN_EXIT_S` is it sent SIGTERM (srun then ends the step itself), then, after
+:data:`~clorch_repl.placement.srun.SRUN_KILL_WAIT_S`, SIGKILL and ``scancel``.
 The srun command line, the step's process and its end are :mod:`clorch_repl.placement.srun`'s,
 shared with batch jobs (``launch(launcher="slurm")``).
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
 import sys
 
 from .base import Progress
-from ..placement.srun import SrunStep, first_node_address, srun_command
+from ..placement.srun import SRUN_KILL_WAIT_S, SrunStep, srun_command
 from ..wire.connect import CONNECT_ENV, CONNECT_FILE_ENV, route_address
 from .callback import default_listen_address
 from .remote import RemoteLauncher
@@ -30,8 +33,24 @@ logger = logging.getLogger(__name__)
 
 #: How long srun gets to exit on its own after the nannies were told to exit.
 SRUN_EXIT_S = 10.0
-#: How long srun gets after SIGTERM to end its tasks (it waits Slurm's KillWait for them).
-SRUN_TERM_S = 10.0
+
+
+def first_node_address() -> str | None:
+    """A node's address from ``scontrol show nodes`` (NodeAddr), None when there is none to be
+    had: the notebook listens on the interface that routes to it (only a session's ranks call
+    back to the notebook; a batch job's meet through files, so this is the launcher's alone)."""
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "show", "nodes", "-o"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("scontrol show nodes failed: %s", exc)
+        return None
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.partition("=")[2]
+    return None
 
 
 class SlurmLauncher(RemoteLauncher):
@@ -79,4 +98,4 @@ class SlurmLauncher(RemoteLauncher):
         if srun is None:
             return
         # a lost node's task never exits on its own: srun is ended at once then
-        srun.end(exit_wait_s=1.0 if lost else SRUN_EXIT_S, expected_exit=not lost, term_wait_s=SRUN_TERM_S)
+        srun.end(exit_wait_s=1.0 if lost else SRUN_EXIT_S, expected_exit=not lost, term_wait_s=SRUN_KILL_WAIT_S)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from typing import Iterable
 
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 #: What SIGKILL waits for after a supervisor's own grace has run out: it SIGKILLs what is left of
 #: its rank at that grace and exits; this second is for that to happen before we do it ourselves.
+#: The one margin of every caller (:func:`deadline`, counted from the SIGTERM): the local
+#: launcher's and a detached session's stops once gave half a second, counted by the local one
+#: from before its polite shutdown request, so a slow request cut a rank's SIGTERM grace short.
 KILL_MARGIN_S = 1.0
 #: How long the processes of ended ranks get to be gone after their SIGKILL before they are
 #: named as having outlived the stop.
@@ -54,9 +58,10 @@ def end_supervised(supervisors: list[int], deadline: float) -> list[psutil.Proce
     return [p for tree in trees.values() for p in tree]
 
 
-def deadline(grace_s: float, margin_s: float = KILL_MARGIN_S) -> float:
-    """The time.monotonic() by which supervisors given ``grace_s`` should be gone."""
-    return time.monotonic() + grace_s + margin_s
+def deadline(grace_s: float) -> float:
+    """The time.monotonic() by which supervisors given ``grace_s`` from now (their SIGTERM) should
+    be gone: the one shared deadline of :func:`end_supervised`'s callers."""
+    return time.monotonic() + grace_s + KILL_MARGIN_S
 
 
 def outlived(pids: Iterable[int], timeout_s: float = GONE_WAIT_S) -> list[str]:
@@ -65,7 +70,23 @@ def outlived(pids: Iterable[int], timeout_s: float = GONE_WAIT_S) -> list[str]:
     left = sorted(set(wait_gone(pids, timeout_s=timeout_s)))
     if left:
         logger.warning("clorch_repl: processes %s of the ranks outlived the stop", left)
-    return [f"process {pid} (sent SIGKILL)" for pid in left]
+    return [outlived_line(pid, _name(pid), socket.gethostname()) for pid in left]
+
+
+def outlived_line(pid: int, name: str | None, host: str) -> str:
+    """What a stop says of a process still there after its SIGKILL: which one, where, and what
+    to do (it may be in uninterruptible sleep, e.g. a hung GPU driver call or NFS, and go later)."""
+    what = f"process {pid}" + (f" ({name})" if name else "")
+    return (f"{what} on {host} was sent SIGKILL and is still there: check it with `ps -p {pid} -o pid,stat,cmd` "
+            f"on {host} and, if it is still there, end it with `kill -9 {pid}` (state D: it waits on the "
+            "kernel, a GPU driver or a filesystem, and goes when that returns)")
+
+
+def _name(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 def interrupt(supervisor: int) -> bool:

@@ -5,10 +5,15 @@ themselves: tests/integration/test_batch_slurm.py, test_multihost.py, test_launc
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
+import socket
 import subprocess
+import time
 from typing import Any
 
+import psutil
 import pytest
 
 from clorch_repl.common.topology import Topology, nodes_topology
@@ -34,8 +39,16 @@ def test_srun_arguments_that_a_shell_could_not_split_are_refused_in_one_line() -
         srun_command(1, 1, "clorch-x", srun_args='--comment "unclosed')
 
 
-def test_the_printed_srun_line_has_the_same_layout() -> None:
-    assert srun_hint(3, 2) == "srun --nodes 3 --ntasks-per-node 2 python -m clorch_repl.rank"
+@pytest.mark.parametrize("nodes, per_node", [(3, 2), (1, 8)])
+def test_the_printed_srun_line_has_the_same_layout(nodes: int, per_node: int) -> None:
+    """The printed line's options, read as srun reads them, are the ones srun_command runs with
+    (both come from task_layout): a change to one layout shows in the other."""
+    words = shlex.split(srun_hint(nodes, per_node))
+    assert words[0] == "srun" and words[-3:] == ["python", "-m", "clorch_repl.rank"]
+    printed = [f"{opt}={value}" for opt, value in zip(words[1:-3:2], words[2:-3:2])]
+    run = srun_command(nodes, per_node, "clorch-x")
+    assert printed and all(word in run for word in printed), (printed, run)
+    assert {w.partition("=")[0] for w in printed} == {"--nodes", "--ntasks-per-node"}
 
 
 @pytest.mark.parametrize("timeout_s, minutes", [(None, None), (1.0, "1"), (60.0, "1"), (61.0, "2"), (3600.0, "60")])
@@ -91,35 +104,94 @@ class _Srun:
         self.code = -9
 
 
-def _step(process: Any, cancelled: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> SrunStep:
-    step = SrunStep(process, "clorch-j1", "j1", str(tmp_path / "srun.log"))
-    monkeypatch.setattr(SrunStep, "cancel", lambda self: cancelled.append(self.name))
-    return step
+class _Slurm:
+    """Slurm's client tools as this test says they answer: records each command (and the
+    environment it ran with) instead of running it."""
+
+    def __init__(self, squeue: str = "", fail: str | None = None) -> None:
+        self.squeue, self.fail, self.commands, self.envs = squeue, fail, [], []
+
+    def run(self, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        self.commands.append([os.path.basename(argv[0]), *argv[1:]])
+        self.envs.append(kwargs.get("env"))
+        tool = os.path.basename(argv[0])
+        if tool == self.fail:
+            return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+        return subprocess.CompletedProcess(argv, 0, self.squeue if tool == "squeue" else "", "")
+
+
+def _step(process: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, slurm: _Slurm,
+          env: dict[str, str] | None = None) -> SrunStep:
+    monkeypatch.setattr(srun_mod.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(srun_mod.subprocess, "run", slurm.run)
+    return SrunStep(process, "clorch-j1", "j1", str(tmp_path / "srun.log"), env={"PATH": "/bin", **(env or {})})
 
 
 def test_a_step_that_obeys_sigterm_is_not_killed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    cancelled: list[str] = []
+    slurm = _Slurm()
     process = _Srun(ends_on="SIGTERM")
-    _step(process, cancelled, monkeypatch, tmp_path).end(exit_wait_s=1.5, term_wait_s=7.0)
+    _step(process, monkeypatch, tmp_path, slurm).end(exit_wait_s=1.5, term_wait_s=7.0)
     assert process.calls == [("wait", 1.5), "SIGTERM", ("wait", 7.0)]
-    assert cancelled == []
+    assert slurm.commands == []
 
 
-def test_a_killed_srun_has_its_step_cancelled_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """A batch job's stop once ended srun with SIGKILL and nothing more: the step ran on to its time
-    limit. Every step now ends the session's way, scancel after the SIGKILL."""
-    cancelled: list[str] = []
+def test_a_killed_sruns_step_in_an_allocation_is_cancelled_by_its_id(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Any) -> None:
+    """Under salloc or sbatch, srun's --job-name names the step, and scancel --name matches job names
+    only: the backstop after a SIGKILLed srun once cancelled nothing exactly where batch jobs run.
+    The step is found by its name in the allocation and cancelled by its id (the same on the real
+    cluster: tests/integration/test_srun_step.py)."""
+    slurm = _Slurm(squeue="7.0 clorch-other\n7.3 clorch-j1\n7.4 clorch-j1x\n")
     process = _Srun(ends_on=None)
-    _step(process, cancelled, monkeypatch, tmp_path).end(term_wait_s=5.0)
+    _step(process, monkeypatch, tmp_path, slurm, env={"SLURM_JOB_ID": "7"}).end(term_wait_s=5.0)
     assert process.calls == ["SIGTERM", ("wait", 5.0), "SIGKILL", ("wait", None)]
-    assert cancelled == ["clorch-j1"]
+    assert slurm.commands == [["squeue", "--steps", "-j", "7", "-h", "-o", "%i %j"], ["scancel", "7.3"]]
+    assert all(env is not None and env["SLURM_JOB_ID"] == "7" for env in slurm.envs)  # srun's cluster
+
+
+def test_a_killed_sruns_own_job_is_cancelled_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    slurm = _Slurm()
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    _step(_Srun(ends_on=None), monkeypatch, tmp_path, slurm).end(term_wait_s=5.0)
+    assert slurm.commands == [["scancel", "--name=clorch-j1"]]
+
+
+def test_a_step_already_gone_is_not_cancelled(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    slurm = _Slurm(squeue="7.0 clorch-other\n")
+    with caplog.at_level(logging.INFO, logger=srun_mod.__name__):
+        _step(_Srun(None), monkeypatch, tmp_path, slurm, env={"SLURM_JOB_ID": "7"}).cancel()
+    assert [c[0] for c in slurm.commands] == ["squeue"]
+    assert "j1: step clorch-j1 of allocation 7 is already gone" in caplog.text
+
+
+def test_a_failed_squeue_says_what_to_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    slurm = _Slurm(fail="squeue")
+    _step(_Srun(None), monkeypatch, tmp_path, slurm, env={"SLURM_JOBID": "9"}).cancel()
+    assert [c[0] for c in slurm.commands] == ["squeue"]
+    assert "j1: squeue --steps -j 9 -h -o %i %j exited 1 (slurm_load_jobs error: Invalid job id specified); " \
+           "check squeue --steps -j 9 for a step named clorch-j1 and scancel JOBID.STEPID" in caplog.text
 
 
 def test_cancel_without_scancel_says_what_to_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(srun_mod.shutil, "which", lambda name: None)
-    SrunStep(_Srun(None), "clorch-j2", "j2", str(tmp_path / "srun.log")).cancel()
-    assert "j2: no scancel on PATH; check squeue for a clorch-j2 job" in caplog.text
+    SrunStep(_Srun(None), "clorch-j2", "j2", str(tmp_path / "srun.log"), env={}).cancel()
+    assert "j2: no scancel on PATH to cancel srun's step; check squeue for a job named clorch-j2 and scancel it" \
+        in caplog.text
+
+
+@pytest.mark.parametrize("env, allocation", [({}, None), ({"SLURM_JOB_ID": "12"}, "12"), ({"SLURM_JOBID": "5"}, "5"),
+                                             ({"SLURM_JOB_ID": ""}, None)])
+def test_an_allocation_is_read_from_sruns_environment(env: dict[str, str], allocation: str | None) -> None:
+    assert srun_mod.allocation_of(env) == allocation
+
+
+def test_steps_are_matched_by_their_whole_name() -> None:
+    lines = "3.0 clorch-a\n3.1 clorch-ab\n3.2 clorch-a\n\n3.extern extern\n"
+    assert srun_mod.step_ids(lines, "clorch-a") == ["3.0", "3.2"]
+    assert srun_mod.step_ids("", "clorch-a") == []
 
 
 def test_what_srun_said_is_its_logs_last_lines(tmp_path: Any) -> None:
@@ -156,7 +228,19 @@ def test_a_local_rank_meets_its_group_over_loopback(monkeypatch: pytest.MonkeyPa
     assert (cpu.gpu, cpu.host_gpus) == (None, ())
 
 
-def test_a_stop_names_what_outlived_it() -> None:
+def test_a_stop_names_what_outlived_it_where_and_what_to_do() -> None:
     assert teardown.outlived([], timeout_s=0.01) == []
     me = os.getpid()  # a process that is certainly running, and no child of the test
-    assert teardown.outlived([me, me], timeout_s=0.01) == [f"process {me} (sent SIGKILL)"]
+    [line] = teardown.outlived([me, me], timeout_s=0.01)
+    assert line == teardown.outlived_line(me, psutil.Process(me).name(), socket.gethostname())
+    assert teardown.outlived_line(42, "python3", "node7") == (
+        "process 42 (python3) on node7 was sent SIGKILL and is still there: check it with "
+        "`ps -p 42 -o pid,stat,cmd` on node7 and, if it is still there, end it with `kill -9 42` (state D: it "
+        "waits on the kernel, a GPU driver or a filesystem, and goes when that returns)")
+    assert teardown.outlived_line(42, None, "node7").startswith("process 42 on node7 was sent SIGKILL")
+
+
+def test_every_stop_shares_one_deadline_after_the_supervisors_grace() -> None:
+    before = time.monotonic()
+    at = teardown.deadline(5.0)
+    assert before + 5.0 + teardown.KILL_MARGIN_S <= at <= time.monotonic() + 5.0 + teardown.KILL_MARGIN_S
