@@ -16,14 +16,15 @@ sharded save or load (every rank calls those, so the ``new_group`` collective is
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, Iterator
 
 import torch.distributed as tdist
 import torch.distributed.distributed_c10d as c10d
 
 from ...distributed import _c10d
-from ...errors import CheckpointError, rank_words
+from ...errors import CheckpointError, ClorchError, rank_words
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +82,23 @@ def raise_if_any(errors: list[str | None], doing: str, *, changed: bool = False)
         raise CheckpointError(f"{doing} failed on {rank_words(r for r, _ in failed)}: {failed[0][1]}; {after}")
     lines = "; ".join(f"rank {r}: {e}" for r, e in failed)
     raise CheckpointError(f"{doing} failed on {rank_words(r for r, _ in failed)} ({lines}); {after}")
+
+
+@contextlib.contextmanager
+def agreed(doing: str, failed: str, group: Any = None) -> Iterator[None]:
+    """Run the block on every rank, then agree on how it went: one gather of each rank's failure,
+    and one :class:`CheckpointError` raised on every rank if any failed (:func:`raise_if_any`).
+
+    A step that some rank may fail must be agreed on before any rank goes on to collectives
+    (a state dict of FSDP1, DCP's planning): the ranks that went on would wait in them for the one
+    that stopped, which waits in this agreement. ``failed``: what an unexpected exception is
+    reported as (its type and text follow); a :class:`ClorchError` is reported as it says."""
+    error: str | None = None
+    try:
+        yield
+    except ClorchError as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
+        logger.debug("%s", failed, exc_info=True)
+        error = f"{failed}: {type(exc).__name__}: {exc}"
+    raise_if_any(gather(error, group), doing)

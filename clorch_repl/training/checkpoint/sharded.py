@@ -53,7 +53,7 @@ from . import in_flight, save_plans
 from .commit import check_replaceable, commit, leftover_of, missing_files, remove_leftovers, temp_folder
 from .container import FORMAT, FORMAT_VERSION, is_torch_file, read_container, write_container
 from .extras import apply_extras, check_extras, checkpoint_metadata, local_extras, payload_extras, saved_state
-from .ranks import checkpoint_group, gather, raise_if_any
+from .ranks import agreed, checkpoint_group, gather, raise_if_any
 from .safe_dcp import METADATA_FILE, SafeLoadPlanner, SafeReader, read_metadata
 from .single_file import check_model_shapes, check_optimizer_class
 from .staging import Stager
@@ -152,19 +152,12 @@ def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, sta
     metadata_json = "{}"
     dcp_state: dict[str, Any] = {}
     shapes = ""
-    try:
+    # Agreed before the state dict is taken (see ranks.agreed: FSDP1's takes collectives).
+    with agreed("saving the checkpoint", "preparing the checkpoint failed", group):
         metadata_json, rng, sampler_state = local_extras(sampler, state)
         _require_model(model, optimizer)
         if rank == 0:
             check_replaceable(target, is_torch_file(target))
-    except ClorchError as exc:
-        local_error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
-        logger.debug("preparing the checkpoint %s failed", target, exc_info=True)
-        local_error = f"preparing the checkpoint failed: {type(exc).__name__}: {exc}"
-    # Agreed before the state dict is taken: FSDP1's takes collectives, which the other ranks
-    # would enter while a rank that refused waits in the agreement (as in the load).
-    raise_if_any(gather(local_error, group), "saving the checkpoint")
     try:
         dcp_state = _dcp_state(model, optimizer)
         shapes = save_plans.fingerprint(dcp_state)
@@ -307,38 +300,22 @@ def _load(source: str, folder: str, model: Any, optimizer: Any, sampler: Any, sc
     in_flight.wait_for_previous()
     group = checkpoint_group()
     rank = _c10d.rank()
-    error: str | None = None
-    extras: dict[str, Any] = {"metadata": {}}
-    sampler_entry = None
-    metadata: Any = None
-    dcp_state: dict[str, Any] = {}
-    try:
-        # Read once, then checked against and handed to DCP's reader: each read of the metadata
-        # and each state dict of a large model costs a measurable share of the load.
+    extras: dict[str, Any] = {"metadata": {}}  # a checkpoint without extras (torch's own dcp.save)
+    # Read once, then checked against and handed to DCP's reader: each read of the metadata and
+    # each state dict of a large model costs a measurable share of the load. What only reads files
+    # is agreed on before the state dict is taken (see ranks.agreed: FSDP1's takes collectives).
+    with agreed("loading the checkpoint", f"the checkpoint {source} could not be read", group):
         metadata = read_metadata(folder, name=source)
         extras_path = os.path.join(folder, EXTRAS_FILE)
         if os.path.exists(extras_path):
             extras = read_container(extras_path, torch.device("cpu"))
         _require_model(model, optimizer)
         sampler_entry = check_extras(source, extras, sampler, scaler, restore_rng, rank)
-    except ClorchError as exc:
-        error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - anything unexpected while validating counts as "does not fit"
-        logger.debug("reading the checkpoint %s failed", source, exc_info=True)
-        error = f"the checkpoint {source} could not be read: {type(exc).__name__}: {exc}"
-    # Agreed before the state dict is taken: FSDP1's takes collectives, which the ranks that read
-    # the files would enter while a rank that could not waits in the agreement (measured: a hang).
-    raise_if_any(gather(error, group), "loading the checkpoint")
-    try:
+    with agreed("loading the checkpoint", f"the checkpoint {source} could not be checked", group):
         dcp_state = _dcp_state(model, optimizer)
         _check(source, folder, metadata, extras, model, optimizer, dcp_state)
-    except ClorchError as exc:
-        error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - anything unexpected while validating counts as "does not fit"
-        logger.debug("checking the checkpoint %s failed", source, exc_info=True)
-        error = f"the checkpoint {source} could not be checked: {type(exc).__name__}: {exc}"
-    raise_if_any(gather(error, group), "loading the checkpoint")
 
+    error: str | None = None
     try:
         if dcp_state:
             with _single_process_quiet():
@@ -350,7 +327,6 @@ def _load(source: str, folder: str, model: Any, optimizer: Any, sampler: Any, sc
             else:
                 set_model_state_dict(model, dcp_state["model"])
         apply_extras(extras, sampler, scaler, sampler_entry, restore_rng, rank)
-        error = None
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported to every rank below
         logger.debug("applying the checkpoint %s failed", source, exc_info=True)
         error = (str(exc) if isinstance(exc, CheckpointError)
