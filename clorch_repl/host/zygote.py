@@ -77,6 +77,7 @@ def run_kernel(cmd: list[str]) -> int:
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # its global generator was seeded once, in the zygote
         numpy.random.seed()
+    _threads_from_environment()
     proctitle.set_cmdline(cmd)
     sys.argv = [app.__file__, *cmd[3:]]
     sys.modules["__main__"] = app  # multiprocessing's spawn re-imports the rank's main module by name
@@ -89,6 +90,20 @@ def run_kernel(cmd: list[str]) -> int:
         sys.stderr.flush()
         return 1
     return 0
+
+
+def _threads_from_environment() -> None:
+    """torch's intra-op thread count as a fresh interpreter would take it from the rank's own
+    environment: OpenMP read ``OMP_NUM_THREADS`` once, when the zygote imported torch, from the
+    notebook's environment (measured: a forked rank ran 2 threads on this 2-core box where its
+    environment, like torchrun's workers', says 1; on a many-core host each rank would have run
+    one thread per core)."""
+    torch = sys.modules.get("torch")
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is None or not wanted.strip().isdigit() or int(wanted) < 1:
+        return
+    if torch.get_num_threads() != int(wanted):
+        torch.set_num_threads(int(wanted))
 
 
 class Notebook:

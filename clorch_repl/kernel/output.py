@@ -42,7 +42,10 @@ _in_cell = False
 #: threads (hence the lock); kept after the cell, so a thread the cell left printing stays bounded.
 _budget: Budget | None = None
 _budget_lock = threading.Lock()
-_budget_pid = os.getpid()  # a forked child (a DataLoader worker) publishes through its own pipe
+#: the process whose cells the budget is for, taken as each cell starts, not at import: a rank
+#: forked from the zygote (clorch_repl.host.zygote) imported this module there, and a child it
+#: forks (a DataLoader worker) publishes through its own pipe, unbudgeted
+_budget_pid = os.getpid()
 #: when a thread printing held-back output in a tight loop pauses (see .pace); one per cell
 _pace = Pace()
 
@@ -86,9 +89,10 @@ def _start_budget(limits: Limits, silent: bool = False) -> None:
     that cell left printing) is reported first, so that nothing is held back unannounced; by the
     next cell of the user's when this one is ``silent`` (clorch_repl's own request: a join, a
     transfer, whose output is not where a user looks for a notice about an earlier cell)."""
-    global _budget, _pace
+    global _budget, _pace, _budget_pid
     with _budget_lock:
         previous, _budget, _pace = _budget, None, Pace()
+        _budget_pid = os.getpid()
     fresh = Budget(limits, time.monotonic())
     report = None
     if previous is not None and silent:

@@ -132,3 +132,17 @@ def test_a_zygote_killed_alone_leaves_the_ranks_working_and_a_restart_forks_from
         assert reply.status == "ok" and len(lines_of(reply.text, 1)) == 1, reply.text
         fresh = _tree(nb)["zygote"]
         assert len(fresh) == 1 and fresh[0].pid != tree["zygote"][0].pid
+
+
+def test_a_forked_rank_takes_its_thread_count_from_its_own_environment() -> None:
+    """What a fresh interpreter reads at import, a forked rank must take from its own environment:
+    OpenMP's thread count (the zygote read the notebook's ``OMP_NUM_THREADS``). The output budget,
+    whose process the zygote's import had taken for its own, is test_flood's (its late-thread test
+    failed on forked ranks)."""
+    with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
+        reply = nb.run("%%distributed\nimport os, torch\nprint('threads', os.environ['OMP_NUM_THREADS'], "
+                       "torch.get_num_threads())")
+        assert reply.status == "ok", reply.text
+        for r in (0, 1):  # the rank's environment says 1 where the notebook's has none (the zygote: a core each)
+            words = lines_of(reply.text, r)[0].split()
+            assert words[0] == "threads" and words[1] == words[2], reply.text
