@@ -219,10 +219,16 @@ class CellRun:
         result.log_tail = log_tail
         self.pending.discard(rank)
         self.running[rank] = None
-        if self.failed_at is not None:
-            return False
-        self.failed_at = now
-        return bool(self.pending) and self.outcome.diagnosis is None
+        if self.failed_at is None:
+            self.failed_at = now
+            return bool(self.pending) and self.outcome.diagnosis is None
+        # Another rank failed first, but so shortly before this death was seen (liveness is checked
+        # every few tenths of a second) that the death most likely caused it: gloo fails a
+        # survivor's collective as soon as the dead rank's sockets close. Where the others were
+        # then says why, once; a failure well before the death has had its own diagnosis.
+        caused = now - self.failed_at < FAILURE_GRACE_S and self.diagnosis is None
+        others_failed = any(o.status is Status.ERROR for r, o in self.outcome.ranks.items() if r != rank)
+        return caused and others_failed and self.outcome.diagnosis is None
 
     def death_diagnosed(self, text: str) -> None:
         self.outcome.diagnosis = self.diagnosis = text

@@ -68,10 +68,12 @@ class OutputOnly(CellHooks):
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[Session]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other fixtures' sessions
     engine = local_session(2, "gloo")
     engine.start()
     yield engine
-    children = [p.pid for p in psutil.Process().children(recursive=True)]
+    children = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert children, "the engine's ranks were not this process's children"
     assert engine.stop() == []
     assert wait_gone(children, 10) == []
 

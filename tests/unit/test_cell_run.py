@@ -279,6 +279,20 @@ def test_an_error_on_one_rank_interrupts_the_others_after_the_failure_grace() ->
     assert cell.run.died(1, "exit code 1", "", "", 3.5) is False  # already failed: no second diagnosis
 
 
+def test_a_death_seen_just_after_the_failure_it_caused_is_diagnosed() -> None:
+    """gloo fails the survivor's collective as soon as the dead rank's sockets close: its error can
+    arrive before the liveness check sees the death (forked ranks: every time). The death still
+    gets its verdict, once; a failure well before a death does not (see the test above)."""
+    cell = Cell(Ledger())
+    cell.iopub(0, iopub("error", "c-0", {"ename": "RuntimeError", "evalue": "Connection reset by peer",
+                                         "traceback": ["tb"]}), 1.0)
+    cell.reply(0, reply("c-0", 1, ename="RuntimeError"), 1.01)
+    assert cell.run.pending == {1}
+    assert cell.run.died(1, "exit code 3", "", "", 1.2) is True
+    cell.run.death_diagnosed("rank 1 died (exit code 3); the last collective of rank 0 was all_reduce #2")
+    assert cell.run.outcome.diagnosis.startswith("rank 1 died")
+
+
 def test_a_reply_error_stands_in_for_a_dropped_iopub_error() -> None:
     cell = Cell(Ledger(), ranks=(0,))
     cell.reply(0, reply("c-0", 1, status="error", ename="RuntimeError", evalue="boom", traceback=["t"]), 1.0)
