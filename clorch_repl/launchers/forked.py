@@ -23,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+from functools import lru_cache
+from importlib import metadata
 from typing import Any, Callable
 
 from jupyter_client.kernelspec import NoSuchKernel
@@ -52,6 +54,15 @@ class ZygoteError(ClorchError):
 def wanted() -> bool:
     """Whether ranks are forked from a zygote (``CLORCH_FORK_RANKS``, default 1; Linux only)."""
     return sys.platform.startswith("linux") and env_vars.FORK_RANKS.get() != "0"
+
+
+@lru_cache(maxsize=1)
+def provisioner_registered() -> bool:
+    """Whether jupyter_client can find :class:`ForkedProvisioner`: its entry point is registered
+    only where clorch_repl is installed (``pip install``), not where it is merely on ``PYTHONPATH``.
+    Asked before a zygote starts, so that such a checkout starts fresh interpreters quietly rather
+    than through jupyter_client's logged ``NoSuchKernel`` traceback for every rank."""
+    return bool(metadata.entry_points(group="jupyter_client.kernel_provisioners", name=PROVISIONER))
 
 
 class Zygote:
@@ -281,6 +292,11 @@ def start_kernel(zygotes: Zygotes, manager_for: Callable[[bool], Any], **kwargs:
     """Start a rank's kernel (``manager_for(forked)`` makes its ``KernelManager``): forked from the
     zygote where wanted, as a fresh interpreter where not, or where the zygote failed (said once,
     in the log: the rank's own start then shows what is wrong, e.g. a torch that cannot import)."""
+    if wanted() and not provisioner_registered() and not zygotes.broken:
+        zygotes.broken = (f"the kernel provisioner {PROVISIONER!r} is not registered: clorch_repl is on the "
+                          "path but not pip-installed (`pip install -e .` in its checkout forks the ranks, "
+                          "a faster start)")
+        logger.info("clorch_repl: %s; starting the ranks as fresh interpreters", zygotes.broken)
     zygote = zygotes.get() if wanted() else None
     if zygote is not None:
         manager = manager_for(True)

@@ -99,6 +99,25 @@ def test_a_zygote_that_cannot_start_leaves_fresh_interpreters_that_work() -> Non
         nb.shutdown()
 
 
+def test_a_checkout_not_pip_installed_starts_fresh_interpreters_quietly() -> None:
+    """Where clorch_repl is only on PYTHONPATH (as on the GPU machine before issue 39's check), the
+    provisioner's entry point is missing: one line says so, and no jupyter_client traceback per rank."""
+    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        assert nb.run("import clorch_repl.launchers.forked as _f\n_f.provisioner_registered = lambda: False").status == "ok"
+        started = nb.run("%clorch start --nproc 2 --backend gloo")
+        assert started.status == "ok", started.text
+        assert "is not registered" in started.text and "the ranks started as fresh interpreters" in started.text, started.text
+        reply = nb.run(CELL)
+        assert reply.status == "ok", reply.text
+        assert _tree(nb)["zygote"] == [], "a zygote started although it could not be used"
+        assert "NoSuchKernel" not in started.text + reply.text
+        assert nb.run("%clorch stop").status == "ok"
+    finally:
+        nb.shutdown()
+
+
 def test_a_changed_environment_forks_the_next_ranks_from_a_fresh_zygote() -> None:
     with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
         first = _tree(nb)["zygote"]
