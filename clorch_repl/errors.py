@@ -68,6 +68,27 @@ class StartupError(ClorchError):
         self.outcome = outcome
 
 
+class StartInterrupted(KeyboardInterrupt):
+    """The user interrupted a start (or a restart's start): every rank it had started was stopped
+    again before this was raised. A ``KeyboardInterrupt`` still, so that a script's Ctrl-C ends it
+    as ever; the notebook shows :attr:`message` instead of a traceback from wherever the interrupt
+    happened to land (inside ZeroMQ's poll, an import). ``left``: what outlived that stop, as
+    :meth:`Session.stop` reports it (normally nothing)."""
+
+    def __init__(self, left: list[str], what: str = "start") -> None:
+        super().__init__()
+        self.left = list(left)
+        self.what = what  # "start" or "restart": what the user was waiting for
+
+    @property
+    def message(self) -> str:
+        if not self.left:
+            return (f"the {self.what} was interrupted: every rank and warm spare it had started was stopped, "
+                    "nothing is left running (%clorch start starts afresh)")
+        return (f"the {self.what} was interrupted: its ranks were stopped, but these outlived the stop: "
+                + "; ".join(self.left))
+
+
 class RankFailure(ClorchError):
     """One or more ranks failed; ``rank`` is the first that failed (the cause, not the cascade)."""
 

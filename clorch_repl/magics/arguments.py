@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
 
-from ..errors import ClorchError, ConfigError, DistributedCellError, StartupError
+from ..errors import ClorchError, ConfigError, DistributedCellError, StartInterrupted, StartupError
 from ..common.human import wrap
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ def user_errors() -> Iterator[None]:
         raise refused(exc) from None
     except (ClorchError, UsageError) as exc:
         raise refused(exc) from None
+    except StartInterrupted as exc:  # the user's Ctrl-C during a start: what became of it, not where it landed
+        raise refused(exc.message) from None
 
 
 def _compose(*decorators: Func) -> Func:

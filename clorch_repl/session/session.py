@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S, render
-from ..errors import ClorchError, ConfigError, StartupError, ranks_are
+from ..errors import ClorchError, ConfigError, StartInterrupted, StartupError, ranks_are
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
@@ -100,6 +100,8 @@ class Session(Suspending):
                 progress(f"{lost} while joining; starting the ranks cold")
                 self.stop(keep_logs=True, polite=False)
                 self._form_group(progress)
+        except KeyboardInterrupt as exc:
+            raise StartInterrupted(self.stop()) from exc
         except BaseException:
             self.stop()
             raise
@@ -107,9 +109,8 @@ class Session(Suspending):
             self.group.group_formed()  # warm spares for the next restart; the group works without them
         except (ClorchError, OSError, RuntimeError) as exc:
             logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
-        except BaseException:  # Ctrl-C in that moment: an interrupted start, which leaves nothing
-            self.stop()
-            raise
+        except KeyboardInterrupt as exc:  # Ctrl-C in that moment: an interrupted start, which leaves nothing
+            raise StartInterrupted(self.stop()) from exc
         self.started_at = time.time()
         self._generation = 0
         self.life.move("formed")
@@ -133,6 +134,8 @@ class Session(Suspending):
         join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION),
                            tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
+        if outcome.interrupted and not outcome.failed:  # the user's Ctrl-C ended the join: no failure of theirs
+            raise StartInterrupted([])  # (start() stops the ranks and says what outlived that)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
 
@@ -202,10 +205,12 @@ class Session(Suspending):
                    and not relay.busy())
         try:
             self.stop(keep_logs=True, polite=healthy)
+            return self.start(progress)
+        except KeyboardInterrupt as exc:  # (start() has stopped what it started: what outlived that)
+            raise StartInterrupted(exc.left if isinstance(exc, StartInterrupted) else self.stop(), "restart") from exc
         except BaseException:
             self.stop()
             raise
-        return self.start(progress)
 
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()

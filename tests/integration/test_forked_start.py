@@ -118,6 +118,39 @@ def test_a_checkout_not_pip_installed_starts_fresh_interpreters_quietly() -> Non
         nb.shutdown()
 
 
+def test_an_interrupted_start_says_so_and_leaves_nothing() -> None:
+    """Kernel > Interrupt while the ranks start: one sentence, not a KeyboardInterrupt traceback from
+    wherever it landed (ZeroMQ's poll, an import), and no rank, supervisor or zygote left."""
+    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
+    try:
+        assert nb.run("%load_ext clorch_repl").status == "ok"
+        # while forked ranks are being launched; in the join of fresh interpreters (torch's import: slow)
+        for fork, moment in (("1", 0.3), ("0", 1.5)):
+            assert nb.run(f"%env CLORCH_FORK_RANKS={fork}").status == "ok"
+            msg_id = nb.send("%clorch start --nproc 4 --backend gloo")
+            deadline = time.monotonic() + 60
+            while not psutil.Process(nb.pid).children() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(moment)
+            everything = [p.pid for p in psutil.Process(nb.pid).children(recursive=True)]
+            nb.km.interrupt_kernel()
+            reply = nb.collect(msg_id, timeout=60)
+            if reply.status == "ok":  # the start won the race: nothing to check at this moment
+                assert nb.run("%clorch stop").status == "ok"
+                continue
+            said = " ".join(reply.text.split())  # wrapped at the cell's width
+            assert "the start was interrupted" in said and "nothing is left running" in said, reply.text
+            assert "Traceback" not in reply.text and "KeyboardInterrupt" not in reply.text, reply.text
+            assert wait_gone(everything, 15) == [], "a rank, supervisor or the zygote outlived the interrupted start"
+            assert psutil.Process(nb.pid).children(recursive=True) == []
+        assert nb.run("%env CLORCH_FORK_RANKS=1").status == "ok"
+        assert nb.run("%clorch start --nproc 2 --backend gloo").status == "ok"  # a start afterwards works
+        assert nb.run(CELL).status == "ok"
+        assert nb.run("%clorch stop").status == "ok"
+    finally:
+        nb.shutdown()
+
+
 def test_a_changed_environment_forks_the_next_ranks_from_a_fresh_zygote() -> None:
     with clorch_session("--nproc 2 --backend gloo", env={"CLORCH_SPARES": "0"}) as nb:
         first = _tree(nb)["zygote"]
