@@ -3,9 +3,8 @@
 Why apart: sockets are the one thing of a cell that is neither pure nor policy. Everything that
 decides what a message means (:mod:`.ledger`, :mod:`.cell_run`) gets decoded messages from here,
 and the relay (:mod:`.relay`) never touches a socket itself. One thread (the caller's) polls
-every rank's iopub, shell and stdin sockets (a rank's prompts, see :mod:`.stdin`) together
-(:mod:`.ready_sockets`: epoll, asking only the sockets that may hold something), so output streams
-live from all ranks at once with no threads to leak.
+every rank's iopub, shell and stdin sockets (a rank's prompts, see :mod:`.stdin`) with a single
+``zmq.Poller``, so output streams live from all ranks at once with no threads to leak.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from ..errors import ClorchError, SignatureError
 from ..launchers.base import Launcher
 from ..common.rank_sets import rank_words
 from ..wire.framing import MessageDecoder, MessageEncoder
-from .ready_sockets import ReadySockets
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ class Channels:
     def __init__(self, group: Launcher) -> None:
         self.group = group
         self.clients: dict[int, BlockingKernelClient] = {}
-        self.ready = ReadySockets()
+        self.poller = zmq.Poller()
         self._owner: dict[Any, tuple[int, str]] = {}
         self._decoders: dict[int, MessageDecoder] = {}
         self._encoders: dict[int, MessageEncoder] = {}
@@ -76,7 +74,7 @@ class Channels:
             ready_kinds[proc.rank] = set()
             for kind in KINDS:
                 sock = getattr(client, f"{kind}_channel").socket
-                self.ready.register(sock)
+                self.poller.register(sock, zmq.POLLIN)
                 self._owner[sock] = (proc.rank, kind)
             self._shell[proc.rank] = client.shell_channel.socket
         self._await_ready(ready_kinds, progress, timeout_s, notice=late)
@@ -90,7 +88,7 @@ class Channels:
             sock = getattr(client, f"{kind}_channel").socket
             self._owner.pop(sock, None)
             try:
-                self.ready.unregister(sock)
+                self.poller.unregister(sock)
             except KeyError:
                 pass
         self.prober.remove(rank)
@@ -132,9 +130,8 @@ class Channels:
                     # Repeated until iopub hears it too: the first may be published before our
                     # subscription is in place (ZeroMQ's slow joiner).
                     self.clients[rank].kernel_info()
-                    self.ready.touched(self._shell[rank])
                     last_probe[rank] = now
-            for sock in self.ready.poll(0.1):
+            for sock, _ in self.poller.poll(100):
                 rank, kind = self._owner[sock]
                 channel = getattr(self.clients[rank], f"{kind}_channel")
                 while True:
@@ -158,26 +155,22 @@ class Channels:
         content are packed already (wire.pack: a cell's are packed once for all its ranks); its
         msg_id."""
         msg_id, frames = self._encoders[rank].request_packed(msg_type, metadata, content)
-        sock = self._shell[rank]
-        sock.send_multipart(frames)
-        self.ready.touched(sock)  # (the send may have taken the wake-up of a reply already there)
+        self._shell[rank].send_multipart(frames)
         return msg_id
 
     def answer(self, rank: int, value: str) -> None:
         """A line for ``rank``'s prompt (``"\\x04"``: end-of-file)."""
-        client = self.clients[rank]
-        client.input(value)
-        self.ready.touched(client.stdin_channel.socket)
+        self.clients[rank].input(value)
 
     def watch(self, socket: Any, on: bool) -> None:
         """Poll another socket too (the front end's stdin, while a prompt is open there)."""
         if (socket in self._owner) == on:
             return
         if on:
-            self.ready.register(socket)
+            self.poller.register(socket, zmq.POLLIN)
             self._owner[socket] = (-1, "front")
         else:
-            self.ready.unregister(socket)
+            self.poller.unregister(socket)
             del self._owner[socket]
 
     def read(self, timeout_s: float) -> Iterator[tuple[int, str, dict[str, Any]]]:
@@ -186,7 +179,7 @@ class Channels:
         One pass over the ready sockets, at most :data:`PUMP_BATCH` messages from each, so that
         the caller checks its deadlines and deaths between passes under a flood. A message
         whose signature fails is dropped (and said once)."""
-        for sock in self.ready.poll(timeout_s):
+        for sock, _ in self.poller.poll(int(timeout_s * 1000)):
             rank, kind = self._owner[sock]
             if kind == "front":  # the front end's answer: read by the cell's stdin broker
                 continue
@@ -214,12 +207,11 @@ class Channels:
         for client in self.clients.values():
             for kind in KINDS:
                 try:
-                    self.ready.unregister(getattr(client, f"{kind}_channel").socket)
+                    self.poller.unregister(getattr(client, f"{kind}_channel").socket)
                 except (KeyError, AttributeError):
                     pass
             client.stop_channels()
         self.clients.clear()
         self._shell.clear()
         self._owner.clear()
-        self.ready.close()
         self._context.destroy(linger=100)  # as jupyter_client ends the context a client made itself
