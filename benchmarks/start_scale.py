@@ -78,6 +78,35 @@ def clorch_start(nb: NotebookKernel, n: int, fork: str) -> float:
     return elapsed
 
 
+def profiled_start(nb: NotebookKernel, n: int, lines: int) -> None:
+    """Where a forked start's time goes, as the notebook kernel sees it (issue 39: the device's 64
+    ranks took 10 s where the 2-core box's took 5.8 s, and no probe had run there)."""
+    assert nb.run("%env CLORCH_FORK_RANKS=1").status == "ok"
+    # jupyter_client starts each kernel on a thread of its own (jupyter_core's run_sync under a
+    # running loop), which cProfile does not see: the zygote's fork round trips and each rank's
+    # whole launch are timed by wrappers around them instead
+    code = ("import cProfile as _cp, pstats as _ps, io as _io, time as _t, statistics as _st\n"
+            "from clorch_repl.launchers import forked as _f, local as _l\n_took = {'fork': [], 'launch': []}\n"
+            "def _timing(cls, name, key):\n    orig = getattr(cls, name)\n"
+            "    def timed(*a, **k):\n        t0 = _t.perf_counter()\n        try:\n            return orig(*a, **k)\n"
+            "        finally:\n            _took[key].append(_t.perf_counter() - t0)\n"
+            "    setattr(cls, name, timed)\n    return orig\n"
+            "_orig = [_timing(_f.Zygote, 'fork', 'fork'), _timing(_l.LocalLauncher, '_start_kernel', 'launch')]\n"
+            "_p = _cp.Profile()\n_p.enable()\n"
+            f"get_ipython().run_line_magic('clorch', 'start --nproc {n} --backend gloo')\n_p.disable()\n"
+            "_f.Zygote.fork, _l.LocalLauncher._start_kernel = _orig\n"
+            "for _k, _v in _took.items():\n"
+            "    print(f'{_k}: {len(_v)} calls, {sum(_v):.2f} s in all, the first {_v[0]:.3f} s, '\n"
+            "          f'the others median {_st.median(_v[1:] or _v) * 1e3:.1f} ms [{min(_v[1:] or _v) * 1e3:.1f}-'\n"
+            "          f'{max(_v[1:] or _v) * 1e3:.1f}]')\n"
+            "_o = _io.StringIO()\n_ps.Stats(_p, stream=_o).sort_stats('cumulative').print_stats("
+            f"{lines})\nprint(_o.getvalue())\ndel _cp, _ps, _io, _p, _o, _took, _orig, _timing")
+    reply = nb.run(code, timeout=600)
+    print(f"{n} ranks, one forked start under cProfile (wall time, cumulative):")
+    print("\n".join("    " + line for line in reply.text.splitlines() if line.strip()))
+    nb.run("%clorch stop")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nprocs", default="4,8,16")
@@ -86,6 +115,10 @@ def main() -> None:
     parser.add_argument("--fresh-max", type=int, default=10**6,
                         help="time fresh interpreters and torchrun (each rank imports torch: about 0.3 GB a "
                              "rank) only up to this many ranks")
+    parser.add_argument("--profile", type=int, default=0, metavar="LINES",
+                        help="first, one forked start of each rank count under cProfile in the notebook kernel "
+                             "(wall time: waits show as the calls that waited), its LINES costliest calls by "
+                             "cumulative time; not counted in the figures")
     args = parser.parse_args()
     nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
     try:
@@ -95,6 +128,8 @@ def main() -> None:
             heavy = n <= args.fresh_max
             times: dict[str, list[float]] = {name: [] for name in [*MODES, "plain ipykernels", "torchrun"]
                                              if heavy or name in ("forked", "plain ipykernels")}
+            if args.profile:
+                profiled_start(nb, n, args.profile)
             for _ in range(args.repeats):
                 for name, fork in MODES.items():
                     if name in times:
