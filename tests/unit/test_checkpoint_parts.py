@@ -44,6 +44,14 @@ def test_the_metadata_unpickler_resolves_dcp_classes_and_refuses_others(tmp_path
     with pytest.raises(CheckpointError, match="sets attributes of PurePosixPath itself"):
         safe_dcp.read_metadata(str(tmp_path))
     assert not hasattr(pathlib.PurePosixPath, "hacked")
+    # ... and on an object the whole process shares: an enum member, which calling the enum returns
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    (tmp_path / ".metadata").write_bytes(b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
+                                         b"(I1\ntR}S'_value_'\nI99\nsb.")
+    with pytest.raises(CheckpointError, match="sets attributes of a shared _MEM_FORMAT_ENCODING"):
+        safe_dcp.read_metadata(str(tmp_path))
+    assert [m.value for m in _MEM_FORMAT_ENCODING] == [0, 1, 2], "the process's enum was changed"
     (tmp_path / ".metadata").write_bytes(pickle.dumps(md)[:20])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         safe_dcp.read_metadata(str(tmp_path))

@@ -16,6 +16,7 @@ checkpoint runs whatever it likes when loaded. Here both go through allow-lists 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -58,8 +59,10 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset({
 
 class MetadataUnpickler(pickle._Unpickler):
     """An unpickler that resolves only :data:`_ALLOWED` globals and torch dtypes, and sets state
-    only on instances: pickle's BUILD applied to an allowed class or function itself would set
-    attributes on it for the whole process. The pure-Python unpickler, since that opcode can only
+    (pickle's BUILD) only on instances of DCP's own metadata dataclasses, which this load made:
+    BUILD applied to an allowed class or function itself, or to an object the whole process shares
+    (an enum member such as ``_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST``, which calling the enum
+    returns), would change it for everyone. The pure-Python unpickler, since that opcode can only
     be checked there (a metadata file is small)."""
 
     dispatch = dict(pickle._Unpickler.dispatch)
@@ -70,9 +73,11 @@ class MetadataUnpickler(pickle._Unpickler):
 
     def load_build(self) -> None:
         target = self.stack[-2] if len(self.stack) >= 2 else None
-        if isinstance(target, type) or callable(target):  # a class or function, never an instance
-            raise CheckpointError(f"refused to load {self._path}: it sets attributes of "
-                                  f"{getattr(target, '__qualname__', type(target).__name__)} itself, which a "
+        kind = type(target)
+        if not (dataclasses.is_dataclass(kind) and (kind.__module__, kind.__qualname__) in _ALLOWED):
+            what = (f"{getattr(target, '__qualname__', kind.__name__)} itself"
+                    if isinstance(target, type) or callable(target) else f"a shared {kind.__name__} ({target!r})")
+            raise CheckpointError(f"refused to load {self._path}: it sets attributes of {what}, which a "
                                   "checkpoint's metadata never does. Only load checkpoints written by "
                                   "save_checkpoint or torch.distributed.checkpoint")
         super().load_build()
