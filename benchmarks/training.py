@@ -24,7 +24,9 @@
    ``--cpu-bind numa`` starts the notebook's ranks bound to their GPU's NUMA node
    (clorch_repl.kernel.numa), ``both`` runs an unbound and a bound notebook session side by side in
    the same rounds and also prints bound/unbound per round. torchrun always runs unbound (its
-   default). The ranks' affinity is printed after each start.
+   default). The ranks' affinity is printed after each start. For the launch-bound loop it also
+   prints where a step's time goes in rank 0 on each side (:class:`StepCosts`: wall, the loop
+   thread's CPU, the other threads' CPU, the garbage collector, involuntary switches per step).
 2. ``save_checkpoint`` of a model and its AdamW state beside a plain ``torch.save`` of the same two
    state dicts to the same folder, alternated, median of 7. ``save_checkpoint`` also fsyncs the
    file and the folder and renames atomically; ``torch.save`` does none of that, but it frees the
@@ -35,6 +37,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -116,6 +119,49 @@ class GpuBoundTrainer:
 _trainer: GpuBoundTrainer | None = None
 
 
+class StepCosts:
+    """Where a loop's time went in this process, read around it (issue 39: "where a launch-bound
+    step's time goes in a rank against torchrun's"): per step, the wall time, the CPU of the thread
+    that runs the loop, the CPU of every other thread of the process (a kernel's IOPub and control
+    threads, a recorder, torch's autograd and NCCL threads, which torchrun workers have too), the
+    garbage collector's pauses, and the loop thread's involuntary context switches (preempted by
+    something else on its core). On a GPU, CUDA's default synchronisation spins: the loop thread's
+    CPU follows its wall time there, so it is the other columns that can differ between the sides."""
+
+    def __enter__(self) -> "StepCosts":
+        import gc
+        self._gc, self.gc_s = gc, 0.0
+        self._gc_t0 = 0.0
+        gc.callbacks.append(self._on_gc)
+        self._t = (time.perf_counter(), time.thread_time(), time.process_time(), _involuntary())
+        return self
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_t0
+
+    def __exit__(self, *exc: Any) -> None:
+        self._gc.callbacks.remove(self._on_gc)
+        now = (time.perf_counter(), time.thread_time(), time.process_time(), _involuntary())
+        wall, loop_cpu, all_cpu, switches = (b - a for a, b in zip(self._t, now))
+        self.costs = {"wall": wall, "loop_cpu": loop_cpu, "other_cpu": all_cpu - loop_cpu, "gc": self.gc_s,
+                      "switches": switches}
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        return {k: v / max(1, steps) for k, v in self.costs.items()}
+
+
+def _involuntary() -> int:
+    """This thread's involuntary context switches so far (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("nonvoluntary_ctxt_switches"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def run_cases(rank: int, world_size: int, device: Any, spec: dict[str, Any], warm_launch: bool) -> dict[str, Any]:
     """Run the chosen cases once in this rank; returns ``{case: {"steps", "seconds"}}``.
 
@@ -131,8 +177,10 @@ def run_cases(rank: int, world_size: int, device: Any, spec: dict[str, Any], war
         if case == "launch":
             if warm_launch:
                 train(rank, world_size, device, dict(spec["launch"], epochs=1), log=lambda s: None)
-            record = train(rank, world_size, device, spec["launch"], log=lambda s: None)
-            out[case] = {"steps": record["global_step"], "seconds": record["train_seconds"]}
+            with StepCosts() as costs:
+                record = train(rank, world_size, device, spec["launch"], log=lambda s: None)
+            out[case] = {"steps": record["global_step"], "seconds": record["train_seconds"],
+                         "where": costs.per_step(record["global_step"])}
         else:
             if _trainer is None:
                 kind = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -174,7 +222,13 @@ def torchrun_round(nproc: int, spec: dict[str, Any]) -> dict[str, float]:
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"torchrun failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return {case: r["steps"] / r["seconds"] for case, r in json.loads(line[len("RESULT "):]).items()}
+    records = json.loads(line[len("RESULT "):])
+    WHERE["torchrun"].append(records.get("launch", {}).get("where"))
+    return {case: r["steps"] / r["seconds"] for case, r in records.items()}
+
+
+#: Each side's per-step costs of the launch-bound loop in rank 0, one entry a round (StepCosts)
+WHERE: dict[str, list[dict[str, float] | None]] = collections.defaultdict(list)
 
 
 CELL = """%%distributed
@@ -235,7 +289,7 @@ class NotebookSide:
             raise RuntimeError(f"{self.label}: {code.splitlines()[0]!r} failed:\n{reply.text[-3000:]}")
         return reply
 
-    def round(self, spec: dict[str, Any], warm: bool = False) -> dict[str, tuple[float, float]]:
+    def round(self, spec: dict[str, Any], warm: bool = False, record: bool = True) -> dict[str, tuple[float, float]]:
         """One round, one cell per case: {case: (steps/s in the ranks, steps/s as the client sees it)}."""
         rates = {}
         for case in spec["cases"]:
@@ -246,8 +300,10 @@ class NotebookSide:
             if reply.status != "ok":
                 raise RuntimeError(f"{self.label}: the {case} cell failed:\n{reply.text[-3000:]}")
             line = next(ln for ln in reply.text.splitlines() if "RESULT " in ln)
-            record = json.loads(line.split("RESULT ", 1)[1])[case]
-            rates[case] = (record["steps"] / record["seconds"], record["steps"] / elapsed)
+            result = json.loads(line.split("RESULT ", 1)[1])[case]
+            rates[case] = (result["steps"] / result["seconds"], result["steps"] / elapsed)
+            if case == "launch" and record:
+                WHERE[self.label].append(result.get("where"))
         return rates
 
     def close(self) -> None:
@@ -268,7 +324,7 @@ def bench_training(nproc: int, rounds: int, spec: dict[str, Any], binds: list[st
         for bind in binds:
             sides.append(NotebookSide(nproc, bind))
         for side in sides:  # the launch-bound warm-up (a torchrun launch does its own) and the GPU model
-            side.round(dict(spec, launch=dict(spec["launch"], epochs=1), gpu_steps=1))
+            side.round(dict(spec, launch=dict(spec["launch"], epochs=1), gpu_steps=1), record=False)
         # samples[name][case] = list of steps/s; names: "torchrun", then "<label>|ranks", "<label>|client"
         samples: dict[str, dict[str, list[float]]] = {}
         started = time.monotonic()
@@ -319,11 +375,31 @@ def bench_training(nproc: int, rounds: int, spec: dict[str, Any], binds: list[st
                 print(f"  {side.label + (', in the ranks' if where == 'ranks' else ', client'):<44} "
                       f"{spread(vals):>24} steps/s   ratio {spread(ratios, '.3f')} "
                       f"({statistics.median(vals) / statistics.median(base):.3f})   target >= {target}")
+        if case == "launch":
+            print_where([side.label for side in sides])
         if len(sides) == 2:
             for where in ("ranks", "client"):
                 a, b = samples[f"{sides[1].label}|{where}"][case], samples[f"{sides[0].label}|{where}"][case]
                 print(f"  {sides[1].cpu_bind} / {sides[0].cpu_bind} ({where}), same rounds: "
                       f"{spread([x / y for x, y in zip(a, b)], '.3f')}")
+
+
+def print_where(labels: list[str]) -> None:
+    """The launch-bound step's costs in rank 0, each side beside torchrun's (medians over rounds)."""
+    names = {"wall": "wall", "loop_cpu": "the loop thread's CPU", "other_cpu": "other threads' CPU",
+             "gc": "garbage collector", "switches": "involuntary switches"}
+    print("  where a launch-bound step's time goes in rank 0, per step, median over rounds [min-max] "
+          "(benchmarks/training.py StepCosts):")
+    for label in ["torchrun", *labels]:
+        rows = [r for r in WHERE.get(label, []) if r]
+        if not rows:
+            continue
+        cells = []
+        for key, name in names.items():
+            vals = [r[key] for r in rows]
+            cells.append(f"{name} {spread(vals, '.4f')}" if key == "switches"
+                         else f"{name} {spread([v * 1e3 for v in vals], '.3f')} ms")
+        print(f"    {label:<24} " + "; ".join(cells))
 
 
 def bench_checkpoint(params_m: float, folder: str, repeats: int = 7) -> tuple[float, float, float]:
