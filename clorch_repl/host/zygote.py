@@ -184,7 +184,41 @@ def _returncode(status: int) -> int:
 
 def serve(sock: socket.socket, notebook: Notebook) -> None:
     """Fork a rank for each request until the notebook's end closes or the notebook is gone;
-    report each exit."""
+    report each exit; then end the supervisors still running (:func:`_end_orphans`)."""
+    children: set[int] = set()
+    try:
+        _serve(sock, notebook, children)
+    finally:
+        _end_orphans(children)
+
+
+def _end_orphans(children: set[int]) -> None:
+    """SIGTERM to each supervisor this zygote forked that is still running when it ends. The
+    launcher closes its end only once it has ended every rank it knows of (a retired zygote once
+    none of its ranks is left), so any still here is one the notebook never learnt of: a start
+    interrupted between the fork request and its answer (Ctrl-C in ``Zygote.fork``, or a start
+    that jupyter_client's runner thread went on with after the notebook's thread was interrupted).
+    Left alone it would live as long as the notebook, which it watches. A notebook that died
+    closes the socket too; its supervisors end their ranks on their own, and this only hurries
+    them. The supervisor's SIGTERM ends its kernel (its stop grace), as a stop's does."""
+    while children:  # those that have exited already are not orphans: collect them first
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            break
+        children.discard(pid)
+    for pid in sorted(children):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        logger.warning("clorch_repl zygote: supervisor %d was still running at the zygote's end; "
+                       "sent SIGTERM", pid)
+
+
+def _serve(sock: socket.socket, notebook: Notebook, children: set[int]) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -204,6 +238,7 @@ def serve(sock: socket.socket, notebook: Notebook) -> None:
                 return  # the notebook's end closed
             try:
                 answer: dict[str, Any] = {"pid": _fork(json.loads(msg), fds[0], closing, notebook)}
+                children.add(answer["pid"])
             except (OSError, ValueError, KeyError, IndexError) as exc:  # before the fork: nothing started
                 for fd_ in fds:
                     os.close(fd_)
@@ -216,6 +251,7 @@ def serve(sock: socket.socket, notebook: Notebook) -> None:
                 break
             if pid == 0:
                 break
+            children.discard(pid)
             sock.send(json.dumps({"exited": pid, "returncode": _returncode(status)}).encode())
 
 

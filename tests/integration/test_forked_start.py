@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import psutil
@@ -198,3 +199,28 @@ def test_a_forked_rank_takes_its_thread_count_from_its_own_environment() -> None
         for r in (0, 1):  # the rank's environment says 1 where the notebook's has none (the zygote: a core each)
             words = lines_of(reply.text, r)[0].split()
             assert words[0] == "threads" and words[1] == words[2], reply.text
+
+
+def test_a_supervisor_the_notebook_never_learnt_of_ends_with_its_zygote(tmp_path) -> None:
+    """A start interrupted between the fork request and its answer leaves a supervisor that no
+    launcher knows; it watches the notebook, so it would live as long as the notebook. The
+    zygote's end (the launcher closes it once every rank it knows of has ended) ends it too."""
+    from clorch_repl.host import supervisor
+    from clorch_repl.launchers.forked import Zygote
+
+    zygote = Zygote(str(tmp_path / "zygote.log"))
+    log_fd = os.open(str(tmp_path / "rank.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        cmd = supervisor.command(sys.executable, 2.0, os.getpid(), [sys.executable, "-c", "import time; time.sleep(600)"])
+        process = zygote.fork(cmd, dict(os.environ), str(tmp_path), log_fd)  # as if its answer was never read
+    finally:
+        os.close(log_fd)
+    deadline = time.monotonic() + 30
+    while not psutil.Process(process.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    below = [process.pid, *[c.pid for c in psutil.Process(process.pid).children(recursive=True)]]
+    assert len(below) == 2, "the supervisor did not start its command"
+    zygote.close()
+    assert wait_gone(below, 15) == [], "a supervisor, or what it ran, outlived its zygote's end"
+    with open(tmp_path / "zygote.log") as fh:
+        assert f"supervisor {process.pid} was still running at the zygote's end" in fh.read()
