@@ -23,7 +23,8 @@ The protocol (a ``SOCK_SEQPACKET`` socket pair; the notebook's side is
 :mod:`clorch_repl.launchers.forked`): a request is one JSON message ``{"argv", "env", "cwd"}``
 (``argv``: the supervisor's command line as :func:`.supervisor.command` builds it) carrying the
 log's descriptor; the answer ``{"pid": N}`` (the supervisor's pid) or ``{"error": "..."}``; and,
-whenever a supervisor has exited, ``{"exited": N, "returncode": R}`` (Popen's convention).
+whenever a supervisor has exited, ``{"exited": N, "returncode": R}`` (Popen's convention). The
+launcher's orderly close is ``{"close": true}`` before its end closes (see :func:`serve`).
 
 What a forked kernel shares with its zygote that a fresh interpreter would not: the hash seed of
 ``str`` (so set orders agree across ranks) and whatever module state was made at import (NumPy's
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 PARENT_POLL_MS = 200
 #: the largest request (a rank's whole environment) the socket takes in one message
 MAX_MESSAGE = 1 << 20
+#: the launcher's last message: an orderly close (see serve)
+CLOSE_MESSAGE = b'{"close": true}'
 
 
 def preload() -> None:
@@ -184,23 +187,23 @@ def _returncode(status: int) -> int:
 
 def serve(sock: socket.socket, notebook: Notebook) -> None:
     """Fork a rank for each request until the notebook's end closes or the notebook is gone;
-    report each exit; then end the supervisors still running (:func:`_end_orphans`)."""
+    report each exit. After the launcher's orderly close (a ``{"close": true}`` message), end the
+    supervisors still running (:func:`_end_orphans`)."""
     children: set[int] = set()
-    try:
-        _serve(sock, notebook, children)
-    finally:
+    if _serve(sock, notebook, children):
         _end_orphans(children)
 
 
 def _end_orphans(children: set[int]) -> None:
-    """SIGTERM to each supervisor this zygote forked that is still running when it ends. The
-    launcher closes its end only once it has ended every rank it knows of (a retired zygote once
-    none of its ranks is left), so any still here is one the notebook never learnt of: a start
-    interrupted between the fork request and its answer (Ctrl-C in ``Zygote.fork``, or a start
-    that jupyter_client's runner thread went on with after the notebook's thread was interrupted).
-    Left alone it would live as long as the notebook, which it watches. A notebook that died
-    closes the socket too; its supervisors end their ranks on their own, and this only hurries
-    them. The supervisor's SIGTERM ends its kernel (its stop grace), as a stop's does."""
+    """SIGTERM to each supervisor this zygote forked that is still running at the launcher's
+    orderly close. The launcher closes it only once it has ended every rank it knows of (a retired
+    zygote once none of its ranks is left), so any still here is one the notebook never learnt of:
+    a start interrupted between the fork request and its answer (Ctrl-C in ``Zygote.fork``, or a
+    start that jupyter_client's runner thread went on with after the notebook's thread was
+    interrupted). Left alone it would live as long as the notebook, which it watches. Never on a
+    socket that merely closed: the notebook died (its supervisors clean up after it, their
+    session folder included, on their own) or a detached session's launcher was dropped (its
+    ranks must outlive the notebook). The supervisor's SIGTERM ends its kernel, as a stop's does."""
     while children:  # those that have exited already are not orphans: collect them first
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -218,7 +221,8 @@ def _end_orphans(children: set[int]) -> None:
                        "sent SIGTERM", pid)
 
 
-def _serve(sock: socket.socket, notebook: Notebook, children: set[int]) -> None:
+def _serve(sock: socket.socket, notebook: Notebook, children: set[int]) -> bool:
+    """The loop of :func:`serve`; True when it ended at the launcher's orderly close."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -235,7 +239,9 @@ def _serve(sock: socket.socket, notebook: Notebook, children: set[int]) -> None:
                 continue
             msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
             if not msg:
-                return  # the notebook's end closed
+                return False  # the notebook's end closed, with no word: it died, or dropped its launcher
+            if msg == CLOSE_MESSAGE and not fds:
+                return True
             try:
                 answer: dict[str, Any] = {"pid": _fork(json.loads(msg), fds[0], closing, notebook)}
                 children.add(answer["pid"])
@@ -253,6 +259,7 @@ def _serve(sock: socket.socket, notebook: Notebook, children: set[int]) -> None:
                 break
             children.discard(pid)
             sock.send(json.dumps({"exited": pid, "returncode": _returncode(status)}).encode())
+    return False  # the notebook is gone
 
 
 def main(argv: list[str]) -> int:

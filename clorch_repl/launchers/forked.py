@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from functools import lru_cache
 from importlib import metadata
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from ..common import env_vars
 from ..host import proctitle
+from ..host.zygote import CLOSE_MESSAGE
 from ..errors import ClorchError
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ def wanted() -> bool:
     return sys.platform.startswith("linux") and env_vars.FORK_RANKS.get() != "0"
 
 
-@lru_cache(maxsize=1)
 def provisioner_registered() -> bool:
     """Whether jupyter_client can find :class:`ForkedProvisioner`: its entry point is registered
     only where clorch_repl is installed (``pip install``), not where it is merely on ``PYTHONPATH``.
     Asked before a zygote starts, so that such a checkout starts fresh interpreters quietly rather
-    than through jupyter_client's logged ``NoSuchKernel`` traceback for every rank."""
+    than through jupyter_client's logged ``NoSuchKernel`` traceback for every rank. Asked at every
+    start, not cached: a ``pip install -e .`` under a running notebook counts from its next start."""
     return bool(metadata.entry_points(group="jupyter_client.kernel_provisioners", name=PROVISIONER))
 
 
@@ -166,7 +166,14 @@ class Zygote:
             return self._exits.get(pid)
 
     def close(self) -> None:
-        """Close its socket: it exits (any supervisor still below it then ends its rank)."""
+        """Tell it the launcher is done with it (``CLOSE_MESSAGE``), then close its socket: it ends any
+        supervisor still below it, which no launcher knows of (see ``host.zygote._end_orphans``),
+        and exits. Only this orderly close does that: a socket that merely closes (the notebook
+        died, or a detached session's launcher was dropped) leaves the supervisors to themselves."""
+        try:  # not under the lock: a fork that an interrupted start left waiting may hold it
+            self._sock.send(CLOSE_MESSAGE)  # (one datagram: never interleaved with another thread's)
+        except OSError:  # it is gone already
+            pass
         self._sock.close()
         try:
             self.process.wait(timeout=5.0)

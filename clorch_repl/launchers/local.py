@@ -191,8 +191,14 @@ class LocalLauncher(Launcher):
         cwd = os.getcwd()
         try:
             manager = forked.start_kernel(self.zygotes, manager_for, env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
-        finally:
+        except KeyboardInterrupt:
+            # left open: jupyter_client's runner thread may go on with this start and still hand the
+            # descriptor on, and a number closed here could meanwhile name another file
+            raise
+        except BaseException:
             os.close(log_fd)
+            raise
+        os.close(log_fd)
         rank = LocalRank(files.rank, manager, files)
         rank.env, rank.cwd = env, cwd
         return rank

@@ -132,8 +132,12 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         session = Session(topology, make, NotebookHooks())
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
-        session.start(progress)
-        self.session = session
+        self.session = session  # before its start: a Ctrl-C just as it returns must not lose its ranks
+        try:
+            session.start(progress)
+        except BaseException:
+            self.session = None  # a start that failed stopped what it started
+            raise
         views.notice(set_idle_suspend(self, suspend_after))
 
     _suspend, _resume = suspend_command, resume_command  # (clorch_repl.magics.suspend)

@@ -100,23 +100,22 @@ class Session(Suspending):
                 progress(f"{lost} while joining; starting the ranks cold")
                 self.stop(keep_logs=True, polite=False)
                 self._form_group(progress)
-        except KeyboardInterrupt as exc:
-            raise StartInterrupted(self.stop()) from exc
+            try:
+                self.group.group_formed()  # warm spares for the next restart; the group works without them
+            except (ClorchError, OSError, RuntimeError) as exc:
+                logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
+            self.started_at = time.time()
+            self._generation = 0
+            self.life.move("formed")
+            elapsed = time.monotonic() - t0
+            n = self.topology.nproc
+            progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
+        except KeyboardInterrupt as exc:  # until start returns: the ranks are nobody's otherwise
+            # not politely: a start's ranks hold nothing to flush, and the relay may not be connected
+            raise StartInterrupted(self.stop(polite=False)) from exc
         except BaseException:
             self.stop()
             raise
-        try:
-            self.group.group_formed()  # warm spares for the next restart; the group works without them
-        except (ClorchError, OSError, RuntimeError) as exc:
-            logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
-        except KeyboardInterrupt as exc:  # Ctrl-C in that moment: an interrupted start, which leaves nothing
-            raise StartInterrupted(self.stop()) from exc
-        self.started_at = time.time()
-        self._generation = 0
-        self.life.move("formed")
-        elapsed = time.monotonic() - t0
-        n = self.topology.nproc
-        progress(f"{n} rank(s) ready, {self.topology.backend} process group formed in {elapsed:.1f} s")
         return elapsed
 
     def _form_group(self, progress: Progress) -> None:
@@ -134,7 +133,8 @@ class Session(Suspending):
         join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION),
                            tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
-        if outcome.interrupted and not outcome.failed:  # the user's Ctrl-C ended the join: no failure of theirs
+        if outcome.interrupted and not any(o.status in (Status.ERROR, Status.DIED) for o in outcome.ranks.values()):
+            # the user's Ctrl-C ended the join (ranks interrupted, returned or stuck: its doing, not theirs)
             raise StartInterrupted([])  # (start() stops the ranks and says what outlived that)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
@@ -207,7 +207,8 @@ class Session(Suspending):
             self.stop(keep_logs=True, polite=healthy)
             return self.start(progress)
         except KeyboardInterrupt as exc:  # (start() has stopped what it started: what outlived that)
-            raise StartInterrupted(exc.left if isinstance(exc, StartInterrupted) else self.stop(), "restart") from exc
+            left = exc.left if isinstance(exc, StartInterrupted) else self.stop(polite=False)
+            raise StartInterrupted(left, "restart") from exc
         except BaseException:
             self.stop()
             raise

@@ -62,10 +62,15 @@ def test_a_killed_notebook_takes_the_zygote_and_its_ranks_with_it() -> None:
         tree = _tree(nb)
         assert len(tree["zygote"]) == 1
         everything = [p.pid for p in tree["zygote"] + tree["other"]]
+        folders = {cmd[cmd.index("--session-dir") + 1] for cmd in (p.cmdline() for p in tree["other"])
+                   if "--session-dir" in cmd}
+        assert folders, "no supervisor names its session folder"
         t0 = time.monotonic()
         os.kill(nb.pid, signal.SIGKILL)
         left = wait_gone(everything, 15)
         assert left == [], f"{left} still running {time.monotonic() - t0:.0f} s after the notebook's SIGKILL"
+        # the orphaned supervisors remove the session's private folder (keys, sockets, rendezvous)
+        assert [f for f in folders if os.path.exists(f)] == [], "the session folder outlived the notebook"
 
 
 def test_fork_ranks_off_starts_fresh_interpreters() -> None:
@@ -126,7 +131,8 @@ def test_an_interrupted_start_says_so_and_leaves_nothing() -> None:
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
         # while forked ranks are being launched; in the join of fresh interpreters (torch's import: slow)
-        for fork, moment in (("1", 0.3), ("0", 1.5)):
+        # and early among fresh interpreters: before the relay is connected, so no polite leave is tried
+        for fork, moment in (("1", 0.3), ("0", 1.5), ("0", 0.2)):
             assert nb.run(f"%env CLORCH_FORK_RANKS={fork}").status == "ok"
             msg_id = nb.send("%clorch start --nproc 4 --backend gloo")
             deadline = time.monotonic() + 60

@@ -76,7 +76,7 @@ class MetadataUnpickler(pickle._Unpickler):
         kind = type(target)
         if not (dataclasses.is_dataclass(kind) and (kind.__module__, kind.__qualname__) in _ALLOWED):
             what = (f"{getattr(target, '__qualname__', kind.__name__)} itself"
-                    if isinstance(target, type) or callable(target) else f"a shared {kind.__name__} ({target!r})")
+                    if isinstance(target, type) or callable(target) else f"a shared {kind.__name__}")
             raise CheckpointError(f"refused to load {self._path}: it sets attributes of {what}, which a "
                                   "checkpoint's metadata never does. Only load checkpoints written by "
                                   "save_checkpoint or torch.distributed.checkpoint")
