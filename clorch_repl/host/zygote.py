@@ -42,7 +42,7 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import proctitle
 from ..kernel import KERNEL_MODULE  # the kernel a forked supervisor runs in-process (anything else: exec'd)
@@ -204,13 +204,7 @@ def _end_orphans(children: set[int]) -> None:
     socket that merely closed: the notebook died (its supervisors clean up after it, their
     session folder included, on their own) or a detached session's launcher was dropped (its
     ranks must outlive the notebook). The supervisor's SIGTERM ends its kernel, as a stop's does."""
-    while children:  # those that have exited already are not orphans: collect them first
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            break
+    for pid, _ in _exited():  # those that have exited already are not orphans: collect them first
         children.discard(pid)
     for pid in sorted(children):
         try:
@@ -250,16 +244,22 @@ def _serve(sock: socket.socket, notebook: Notebook, children: set[int]) -> bool:
                     os.close(fd_)
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             sock.send(json.dumps(answer).encode())
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, status in _exited():
             children.discard(pid)
             sock.send(json.dumps({"exited": pid, "returncode": _returncode(status)}).encode())
     return False  # the notebook is gone
+
+
+def _exited() -> Iterator[tuple[int, int]]:
+    """(pid, wait status) of each child that has exited, collected without waiting."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status
 
 
 def main(argv: list[str]) -> int:

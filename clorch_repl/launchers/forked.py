@@ -60,8 +60,9 @@ def provisioner_registered() -> bool:
     """Whether jupyter_client can find :class:`ForkedProvisioner`: its entry point is registered
     only where clorch_repl is installed (``pip install``), not where it is merely on ``PYTHONPATH``.
     Asked before a zygote starts, so that such a checkout starts fresh interpreters quietly rather
-    than through jupyter_client's logged ``NoSuchKernel`` traceback for every rank. Asked at every
-    start, not cached: a ``pip install -e .`` under a running notebook counts from its next start."""
+    than through jupyter_client's logged ``NoSuchKernel`` traceback for every rank. Asked for
+    every zygote a launcher starts, not cached: a ``pip install -e .`` under a running notebook
+    counts from its next start (about 5 ms: it reads every installed package's entry points)."""
     return bool(metadata.entry_points(group="jupyter_client.kernel_provisioners", name=PROVISIONER))
 
 
@@ -277,6 +278,12 @@ class Zygotes:
             self._retired.append(self.current)
             self.current = None
         if self.current is None:
+            if not provisioner_registered():  # asked once a zygote, not once a rank (about 5 ms each)
+                self.broken = (f"the kernel provisioner {PROVISIONER!r} is not registered: clorch_repl is on "
+                               "the path but not pip-installed (`pip install -e .` in its checkout forks the "
+                               "ranks, a faster start)")
+                logger.info("clorch_repl: %s; starting the ranks as fresh interpreters", self.broken)
+                return None
             self.current = Zygote(os.path.join(self.dir, "zygote.log"))
         return self.current
 
@@ -299,11 +306,6 @@ def start_kernel(zygotes: Zygotes, manager_for: Callable[[bool], Any], **kwargs:
     """Start a rank's kernel (``manager_for(forked)`` makes its ``KernelManager``): forked from the
     zygote where wanted, as a fresh interpreter where not, or where the zygote failed (said once,
     in the log: the rank's own start then shows what is wrong, e.g. a torch that cannot import)."""
-    if wanted() and not provisioner_registered() and not zygotes.broken:
-        zygotes.broken = (f"the kernel provisioner {PROVISIONER!r} is not registered: clorch_repl is on the "
-                          "path but not pip-installed (`pip install -e .` in its checkout forks the ranks, "
-                          "a faster start)")
-        logger.info("clorch_repl: %s; starting the ranks as fresh interpreters", zygotes.broken)
     zygote = zygotes.get() if wanted() else None
     if zygote is not None:
         manager = manager_for(True)
