@@ -26,6 +26,10 @@ parameters on GPUs, fp32 on CPUs) and its AdamW state, then runs ``--rounds`` in
    anchor), on the checkpoint's gloo group. The first asynchronous save of a process allocates its
    host buffers and is reported apart; the rounds reuse them.
 
+``--profile N`` then, after the rounds, loads once more each way under cProfile and prints rank 0's
+N most expensive functions by cumulative time of both, and the CPU each of rank 0's threads and its
+writer process spent during one more asynchronous round (where the whole stall goes).
+
 Every figure is the median over the rounds with its spread [min-max], taken as the slowest
 rank's time between two barriers. The previous checkpoint that a save replaces is deleted on a
 thread after the commit; the benchmark lets that finish, untimed, before the next timing (in
@@ -86,6 +90,63 @@ def _timed(fn: Any, device: Any) -> float:
     took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return float(took.item())
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads ("name/tid") and of its children (the writer
+    process: "child PID"), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        cpu[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as f:
+            children = f.read().split()
+    except OSError:
+        children = []
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu[f"child {pid}"] = (int(fields[11]) + int(fields[12])) / tick
+    times = os.times()
+    cpu["(the whole rank process)"] = times.user + times.system  # threads that ended meanwhile included
+    return cpu
+
+
+def _profiled(fn: Any, device: Any, lines: int) -> str:
+    """``fn`` timed as :func:`_timed` does, under cProfile; the top ``lines`` by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    if device is None:  # on a thread of its own, without barriers: its wall time and its CPU
+        t0, c0 = time.perf_counter(), time.thread_time()
+        prof.runcall(fn)
+        took = time.perf_counter() - t0
+        cpu = f" (its thread's CPU {time.thread_time() - c0:.3f} s)"
+    else:
+        took, cpu = _timed(lambda: prof.runcall(fn), device), ""
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    parts = []
+    for order in ("cumulative", "tottime"):
+        text.seek(0)
+        text.truncate()
+        stats.sort_stats(order).print_stats(lines)
+        body = text.getvalue()
+        parts.append(f"by {order}:\n" + body[body.find("   ncalls"):].rstrip())
+    return f"{took:.3f} s{cpu}\n" + "\n".join(parts)
 
 
 def worker(spec: dict[str, Any]) -> None:
@@ -206,8 +267,36 @@ def worker(spec: dict[str, Any]) -> None:
         dist.barrier()
         if rank == 0:
             shutil.rmtree(os.path.join(folder, f"torch-async-{r}"), ignore_errors=True)
+    profile: dict[str, Any] = {}
+    if spec.get("profile"):
+        lines = spec["profile"]
+        profile["dcp.load"] = _profiled(raw_load, device, lines)
+        profile["load_checkpoint"] = _profiled(our_load, device, lines)
+        from clorch_repl.training.checkpoint import in_flight
+
+        start, thread_profile = in_flight.start, []
+
+        def profiled_start(path: str, staged_s: float, write: Any) -> Any:
+            def write_profiled() -> Any:  # the save's own thread (planning, the writer's answers, the commit)
+                result: list[Any] = []
+                thread_profile.append(_profiled(lambda: result.append(write()), None, lines))
+                return result[0]
+            return start(path, staged_s, write_profiled)
+
+        in_flight.start = profiled_start
+        before = _thread_cpu()
+        t0 = time.perf_counter()
+        stall, during = async_round()
+        wall = time.perf_counter() - t0
+        after = _thread_cpu()
+        in_flight.start = start
+        if thread_profile:
+            profile["the async save's thread"] = thread_profile[0]
+        spent = sorted(((after[k] - before.get(k, 0.0), k) for k in after), reverse=True)
+        profile["async round"] = (f"wall {wall:.3f} s (the call {stall:.3f} s, {len(during)} steps); CPU by thread:\n"
+                                  + "\n".join(f"  {k:32s} {v:7.3f} s" for v, k in spent[:12] if v > 0))
     if rank == 0:
-        print("RESULT", json.dumps({"out": out, "first_async": first_async, "params": params,
+        print("RESULT", json.dumps({"out": out, "profile": profile, "first_async": first_async, "params": params,
                                     "mib": float(sizes.item()) / 2 ** 20, "world": world,
                                     "device": torch.cuda.get_device_name() if gpu else "cpu"}), flush=True)
     dist.destroy_process_group()
@@ -225,13 +314,15 @@ def main() -> int:
     parser.add_argument("--params-m", type=float, default=40.0, help="millions of model parameters in all")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where the checkpoints go (default: a temp folder)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the rounds: each load's top N functions and the threads' CPU in an async round")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:
         worker(json.loads(ns.worker))
         return 0
     folder = tempfile.mkdtemp(prefix="clorch-bench-dcp-", dir=ns.dir)
-    spec = {"params_m": ns.params_m, "rounds": ns.rounds, "dir": folder}
+    spec = {"params_m": ns.params_m, "rounds": ns.rounds, "dir": folder, "profile": ns.profile}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -267,6 +358,8 @@ def main() -> int:
     print(f"  anchor torch dcp.async_save call {spread(out['torch_async_call'])}, / blocking {spread(ratio, '', '.3f')}")
     print(f"  a training step {spread(out['step'])}; the step right after the asynchronous call, while the save "
           f"writes, {spread(out['step_while_writing'])}")
+    for name, text in res.get("profile", {}).items():
+        print(f"\n--profile: {name} on rank 0: {text}")
     return 0
 
 

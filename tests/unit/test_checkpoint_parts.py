@@ -23,21 +23,35 @@ class _Evil:
 
 
 def test_the_metadata_unpickler_resolves_dcp_classes_and_refuses_others(tmp_path) -> None:
-    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, TensorProperties,
-                                                       TensorStorageMetadata)
+    import pathlib
 
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                       MetadataIndex, StorageMeta, TensorProperties,
+                                                       TensorStorageMetadata, _MEM_FORMAT_ENCODING)
+
+    index = MetadataIndex("model.w", torch.Size([0, 0]), 0)
     md = Metadata(state_dict_metadata={"model.w": TensorStorageMetadata(
-        properties=TensorProperties(dtype=torch.bfloat16), size=torch.Size([4, 2]),
-        chunks=[ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 2]))])})
+        properties=TensorProperties(dtype=torch.bfloat16, memory_format=torch.channels_last), size=torch.Size([4, 2]),
+        chunks=[ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 2]))]),
+        "optimizer.lr": BytesStorageMetadata()},
+        storage_data={index: _StorageInfo(pathlib.PosixPath("__0_0.distcp"), 0, 16)},
+        storage_meta=StorageMeta(checkpoint_id=pathlib.PosixPath("/ckpt"), save_id="s"))
     (tmp_path / ".metadata").write_bytes(pickle.dumps(md))
     back = safe_dcp.read_metadata(str(tmp_path))
-    assert back.state_dict_metadata["model.w"].size == torch.Size([4, 2])
-    assert back.state_dict_metadata["model.w"].properties.dtype == torch.bfloat16
+    assert back == md  # the dataclasses' own equality, field by field
+    entry = back.state_dict_metadata["model.w"]
+    assert entry.properties.memory_format is torch.channels_last and entry.properties.dtype is torch.bfloat16
+    # the real classes, not the reader's stand-ins (a dataclass without fields gets no BUILD; a frozen one)
+    assert (type(back), type(entry), type(entry.properties), type(entry.chunks[0])) == (
+        Metadata, TensorStorageMetadata, TensorProperties, ChunkStorageMetadata)
+    assert type(back.state_dict_metadata["optimizer.lr"]) is BytesStorageMetadata
+    assert [type(k) for k in back.storage_data] == [MetadataIndex] and back.storage_data[index].offset == 0
+    assert type(back.storage_meta) is StorageMeta and back.storage_meta.checkpoint_id == pathlib.PosixPath("/ckpt")
     for payload, name in ((_Evil(), "system"), ({"x": pickle.loads}, "loads"), (torch.nn.Linear(1, 1), "Linear")):
         (tmp_path / ".metadata").write_bytes(pickle.dumps(payload))
         with pytest.raises(CheckpointError, match=rf"refused to load .*\.metadata: it names the Python object .*{name}"):
             safe_dcp.read_metadata(str(tmp_path))
-    import pathlib
 
     # pickle's BUILD on an allowed class itself would set its attributes for the whole process
     (tmp_path / ".metadata").write_bytes(b"cpathlib\nPurePosixPath\n}S'hacked'\nI1\nsb.")
@@ -45,13 +59,21 @@ def test_the_metadata_unpickler_resolves_dcp_classes_and_refuses_others(tmp_path
         safe_dcp.read_metadata(str(tmp_path))
     assert not hasattr(pathlib.PurePosixPath, "hacked")
     # ... and on an object the whole process shares: an enum member, which calling the enum returns
-    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
-
     (tmp_path / ".metadata").write_bytes(b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
                                          b"(I1\ntR}S'_value_'\nI99\nsb.")
     with pytest.raises(CheckpointError, match="sets attributes of a shared _MEM_FORMAT_ENCODING"):
         safe_dcp.read_metadata(str(tmp_path))
     assert [m.value for m in _MEM_FORMAT_ENCODING] == [0, 1, 2], "the process's enum was changed"
+    # an enum member anywhere but a field of DCP's classes (where it would stay the reader's stand-in)
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={
+        "x": [_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST]})))
+    with pytest.raises(CheckpointError, match="outside the fields of DCP's metadata classes"):
+        safe_dcp.read_metadata(str(tmp_path))
+    # an unknown layout name, an encoding TensorProperties refuses: corrupt, not a bare KeyError
+    bad = pickle.dumps(md).replace(b"torch.strided", b"torch.sparse_x")
+    (tmp_path / ".metadata").write_bytes(bad)
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        safe_dcp.read_metadata(str(tmp_path))
     (tmp_path / ".metadata").write_bytes(pickle.dumps(md)[:20])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         safe_dcp.read_metadata(str(tmp_path))

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue 39's speed figures in one command, for a CUDA machine: the launch-bound loop against
+# torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
+# with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
+# (default: all, in this order: launch launch-fsdp checkpoint restart scale); logs go to
+# ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 5) and PROFILE (checkpoint.py's
+# --profile lines, default 0) tune the checkpoint step. About 9 minutes in all on one H200.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/clorch-speed-check}; mkdir -p "$out"
+source scripts/device_env.sh
+steps=" ${STEPS:-launch launch-fsdp checkpoint restart scale} "
+n=$(python3 -c "from clorch_repl import cuda; print(cuda.device_count())")
+want() { [[ $steps == *" $1 "* ]]; }
+want launch && step launch 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
+# the same loop with the ranks started as fresh interpreters, not forked from the zygote (not in the default set)
+want launch-fresh && CLORCH_FORK_RANKS=0 step launch-fresh 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
+want launch-fsdp && step launch-fsdp 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --strategy fsdp --skip-checkpoint --max-seconds 100
+want checkpoint && step checkpoint 240 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds "${ROUNDS:-5}" --profile "${PROFILE:-0}"
+want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
+want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30
+exit 0
