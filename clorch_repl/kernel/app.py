@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     from .quick_exit import exit_now
 
     exit_now()
+    # Only where the quick exit is not possible: the ordinary exit runs torch's destructors, and
+    # ProcessGroupNCCL's warns unless the group was destroyed first.
+    from .group import leave_group
+
+    leave_group()
 
 
 if __name__ == "__main__":

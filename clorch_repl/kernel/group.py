@@ -1,9 +1,9 @@
 """A rank joins and leaves the session's process group: :func:`join_group` runs inside every
 rank's kernel when the session starts (and when a spare is made a rank) and gives the user's
 namespace ``rank``, ``local_rank``, ``world_size`` and ``device``; :func:`leave_group` ends the
-group before a clean stop.
+group before an ordinary exit, where the rank cannot take the quick one (:mod:`.quick_exit`).
 
-Both are requests of the rank's registry (``join``, ``leave``: :mod:`.requests`). A join runs
+A join is a request of the rank's registry (``join``: :mod:`.requests`) and runs
 through the kernel (an execute request), not before it, so a failure to form the group
 (a wrong device, an NCCL error, a rendezvous timeout) reaches the notebook as that rank's
 traceback, and a stuck rendezvous can be interrupted like any cell.
@@ -157,7 +157,8 @@ def _quiet_kernel_logger(kernel: Any) -> None:
 
 
 def leave_group() -> None:
-    """Destroy the process group before a clean stop (NCCL warns at exit when it was not)."""
+    """Destroy the process group before an ordinary exit (NCCL warns at exit when it was not): only
+    where the rank cannot end through :func:`.quick_exit.exit_now`, which runs no destructor."""
     import torch.distributed as dist
 
     from .torchrun import torch_destroy

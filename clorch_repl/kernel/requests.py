@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 #: request's JSON arguments)
 HANDLERS: dict[str, str] = {
     "join": "clorch_repl.kernel.group:join_group",
-    "leave": "clorch_repl.kernel.group:leave_group",
     "regroup": "clorch_repl.kernel.group:rejoin",
     "export_value": "clorch_repl.kernel.transfer:export_value",
     "import_value": "clorch_repl.kernel.transfer:import_value",

@@ -147,8 +147,8 @@ class Session(Suspending):
     def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
         ``keep_logs`` keeps the launcher (its logs, its hosts, its warm spares) for a restart;
-        ``polite=False`` ends the ranks at once, without asking them to leave the group and shut
-        down (their state is being thrown away)."""
+        ``polite=False`` ends the ranks at once, without asking them to shut down (their state is
+        being thrown away)."""
         group, relay = self.group, self.relay
         polite = polite and self.life.state is not SessionState.SUSPENDED  # a leave would wait on locked CUDA
         self.life.move_if("stop")
@@ -165,14 +165,10 @@ class Session(Suspending):
             self.life.move_if("stopped")
             return []
         if relay is not None:
-            idle = [p.rank for p in group.ranks if p.alive and relay.idle(p.rank)]
-            if polite and idle and len(idle) == len(group.ranks):
-                try:  # a clean exit for NCCL; never waits long on a sick group
-                    relay.execute(CellRequest(request_code("leave"), tuple(idle), timeout_s=5.0), silent=True,
-                                  interrupt_grace_s=1.0)
-                except Exception:  # noqa: BLE001 - stopping goes on whatever the leave did
-                    logger.warning("clorch_repl: ranks %s did not leave the process group cleanly; "
-                                   "stopping them anyway", idle, exc_info=True)
+            # No request to leave the group first: a rank asked to shut down ends its process without
+            # the interpreter's teardown (kernel.quick_exit), so no ProcessGroupNCCL destructor runs
+            # to warn, and the driver frees what NCCL held at the exit; destroy_process_group's
+            # finalize of every communicator was the largest part of a healthy GPU restart's stop.
             relay.close()
         try:
             left = group.stop(polite=polite)
@@ -187,8 +183,8 @@ class Session(Suspending):
         """Fresh ranks and a fresh process group with the same settings; logs are kept (appended).
 
         A healthy group (every rank alive and idle) is stopped politely, as ``%clorch stop`` does: its ranks
-        leave the group and shut down, so their threads, atexit handlers and file buffers run (not the
-        interpreter's teardown: kernel.quick_exit). A group with a dead, hung or busy rank is ended at once, as
+        shut down, so their threads, atexit handlers and file buffers run (not the interpreter's teardown:
+        kernel.quick_exit), and their process group ends with their processes. A group with a dead, hung or busy rank is ended at once, as
         torchrun's agent ends its workers when one fails: SIGTERM, which a rank that must flush something can
         handle (the supervisor's grace, 5 s), then SIGKILL; a broken group asked to shut down would only wait.
         The new ranks start once every process of the old ones has exited (issue 39: on GPUs the driver frees

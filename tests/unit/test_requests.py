@@ -45,7 +45,7 @@ def test_the_request_is_the_fixed_line_with_json_arguments() -> None:
     code = request_code("join", env={"MASTER_PORT": "29500", "X": "a'b\"c\n"})
     assert "\n" not in code
     assert decode(code) == ("join", {"env": {"MASTER_PORT": "29500", "X": "a'b\"c\n"}})
-    assert decode(request_code("leave")) == ("leave", {})
+    assert decode(request_code("profile_stop")) == ("profile_stop", {})
     assert decode(request_code("export_value", name=None, folder="/d", token="ab", limit=10)) == (
         "export_value", {"name": None, "folder": "/d", "token": "ab", "limit": 10})
 
