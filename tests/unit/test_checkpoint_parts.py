@@ -69,6 +69,25 @@ def test_the_metadata_unpickler_resolves_dcp_classes_and_refuses_others(tmp_path
         "x": [_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST]})))
     with pytest.raises(CheckpointError, match="outside the fields of DCP's metadata classes"):
         safe_dcp.read_metadata(str(tmp_path))
+    # a class as a value (DCP sets storage_meta.load_id on what it finds there), and a value made real in
+    # one dataclass and handed through pickle's memo to a place it would stay the reader's stand-in
+    # (both found by the independent review)
+    for crafted in (b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n)\x81}X\x13\x00\x00\x00state_dict_"
+                    b"metadata}sX\x0c\x00\x00\x00storage_metactorch.distributed.checkpoint.metadata\nStorageMeta\nsb.",
+                    b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n)\x81}(X\x13\x00\x00\x00state_dict_"
+                    b"metadata}(X\x01\x00\x00\x00tctorch.distributed.checkpoint.metadata\nTensorStorageMetadata\n)\x81}"
+                    b"X\n\x00\x00\x00propertiesctorch.distributed.checkpoint.metadata\nTensorProperties\n)\x81(ctorch\n"
+                    b"float32\nctorch.serialization\n_get_layout\nX\r\x00\x00\x00torch.strided\x85R\x89ctorch.distributed."
+                    b"checkpoint.metadata\n_MEM_FORMAT_ENCODING\nJ\x01\x00\x00\x00\x85Rr2\x00\x00\x00\x89tbsbuX\x0c\x00"
+                    b"\x00\x00planner_data]j2\x00\x00\x00aub."):
+        (tmp_path / ".metadata").write_bytes(crafted)
+        with pytest.raises(CheckpointError, match="refused to load .* where DCP's metadata never has one"):
+            safe_dcp.read_metadata(str(tmp_path))
+    assert StorageMeta.load_id is None  # the dataclass default, untouched
+    # a length that would allocate 2**62 bytes: a bad file, not a MemoryError
+    (tmp_path / ".metadata").write_bytes(b"\x80\x04\x8e" + (2 ** 62).to_bytes(8, "little") + b".")
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        safe_dcp.read_metadata(str(tmp_path))
     # an unknown layout name, an encoding TensorProperties refuses: corrupt, not a bare KeyError
     bad = pickle.dumps(md).replace(b"torch.strided", b"torch.sparse_x")
     (tmp_path / ".metadata").write_bytes(bad)

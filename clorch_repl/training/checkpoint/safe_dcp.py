@@ -22,8 +22,11 @@ import importlib
 import io
 import logging
 import os
+import pathlib
 import pickle
+import stat
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -78,7 +81,7 @@ _CURRENT = threading.local()  # the read in progress on this thread (stand-ins r
 
 
 def _current() -> _Load:
-    load = getattr(_CURRENT, "load", None)
+    load: _Load | None = getattr(_CURRENT, "load", None)
     if load is None:  # a stand-in used outside a read: nothing of ours calls them so
         raise CheckpointError("a checkpoint metadata stand-in was used outside a metadata read")
     return load
@@ -97,7 +100,6 @@ class _Value:
     process, would change it for everyone). Made by :func:`_value_stand_in`, one class a global."""
 
     __slots__ = ("args", "value")
-    real: Any = None
 
     def __new__(cls, *args: Any) -> "_Value":  # pickle's REDUCE and NEWOBJ both come here
         made = object.__new__(cls)
@@ -108,7 +110,7 @@ class _Value:
     def made(self) -> Any:
         """The real value, made once (pickle's memo hands one stand-in to every place it is in)."""
         if self.value is _MISSING:
-            self.value = type(self).real(*self.args)
+            self.value = type(self).make(*self.args)  # type: ignore[attr-defined]  # set by _value_stand_in
             _current().unplaced -= 1
         return self.value
 
@@ -127,7 +129,7 @@ def _dataclass_stand_in(real: type) -> type:
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:  # pickle's NEWOBJ (a dataclass's way) and REDUCE
         made = object.__new__(cls)
-        _CURRENT.load.built.append(made)  # (a dataclass without fields gets no BUILD at all)
+        _current().built.append(made)  # (a dataclass without fields gets no BUILD at all)
         return made
 
     def __setstate__(self: Any, state: Any = _MISSING) -> None:
@@ -164,7 +166,10 @@ def _value_stand_in(real: Any, name: str) -> type:
     def __setstate__(self: Any, state: Any = _MISSING) -> None:
         raise _refuse_build(f"a shared {name}" if state is not _MISSING else f"{name} itself")
 
-    return type(name, (_Value,), {"__slots__": (), "real": staticmethod(real), "__setstate__": __setstate__,
+    def make(*args: Any) -> Any:  # a closure: staticmethod(real) would write __annotations__ into real
+        return real(*args)
+
+    return type(name, (_Value,), {"__slots__": (), "make": staticmethod(make), "__setstate__": __setstate__,
                                   "__module__": __name__})
 
 
@@ -218,26 +223,60 @@ class MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED:
             return _stand_in(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):  # not torch's lazy __getattr__
+            return vars(torch)[name]
         raise CheckpointError(f"refused to load {self._path}: it names the Python object {module}.{name}, "
                               "which a checkpoint's metadata never holds, and unpickling it could run code. "
                               "Only load checkpoints written by save_checkpoint or torch.distributed.checkpoint")
 
     def load(self) -> Any:
-        read = _Load(self._path)
+        read, outer = _Load(self._path), getattr(_CURRENT, "load", None)
         _CURRENT.load = read
         try:
             metadata = super().load()
         finally:
-            _CURRENT.load = None
+            _CURRENT.load = outer
         if read.unplaced:
             raise CheckpointError(f"refused to load {self._path}: it holds {read.unplaced} value(s) outside "
                                   "the fields of DCP's metadata classes, where a checkpoint's metadata never has them")
         for made in read.built:
             # the real dataclass (the same layout, its state in place); past a frozen one's __setattr__
             object.__setattr__(made, "__class__", type(made)._real)
+        _check_values(metadata, self._path)
         return metadata
+
+
+#: What a DCP metadata holds besides containers and its dataclasses: values with nothing in them
+#: to check (a torch.Size holds ints: its constructor takes nothing else)
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes, torch.dtype, torch.layout, torch.memory_format,
+                    torch.Size})
+
+
+def _check_values(metadata: Any, path: str) -> None:
+    """Refuse a result that holds anything but plain values, containers, paths and DCP's own
+    dataclasses: a class (pickle can put a global anywhere as a value, and DCP sets attributes on
+    what it finds, ``storage_meta.load_id``) or a stand-in of this reader (a value placed in a
+    dataclass and, through pickle's memo, somewhere else as well)."""
+    allowed = {cls._real for cls in _STAND_INS.values() if isinstance(cls, type) and hasattr(cls, "_real")}
+    seen: set[int] = set()
+    stack = [metadata]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind in _PLAIN or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if kind is dict or kind is OrderedDict:
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif kind is list or kind is tuple:
+            stack.extend(value)
+        elif kind in allowed:
+            stack.extend(vars(value).values())
+        elif not isinstance(value, pathlib.PurePath):
+            raise CheckpointError(f"refused to load {path}: it holds a {kind.__qualname__} where DCP's metadata "
+                                  "never has one. Only load checkpoints written by save_checkpoint or "
+                                  "torch.distributed.checkpoint")
 
 
 def read_metadata(folder: str, name: str | None = None) -> Any:
@@ -248,14 +287,15 @@ def read_metadata(folder: str, name: str | None = None) -> Any:
         return _renamed(lambda: read_metadata(folder), folder, name)
     try:
         with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise CheckpointError(f"{path} is not a regular file, so not a checkpoint's metadata")
             metadata = MetadataUnpickler(handle, path).load()
     except CheckpointError:
         raise
     except FileNotFoundError:
         raise CheckpointError(f"{folder} is a folder without {METADATA_FILE}, so not a finished sharded "
                               "checkpoint; check the path, or save one first") from None
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, TypeError, ValueError, KeyError, IndexError,
-            RuntimeError) as exc:  # (RuntimeError: TensorProperties' own check of its encoding)
+    except Exception as exc:  # noqa: BLE001 - a crafted file reaches many errors (MemoryError for a huge length, OverflowError, TensorProperties' RuntimeError): each is a bad file
         raise CheckpointError(f"the checkpoint metadata {path} is truncated or corrupt ({type(exc).__name__}: "
                               f"{exc}); use an earlier checkpoint") from None
     if type(metadata).__name__ != "Metadata" or not hasattr(metadata, "state_dict_metadata"):
