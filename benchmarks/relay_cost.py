@@ -1,0 +1,94 @@
+"""The notebook side's CPU per rank per empty cell (issue 39): what the relay costs, serially.
+
+    python benchmarks/relay_cost.py [--nprocs 16,32] [--cells 200] [--blocks 5] [--profile 30]
+
+Starts a session of N gloo ranks in this process through the engine (no IPython, no notebook
+kernel: the relay is driven as the magic drives it), warms it up, then runs ``--blocks`` blocks
+of ``--cells`` empty cells and prints, per block, the main thread's CPU time (``time.thread_time``:
+the relay's own work, not ZeroMQ's I/O thread nor the ranks) per rank per cell, and the wall
+time per cell; then the median and [min-max] over the blocks. The ranks' own work runs in
+parallel on a many-core host, while the notebook's is serial in the ranks: the first figure is
+what an empty cell at scale is made of. On a 2-core box the wall figure is the ranks' load, not
+the relay's; compare the CPU figure.
+
+For an A/B comparison run it from the root of each tree (the ranks import clorch_repl from the
+working directory, which this script also puts first on its path) and alternate the runs.
+``--profile N``: cProfile of the main thread over one more block, top N by internal time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())  # the tree being measured, for this process and (cwd) for the ranks
+
+from clorch_repl.session.engine import CellHooks, local_session  # noqa: E402
+
+CELL = "pass"
+
+
+class Quiet(CellHooks):
+    """Hooks that keep nothing (an empty cell shows nothing anyway)."""
+
+
+def block(session, cells: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(main-thread CPU seconds, wall seconds) of ``cells`` empty cells, every one checked ok."""
+    hooks = Quiet()
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    for _ in range(cells):
+        outcome = session.run(CELL, None, None, hooks)
+        if not outcome.ok:
+            raise SystemExit(f"an empty cell failed: {outcome}")
+    return time.thread_time() - cpu0, time.perf_counter() - wall0
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):8.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def measure(n: int, cells: int, blocks: int, profile: int) -> None:
+    session = local_session(n, "gloo")
+    session.start()
+    try:
+        where = session.run("import clorch_repl; print(clorch_repl.__file__)", [0], None, Quiet())
+        assert where.ok
+        block(session, max(20, cells // 5))  # warm-up
+        cpu_us, wall_ms = [], []
+        for i in range(blocks):
+            cpu, wall = block(session, cells)
+            cpu_us.append(cpu / cells / n * 1e6)
+            wall_ms.append(wall / cells * 1e3)
+            print(f"  n={n} block {i}: notebook CPU {cpu_us[-1]:6.2f} us/rank/cell, wall {wall_ms[-1]:6.2f} ms/cell,"
+                  f" load {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"n={n}: notebook CPU us/rank/cell {spread(cpu_us)}   wall ms/cell {spread(wall_ms)}"
+              f"   ({blocks} blocks of {cells} cells, tree {os.getcwd()})", flush=True)
+        if profile:
+            prof = cProfile.Profile(time.thread_time)  # CPU, not wall: a blocking poll costs nothing
+            prof.enable()
+            block(session, cells)
+            prof.disable()
+            stats = pstats.Stats(prof)
+            stats.sort_stats("tottime").print_stats(profile)
+    finally:
+        session.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nprocs", default="16,32")
+    parser.add_argument("--cells", type=int, default=200)
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--profile", type=int, default=0, help="cProfile top N over one more block")
+    args = parser.parse_args()
+    for n in (int(x) for x in args.nprocs.split(",")):
+        measure(n, args.cells, args.blocks, args.profile)
+
+
+if __name__ == "__main__":
+    main()
