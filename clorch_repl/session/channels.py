@@ -30,6 +30,18 @@ logger = logging.getLogger(__name__)
 #: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
 PUMP_BATCH = 256
 KINDS = ("iopub", "shell", "stdin")
+#: pyzmq's constants are enums, whose ``&`` and lookups cost a Python call each: in the read loop,
+#: which runs for every message of every rank, their plain values
+_EVENTS, _POLLIN, _RCVMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE), int(zmq.NOBLOCK)
+
+
+def _receive(sock: Any) -> list[bytes]:
+    """One whole message from ``sock`` without waiting (zmq.Again when there is none): what
+    ``recv_multipart(zmq.NOBLOCK)`` does, with plain constants (see :data:`_EVENTS`)."""
+    frames = [sock.recv(_NOBLOCK)]
+    while sock.getsockopt(_RCVMORE):
+        frames.append(sock.recv(_NOBLOCK))
+    return frames
 
 
 class Channels:
@@ -150,12 +162,12 @@ class Channels:
             prober.add(rank, client, MessageDecoder(client.session))
         return prober
 
-    def send(self, rank: int, msg_type: str, metadata: bytes, content: bytes) -> str:
+    def send(self, rank: int, msg_type: str, metadata: bytes, content: bytes, date: str | None = None) -> str:
         """Sign and send a request on ``rank``'s shell (one frame, see wire.py) whose metadata and
-        content are packed already (wire.pack: a cell's are packed once for all its ranks); its
-        msg_id."""
-        msg_id, frames = self._encoders[rank].request_packed(msg_type, metadata, content)
-        self._shell[rank].send_multipart(frames)
+        content are packed already (wire.pack: a cell's are packed once for all its ranks, and
+        ``date``, its header's, taken once: framing.utc_date); its msg_id."""
+        msg_id, frame = self._encoders[rank].frame(msg_type, b"{}", metadata, content, date)
+        self._shell[rank].send(frame)  # one frame: not through send_multipart's loop
         return msg_id
 
     def answer(self, rank: int, value: str) -> None:
@@ -183,17 +195,18 @@ class Channels:
             rank, kind = self._owner[sock]
             if kind == "front":  # the front end's answer: read by the cell's stdin broker
                 continue
+            decoder = self._decoders[rank]
             for i in range(PUMP_BATCH):
                 # the poll said the first message is there; after it the socket is asked, not found
                 # out by a zmq.Again (an exception a socket a pass costs ~10 us)
-                if i and not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                if i and not sock.getsockopt(_EVENTS) & _POLLIN:
                     break
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    frames = _receive(sock)
                 except zmq.Again:
                     break
                 try:
-                    msg = self._decoders[rank].decode(frames)
+                    msg = decoder.decode(frames)
                 except SignatureError as exc:
                     self._rejected += 1
                     if self._rejected == 1:

@@ -26,6 +26,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from ..diagnosis.probe import Prober
 from ..errors import ClorchError
 from ..launchers.base import Launcher
+from ..wire.framing import utc_date
 from .cell_files import CellNames
 from .cell_run import INTERRUPT_GRACE_S, REPLY_QUIET_S, CellRun, FreeGroup, GiveUp, Interrupt
 from .channels import Channels
@@ -267,11 +268,14 @@ class Relay(AsksRanks):
         """Send the cell to each of its ranks: its content and metadata packed once a cell for the
         ranks allowed stdin and once for the others (wire.NO_STDIN_RANK: the rank puts in its number)."""
         packed: dict[bool, tuple[bytes, bytes]] = {}
+        date = utc_date()  # one a cell: the requests are sent within a few milliseconds
+        send, sent = self.channels.send, run.sent
         for rank in request.ranks:
             allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
             if allowed not in packed:
                 packed[allowed] = packed_request(request, silent, allowed, front, no_front)
-            run.sent(rank, self.channels.send(rank, "execute_request", *packed[allowed]))
+            metadata, content = packed[allowed]
+            sent(rank, send(rank, "execute_request", metadata, content, date=date))
 
     def _wait(self, run: CellRun, watch: HangWatch) -> None:
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S

@@ -58,7 +58,7 @@ class FakeChannels:
         self.answered: list[tuple[int, str]] = []
         self.prober = FakeProber({})
 
-    def send(self, rank: int, msg_type: str, content: dict[str, Any], metadata: dict[str, Any]) -> str:
+    def send(self, rank: int, msg_type: str, content: Any, metadata: Any, date: str | None = None) -> str:
         msg_id = f"m{rank}"
         lines = self.script.get(rank)
         if lines is not None:
