@@ -29,13 +29,14 @@ logger = logging.getLogger(__name__)
 
 def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], verbs: Verbs) -> None:
     """Refuse a cell on ``chosen`` ranks when one is dead or still runs an earlier cell."""
-    dead = [p for p in group.ranks if p.rank in chosen and not p.alive]
+    wanted = set(chosen)
+    dead = [p for p in group.ranks if p.rank in wanted and not p.alive]
     if dead:
         what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
         lost = ",".join(str(p.rank) for p in dead)
         raise ClorchError(f"{what} is dead: {verbs.restart_ranks.format(ranks=lost)} starts it afresh while the "
                           f"others keep their variables, or {verbs.restart} starts every rank afresh")
-    busy = [r for r in relay.busy() if r in chosen]
+    busy = [r for r in relay.busy() if r in wanted]
     if busy:
         raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run {verbs.interrupt}, "
                           f"or {verbs.restart}")
