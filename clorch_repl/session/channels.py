@@ -32,15 +32,18 @@ PUMP_BATCH = 256
 KINDS = ("iopub", "shell", "stdin")
 #: pyzmq's constants are enums, whose ``&`` and lookups cost a Python call each: in the read loop,
 #: which runs for every message of every rank, their plain values
-_EVENTS, _POLLIN, _RCVMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE), int(zmq.NOBLOCK)
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 def _receive(sock: Any) -> list[bytes]:
     """One whole message from ``sock`` without waiting (zmq.Again when there is none): what
-    ``recv_multipart(zmq.NOBLOCK)`` does, with plain constants (see :data:`_EVENTS`)."""
-    frames = [sock.recv(_NOBLOCK)]
-    while sock.getsockopt(_RCVMORE):
-        frames.append(sock.recv(_NOBLOCK))
+    ``recv_multipart(zmq.NOBLOCK)`` does, minus its ``getsockopt(RCVMORE)`` a frame (a frame
+    knows whether more follow) and with plain constants (see :data:`_EVENTS`)."""
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame.bytes)
     return frames
 
 

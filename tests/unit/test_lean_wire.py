@@ -8,6 +8,8 @@ no process (the path itself runs in every session test: every cell takes it).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from jupyter_client.session import Session
 
@@ -139,3 +141,18 @@ def test_a_header_with_awkward_names_reads_back_whole() -> None:
     assert msg["header"]["username"] == 'ü "x" %s %d \\' and msg["header"]["msg_id"] == msg_id
     theirs = Session(key=KEY).deserialize(frames[0][len(LEAN_MAGIC):].split(SEPARATOR))
     assert theirs["header"]["username"] == 'ü "x" %s %d \\'
+
+
+@pytest.mark.parametrize("part", [b'{"a": 1}', b'  {"a": 1}', b'{"a": 1}  ', b'[1, 2]', b'"x"', b'{"a": "\xff"}',
+                                  b'{"a": 1} {"b": 2}', b'', b'{"a": '])
+def test_a_part_is_read_exactly_as_json_loads_reads_it(part: bytes) -> None:
+    """The scanner's shortcut (framing._unpack) neither accepts nor reads anything json.loads would not."""
+    from clorch_repl.wire.framing import _unpack
+
+    try:
+        expected: object = json.loads(part.decode("utf8", "replace"))
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            _unpack(part)
+        return
+    assert _unpack(part) == expected
