@@ -258,6 +258,7 @@ class CommBridge:
             return
         finally:
             socket.setsockopt(zmq.SNDTIMEO, previous)
+            self.relay.channels.touched(rank)  # the send may have taken the wake-up of a reply there
         # A rank still busy with an earlier request (a cell that was cut short) answers when it
         # is done: not waited for, or every message of a dragged slider would block the notebook.
         if self.relay.down(rank) is None and self.relay.idle(rank):

@@ -3,8 +3,9 @@
 Why apart: sockets are the one thing of a cell that is neither pure nor policy. Everything that
 decides what a message means (:mod:`.ledger`, :mod:`.cell_run`) gets decoded messages from here,
 and the relay (:mod:`.relay`) never touches a socket itself. One thread (the caller's) polls
-every rank's iopub, shell and stdin sockets (a rank's prompts, see :mod:`.stdin`) with a single
-``zmq.Poller``, so output streams live from all ranks at once with no threads to leak.
+every rank's iopub, shell and stdin sockets (a rank's prompts, see :mod:`.stdin`) together
+(:mod:`.ready_sockets`: epoll, asking only the sockets that may hold something), so output streams
+live from all ranks at once with no threads to leak.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..errors import ClorchError, SignatureError
 from ..launchers.base import Launcher
 from ..common.rank_sets import rank_words
 from ..wire.framing import MessageDecoder, MessageEncoder
+from .ready_sockets import ReadySockets
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class Channels:
     def __init__(self, group: Launcher) -> None:
         self.group = group
         self.clients: dict[int, BlockingKernelClient] = {}
-        self.poller = zmq.Poller()
+        self.ready = ReadySockets()
         self._owner: dict[Any, tuple[int, str]] = {}
         self._decoders: dict[int, MessageDecoder] = {}
         self._encoders: dict[int, MessageEncoder] = {}
@@ -89,7 +91,7 @@ class Channels:
             ready_kinds[proc.rank] = set()
             for kind in KINDS:
                 sock = getattr(client, f"{kind}_channel").socket
-                self.poller.register(sock, zmq.POLLIN)
+                self.ready.register(sock)
                 self._owner[sock] = (proc.rank, kind)
             self._shell[proc.rank] = client.shell_channel.socket
         self._await_ready(ready_kinds, progress, timeout_s, notice=late)
@@ -103,7 +105,7 @@ class Channels:
             sock = getattr(client, f"{kind}_channel").socket
             self._owner.pop(sock, None)
             try:
-                self.poller.unregister(sock)
+                self.ready.unregister(sock)
             except KeyError:
                 pass
         self.prober.remove(rank)
@@ -145,8 +147,9 @@ class Channels:
                     # Repeated until iopub hears it too: the first may be published before our
                     # subscription is in place (ZeroMQ's slow joiner).
                     self.clients[rank].kernel_info()
+                    self.ready.touched(self._shell[rank])
                     last_probe[rank] = now
-            for sock, _ in self.poller.poll(100):
+            for sock in self.ready.poll(0.1):
                 rank, kind = self._owner[sock]
                 channel = getattr(self.clients[rank], f"{kind}_channel")
                 while True:
@@ -155,6 +158,7 @@ class Channels:
                     except Empty:
                         break
                     seen[rank].add(kind)
+                self.ready.drained(sock)  # get_msg asked until it found nothing
 
     def new_prober(self) -> Prober:
         """A prober of every rank with sockets and signature checks of its own (``%clorch top``,
@@ -170,22 +174,33 @@ class Channels:
         content are packed already (wire.pack: a cell's are packed once for all its ranks, and
         ``date``, its header's, taken once: framing.utc_date); its msg_id."""
         msg_id, frame = self._encoders[rank].frame(msg_type, b"{}", metadata, content, date)
-        self._shell[rank].send(frame)  # one frame: not through send_multipart's loop
+        sock = self._shell[rank]
+        sock.send(frame)  # one frame: not through send_multipart's loop
+        self.ready.touched(sock)  # (the send may have taken the wake-up of a reply already there)
         return msg_id
+
+    def touched(self, rank: int) -> None:
+        """Something was sent on ``rank``'s shell by another module (a widget's message,
+        clorch_repl.notebook.comms): its socket is asked at the next read (see .ready_sockets)."""
+        sock = self._shell.get(rank)
+        if sock is not None:
+            self.ready.touched(sock)
 
     def answer(self, rank: int, value: str) -> None:
         """A line for ``rank``'s prompt (``"\\x04"``: end-of-file)."""
-        self.clients[rank].input(value)
+        client = self.clients[rank]
+        client.input(value)
+        self.ready.touched(client.stdin_channel.socket)
 
     def watch(self, socket: Any, on: bool) -> None:
         """Poll another socket too (the front end's stdin, while a prompt is open there)."""
         if (socket in self._owner) == on:
             return
         if on:
-            self.poller.register(socket, zmq.POLLIN)
+            self.ready.register(socket)
             self._owner[socket] = (-1, "front")
         else:
-            self.poller.unregister(socket)
+            self.ready.unregister(socket)
             del self._owner[socket]
 
     def read(self, timeout_s: float) -> Iterator[tuple[int, str, dict[str, Any]]]:
@@ -194,15 +209,17 @@ class Channels:
         One pass over the ready sockets, at most :data:`PUMP_BATCH` messages from each, so that
         the caller checks its deadlines and deaths between passes under a flood. A message
         whose signature fails is dropped (and said once)."""
-        for sock, _ in self.poller.poll(int(timeout_s * 1000)):
+        ready = self.ready
+        for sock in ready.poll(timeout_s):
             rank, kind = self._owner[sock]
-            if kind == "front":  # the front end's answer: read by the cell's stdin broker
+            if kind == "front":  # the front end's answer: read by the cell's stdin broker (stays suspect)
                 continue
             decoder = self._decoders[rank]
             for i in range(PUMP_BATCH):
                 # the poll said the first message is there; after it the socket is asked, not found
                 # out by a zmq.Again (an exception a socket a pass costs ~10 us)
                 if i and not sock.getsockopt(_EVENTS) & _POLLIN:
+                    ready.drained(sock)
                     break
                 try:
                     frames = _receive(sock)
@@ -223,11 +240,12 @@ class Channels:
         for client in self.clients.values():
             for kind in KINDS:
                 try:
-                    self.poller.unregister(getattr(client, f"{kind}_channel").socket)
+                    self.ready.unregister(getattr(client, f"{kind}_channel").socket)
                 except (KeyError, AttributeError):
                     pass
             client.stop_channels()
         self.clients.clear()
         self._shell.clear()
         self._owner.clear()
+        self.ready.close()
         self._context.destroy(linger=100)  # as jupyter_client ends the context a client made itself

@@ -1,0 +1,129 @@
+"""ReadySockets (session/ready_sockets.py) on real ZeroMQ sockets in this process (inproc pairs:
+no other process is started): it finds every socket holding a message, in registration order,
+including the cases where no descriptor wakes it again (a message left unread, a send that took
+the wake-up), waits no longer than asked, and a message whose wake-up something else swallowed
+is found by the sweep."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import pytest
+import zmq
+
+from clorch_repl.session import ready_sockets
+from clorch_repl.session.ready_sockets import ReadySockets
+
+
+@pytest.fixture
+def pairs() -> Iterator[list[tuple[zmq.Socket, zmq.Socket]]]:
+    """Eight DEALER pairs: (the relay's end, the rank's end)."""
+    ctx = zmq.Context()
+    made = []
+    for i in range(8):
+        ours, theirs = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+        ours.bind(f"inproc://ready-{i}")
+        theirs.connect(f"inproc://ready-{i}")
+        made.append((ours, theirs))
+    yield made
+    ctx.destroy(linger=0)
+
+
+def _settle(ready: ReadySockets) -> None:
+    assert ready.poll(0) == []  # nothing sent yet: the registration's suspects are asked and cleared
+
+
+def test_finds_the_sockets_with_a_message_in_registration_order(pairs) -> None:
+    ready = ReadySockets()
+    for ours, _ in pairs:
+        ready.register(ours)
+    _settle(ready)
+    for i in (5, 1, 6):
+        pairs[i][1].send(b"hello")
+    deadline = time.monotonic() + 5
+    found: list[zmq.Socket] = []
+    while len(found) < 3 and time.monotonic() < deadline:
+        found = ready.poll(1.0)
+    assert found == [pairs[1][0], pairs[5][0], pairs[6][0]]
+    for sock in found:
+        assert sock.recv(zmq.NOBLOCK) == b"hello"
+    assert ready.poll(0) == []
+
+
+def test_a_message_left_unread_is_found_again(pairs) -> None:
+    ready = ReadySockets()
+    ours, theirs = pairs[0]
+    ready.register(ours)
+    _settle(ready)
+    theirs.send(b"one")
+    theirs.send(b"two")
+    assert ready.poll(2.0) == [ours]
+    assert ours.recv() == b"one"  # a bounded batch: one read, one left
+    assert ready.poll(0) == [ours], "the message left behind was not found again"
+    assert ours.recv() == b"two"
+    assert ready.poll(0) == []
+
+
+def test_a_send_that_took_the_wake_up_is_told_and_the_reply_found(pairs) -> None:
+    ready = ReadySockets()
+    ours, theirs = pairs[0]
+    ready.register(ours)
+    _settle(ready)
+    theirs.send(b"reply")
+    time.sleep(0.05)
+    ours.send(b"request")  # processes the socket's commands: its descriptor may not wake epoll now
+    ready.touched(ours)
+    assert ready.poll(0) == [ours]
+    assert ours.recv() == b"reply"
+
+
+def test_a_swallowed_wake_up_is_found_by_the_sweep(pairs, monkeypatch) -> None:
+    monkeypatch.setattr(ready_sockets, "SWEEP_S", 0.2)
+    ready = ReadySockets()
+    ours, theirs = pairs[0]
+    ready.register(ours)
+    _settle(ready)
+    theirs.send(b"reply")
+    time.sleep(0.05)
+    ours.get(zmq.EVENTS)  # what a send elsewhere does to the descriptor, without telling anyone
+    t0 = time.monotonic()
+    found = ready.poll(5.0)
+    assert found == [ours] and time.monotonic() - t0 < 2.0
+
+
+def test_waits_no_longer_than_asked_and_forgets_what_it_unregisters(pairs) -> None:
+    ready = ReadySockets()
+    ours, theirs = pairs[0]
+    ready.register(ours)
+    _settle(ready)
+    t0 = time.monotonic()
+    assert ready.poll(0.15) == []
+    assert 0.1 <= time.monotonic() - t0 < 2.0
+    ready.unregister(ours)
+    assert ours not in ready
+    theirs.send(b"late")
+    assert ready.poll(0.1) == []
+    with pytest.raises(KeyError):
+        ready.unregister(ours)
+    ready.close()
+
+
+def test_a_drained_socket_is_not_asked_until_its_descriptor_wakes(pairs, monkeypatch) -> None:
+    """What the relay's read loop does: it reads until EVENTS says empty and says so (drained)."""
+    ready = ReadySockets()
+    ours, theirs = pairs[0]
+    ready.register(ours)
+    _settle(ready)
+    theirs.send(b"reply")
+    assert ready.poll(2.0) == [ours]
+    assert ours.recv() == b"reply"
+    assert not ours.get(zmq.EVENTS) & zmq.POLLIN
+    ready.drained(ours)
+    asked: list[int] = []
+    real = ours.getsockopt
+    monkeypatch.setattr(ours, "getsockopt", lambda opt: asked.append(opt) or real(opt), raising=False)
+    assert ready.poll(0) == [] and asked == [], "a drained socket was asked again"
+    theirs.send(b"next")
+    assert ready.poll(2.0) == [ours]
+    assert ours.recv() == b"next"
