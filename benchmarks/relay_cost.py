@@ -24,6 +24,7 @@ import os
 import pstats
 import statistics
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.getcwd())  # the tree being measured, for this process and (cwd) for the ranks
@@ -37,15 +38,25 @@ class Quiet(CellHooks):
     """Hooks that keep nothing (an empty cell shows nothing anyway)."""
 
 
-def block(session, cells: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(main-thread CPU seconds, wall seconds) of ``cells`` empty cells, every one checked ok."""
+def kernel_share() -> tuple[int, int]:
+    """This thread's (user, system) CPU in clock ticks (/proc): how much of it went in system calls."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def block(session, cells: int) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """(main-thread CPU seconds, wall seconds, the system calls' share of that CPU) of ``cells``
+    empty cells, every one checked ok."""
     hooks = Quiet()
-    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    (user0, sys0), cpu0, wall0 = kernel_share(), time.thread_time(), time.perf_counter()
     for _ in range(cells):
         outcome = session.run(CELL, None, None, hooks)
         if not outcome.ok:
             raise SystemExit(f"an empty cell failed: {outcome}")
-    return time.thread_time() - cpu0, time.perf_counter() - wall0
+    cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
+    user1, sys1 = kernel_share()
+    return cpu, wall, (sys1 - sys0) / max(1, user1 - user0 + sys1 - sys0)
 
 
 def spread(values: list[float]) -> str:
@@ -61,11 +72,11 @@ def measure(n: int, cells: int, blocks: int, profile: int) -> None:
         block(session, max(20, cells // 5))  # warm-up
         cpu_us, wall_ms = [], []
         for i in range(blocks):
-            cpu, wall = block(session, cells)
+            cpu, wall, system = block(session, cells)
             cpu_us.append(cpu / cells / n * 1e6)
             wall_ms.append(wall / cells * 1e3)
-            print(f"  n={n} block {i}: notebook CPU {cpu_us[-1]:6.2f} us/rank/cell, wall {wall_ms[-1]:6.2f} ms/cell,"
-                  f" load {os.getloadavg()[0]:.1f}", flush=True)
+            print(f"  n={n} block {i}: notebook CPU {cpu_us[-1]:6.2f} us/rank/cell ({system:.0%} in system calls),"
+                  f" wall {wall_ms[-1]:6.2f} ms/cell, load {os.getloadavg()[0]:.1f}", flush=True)
         print(f"n={n}: notebook CPU us/rank/cell {spread(cpu_us)}   wall ms/cell {spread(wall_ms)}"
               f"   ({blocks} blocks of {cells} cells, tree {os.getcwd()})", flush=True)
         if profile:
