@@ -11,12 +11,16 @@ out=${OUT:-/tmp/clorch-speed-check}; mkdir -p "$out"
 source scripts/device_env.sh
 steps=" ${STEPS:-launch launch-fsdp checkpoint restart scale} "
 n=$(python3 -c "from clorch_repl import cuda; print(cuda.device_count())")
+echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null) defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)"
 want() { [[ $steps == *" $1 "* ]]; }
 want launch && step launch 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
 # the same loop with the ranks started as fresh interpreters, not forked from the zygote (not in the default set)
 want launch-fresh && CLORCH_FORK_RANKS=0 step launch-fresh 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
 want launch-fsdp && step launch-fsdp 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --strategy fsdp --skip-checkpoint --max-seconds 100
 want checkpoint && step checkpoint 240 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds "${ROUNDS:-5}" --profile "${PROFILE:-0}"
+# issue 39's forked-rank question: is a forked rank's loop slower than a fresh one's here, and are
+# transparent huge pages why (not in the default set)
+want fork && step fork 150 python3 benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --sides forked,fresh,forked-shared --instances 1 --rounds 8
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
 want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30
 exit 0
