@@ -47,9 +47,6 @@ SPARES = Variable("CLORCH_SPARES", "0 or 1: the default of %clorch start --spare
                   "extension warms a set of spares; unset: one set for GPU ranks, none for CPU ranks")
 FORK_RANKS = Variable("CLORCH_FORK_RANKS", "0 starts each local rank as a fresh interpreter; 1 forks the ranks "
                       "from one process that imported torch and the kernel once (Linux; issue 39)", "1")
-FORK_HUGE_PAGES = Variable("CLORCH_FORK_HUGE_PAGES", "0 leaves a forked rank's memory inherited from the zygote "
-                           "shared with it, in 4 KiB pages once written; 1 copies it into transparent huge pages "
-                           "of the rank's own where the zygote had huge pages (clorch_repl.host.zygote)", "1")
 HEAD_START = Variable("CLORCH_HEAD_START", "0 turns off the head start (a %%distributed cell sent to the ranks "
                       "as it arrives, before IPython runs the magic); 1 keeps it on", "1")
 OUTPUT_LIMIT = Variable("CLORCH_OUTPUT_LIMIT", "characters of output a cell shows per rank before the rest is "

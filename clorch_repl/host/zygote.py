@@ -28,9 +28,7 @@ launcher's orderly close is ``{"close": true}`` before its end closes (see :func
 
 What a forked kernel shares with its zygote that a fresh interpreter would not: the hash seed of
 ``str`` (so set orders agree across ranks) and whatever module state was made at import (NumPy's
-global generator is re-seeded in each kernel, as ``random`` re-seeds itself after a fork). Its
-memory, too, is the zygote's, copy-on-write: where the zygote's is in transparent huge pages, a
-forked kernel first copies it into huge pages of its own (:func:`_own_huge_pages` says why).
+global generator is re-seeded in each kernel, as ``random`` re-seeds itself after a fork).
 """
 
 from __future__ import annotations
@@ -43,12 +41,10 @@ import select
 import signal
 import socket
 import sys
-import time
 import traceback
 from typing import Any, Callable, Iterator
 
 from . import proctitle
-from ..common import env_vars
 from ..kernel import KERNEL_MODULE  # the kernel a forked supervisor runs in-process (anything else: exec'd)
 
 logger = logging.getLogger(__name__)
@@ -80,11 +76,6 @@ def run_kernel(cmd: list[str]) -> int:
     ARGS`` would run, in this already-importing process."""
     from ..kernel import app
 
-    huge = _own_huge_pages() if env_vars.FORK_HUGE_PAGES.get() != "0" else {"blocks": 0}  # first: before the collector and the kernel write to the zygote's pages
-    if huge["blocks"]:
-        print(f"clorch_repl: {huge['blocks'] * 2} MiB of the zygote's memory copied into huge pages of this "
-              f"rank's own in {huge['ms']:.0f} ms (MADV_COLLAPSE; see clorch_repl.host.zygote._own_huge_pages)",
-              file=sys.stderr, flush=True)
     gc.unfreeze()  # the kernel collects as any kernel does (IPython's collect at exit included)
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # its global generator was seeded once, in the zygote
@@ -116,100 +107,6 @@ def _threads_from_environment() -> None:
         return
     if torch.get_num_threads() != int(wanted):
         torch.set_num_threads(int(wanted))
-
-
-#: Linux's madvise(2) advice that collapses a range into transparent huge pages now (5.19+; older
-#: kernels refuse it with EINVAL, and nothing changes)
-MADV_COLLAPSE = 25
-HUGE_PAGE = 2 << 20
-
-
-def _own_huge_pages() -> dict[str, Any]:
-    """Give the forked kernel's inherited heap transparent huge pages of its own, where the host's
-    THP setting would give a fresh interpreter's heap huge pages (``enabled`` ``always``, or a
-    range advised ``MADV_HUGEPAGE``): a no-op (under a millisecond) where the zygote had no huge
-    pages (``madvise`` with nothing advised, ``never``) or the kernel is older than 5.19.
-
-    Why: the zygote's heap (every object of torch, ipykernel and the kernel's modules, 200-250 MB)
-    is mapped into a forked rank copy-on-write. Where THP is on, much of it is in 2 MiB pages; the
-    rank's first write into one (CPython writes an object's reference count whenever it uses it,
-    and the collector its header) splits that mapping into 512 4 KiB ones and copies one page; the
-    range stays in 4 KiB pages for good (khugepaged skips ranges still shared with the zygote). A
-    Python-bound loop then runs slower than in a fresh interpreter (more TLB misses, presumably:
-    the VM measured in has no hardware counters to show them). Measured on the
-    2-core VM with the heap under THP (``PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
-    in the notebook's environment; ``benchmarks/fork_loop.py --instances 5 --rounds 10 --sides
-    forked,fresh,forked-shared``, a tiny MLP's training step on the CPU): a forked rank kept 96 MB
-    of its heap in huge pages against a fresh rank's 236 MB and took its steps at 0.974 [0.961-0.977]
-    of the fresh rank's speed (by rank instance; the loop thread's CPU per step); with this, 234 MB
-    and 0.986 [0.967-1.001]. With no huge pages anywhere (the VM's ``madvise`` THP and CPython's own
-    allocator) forked and fresh ranks were alike (1.005 [0.992-1.037]), and this does nothing.
-
-    How: each eligible range (``THPeligible: 1`` in ``/proc/self/smaps``, private, anonymous,
-    writable) gets one byte of a resident page rewritten in each 2 MiB block (``MADV_COLLAPSE``
-    takes a block only if one of its pages is writable here, which after the fork none is), then
-    ``MADV_COLLAPSE``: the kernel copies each block into a huge page of this process. The rank then
-    owns those pages instead of sharing them with the zygote (its resident memory is what a fresh
-    rank's would be); the copy costs 30-500 ms of CPU per rank on the 2-core VM for about 200 MB
-    (``copy_mc``, the kernel's copy that survives a memory error, is slow in that VM).
-    ``CLORCH_FORK_HUGE_PAGES=0`` leaves the pages shared, as before.
-    Run while the kernel is one thread (right after the fork), so that rewriting a byte races
-    nothing. Returns what it did (blocks touched, ranges refused, milliseconds), for the rank's log.
-    """
-    done: dict[str, Any] = {"blocks": 0, "refused": 0, "ms": 0.0}
-    try:
-        t0 = time.perf_counter()
-        with open("/proc/self/smaps_rollup") as fh:  # none inherited (THP off, or nothing huge): none split
-            if not any(line.startswith("AnonHugePages:") and int(line.split()[1]) for line in fh):
-                return done
-        ranges = _thp_eligible_ranges()
-        if not ranges:
-            return done
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-        page = os.sysconf("SC_PAGE_SIZE")
-        per_block = HUGE_PAGE // page
-        for lo, hi in ranges:
-            lo, hi = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE
-            if hi <= lo:
-                continue
-            resident = ctypes.create_string_buffer((hi - lo) // page)
-            if libc.mincore(lo, hi - lo, resident) != 0:
-                continue
-            touched = 0
-            for block in range(0, len(resident.raw), per_block):
-                first = next((i for i, b in enumerate(resident.raw[block:block + per_block]) if b & 1), None)
-                if first is not None:
-                    byte = ctypes.c_ubyte.from_address(lo + (block + first) * page)
-                    byte.value = byte.value  # a copy-on-write page of our own in this block
-                    touched += 1
-            if touched:
-                done["blocks"] += touched
-                if libc.madvise(lo, hi - lo, MADV_COLLAPSE) != 0:
-                    done["refused"] += 1
-        done["ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-    except (OSError, AttributeError, ValueError):  # no sysfs, no smaps, no libc symbol: as before
-        pass
-    return done
-
-
-def _thp_eligible_ranges() -> list[tuple[int, int]]:
-    """(start, end) of each private anonymous writable mapping of this process whose memory may
-    be in transparent huge pages (``THPeligible: 1``)."""
-    ranges, current = [], None
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()
-            if not head[0].endswith(":"):  # a mapping's first line: range perms offset dev inode [path]
-                lo, hi = (int(x, 16) for x in head[0].split("-"))
-                anonymous = len(head) < 6 or head[5] == "[heap]" or head[5].startswith("[anon")
-                current = (lo, hi) if head[1] == "rw-p" and anonymous else None
-            elif head[0] == "THPeligible:" and head[1] == "1" and current is not None:
-                ranges.append(current)
-    return ranges
 
 
 class Notebook:
