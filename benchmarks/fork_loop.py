@@ -2,15 +2,13 @@
 one whose ranks are forked from the zygote (the default) and one with ``CLORCH_FORK_RANKS=0``.
 
     python benchmarks/fork_loop.py [--rounds 30] [--seconds 0.4] [--loop mlp|python|both] [--device cpu|cuda]
-                                   [--sides forked,fresh,forked-shared] [--start-args "--nproc 1 --backend gloo"]
+                                   [--sides forked,fresh] [--start-args "--nproc 1 --backend gloo"]
                                    [--instances N] [--env NAME=VALUE ...]
 
 Every side is a notebook kernel (a real ipykernel driven by jupyter_client, as
 benchmarks/training.py drives one) with a session of its own; rank 0 runs the loop, the others
 (if ``--start-args`` asks for more) stay idle. The sides (``--sides``): ``forked`` (the default
-start), ``fresh`` (``CLORCH_FORK_RANKS=0``) and ``forked-shared`` (``CLORCH_FORK_HUGE_PAGES=0``: a
-forked rank whose memory inherited from the zygote stays shared with it, as before
-clorch_repl.host.zygote._own_huge_pages). Each round runs the loop for about ``--seconds`` on every
+start) and ``fresh`` (``CLORCH_FORK_RANKS=0``). Each round runs the loop for about ``--seconds`` on every
 side in turn (who goes first rotates), timed in blocks of about 0.1 s; ``--instances`` starts every
 side anew that many times (a rank's own memory layout can move its speed by a few percent). The
 loops (``--loop``): ``mlp``, a tiny MLP's forward, backward, SGD step and ``loss.item()`` on
@@ -26,9 +24,10 @@ shows far fewer than a fresh one), glibc malloc's figures, anonymous pages by NU
 node it runs on, torch's thread counts, the collector, switch interval, affinity, its parent and
 grandparent, and the environment variables that differ.
 
-On a GPU host, to see whether forked ranks are slower there and whether huge pages are why::
+On a GPU host, to see whether forked ranks are slower there (issue 39; one H200 with THP
+``madvise``, 8 rounds: forked/fresh steps/s 1.010 [0.816-1.308], docs/PERFORMANCE.md)::
 
-    python benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --sides forked,fresh,forked-shared --instances 3 --rounds 10
+    python benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --instances 3 --rounds 10
 """
 
 from __future__ import annotations
@@ -254,8 +253,7 @@ class Side:
 
 #: the sides --sides may name: what each adds to the notebook's environment
 SIDES = {"forked": {"CLORCH_FORK_RANKS": "1"},
-         "fresh": {"CLORCH_FORK_RANKS": "0"},
-         "forked-shared": {"CLORCH_FORK_RANKS": "1", "CLORCH_FORK_HUGE_PAGES": "0"}}
+         "fresh": {"CLORCH_FORK_RANKS": "0"}}
 
 
 def host_thp() -> str:
@@ -277,8 +275,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="the MLP's device in rank 0 (cuda: the rank's GPU)")
     parser.add_argument("--start-args", default="--nproc 1 --backend gloo")
     parser.add_argument("--sides", default="forked,fresh",
-                        help=f"comma-separated, of {', '.join(SIDES)} (forked-shared: CLORCH_FORK_HUGE_PAGES=0, "
-                             "the forked rank's memory left shared with the zygote); ratios are against fresh")
+                        help=f"comma-separated, of {', '.join(SIDES)}; ratios are against fresh")
     parser.add_argument("--instances", type=int, default=1,
                         help="start every side's notebook and rank anew this many times (--rounds each)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",

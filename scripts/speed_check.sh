@@ -20,7 +20,7 @@ want launch-fsdp && step launch-fsdp 150 python3 benchmarks/training.py --nproc 
 want checkpoint && step checkpoint 240 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds "${ROUNDS:-5}" --profile "${PROFILE:-0}"
 # issue 39's forked-rank question: is a forked rank's loop slower than a fresh one's here, and are
 # transparent huge pages why (not in the default set)
-want fork && step fork 150 python3 benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --sides forked,fresh,forked-shared --instances 1 --rounds 8
+want fork && step fork 150 python3 benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --instances 1 --rounds 8
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
 want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30
 exit 0
