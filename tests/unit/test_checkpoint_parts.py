@@ -198,6 +198,33 @@ def test_staging_copies_and_reuses_its_buffers() -> None:
     assert bigger["model"]["w"].shape == (4,)
 
 
+def test_a_staged_dtensor_is_planned_once_for_its_buffers(monkeypatch) -> None:
+    """DCP builds each DTensor's write item at every save, on the asynchronous save's thread; a
+    staged one (the same object, buffer and spec at every save of its layout) builds it once."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import planner_helpers
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    built: list[str] = []
+    real = planner_helpers._create_write_items_for_dtensor
+    monkeypatch.setattr(planner_helpers, "_create_write_items_for_dtensor",
+                        lambda fqn, tensor: built.append(fqn) or real(fqn, tensor))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        weight = distribute_tensor(torch.arange(6.0).reshape(3, 2), init_device_mesh("cpu", (1,)), [Shard(0)])
+        stager = Stager()
+        staged = stager.stage({"w": weight})["w"]
+        first = planner_helpers._create_write_items("model.w", staged)  # what DCP's planning calls
+        weight.add_(1)  # training goes on; the next save stages into the same buffers
+        again = stager.stage({"w": weight})["w"]
+        assert again is staged and torch.equal(again.to_local(), torch.arange(6.0).reshape(3, 2) + 1)
+        assert planner_helpers._create_write_items("model.w", again) == first == [real("model.w", staged)]
+        assert built == ["model.w"], "the write item was built again at the second save"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_ranks_verdicts_merge_one_cause_and_list_several() -> None:
     with pytest.raises(CheckpointError, match=r"^saving failed on ranks 0-1: disk full; nothing was changed"):
         raise_if_any(["disk full", "disk full"], "saving")
