@@ -73,8 +73,11 @@ def _plan_once(staged: DTensor) -> None:
     that has ``__create_write_items__`` (torch's hook for local shard types); the staged local
     tensor (a host buffer of ours) gets one that builds the item once per name and returns it
     again. DCP's write items are frozen dataclasses and it only reads them."""
-    from torch.distributed.checkpoint.planner_helpers import _create_write_items_for_dtensor
-
+    try:
+        from torch.distributed.checkpoint.planner_helpers import _create_write_items_for_dtensor
+    except ImportError:  # a torch that builds them elsewhere: DCP plans the DTensor itself, as before
+        logger.debug("DCP's _create_write_items_for_dtensor is missing: staged DTensors are planned at each save")
+        return
     items: dict[str, list[Any]] = {}
 
     def create_write_items(fqn: str, obj: Any) -> list[Any]:
