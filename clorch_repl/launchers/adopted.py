@@ -145,7 +145,8 @@ class AdoptedLauncher(Launcher):
     def stop(self, grace_s: float = STOP_GRACE_S, *, polite: bool = True) -> list[str]:
         """SIGTERM to every supervisor (each ends its rank and all it started, with its own
         grace, then SIGKILL); then SIGKILL to whatever of their trees is left. ``polite`` changes
-        nothing here: the session's stop has already asked the ranks to leave their group."""
+        nothing here: a rank ended by SIGTERM's default action runs no destructor, as a quick exit
+        runs none (kernel.quick_exit), so nothing of its process group is left to warn or wait."""
         sups = [p.supervisor_pid for p in self.ranks if procs.pid_running(p.supervisor_pid)]
         ended = teardown.end_supervised(sups, teardown.deadline(grace_s))
         return teardown.outlived(sups + [p.pid for p in self.ranks] + [t.pid for t in ended])

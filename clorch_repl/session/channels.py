@@ -151,6 +151,11 @@ class Channels:
                     last_probe[rank] = now
             for sock in self.ready.poll(0.1):
                 rank, kind = self._owner[sock]
+                if rank not in seen:
+                    # a surviving rank's output while fresh ones start (recovery.replace): left queued
+                    # for the relay, and not asked again before its next wake-up or the sweep
+                    self.ready.drained(sock)
+                    continue
                 channel = getattr(self.clients[rank], f"{kind}_channel")
                 while True:
                     try:

@@ -165,10 +165,12 @@ class Session(Suspending):
             self.life.move_if("stopped")
             return []
         if relay is not None:
-            # No request to leave the group first: a rank asked to shut down ends its process without
-            # the interpreter's teardown (kernel.quick_exit), so no ProcessGroupNCCL destructor runs
-            # to warn, and the driver frees what NCCL held at the exit; destroy_process_group's
-            # finalize of every communicator was the largest part of a healthy GPU restart's stop.
+            # No request to leave the group first: a local rank asked to shut down ends its process
+            # without the interpreter's teardown (kernel.quick_exit), and a called-back or adopted
+            # rank is ended by SIGTERM (its launcher's stop), so no ProcessGroupNCCL destructor runs
+            # to warn either way, and the driver frees what NCCL held at the exit;
+            # destroy_process_group's finalize of every communicator was the largest part of a
+            # healthy GPU restart's stop.
             relay.close()
         try:
             left = group.stop(polite=polite)

@@ -221,6 +221,18 @@ def test_a_staged_dtensor_is_planned_once_for_its_buffers(monkeypatch) -> None:
         assert again is staged and torch.equal(again.to_local(), torch.arange(6.0).reshape(3, 2) + 1)
         assert planner_helpers._create_write_items("model.w", again) == first == [real("model.w", staged)]
         assert built == ["model.w"], "the write item was built again at the second save"
+        # the cache keeps nothing alive: dropped by the Stager, the staged buffer goes at once
+        import gc
+        import weakref
+
+        gone = weakref.ref(staged._local_tensor)  # the host buffer itself (to_local() may be a new alias)
+        del staged, again
+        gc.disable()  # only reference counting may free it: a cycle would wait for the collector
+        try:
+            stager.release()
+            assert gone() is None, "the staged buffer outlived the Stager's release (a reference cycle)"
+        finally:
+            gc.enable()
     finally:
         dist.destroy_process_group()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -79,12 +80,17 @@ def _plan_once(staged: DTensor) -> None:
         logger.debug("DCP's _create_write_items_for_dtensor is missing: staged DTensors are planned at each save")
         return
     items: dict[str, list[Any]] = {}
+    # weakly: the buffer holds this function, and a strong reference to the DTensor that holds the
+    # buffer would keep the staged memory (the shared block) alive past the Stager's dropping it,
+    # until a full collection, while the next layout's block is made
+    owner = weakref.ref(staged)
 
     def create_write_items(fqn: str, obj: Any) -> list[Any]:
-        found = items.get(fqn)
-        if found is None or obj is not staged:
+        mine = obj is owner()
+        found = items.get(fqn) if mine else None
+        if found is None:
             found = [_create_write_items_for_dtensor(fqn, obj)]
-            if obj is staged:
+            if mine:
                 items[fqn] = found
         return list(found)
 
