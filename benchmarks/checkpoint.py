@@ -20,8 +20,10 @@ parameters on GPUs, fp32 on CPUs) and its AdamW state, then runs ``--rounds`` in
    Ratio = stall / blocking save. That call is not all training loses: the background write
    shares the process (its thread takes the GIL from the steps) and the machine. So the **whole
    stall** (issue 39) is the call plus the time lost by the training steps run from its return
-   until every rank's write has ended, against the same round's steps without a save (3 of them,
-   median); target whole stall / blocking <= 0.1. The first step after the call is also printed
+   until every rank's write has ended, against the same round's steps without a save (the median
+   of 5 run just before the blocking save and 5 just after the asynchronous round: a step's time
+   drifts between rounds by more than a save costs, so the baseline is taken beside the steps it
+   is held against); target whole stall / blocking <= 0.1. The first step after the call is also printed
    beside a normal step. torch's own ``dcp.async_save`` call is timed beside it (the
    anchor), on the checkpoint's gloo group. The first asynchronous save of a process allocates its
    host buffers and is reported apart; the rounds reuse them.
@@ -185,7 +187,7 @@ def worker(spec: dict[str, Any]) -> None:
     dist.all_reduce(sizes)
     out: dict[str, list[float]] = {k: [] for k in ("raw_save", "save", "raw_load", "load", "blocking",
                                                      "stall", "torch_async_call", "step", "step_while_writing",
-                                                     "steps_during", "whole_stall")}
+                                                     "steps_during", "whole_stall", "step_during")}
 
     def clear_raw() -> None:  # dcp.save writes into a folder as it is: start it empty, untimed
         if rank == 0:
@@ -222,8 +224,7 @@ def worker(spec: dict[str, Any]) -> None:
         pairs = [("raw_load", raw_load), ("load", our_load)]
         for name, fn in (pairs if r % 2 == 0 else pairs[::-1]):
             out[name].append(_timed(fn, device))
-        base = [_timed(step, device) for _ in range(3)]  # steps without a save, this round
-        out["step"].extend(base)
+        base = [_timed(step, device) for _ in range(5)]  # steps without a save, this round, before...
         out["blocking"].append(_timed(our_save, device))
         settle()
         handle: list[Any] = []
@@ -249,7 +250,10 @@ def worker(spec: dict[str, Any]) -> None:
         if first_async is None:  # the process's first asynchronous save allocated the host buffers
             first_async = stall
             stall, during = async_round()
+        base += [_timed(step, device) for _ in range(5)]  # ...and after
+        out["step"].extend(base)
         out["step_while_writing"].append(during[0])
+        out["step_during"].extend(during[1:])
         out["steps_during"].append(len(during))
         lost = sum(during) - len(during) * statistics.median(base)
         out["whole_stall"].append(stall + max(0.0, lost))
@@ -357,7 +361,8 @@ def main() -> int:
     ratio = [a / b for a, b in zip(out["torch_async_call"], out["blocking"])]
     print(f"  anchor torch dcp.async_save call {spread(out['torch_async_call'])}, / blocking {spread(ratio, '', '.3f')}")
     print(f"  a training step {spread(out['step'])}; the step right after the asynchronous call, while the save "
-          f"writes, {spread(out['step_while_writing'])}")
+          f"writes, {spread(out['step_while_writing'])}; the steps after it until the write ends "
+          f"{spread(out['step_during'])}")
     for name, text in res.get("profile", {}).items():
         print(f"\n--profile: {name} on rank 0: {text}")
     return 0

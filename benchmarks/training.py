@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -133,6 +134,7 @@ class StepCosts:
         self._gc, self.gc_s = gc, 0.0
         self._gc_t0 = 0.0
         gc.callbacks.append(self._on_gc)
+        self._threads = _threads()
         self._t = (time.perf_counter(), time.thread_time(), time.process_time(), _involuntary())
         return self
 
@@ -148,9 +150,50 @@ class StepCosts:
         wall, loop_cpu, all_cpu, switches = (b - a for a, b in zip(self._t, now))
         self.costs = {"wall": wall, "loop_cpu": loop_cpu, "other_cpu": all_cpu - loop_cpu, "gc": self.gc_s,
                       "switches": switches}
+        # each thread alive at both ends: its CPU and its wake-ups (voluntary switches) over the loop,
+        # threads of one name summed (the name says how many), the loop's own thread named as such
+        loop = threading.get_native_id()
+        self.threads: dict[str, tuple[float, int]] = {}
+        counts: collections.Counter[str] = collections.Counter()
+        for tid, (name, cpu, wakes) in _threads().items():
+            if tid in self._threads:
+                _, cpu0, wakes0 = self._threads[tid]
+                name = "(the loop's thread)" if tid == loop else name
+                counts[name] += 1
+                old = self.threads.get(name, (0.0, 0))
+                self.threads[name] = (old[0] + cpu - cpu0, old[1] + wakes - wakes0)
+        self.threads = {(f"{n} x{counts[n]}" if counts[n] > 1 else n): v for n, v in self.threads.items()}
 
-    def per_step(self, steps: int) -> dict[str, float]:
-        return {k: v / max(1, steps) for k, v in self.costs.items()}
+    def per_step(self, steps: int) -> dict[str, Any]:
+        n = max(1, steps)
+        out: dict[str, Any] = {k: v / n for k, v in self.costs.items()}
+        out["threads"] = {name: (cpu / n, wakes / n) for name, (cpu, wakes) in self.threads.items()}
+        return out
+
+
+def _threads() -> dict[int, tuple[str, float, int]]:
+    """Every thread of this process: ``{tid: (name, CPU seconds, voluntary switches)}`` (Linux;
+    empty elsewhere). The CPU comes from ``schedstat`` (nanoseconds; ``stat``'s ticks are 10 ms),
+    the name from Python's threads where one runs there, else the OS's (torch's and CUDA's threads
+    name themselves). Voluntary switches count a thread's sleeps, so its wake-ups."""
+    py = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[int, tuple[str, float, int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for entry in tids:
+        tid = int(entry)
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                cpu = int(fh.read().split()[0]) / 1e9
+            with open(f"/proc/self/task/{tid}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+        name = py.get(tid) or fields.get("Name", "?").strip()
+        out[tid] = (name, cpu, int(fields.get("voluntary_ctxt_switches", "0")))
+    return out
 
 
 def _involuntary() -> int:
@@ -400,6 +443,20 @@ def print_where(labels: list[str]) -> None:
             cells.append(f"{name} {spread(vals, '.4f')}" if key == "switches"
                          else f"{name} {spread([v * 1e3 for v in vals], '.3f')} ms")
         print(f"    {label:<24} " + "; ".join(cells))
+    print("  by thread, rank 0, per step, median over rounds: CPU ms / wake-ups (threads using >= 0.005 ms or waking "
+          ">= 0.05 a step on either side)")
+    per: dict[str, dict[str, tuple[float, float]]] = {}
+    for label in ["torchrun", *labels]:
+        rows = [r.get("threads") or {} for r in WHERE.get(label, []) if r]
+        names = {n for r in rows for n in r}
+        per[label] = {n: (statistics.median(r.get(n, (0.0, 0.0))[0] for r in rows),
+                          statistics.median(r.get(n, (0.0, 0.0))[1] for r in rows)) for n in names}
+    shown = sorted({n for side in per.values() for n, (cpu, wakes) in side.items() if cpu >= 5e-6 or wakes >= 0.05},
+                   key=lambda n: -max(side.get(n, (0.0, 0.0))[0] for side in per.values()))
+    for name in shown:
+        cells = [f"{label} " + (f"{per[label][name][0] * 1e3:.3f} / {per[label][name][1]:.2f}" if name in per[label]
+                                else "-") for label in per]
+        print(f"    {name[:32]:<32} " + "; ".join(cells))
 
 
 def bench_checkpoint(params_m: float, folder: str, repeats: int = 7) -> tuple[float, float, float]:
