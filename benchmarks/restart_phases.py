@@ -52,6 +52,14 @@ def _wrap(cls: Any, name: str, label: str) -> None:
     setattr(cls, name, timed)
 
 
+T0 = [0.0]
+
+
+def _stamp(record: Any) -> bool:
+    record.relative = f"+{time.perf_counter() - T0[0]:.3f} s"
+    return True
+
+
 def restart_phases(nproc: int, backend: str, rounds: int, idle_s: float) -> dict[str, dict[str, list[float]]]:
     os.environ["CLORCH_SPARES"] = "1"
     from clorch_repl.launchers.local import LocalLauncher
@@ -59,7 +67,32 @@ def restart_phases(nproc: int, backend: str, rounds: int, idle_s: float) -> dict
     from clorch_repl.session.relay import Relay
     from clorch_repl.session.session import Session
 
+    import logging
+    # when each rank's shell and iopub first answered the connect (session.channels' debug lines),
+    # stamped from the restart's start
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("    %(relative)s %(message)s"))
+    handler.addFilter(_stamp)
+    channels_log = logging.getLogger("clorch_repl.session.channels")
+    channels_log.addHandler(handler)
+    channels_log.setLevel(logging.DEBUG)
+    from clorch_repl.common import procs
+    from clorch_repl.placement import teardown
+
     _wrap(Session, "stop", "stop")
+    for module, name, label in ((procs, "wait_gone", "stop: waiting for exits"),
+                                (teardown, "end_supervised", "stop: the supervisors ended")):
+        real = getattr(module, name)
+
+        def timed(*args: Any, _real: Any = real, _label: str = label, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                PHASES[_label].append(time.perf_counter() - t)
+                print(f"    +{time.perf_counter() - T0[0]:.3f} s {_label} ({time.perf_counter() - t:.3f} s)", flush=True)
+
+        setattr(module, name, timed)
     _wrap(LocalLauncher, "launch", "spares made ranks")
     _wrap(Relay, "connect", "connect")
     _wrap(Relay, "execute", "join")  # the start's only execute is the join (silent cells go through it)
@@ -67,29 +100,42 @@ def restart_phases(nproc: int, backend: str, rounds: int, idle_s: float) -> dict
     barrier = "import torch.distributed as dist; dist.barrier()"
     session = local_session(nproc, backend)
     session.start()
-    out: dict[str, dict[str, list[float]]] = {"at once": collections.defaultdict(list),
-                                              "idle first": collections.defaultdict(list)}
+    out: dict[str, dict[str, list[float]]] = {case: collections.defaultdict(list) for case in
+                                              ("at once", "idle first", "at once, the spares answered first")}
 
-    def spares_ready() -> None:
+    def spares_ready(answered: bool) -> None:
+        """Until the spares listen (what %clorch status calls ready); ``answered``: and then until
+        each answers a kernel_info on its shell, timed from the moment it was seen listening."""
         deadline = time.monotonic() + 120
         while not all(ready for _, _, ready in session.group.spare_usage()) or not session.group.spare_usage():
             if time.monotonic() > deadline:
                 raise SystemExit("the warm spares were not ready within 120 s")
-            time.sleep(0.1)
+            time.sleep(0.01)
+        if answered:
+            t = time.perf_counter()
+            for spare in session.group.spares:
+                client = spare.client()
+                client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+                try:
+                    client.kernel_info(reply=True, timeout=30)
+                finally:
+                    client.stop_channels()
+            print(f"    the spares answered {time.perf_counter() - t:.3f} s after they were seen listening", flush=True)
 
     try:
         assert session.run(barrier, None, None, hooks).ok
         for r in range(rounds):
-            for case in (("at once", "idle first") if r % 2 == 0 else ("idle first", "at once")):
-                spares_ready()
+            cases = ("at once", "idle first", "at once, the spares answered first")
+            for case in (cases if r % 2 == 0 else cases[::-1]):
+                spares_ready(answered=case.endswith("first") and case != "idle first")
                 assert session.run("x = 1", None, None, hooks).ok
                 PHASES.clear()
-                t0 = time.perf_counter()
+                t0 = T0[0] = time.perf_counter()
                 if case == "idle first":
                     session.stop(keep_logs=True)
                     time.sleep(idle_s)
                     PHASES.clear()
-                    t0 = time.perf_counter()
+                    t0 = T0[0] = time.perf_counter()
                     session.start()
                 else:
                     session.restart()

@@ -100,6 +100,16 @@ def _app_class() -> type:
                 thread.io_loop.close()
                 self.shell_channel_thread = _NoShellChannelThread()
 
+        def start(self) -> None:
+            # From the loop's first turn on, a request is served at once: say so beside the
+            # connection file (a warm spare is taken "ready" by it: clorch_repl.wire.serving)
+            from tornado import ioloop
+
+            from ..wire.serving import mark_serving
+
+            ioloop.IOLoop.current().add_callback(mark_serving, self.abs_connection_file)
+            super().start()
+
         def log_connection_info(self) -> None:
             self.log.debug("connection file: %s", self.connection_file)
             self._ports = dict(shell=self.shell_port, iopub=self.iopub_port, stdin=self.stdin_port,

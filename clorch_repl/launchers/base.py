@@ -101,8 +101,9 @@ class RankHandle(abc.ABC):
         return self.exit is None
 
     @property
-    def listening(self) -> bool:
-        """Whether the kernel has bound its channels; a launcher that cannot tell says True."""
+    def serving(self) -> bool:
+        """Whether the kernel's event loop runs (it reads requests as they come); a launcher that
+        cannot tell says True."""
         return True
 
     @property

@@ -46,7 +46,6 @@ import time
 from typing import Any
 
 from jupyter_client import KernelManager
-from jupyter_client.connect import port_names
 from jupyter_client.kernelspec import KernelSpecManager
 
 from ..common import procs
@@ -55,6 +54,7 @@ from ..placement import teardown
 from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, local_place, rank_environment
+from ..wire import serving
 from ..common.topology import NPROC_ENV, Topology, resolve_topology
 from ..host import logcap, logfiles, supervisor
 from . import forked
@@ -112,11 +112,10 @@ class LocalRank(RankHandle):
         return self._kernel_pid
 
     @property
-    def listening(self) -> bool:
-        """Whether the kernel has bound its channels (its IPC socket files exist): for a warm
-        spare, that its imports are done and it can be made a rank without waiting."""
-        info = self.manager.get_connection_info()
-        return all(os.path.exists(f"{info['ip']}-{info[name]}") for name in port_names)
+    def serving(self) -> bool:
+        """Whether the kernel's event loop runs (:mod:`clorch_repl.wire.serving`): for a warm
+        spare, that its imports and its shell are done and it can be made a rank without waiting."""
+        return serving.is_serving(self.manager.connection_file)
 
     def poll(self) -> int | None:
         """The exit status once the process has ended (negative: killed by that signal)."""
@@ -214,7 +213,7 @@ class LocalLauncher(Launcher):
         self._joining = {}
         self.from_spares = False
         try:
-            stale = self._stale(spares) or self._wait_until_listening(spares, progress)
+            stale = self._stale(spares) or self._wait_until_serving(spares, progress)
         except BaseException:  # Ctrl-C while waiting for them: they are nobody's now
             self._end(spares, 1.0, polite=False)
             raise
@@ -259,14 +258,14 @@ class LocalLauncher(Launcher):
                 return f"the working directory changed since the warm spares started ({spare.cwd} -> {os.getcwd()})"
         return ""
 
-    def _wait_until_listening(self, spares: list[LocalRank], progress: Progress) -> str:
+    def _wait_until_serving(self, spares: list[LocalRank], progress: Progress) -> str:
         """Spares taken right after they were started (``%load_ext`` and ``%clorch start`` in one
-        cell) are still importing: wait until their kernels listen (the relay would wait for that
-        anyway), so that what they write meanwhile is in their log when it is copied to the
-        rank's. "" when they all listen; else why they cannot be used."""
+        cell) are still importing: wait until their kernels serve requests (the relay would wait
+        for that anyway), so that what they write meanwhile is in their log when it is copied to
+        the rank's. "" when they all serve; else why they cannot be used."""
         deadline = time.monotonic() + SPARE_READY_S
         said = False
-        while not all(spare.listening for spare in spares):
+        while not all(spare.serving for spare in spares):
             stale = self._stale(spares)
             if stale:
                 return stale
@@ -275,7 +274,7 @@ class LocalLauncher(Launcher):
             if not said:
                 progress("waiting for the warm spares to finish starting")
                 said = True
-            time.sleep(0.05)
+            time.sleep(0.02)
         return ""
 
     def _promote(self, spare: LocalRank) -> None:
@@ -305,7 +304,7 @@ class LocalLauncher(Launcher):
         is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file."""
         self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
         spares, self.spares = self.spares, []
-        usable = spares and not self._stale(spares) and all(s.listening for s in spares)
+        usable = spares and not self._stale(spares) and all(s.serving for s in spares)
         self._end([s for s in spares if not usable or s.rank not in ranks], 1.0, polite=False)
         tag = secrets.token_hex(3)
         for rank in ranks:
@@ -348,7 +347,7 @@ class LocalLauncher(Launcher):
 
     def spare_usage(self) -> list[tuple[int | None, int | None, bool]]:
         """A spare not forked yet (no pid) is not ready: left out, a set of one read "0, ready"."""
-        return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.listening)
+        return [(pid, procs.tree_rss(pid) if pid is not None else None, pid is not None and p.serving)
                 for p in self.spares if p.alive for pid in (p.pid,)]
 
     def group_formed(self) -> None:
@@ -432,6 +431,7 @@ class LocalLauncher(Launcher):
             except OSError as exc:  # leftover sockets or files of a dead kernel
                 logger.debug("cleaning up rank %d failed: %s", proc.rank, exc)
             remove_quietly(proc.pid_path)
+            remove_quietly(serving.serving_path(proc.manager.connection_file))
             if proc.log_path:  # a spare that never became a rank
                 remove_quietly(proc.log_path)
                 remove_quietly(logcap.older_path(proc.log_path))

@@ -117,7 +117,8 @@ class Channels:
     def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
                      timeout_s: float, notice: tuple[float, Callable[[], None]] | None) -> None:
         total = len(seen)
-        deadline = time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = began + timeout_s
         late_at, on_late = notice if notice is not None else (float("inf"), None)
         late_at += time.monotonic()
         last_probe: dict[int, float] = {}
@@ -146,6 +147,9 @@ class Channels:
                 if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
                     # Repeated until iopub hears it too: the first may be published before our
                     # subscription is in place (ZeroMQ's slow joiner).
+                    if rank in last_probe:  # (the first probe's answer missed: a slow joiner, or a busy rank)
+                        logger.debug("rank %d: kernel_info again after %.3f s (seen %s)", rank, now - began,
+                                     sorted(seen[rank]))
                     self.clients[rank].kernel_info()
                     self.ready.touched(self._shell[rank])
                     last_probe[rank] = now
@@ -162,6 +166,8 @@ class Channels:
                         channel.get_msg(timeout=0)
                     except Empty:
                         break
+                    if kind not in seen[rank]:
+                        logger.debug("rank %d: %s answered %.3f s into the connect", rank, kind, time.monotonic() - began)
                     seen[rank].add(kind)
                 self.ready.drained(sock)  # get_msg asked until it found nothing
 

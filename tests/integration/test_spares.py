@@ -363,3 +363,52 @@ def test_a_restart_makes_spares_ranks_only_once_the_old_ranks_are_gone() -> None
             seen = nb.run("print(_alive_at_promotion)").text.strip()
             assert seen == "[[], []]", f"old ranks' processes still running as spares were made ranks: {seen}"
             assert nb.run(GROUP).status == "ok"
+
+
+def test_a_spare_is_ready_only_once_its_kernel_serves_requests(tmp_path, monkeypatch) -> None:
+    """A kernel binds its sockets before it builds its shell and runs its start-up code; a spare
+    taken "ready" by its sockets made a restart wait that out in its connect (0.35 s on the GPU
+    host, issue 39). Here every kernel's IPython start-up sleeps 4 s: while the spare's sockets
+    exist and it sleeps, neither ``%clorch status``'s figures (spare_usage) nor the restart count
+    it ready; once it serves, the restart takes it. Through the engine, gloo, one rank."""
+    from jupyter_client.connect import port_names
+
+    from clorch_repl.wire import serving
+    from clorch_repl.session.engine import CellHooks, local_session
+
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-slow.py").write_text("import time\ntime.sleep(4)\n")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setenv("CLORCH_SPARES", "1")
+    session = local_session(1, "gloo")
+    session.start()
+    try:
+        launcher = session.group
+        deadline = time.monotonic() + 60
+        while not launcher.spares or launcher.spares[0].pid is None or not all(
+                os.path.exists(f"{info['ip']}-{info[name]}") for info in [launcher.spares[0].connection_info()]
+                for name in port_names):
+            assert time.monotonic() < deadline, "the spare never bound its sockets"
+            time.sleep(0.02)
+        spare = launcher.spares[0]
+        # bound, and still in its 4-second start-up
+        assert not serving.is_serving(spare.manager.connection_file)
+        assert [ready for _, _, ready in launcher.spare_usage()] == [False]
+        while not all(ready for _, _, ready in launcher.spare_usage()):
+            assert time.monotonic() < deadline, "the spare never said it serves"
+            time.sleep(0.05)
+        client = spare.client()
+        client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+        try:
+            assert client.kernel_info(reply=True, timeout=10)["content"]["status"] == "ok"
+        finally:
+            client.stop_channels()
+        said: list[str] = []
+        session.restart(said.append)
+        assert "1 warm spare rank(s) taken" in said, said
+        assert session.run("import os; print(os.getpid())", None, None, CellHooks()).ok
+        assert session.group.ranks[0].pid == spare.pid
+    finally:
+        assert session.stop() == []
+    assert not os.path.exists(serving.serving_path(spare.manager.connection_file))
