@@ -30,6 +30,7 @@ take the path without the head start (clorch_repl.magics.head_start), for a comp
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -118,29 +119,40 @@ def printed_pids(text: str, nproc: int) -> set[str]:
     return {line for r in range(nproc) for line in lines_of(text, r)}
 
 
-#: In the notebook kernel: the seconds each Session.stop took (a restart's first part: ending the
-#: old ranks), so that a restart's time splits into that and the rest (the group's forming, the
-#: first cell). A wrapper of the real method; what it measures is unchanged.
-TIME_STOPS = """
-import time as _time
+#: In the notebook kernel: the seconds each part of a restart took: ending the old ranks
+#: (Session.stop), the ranks started or the spares made ranks (the launcher's launch), the relay's
+#: connect, the silent requests (the join), so that a restart's time splits into those and the rest
+#: (the magic, the first cell). Wrappers of the real methods; what they do is unchanged.
+TIME_PHASES = """
+import collections as _collections, time as _time
+from clorch_repl.launchers.local import LocalLauncher as _LocalLauncher
+from clorch_repl.session.relay import Relay as _Relay
 from clorch_repl.session.session import Session as _Session
-_clorch_bench_stops = []
-if not hasattr(_Session, '_clorch_bench_stop'):
-    _Session._clorch_bench_stop = _Session.stop
-    def _timed_stop(self, *args, **kwargs):
+_clorch_bench_phases = _collections.defaultdict(float)
+def _clorch_bench_wrap(cls, name, label):
+    if hasattr(cls, '_clorch_bench_' + name):
+        return
+    real = getattr(cls, name)
+    setattr(cls, '_clorch_bench_' + name, real)
+    def timed(self, *args, **kwargs):
         t0 = _time.monotonic()
         try:
-            return _Session._clorch_bench_stop(self, *args, **kwargs)
+            return real(self, *args, **kwargs)
         finally:
-            _clorch_bench_stops.append(_time.monotonic() - t0)
-    _Session.stop = _timed_stop
+            _clorch_bench_phases[label] += _time.monotonic() - t0
+    setattr(cls, name, timed)
+for _cls, _name, _label in ((_Session, 'stop', 'stop'), (_LocalLauncher, 'launch', 'launch'),
+                            (_Relay, 'connect', 'connect'), (_Relay, 'execute', 'join')):
+    _clorch_bench_wrap(_cls, _name, _label)
 """
+PHASES = ("stop", "launch", "connect", "join")
 
 
-def stop_seconds(nb: NotebookKernel) -> float:
-    """What :data:`TIME_STOPS` recorded since the last call (the restart's stop), and resets it."""
-    text = nb.run("print(sum(_clorch_bench_stops)); _clorch_bench_stops.clear()").text
-    return float(text.strip().splitlines()[-1])
+def phase_seconds(nb: NotebookKernel) -> dict[str, float]:
+    """What :data:`TIME_PHASES` recorded since the last call, and resets it."""
+    text = nb.run("import json as _json; print(_json.dumps(_clorch_bench_phases)); _clorch_bench_phases.clear()").text
+    done = json.loads(text.strip().splitlines()[-1])
+    return {phase: done.get(phase, 0.0) for phase in PHASES}
 
 
 def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) -> dict[str, list[float]]:
@@ -149,8 +161,8 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) ->
     old ranks. Checks that the ranks are new processes with empty namespaces (the marker of the
     previous group is gone)."""
     times: dict[str, list[float]] = {name: [] for name in BEFORE_RESTART}
-    times.update({f"{name} stop": [] for name in BEFORE_RESTART})
-    assert nb.run(TIME_STOPS).status == "ok"
+    times.update({f"{name} {phase}": [] for name in BEFORE_RESTART for phase in PHASES})
+    assert nb.run(TIME_PHASES).status == "ok"
     assert nb.run(FRESH).status == "ok"
     for _ in range(repeats):
         for name, before in BEFORE_RESTART.items():
@@ -158,7 +170,7 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) ->
             old = nb.run(FRESH.replace("assert 'clorch_marker' not in globals()\n", "")).text
             if before is not None:
                 nb.run(before.format(last=nproc - 1), timeout=120)  # fails, as it should
-            stop_seconds(nb)  # what the cells before stopped: nothing, normally
+            phase_seconds(nb)  # what the cells before did: nothing, normally
             t0 = time.perf_counter()
             _, status = round_trip(nb, "%clorch restart")
             assert status == "ok", f"%clorch restart {name} failed"
@@ -168,7 +180,8 @@ def restart_times(nb: NotebookKernel, nproc: int, repeats: int, spares: bool) ->
             now = printed_pids(fresh.text, nproc)
             assert len(now) == nproc and not now & printed_pids(old, nproc), (old, fresh.text)
             times[name].append(elapsed)
-            times[f"{name} stop"].append(stop_seconds(nb))
+            for phase, seconds in phase_seconds(nb).items():
+                times[f"{name} {phase}"].append(seconds)
     return times
 
 
@@ -272,12 +285,14 @@ def main() -> None:
                   f"[{min(warm):.2f}-{max(warm):.2f}] over {len(warm)}, ratio to torchrun {statistics.median(warm) / ref:.2f}")
     for (n, spares), cases in restarts.items():
         for name, samples in cases.items():
-            if name.endswith(" stop"):
+            if name not in BEFORE_RESTART:
                 continue
             stops = cases[f"{name} stop"]
             line = (f"restart {n} ranks {name}, --spares {spares}: median {statistics.median(samples):.2f} s "
                     f"[{min(samples):.2f}-{max(samples):.2f}] over {len(samples)}, of which ending the old ranks "
                     f"{statistics.median(stops):.2f} s [{min(stops):.2f}-{max(stops):.2f}]")
+            line += " (" + ", ".join(f"{phase} {statistics.median(cases[f'{name} {phase}']):.3f}"
+                                     for phase in PHASES[1:]) + ")"
             cold = restarts.get((n, "0"), {}).get(name)
             if spares == "1" and cold:
                 line += f"; ratio to --spares 0: {statistics.median(samples) / statistics.median(cold):.2f}"
