@@ -11,7 +11,10 @@ start by start so that a shared machine's load falls on both alike:
 * the baselines: N plain ipykernels started at once by jupyter_client until each answers
   ``kernel_info`` (no torch, no group), and ``torchrun`` starting N gloo ranks (init, barrier, exit);
 * an empty ``%%distributed`` cell at N ranks beside ``pass`` in the same notebook kernel
-  (interleaved pairs, as ``cell_latency.py`` does), after a forked start.
+  (interleaved pairs, as ``cell_latency.py`` does), after a forked start; and the relay alone,
+  ``Session.run("pass")`` timed inside the notebook kernel (no magic, no output to the client,
+  no round trip to it), which splits the cell's time between the relay with the ranks and the
+  layers above it.
 
 Prints medians with [min-max] over ``--repeats`` and the 1-minute load average when each rank
 count began. Targets (issue 39, on the 16-core device): 64 ranks formed within 10 s; an empty
@@ -36,6 +39,19 @@ from cell_latency import interleaved, percentiles, round_trip, torchrun_start  #
 from notebook_kernel import NotebookKernel  # noqa: E402  (cell_latency put tests/ on the path)
 
 MODES = {"forked": "1", "fresh interpreters": "0"}
+#: In the notebook kernel: the session's own run of an empty cell, timed there (p50 and p90 in ms)
+RELAY_ALONE = """
+import statistics as _st, time as _time
+from clorch_repl.magics import magics_for as _magics_for
+from clorch_repl.session.engine import CellHooks as _CellHooks
+_session, _hooks, _took = _magics_for(get_ipython()).session, _CellHooks(), []
+for _ in range({iters}):
+    _t0 = _time.perf_counter()
+    assert _session.run("pass", None, None, _hooks).ok
+    _took.append(_time.perf_counter() - _t0)
+_q = _st.quantiles(_took, n=10)
+print(f"p50 {{_st.median(_took) * 1e3:.2f}} ms, p90 {{_q[8] * 1e3:.2f}} ms")
+"""
 
 
 def plain_kernels(n: int) -> float:
@@ -153,6 +169,8 @@ def main() -> None:
                 f50, _ = percentiles(floor)
                 c50, _ = percentiles(cells)
                 print(f"  empty cell p50 {c50:.2f} ms, plain kernel's pass {f50:.2f} ms: {c50 / f50:.2f}x")
+                relay = nb.run(RELAY_ALONE.format(iters=args.iters)).text.strip().splitlines()[-1]
+                print(f"  the relay alone (Session.run('pass') in the notebook kernel): {relay}")
                 nb.run("%clorch stop")
             sys.stdout.flush()
     finally:
