@@ -39,18 +39,23 @@ from cell_latency import interleaved, percentiles, round_trip, torchrun_start  #
 from notebook_kernel import NotebookKernel  # noqa: E402  (cell_latency put tests/ on the path)
 
 MODES = {"forked": "1", "fresh interpreters": "0"}
-#: In the notebook kernel: the session's own run of an empty cell, timed there (p50 and p90 in ms)
+#: In the notebook kernel, alternated: the session's own run of an empty cell, and the magic's
+#: (``run_cell_magic``: the magic's layer without the kernel's execute request), timed there
 RELAY_ALONE = """
 import statistics as _st, time as _time
 from clorch_repl.magics import magics_for as _magics_for
 from clorch_repl.session.engine import CellHooks as _CellHooks
-_session, _hooks, _took = _magics_for(get_ipython()).session, _CellHooks(), []
+_ip = get_ipython()
+_session, _hooks, _relay, _magic = _magics_for(_ip).session, _CellHooks(), [], []
 for _ in range({iters}):
     _t0 = _time.perf_counter()
     assert _session.run("pass", None, None, _hooks).ok
-    _took.append(_time.perf_counter() - _t0)
-_q = _st.quantiles(_took, n=10)
-print(f"p50 {{_st.median(_took) * 1e3:.2f}} ms, p90 {{_q[8] * 1e3:.2f}} ms")
+    _t1 = _time.perf_counter()
+    _ip.run_cell_magic("distributed", "", "pass")
+    _relay.append(_t1 - _t0)
+    _magic.append(_time.perf_counter() - _t1)
+_show = lambda t: f"p50 {{_st.median(t) * 1e3:.2f}} ms, p90 {{_st.quantiles(t, n=10)[8] * 1e3:.2f}} ms"
+print(f"{{_show(_relay)}}; the magic alone (run_cell_magic in the notebook kernel) {{_show(_magic)}}")
 """
 
 
