@@ -104,8 +104,9 @@ def restart_phases(nproc: int, backend: str, rounds: int, idle_s: float) -> dict
                                               ("at once", "idle first", "at once, the spares answered first")}
 
     def spares_ready(answered: bool) -> None:
-        """Until the spares listen (what %clorch status calls ready); ``answered``: and then until
-        each answers a kernel_info on its shell, timed from the moment it was seen listening."""
+        """Until the spares serve (their kernels' event loops run: what %clorch status calls ready);
+        ``answered``: and then until each answers a kernel_info on its shell, timed from the moment
+        it was seen serving."""
         deadline = time.monotonic() + 120
         while not all(ready for _, _, ready in session.group.spare_usage()) or not session.group.spare_usage():
             if time.monotonic() > deadline:
@@ -120,7 +121,7 @@ def restart_phases(nproc: int, backend: str, rounds: int, idle_s: float) -> dict
                     client.kernel_info(reply=True, timeout=30)
                 finally:
                     client.stop_channels()
-            print(f"    the spares answered {time.perf_counter() - t:.3f} s after they were seen listening", flush=True)
+            print(f"    the spares answered {time.perf_counter() - t:.3f} s after they were seen serving", flush=True)
 
     try:
         assert session.run(barrier, None, None, hooks).ok

@@ -162,12 +162,12 @@ class StepCosts:
                 counts[name] += 1
                 old = self.threads.get(name, (0.0, 0))
                 self.threads[name] = (old[0] + cpu - cpu0, old[1] + wakes - wakes0)
-        self.threads = {(f"{n} x{counts[n]}" if counts[n] > 1 else n): v for n, v in self.threads.items()}
+        self.counts = dict(counts)  # how many threads each name stands for (printed beside it)
 
     def per_step(self, steps: int) -> dict[str, Any]:
         n = max(1, steps)
         out: dict[str, Any] = {k: v / n for k, v in self.costs.items()}
-        out["threads"] = {name: (cpu / n, wakes / n) for name, (cpu, wakes) in self.threads.items()}
+        out["threads"] = {name: (cpu / n, wakes / n, self.counts[name]) for name, (cpu, wakes) in self.threads.items()}
         return out
 
 
@@ -449,13 +449,16 @@ def print_where(labels: list[str]) -> None:
     for label in ["torchrun", *labels]:
         rows = [r.get("threads") or {} for r in WHERE.get(label, []) if r]
         names = {n for r in rows for n in r}
-        per[label] = {n: (statistics.median(r.get(n, (0.0, 0.0))[0] for r in rows),
-                          statistics.median(r.get(n, (0.0, 0.0))[1] for r in rows)) for n in names}
-    shown = sorted({n for side in per.values() for n, (cpu, wakes) in side.items() if cpu >= 5e-6 or wakes >= 0.05},
-                   key=lambda n: -max(side.get(n, (0.0, 0.0))[0] for side in per.values()))
+        # a name missing from a round (its threads ended, or were not there yet) counts as nothing there
+        per[label] = {n: (statistics.median(r.get(n, (0.0, 0.0, 0))[0] for r in rows),
+                          statistics.median(r.get(n, (0.0, 0.0, 0))[1] for r in rows),
+                          max(r.get(n, (0.0, 0.0, 0))[2] for r in rows)) for n in names}
+    shown = sorted({n for side in per.values() for n, (cpu, wakes, _) in side.items() if cpu >= 5e-6 or wakes >= 0.05},
+                   key=lambda n: -max(side.get(n, (0.0, 0.0, 0))[0] for side in per.values()))
     for name in shown:
-        cells = [f"{label} " + (f"{per[label][name][0] * 1e3:.3f} / {per[label][name][1]:.2f}" if name in per[label]
-                                else "-") for label in per]
+        cells = [f"{label} " + (f"{per[label][name][0] * 1e3:.3f} / {per[label][name][1]:.2f} "
+                                f"({per[label][name][2]} thread{'s' if per[label][name][2] != 1 else ''})"
+                                if name in per[label] else "-") for label in per]
         print(f"    {name[:32]:<32} " + "; ".join(cells))
 
 

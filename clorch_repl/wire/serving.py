@@ -23,8 +23,8 @@ def serving_path(connection_file: str) -> str:
 
 def mark_serving(connection_file: str) -> None:
     """Written by the kernel from its event loop's first turn: a request sent from now on is read
-    at once. Empty and private to the user; removed with the kernel's other files by whoever ends
-    the kernel."""
+    at once. Empty and private to the user; the local launcher removes it when it ends the kernel
+    (``LocalLauncher._end``), a nanny with its folder when it exits."""
     try:
         os.close(os.open(serving_path(connection_file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     except OSError as exc:  # its folder is gone (the session ended meanwhile): nobody waits for it

@@ -405,10 +405,12 @@ def test_a_spare_is_ready_only_once_its_kernel_serves_requests(tmp_path, monkeyp
         finally:
             client.stop_channels()
         said: list[str] = []
+        old = serving.serving_path(launcher.ranks[0].manager.connection_file)
+        assert os.path.exists(old)  # the cold rank's, which serves
         session.restart(said.append)
         assert "1 warm spare rank(s) taken" in said, said
+        assert not os.path.exists(old), "the ended rank's .serving file was left behind"
         assert session.run("import os; print(os.getpid())", None, None, CellHooks()).ok
         assert session.group.ranks[0].pid == spare.pid
     finally:
         assert session.stop() == []
-    assert not os.path.exists(serving.serving_path(spare.manager.connection_file))
