@@ -369,8 +369,9 @@ def test_a_spare_is_ready_only_once_its_kernel_serves_requests(tmp_path, monkeyp
     """A kernel binds its sockets before it builds its shell and runs its start-up code; a spare
     taken "ready" by its sockets made a restart wait that out in its connect (0.35 s on the GPU
     host, issue 39). Here every kernel's IPython start-up sleeps 4 s: while the spare's sockets
-    exist and it sleeps, neither ``%clorch status``'s figures (spare_usage) nor the restart count
-    it ready; once it serves, the restart takes it. Through the engine, gloo, one rank."""
+    exist and it sleeps, ``%clorch status``'s figures (spare_usage) do not count it ready; once it
+    serves, it answers, the restart takes it and the ended rank's marker is removed. Through the
+    engine, gloo, one rank."""
     from jupyter_client.connect import port_names
 
     from clorch_repl.wire import serving
