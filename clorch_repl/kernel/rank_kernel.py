@@ -7,8 +7,9 @@ It composes the rank's additions, each in its own module: the stdin policy
 each cell (:mod:`.output`), displays echoed to the log (:mod:`.display_log`) and the
 ``breakpoint()`` hook (:mod:`.breakpoints`), and a rank that is not interactive to libraries
 that ask (:mod:`.worker_look`). Here: the cell's traceback written to the rank's log,
-no status messages for the notebook's probes, and three savings of a rank's CPU per cell
-(:func:`_memoize_accepts_parameters`, :class:`_TransformOnce`, :func:`cheap_async_check`).
+no status messages for the notebook's probes, and four savings of a rank's CPU per cell
+(:func:`_memoize_accepts_parameters`, :class:`_TransformOnce`, :func:`cheap_async_check`, and
+IPython's static transforms remembered per cell text, :mod:`.transform_memo`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from ..wire.probe import PROBE_REQUEST
 from ..wire.limits import Limits, at_source
-from . import breakpoints, output
+from . import breakpoints, output, transform_memo
 from .display_log import log_displays, log_widget_states
 from .lean_execute import LeanExecute
 from .stdin_policy import StdinPolicy
@@ -41,6 +42,7 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         look_like_a_worker()  # after the shell set sys.ps1: Lightning's ddp refuses a rank with it
         breakpoints.install()  # after ipykernel imported debugpy, which replaces the hook
         cheap_async_check(self.shell)
+        transform_memo.install(self.shell)
         self._count_iopub()
         log_displays(self)
 
