@@ -25,6 +25,7 @@ from ipykernel.ipkernel import IPythonKernel
 from ..wire.probe import PROBE_REQUEST
 from ..wire.limits import Limits, at_source
 from . import breakpoints, output, transform_memo
+from .shell_recv import one_task_per_request
 from .display_log import log_displays, log_widget_states
 from .lean_execute import LeanExecute
 from .stdin_policy import StdinPolicy
@@ -45,6 +46,11 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         transform_memo.install(self.shell)
         self._count_iopub()
         log_displays(self)
+
+    def start(self) -> None:
+        """ipykernel's, with each shell request taken as one task (:mod:`.shell_recv`)."""
+        super().start()
+        one_task_per_request(self)
 
     def _publish_status(self, status, channel, parent=None):  # type: ignore[no-untyped-def]
         """No busy/idle on iopub for the notebook's probes (the hang check, ``%clorch top``
