@@ -19,8 +19,8 @@ still runs for every single-line cell, in ``InteractiveShell.transform_cell``.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections import OrderedDict
 from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
@@ -46,25 +46,21 @@ class StaticTransformMemo:
         self.manager = manager
         self.transform: Callable[[str], str] = type(manager).transform_cell.__get__(manager)
         self.expected = _transforms(manager)
-        self.memo: OrderedDict[str, str] = OrderedDict()
+        #: the most recent texts' results (functools' C cache: thread-safe, a dict look-up a hit)
+        self.remembered = functools.lru_cache(maxsize=ENTRIES)(self._transform)
+
+    def _transform(self, cell: str) -> str:
+        return self.transform(cell)
 
     def __call__(self, cell: str) -> str:
         if not isinstance(cell, str) or len(cell) > MAX_CHARS:
             return self.transform(cell)
         if _transforms(self.manager) != self.expected:
-            if self.memo:
+            if self.remembered.cache_info().currsize:
                 logger.debug("the cell transforms changed: each cell is transformed afresh from now on")
-                self.memo.clear()
+                self.remembered.cache_clear()
             return self.transform(cell)
-        try:
-            result = self.memo[cell]
-        except KeyError:
-            result = self.memo[cell] = self.transform(cell)
-            if len(self.memo) > ENTRIES:
-                self.memo.popitem(last=False)
-            return result
-        self.memo.move_to_end(cell)
-        return result
+        return self.remembered(cell)
 
 
 def install(shell: Any) -> StaticTransformMemo | None:

@@ -72,17 +72,23 @@ def test_a_transform_registered_later_applies_to_a_cell_seen_before(shell: Inter
     assert manager.transform_cell("x = 1\n") == "x = 1\n"
 
 
-def test_the_memo_keeps_the_most_recent_cells_only(shell: InteractiveShell) -> None:
+def test_the_memo_keeps_the_most_recent_cells_only(shell: InteractiveShell,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     memo = vars(shell.input_transformer_manager)["transform_cell"]
+    calls: list[str] = []
+    real = memo.transform
+    monkeypatch.setattr(memo, "transform", lambda cell: calls.append(cell) or real(cell))
     for i in range(transform_memo.ENTRIES + 10):
         memo(f"x = {i}\n")
-    assert len(memo.memo) == transform_memo.ENTRIES
-    assert "x = 0\n" not in memo.memo and f"x = {transform_memo.ENTRIES + 9}\n" in memo.memo
-    memo("x = 10\n")  # seen again: the most recent now
-    memo("y = 1\n")
-    assert "x = 10\n" in memo.memo and "x = 11\n" not in memo.memo
-    big = "x = 1\n" * (transform_memo.MAX_CHARS // 6 + 1)
-    assert memo(big) == ipythons(shell, big) and big not in memo.memo
+    assert memo.remembered.cache_info().currsize == transform_memo.ENTRIES
+    calls.clear()
+    memo("x = 10\n")  # among the most recent: remembered
+    memo("x = 0\n")  # pushed out by the later ones: transformed again
+    assert calls == ["x = 0\n"]
+    monkeypatch.setattr(transform_memo, "MAX_CHARS", 60)  # a longer cell is transformed every time
+    big = "x = 1\n" * 11
+    assert memo(big) == ipythons(shell, big) and memo(big) == ipythons(shell, big)
+    assert calls == ["x = 0\n", big, big]
 
 
 def test_a_manager_with_a_transform_cell_of_its_own_is_left_alone(shell: InteractiveShell) -> None:
