@@ -14,6 +14,11 @@ the relay's; compare the CPU figure.
 For an A/B comparison run it from the root of each tree (the ranks import clorch_repl from the
 working directory, which this script also puts first on its path) and alternate the runs.
 ``--profile N``: cProfile of the main thread over one more block, top N by internal time.
+``--timeline``: one more block, timed inside the cell (the notebook's clock): when the first and
+the last request were sent, when the first and the last reply were read, and the cell's end, each from the
+cell's start, median [p90] over the block; it says whether a cell's wall is the sends, the ranks
+or the reading of the replies. ``--io-threads K``: the notebook's ZeroMQ context gets K I/O
+threads (``channels.IO_THREADS``; 1 is what clorch_repl uses).
 """
 
 from __future__ import annotations
@@ -63,7 +68,48 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def measure(n: int, cells: int, blocks: int, profile: int) -> None:
+def timeline(session, cells: int) -> None:  # type: ignore[no-untyped-def]
+    """Print when, from each cell's start, its last request went, its first and last reply came,
+    and it ended (see the module's docstring)."""
+    channels = session.relay.channels
+    send, read = channels.send, channels.read
+    marks: dict[str, list[float]] = {}
+
+    def timed_send(*args, **kwargs):  # type: ignore[no-untyped-def]
+        msg_id = send(*args, **kwargs)
+        marks["sent"].append(time.perf_counter())
+        return msg_id
+
+    def timed_read(timeout_s):  # type: ignore[no-untyped-def]
+        for rank, kind, msg in read(timeout_s):
+            if kind == "shell":
+                marks["reply"].append(time.perf_counter())
+            yield rank, kind, msg
+
+    channels.send, channels.read = timed_send, timed_read
+    rows: dict[str, list[float]] = {"first request sent": [], "last request sent": [], "first reply read": [], "last reply read": [],
+                                    "cell over": []}
+    hooks = Quiet()
+    try:
+        for _ in range(cells):
+            marks.update(sent=[], reply=[])
+            t0 = time.perf_counter()
+            if not session.run(CELL, None, None, hooks).ok:
+                raise SystemExit("an empty cell failed")
+            end = time.perf_counter()
+            rows["first request sent"].append(marks["sent"][0] - t0)
+            rows["last request sent"].append(marks["sent"][-1] - t0)
+            rows["first reply read"].append(marks["reply"][0] - t0)
+            rows["last reply read"].append(marks["reply"][-1] - t0)
+            rows["cell over"].append(end - t0)
+    finally:
+        del channels.send, channels.read
+    for name, values in rows.items():
+        values.sort()
+        print(f"  {name:>18}: {statistics.median(values) * 1e3:6.2f} ms [p90 {values[int(len(values) * 0.9)] * 1e3:.2f}]")
+
+
+def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool) -> None:
     session = local_session(n, "gloo")
     session.start()
     try:
@@ -79,6 +125,9 @@ def measure(n: int, cells: int, blocks: int, profile: int) -> None:
                   f" wall {wall_ms[-1]:6.2f} ms/cell, load {os.getloadavg()[0]:.1f}", flush=True)
         print(f"n={n}: notebook CPU us/rank/cell {spread(cpu_us)}   wall ms/cell {spread(wall_ms)}"
               f"   ({blocks} blocks of {cells} cells, tree {os.getcwd()})", flush=True)
+        if show_timeline:
+            print(f"n={n}: inside a cell, from its start ({cells} cells):", flush=True)
+            timeline(session, cells)
         if profile:
             prof = cProfile.Profile(time.thread_time)  # CPU, not wall: a blocking poll costs nothing
             prof.enable()
@@ -96,9 +145,15 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, help="cProfile top N over one more block")
+    parser.add_argument("--timeline", action="store_true", help="one more block, timed inside each cell")
+    parser.add_argument("--io-threads", type=int, default=0, help="the notebook's ZeroMQ I/O threads")
     args = parser.parse_args()
+    if args.io_threads:
+        from clorch_repl.session import channels
+        channels.IO_THREADS = args.io_threads
+        print(f"the notebook's ZeroMQ context: {args.io_threads} I/O threads", flush=True)
     for n in (int(x) for x in args.nprocs.split(",")):
-        measure(n, args.cells, args.blocks, args.profile)
+        measure(n, args.cells, args.blocks, args.profile, args.timeline)
 
 
 if __name__ == "__main__":

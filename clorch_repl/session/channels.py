@@ -35,6 +35,9 @@ KINDS = ("iopub", "shell", "stdin")
 #: pyzmq's constants are enums, whose ``&`` and lookups cost a Python call each: in the read loop,
 #: which runs for every message of every rank, their plain values
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+#: I/O threads of the one ZeroMQ context every rank's channels share (see :meth:`Channels.connect`);
+#: ``benchmarks/relay_cost.py --io-threads`` measures others
+IO_THREADS = 1
 
 
 def _receive(sock: Any) -> list[bytes]:
@@ -64,7 +67,7 @@ class Channels:
         self._rejected = 0
         self.prober = Prober()
         #: one ZeroMQ context (one I/O thread) for every rank's channels; see :meth:`connect`
-        self._context = zmq.Context()
+        self._context = zmq.Context(io_threads=IO_THREADS)
 
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0,
                 ranks: Sequence[int] | None = None, late: tuple[float, Callable[[], None]] | None = None) -> None:
@@ -91,7 +94,8 @@ class Channels:
             ready_kinds[proc.rank] = set()
             for kind in KINDS:
                 sock = getattr(client, f"{kind}_channel").socket
-                self.ready.register(sock)
+                # nothing but the read loop uses a rank's iopub (a SUB socket): the sweep leaves it out
+                self.ready.register(sock, swept=kind != "iopub")
                 self._owner[sock] = (proc.rank, kind)
             self._shell[proc.rank] = client.shell_channel.socket
         self._await_ready(ready_kinds, progress, timeout_s, notice=late)

@@ -127,3 +127,38 @@ def test_a_drained_socket_is_not_asked_until_its_descriptor_wakes(pairs, monkeyp
     theirs.send(b"next")
     assert ready.poll(2.0) == [ours]
     assert ours.recv() == b"next"
+
+
+class _Counted:
+    """A real socket whose ``zmq.EVENTS`` looks are counted (every other call goes through)."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock, self.looks = sock, 0
+
+    def getsockopt(self, option: int) -> int:
+        if option == zmq.EVENTS:
+            self.looks += 1
+        return self.sock.getsockopt(option)
+
+
+def test_the_sweep_leaves_out_a_socket_nothing_else_uses_and_its_message_is_still_found(pairs, monkeypatch) -> None:
+    # a rank's iopub: only the read loop touches it, so no send can have swallowed its wake-up,
+    # and asking it in every sweep (a third of the sockets at any rank count) is wasted
+    monkeypatch.setattr(ready_sockets, "SWEEP_S", 0.05)
+    ready = ReadySockets()
+    (shell, shell_peer), (iopub, iopub_peer) = pairs[0], pairs[1]
+    swept, unswept = _Counted(shell), _Counted(iopub)
+    ready.register(swept)
+    ready.register(unswept, swept=False)
+    _settle(ready)
+    before = swept.looks, unswept.looks
+    assert ready.poll(0.3) == []  # several sweeps' worth of waiting, nothing sent
+    assert swept.looks > before[0], "the sweep did not ask the socket that may be sent on"
+    assert unswept.looks == before[1], "the sweep asked the socket that only its reader uses"
+    iopub_peer.send(b"output")  # its descriptor wakes epoll: found without any sweep
+    assert ready.poll(2.0) == [unswept]
+    assert iopub.recv() == b"output"
+    ready.unregister(unswept)
+    ready.unregister(swept)
+    shell_peer.send(b"late")
+    assert ready.poll(0.1) == []
