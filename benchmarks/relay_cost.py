@@ -5,8 +5,9 @@
 Starts a session of N gloo ranks in this process through the engine (no IPython, no notebook
 kernel: the relay is driven as the magic drives it), warms it up, then runs ``--blocks`` blocks
 of ``--cells`` empty cells and prints, per block, the main thread's CPU time (``time.thread_time``:
-the relay's own work, not ZeroMQ's I/O thread nor the ranks) per rank per cell, and the wall
-time per cell; then the median and [min-max] over the blocks. The ranks' own work runs in
+the relay's own work, not ZeroMQ's I/O thread nor the ranks) per rank per cell, the wall
+time per cell, and a rank's own CPU per cell (its kernel process, all threads: what the ranks
+together need of the host's cores each cell); then the median and [min-max] over the blocks. The ranks' own work runs in
 parallel on a many-core host, while the notebook's is serial in the ranks: the first figure is
 what an empty cell at scale is made of. On a 2-core box the wall figure is the ranks' load, not
 the relay's; compare the CPU figure.
@@ -64,6 +65,16 @@ def block(session, cells: int) -> tuple[float, float, float]:  # type: ignore[no
     return cpu, wall, (sys1 - sys0) / max(1, user1 - user0 + sys1 - sys0)
 
 
+def ranks_cpu(pids: list[int]) -> float:
+    """The CPU seconds the ranks' kernel processes used so far, all their threads (/proc)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -116,15 +127,21 @@ def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool) 
         where = session.run("import clorch_repl; print(clorch_repl.__file__)", [0], None, Quiet())
         assert where.ok
         block(session, max(20, cells // 5))  # warm-up
-        cpu_us, wall_ms = [], []
+        cpu_us, wall_ms, rank_us = [], [], []
+        pids = [pid for pid in session.pids() if pid]
         for i in range(blocks):
+            ranks0 = ranks_cpu(pids)
             cpu, wall, system = block(session, cells)
+            rank_us.append((ranks_cpu(pids) - ranks0) / cells / len(pids) * 1e6)
             cpu_us.append(cpu / cells / n * 1e6)
             wall_ms.append(wall / cells * 1e3)
             print(f"  n={n} block {i}: notebook CPU {cpu_us[-1]:6.2f} us/rank/cell ({system:.0%} in system calls),"
-                  f" wall {wall_ms[-1]:6.2f} ms/cell, load {os.getloadavg()[0]:.1f}", flush=True)
+                  f" wall {wall_ms[-1]:6.2f} ms/cell, a rank's CPU {rank_us[-1]:5.0f} us/cell,"
+                  f" load {os.getloadavg()[0]:.1f}", flush=True)
         print(f"n={n}: notebook CPU us/rank/cell {spread(cpu_us)}   wall ms/cell {spread(wall_ms)}"
               f"   ({blocks} blocks of {cells} cells, tree {os.getcwd()})", flush=True)
+        print(f"n={n}: a rank's own CPU a cell (its kernel process, every thread) {spread(rank_us)} us;"
+              f" all {n} ranks' together {statistics.median(rank_us) * n / 1e3:.2f} ms of CPU a cell", flush=True)
         if show_timeline:
             print(f"n={n}: inside a cell, from its start ({cells} cells):", flush=True)
             timeline(session, cells)
