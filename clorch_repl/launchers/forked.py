@@ -195,35 +195,48 @@ class ForkedProcess:
         self.pid = pid
         self.returncode: int | None = None
         self._zygote = zygote
-        #: readable once the supervisor has exited (:meth:`poll` asks it before the zygote)
-        self._exited: select.poll | None = None
+        #: held to close the pidfd and to signal through it (other threads poll and signal the
+        #: same process: a signal must never reach whatever reuses the closed descriptor)
+        self._close_lock = threading.Lock()
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):
             self._pidfd = None
-        else:
-            self._exited = select.poll()
-            self._exited.register(self._pidfd, select.POLLIN)
 
     def poll(self) -> int | None:
         """Popen's: the exit status once the zygote reported it. While the pidfd says the
         supervisor runs, the zygote is not asked: the dead-or-busy check before every cell asks
-        every rank, and a look at the pidfd (0.3 us) is what a non-blocking ``recv`` on the
+        every rank, and a look at the pidfd (under 1 us) is what a non-blocking ``recv`` on the
         zygote's socket under its lock was not (about 4 us a rank a cell, issue 39's profile).
-        Without a pidfd the zygote is asked every time (a pid alone can be reused)."""
-        if self.returncode is None and (self._exited is None or self._exited.poll(0)):
-            self.returncode = self._zygote.returncode(self.pid)
-            if self.returncode is None and self._zygote.gone and not self._running():
+        Without a pidfd the zygote is asked every time (a pid alone can be reused). Any thread
+        may call it (an interrupt asks whether the rank is alive from its own)."""
+        if self.returncode is None and self._pidfd_exited() is not False:
+            returncode = self._zygote.returncode(self.pid)
+            if returncode is None and self._zygote.gone and not self._running():
                 # its zygote died before it, so nobody collected its status: reported as a SIGKILL
-                self.returncode = -signal.SIGKILL
-            if self.returncode is not None and self._pidfd is not None:
-                os.close(self._pidfd)
-                self._pidfd = self._exited = None
+                returncode = -signal.SIGKILL
+            if returncode is not None:
+                self.returncode = returncode
+                with self._close_lock:  # (a signal sent meanwhile holds it: never to a reused number)
+                    pidfd, self._pidfd = self._pidfd, None
+                    if pidfd is not None:
+                        os.close(pidfd)
         return self.returncode
 
+    def _pidfd_exited(self) -> bool | None:
+        """Whether the pidfd says the supervisor exited; None without one (or once it is closed)."""
+        pidfd = self._pidfd
+        if pidfd is None:
+            return None
+        try:  # select, not a shared select.poll object: two threads may ask at once
+            return bool(select.select([pidfd], [], [], 0)[0])  # readable once it has exited
+        except (OSError, ValueError):  # closed by another thread's poll meanwhile
+            return None
+
     def _running(self) -> bool:
-        if self._exited is not None:
-            return not self._exited.poll(0)  # readable once it has exited
+        exited = self._pidfd_exited()
+        if exited is not None:
+            return not exited
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -241,10 +254,13 @@ class ForkedProcess:
     def send_signal(self, signum: int) -> None:
         if self.poll() is not None:
             return
-        if self._pidfd is not None:
-            signal.pidfd_send_signal(self._pidfd, signum)
-        else:
-            os.kill(self.pid, signum)
+        with self._close_lock:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signum)
+                return
+            if self.returncode is not None:  # it exited, and another thread closed the pidfd
+                return
+        os.kill(self.pid, signum)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

@@ -92,13 +92,19 @@ class Channels:
             self._encoders[proc.rank] = MessageEncoder(client.session)
             self.prober.add(proc.rank, client, self._decoders[proc.rank])
             ready_kinds[proc.rank] = set()
-            for kind in KINDS:
-                sock = getattr(client, f"{kind}_channel").socket
-                # nothing but the read loop uses a rank's iopub (a SUB socket): the sweep leaves it out
-                self.ready.register(sock, swept=kind != "iopub")
-                self._owner[sock] = (proc.rank, kind)
-            self._shell[proc.rank] = client.shell_channel.socket
+            self._register(proc.rank, client)
         self._await_ready(ready_kinds, progress, timeout_s, notice=late)
+
+    def _register(self, rank: int, client: Any) -> None:
+        """Poll ``rank``'s iopub, shell and stdin sockets from now on. A rank's iopub (a SUB
+        socket) is acted on only by the read loop and by :meth:`_await_ready`, which hands back
+        the ones it leaves unread (see there): nothing else can swallow its wake-up, so the sweep
+        leaves it out (see .ready_sockets)."""
+        for kind in KINDS:
+            sock = getattr(client, f"{kind}_channel").socket
+            self.ready.register(sock, swept=kind != "iopub")
+            self._owner[sock] = (rank, kind)
+        self._shell[rank] = client.shell_channel.socket
 
     def drop(self, rank: int) -> None:
         """Close and forget ``rank``'s channels, if it has any (its process is being replaced)."""
@@ -127,53 +133,62 @@ class Channels:
         late_at += time.monotonic()
         last_probe: dict[int, float] = {}
         reported = -1
-        while True:
-            ready = [r for r, kinds in seen.items() if kinds >= {"iopub", "shell"}]
-            if len(ready) != reported:
-                reported = len(ready)
-                progress(reported, total)
-            if reported == total:
-                return
-            for proc in self.group.ranks:
-                if not proc.alive:
-                    raise ClorchError(
-                        f"{proc.where} exited while starting ({proc.exit}); "
-                        f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
-            now = time.monotonic()
-            if on_late is not None and now > late_at:
-                on_late()
-                on_late = None
-            if now > deadline:
-                late = sorted(set(seen) - set(ready))
-                tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)
-                raise ClorchError(f"{rank_words(late)} did not answer within {timeout_s:.0f} s of starting\n{tails}")
-            for rank in seen:
-                if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
-                    # Repeated until iopub hears it too: the first may be published before our
-                    # subscription is in place (ZeroMQ's slow joiner).
-                    if rank in last_probe:  # (the first probe's answer missed: a slow joiner, or a busy rank)
-                        logger.debug("rank %d: kernel_info again after %.3f s (seen %s)", rank, now - began,
-                                     sorted(seen[rank]))
-                    self.clients[rank].kernel_info()
-                    self.ready.touched(self._shell[rank])
-                    last_probe[rank] = now
-            for sock in self.ready.poll(0.1):
-                rank, kind = self._owner[sock]
-                if rank not in seen:
-                    # a surviving rank's output while fresh ones start (recovery.replace): left queued
-                    # for the relay, and not asked again before its next wake-up or the sweep
-                    self.ready.drained(sock)
-                    continue
-                channel = getattr(self.clients[rank], f"{kind}_channel")
-                while True:
-                    try:
-                        channel.get_msg(timeout=0)
-                    except Empty:
-                        break
-                    if kind not in seen[rank]:
-                        logger.debug("rank %d: %s answered %.3f s into the connect", rank, kind, time.monotonic() - began)
-                    seen[rank].add(kind)
-                self.ready.drained(sock)  # get_msg asked until it found nothing
+        left: set[Any] = set()  # the survivors' sockets left holding messages for the relay
+        try:
+            while True:
+                ready = [r for r, kinds in seen.items() if kinds >= {"iopub", "shell"}]
+                if len(ready) != reported:
+                    reported = len(ready)
+                    progress(reported, total)
+                if reported == total:
+                    return
+                for proc in self.group.ranks:
+                    if not proc.alive:
+                        raise ClorchError(
+                            f"{proc.where} exited while starting ({proc.exit}); "
+                            f"its log ends with:\n{self.group.log_tail(proc.rank, 20)}")
+                now = time.monotonic()
+                if on_late is not None and now > late_at:
+                    on_late()
+                    on_late = None
+                if now > deadline:
+                    late = sorted(set(seen) - set(ready))
+                    tails = "\n".join(f"rank {r}'s log ends with:\n{self.group.log_tail(r, 10)}" for r in late)
+                    raise ClorchError(f"{rank_words(late)} did not answer within {timeout_s:.0f} s of starting\n{tails}")
+                for rank in seen:
+                    if rank not in ready and now - last_probe.get(rank, 0.0) > 0.5:
+                        # Repeated until iopub hears it too: the first may be published before our
+                        # subscription is in place (ZeroMQ's slow joiner).
+                        if rank in last_probe:  # (the first probe's answer missed: a slow joiner, or a busy rank)
+                            logger.debug("rank %d: kernel_info again after %.3f s (seen %s)", rank, now - began,
+                                         sorted(seen[rank]))
+                        self.clients[rank].kernel_info()
+                        self.ready.touched(self._shell[rank])
+                        last_probe[rank] = now
+                for sock in self.ready.poll(0.1):
+                    rank, kind = self._owner[sock]
+                    if rank not in seen:
+                        # a surviving rank's output while fresh ones start (recovery.replace): left queued
+                        # for the relay, not asked again during this wait, and handed back at its end
+                        self.ready.drained(sock)
+                        left.add(sock)
+                        continue
+                    channel = getattr(self.clients[rank], f"{kind}_channel")
+                    while True:
+                        try:
+                            channel.get_msg(timeout=0)
+                        except Empty:
+                            break
+                        if kind not in seen[rank]:
+                            logger.debug("rank %d: %s answered %.3f s into the connect", rank, kind, time.monotonic() - began)
+                        seen[rank].add(kind)
+                    self.ready.drained(sock)  # get_msg asked until it found nothing
+        finally:
+            # A socket left holding a message signals no wake-up again until it is read, and a
+            # survivor's iopub is not in the sweep: the read loop must ask these itself.
+            for sock in left:
+                if sock in self.ready:
+                    self.ready.touched(sock)
 
     def new_prober(self) -> Prober:
         """A prober of every rank with sockets and signature checks of its own (``%clorch top``,

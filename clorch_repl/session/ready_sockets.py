@@ -25,10 +25,12 @@ every call, five or more a cell. Each ask is two system calls inside libzmq (``g
 Safety net: a send on one of these sockets by code that does not call :meth:`touched` (another
 thread's, a library's) can swallow a wake-up. Every :data:`SWEEP_S` of waiting, every socket that
 anything may send on is asked anyway, as ``zmq_poll`` would: such a message is late by at most
-that, never lost. A socket nothing sends on (a rank's iopub, a SUB socket only its reader
-touches) is registered with ``swept=False`` and left out: at 64 ranks the sweep asked 192 sockets
-about ten times a second, 9 % of the notebook's CPU in an empty cell (issue 39's profile), and a
-third of them could not have lost a wake-up.
+that, never lost. A socket nothing sends on, whose every reader either drains it or says it
+left it holding messages (:meth:`touched`), is registered with ``swept=False`` and left out: a
+rank's iopub (a SUB socket), read by the relay's loop and by the connect's wait, which hands back
+a survivor's socket it leaves unread (session/channels.py). At 64 ranks the sweep asked 192
+sockets about ten times a second, 9 % of the notebook's CPU in an empty cell (issue 39's
+profile), and a third of them could not have lost a wake-up.
 
 A first version (2b03a82, reverted) kept every socket that had held a message suspect for one
 more look, swept every 50 ms and asked through pyzmq's enums (a Python call per ``&``): at 64

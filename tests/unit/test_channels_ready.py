@@ -1,5 +1,6 @@
 """Channels' wait for fresh ranks (recovery.replace) beside ranks that keep running: a survivor's
-output that arrives meanwhile is left for the relay, not read and dropped (it raised KeyError).
+output that arrives meanwhile is left for the relay, not read and dropped (it raised KeyError),
+and the relay's read loop finds it afterwards (a survivor's iopub is not in the sweep).
 
 The jupyter_client clients are stand-ins here (a channel over a real ZeroMQ PAIR socket): the wait
 only reads their sockets and asks ``kernel_info``; starting real kernels is what the integration
@@ -55,18 +56,19 @@ def test_a_survivors_output_while_a_fresh_rank_starts_is_left_for_the_relay() ->
     try:
         for rank in (0, 1):
             client = channels.clients[rank] = _Client(ctx, rank)  # type: ignore[assignment]
-            for kind in KINDS:
-                sock = getattr(client, f"{kind}_channel").socket
-                channels.ready.register(sock)
-                channels._owner[sock] = (rank, kind)
-            channels._shell[rank] = client.shell_channel.socket
+            channels._register(rank, client)  # as connect registers a rank's sockets
         channels.ready.poll(0)
         survivor = channels.clients[0].iopub_channel  # type: ignore[attr-defined]
         survivor.peer.send(b"rank 0's output, written as rank 1 restarts")
         progress: list[tuple[int, int]] = []
         channels._await_ready({1: set()}, lambda ready, total: progress.append((ready, total)), 5.0, None)
         assert progress[-1] == (1, 1)
+        # the relay's next read asks the survivor's socket: its message signals no wake-up again
+        assert survivor.socket in channels.ready.poll(1.0), "the survivor's output was stranded"
         assert survivor.socket.recv(zmq.NOBLOCK) == b"rank 0's output, written as rank 1 restarts"
+        survivor.peer.send(b"and its next line")
+        assert survivor.socket in channels.ready.poll(1.0)
+        assert survivor.socket.recv(zmq.NOBLOCK) == b"and its next line"
     finally:
         channels.ready.close()
         ctx.destroy(linger=0)
