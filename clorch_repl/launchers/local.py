@@ -83,6 +83,9 @@ class LocalRank(RankHandle):
         self.files = files
         self.started_at = time.time()
         self.pid_path = os.path.realpath(manager.connection_file) + ".pid"
+        #: the kernel's "I serve requests" file (:mod:`clorch_repl.wire.serving`), asked often while
+        #: a restart waits for spares: its path is resolved once, as the pid file's
+        self.serving_path = serving.serving_path(manager.connection_file)
         self.returncode: int | None = None
         self._kernel_pid: int | None = None
         #: the environment and working directory it was started with (a warm spare's are
@@ -115,7 +118,7 @@ class LocalRank(RankHandle):
     def serving(self) -> bool:
         """Whether the kernel's event loop runs (:mod:`clorch_repl.wire.serving`): for a warm
         spare, that its imports and its shell are done and it can be made a rank without waiting."""
-        return serving.is_serving(self.manager.connection_file)
+        return os.path.exists(self.serving_path)
 
     def poll(self) -> int | None:
         """The exit status once the process has ended (negative: killed by that signal)."""
@@ -431,7 +434,7 @@ class LocalLauncher(Launcher):
             except OSError as exc:  # leftover sockets or files of a dead kernel
                 logger.debug("cleaning up rank %d failed: %s", proc.rank, exc)
             remove_quietly(proc.pid_path)
-            remove_quietly(serving.serving_path(proc.manager.connection_file))
+            remove_quietly(proc.serving_path)
             if proc.log_path:  # a spare that never became a rank
                 remove_quietly(proc.log_path)
                 remove_quietly(logcap.older_path(proc.log_path))

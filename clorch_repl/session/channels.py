@@ -130,7 +130,7 @@ class Channels:
         began = time.monotonic()
         deadline = began + timeout_s
         late_at, on_late = notice if notice is not None else (float("inf"), None)
-        late_at += time.monotonic()
+        late_at += began
         last_probe: dict[int, float] = {}
         reported = -1
         left: set[Any] = set()  # the survivors' sockets left holding messages for the relay
