@@ -83,8 +83,7 @@ class LocalRank(RankHandle):
         self.files = files
         self.started_at = time.time()
         self.pid_path = os.path.realpath(manager.connection_file) + ".pid"
-        #: the kernel's "I serve requests" file (:mod:`clorch_repl.wire.serving`), asked often while
-        #: a restart waits for spares: its path is resolved once, as the pid file's
+        #: the kernel's "I serve requests" file (:mod:`clorch_repl.wire.serving`), resolved once
         self.serving_path = serving.serving_path(manager.connection_file)
         self.returncode: int | None = None
         self._kernel_pid: int | None = None
