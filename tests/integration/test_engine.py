@@ -273,17 +273,31 @@ def test_interrupts_from_another_thread_between_short_cells_never_wedge_the_sess
     helper = threading.Thread(target=hammer)
     helper.start()
     deadline, cells, refused = time.monotonic() + 20, 0, []
+    # A cell given up after the interrupt's grace leaves its rank busy until the rank finishes it,
+    # and the next cells are refused meanwhile ("still running an earlier cell"): right, and how
+    # long that lasts is the rank's speed under load. The loop retries at once, so the count of
+    # refusals is a count of retries. What the bug did was refuse every cell from some point on:
+    # the longest stretch of refusals is what is asserted (and, below, a cell after the hammer).
+    refused_since: float | None = None
+    longest = 0.0
     try:
         while cells < 400 and time.monotonic() < deadline:
             try:
                 session.run("x = 1", None, 10, CellHooks())
             except ClorchError as exc:
                 refused.append(str(exc))
+                refused_since = time.monotonic() if refused_since is None else refused_since
+            else:
+                if refused_since is not None:
+                    longest = max(longest, time.monotonic() - refused_since)
+                    refused_since = None
             cells += 1
     finally:
         stop.set()
         helper.join()
         del relay.channels.read
+    if refused_since is not None:  # refused up to the hammer's end
+        longest = max(longest, time.monotonic() - refused_since)
     assert failures == [], failures[:5]
     assert readers == {threading.get_ident()}  # the helper never read the relay's sockets
     deadline = time.monotonic() + 15  # a rank interrupted in its last cell may still be finishing it
@@ -294,7 +308,7 @@ def test_interrupts_from_another_thread_between_short_cells_never_wedge_the_sess
         except ClorchError as exc:
             assert time.monotonic() < deadline, f"wedged after {cells} cells: {exc}; refused {len(refused)} times"
             time.sleep(0.2)
-    assert len(refused) < cells // 4, refused[:5]
+    assert longest < 5.0, f"cells were refused for {longest:.1f} s on end ({len(refused)} of {cells}): {refused[:3]}"
 
 
 def test_status_says_the_session_is_ready_and_each_rank_idle(session: Session) -> None:
