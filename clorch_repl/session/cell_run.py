@@ -257,8 +257,7 @@ class CellRun:
         deadline = None if self.outcome.timed_out else self.deadline
         times = [t for t in (deadline, self.give_up_at, failure, self.group_check_at) if t is not None]
         # the ranks whose reply came and whose end is not confirmed: a set operation in C, not a
-        # loop over every rank that replied (asked once a pass of the wait: at 64 ranks that was
-        # quadratic in the ranks, a pass per reply)
+        # Python loop over every rank that replied, once a pass of the wait
         return times + [self.drain_end(r) for r in self.pending.intersection(self.replied_at)]
 
     def drain_end(self, rank: int) -> float:
