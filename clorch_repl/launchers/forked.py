@@ -77,6 +77,8 @@ class Zygote:
         self._ready = False
         #: its end of the socket closed: it is gone (its supervisors end their ranks as orphans)
         self.gone = False
+        #: :meth:`close` was called: a ``recv`` of another thread that fails now failed because of it
+        self._closed = False
         #: every supervisor it forked
         self.forked: list[int] = []
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -110,6 +112,10 @@ class Zygote:
             data = self._sock.recv(1 << 16)
         except (socket.timeout, BlockingIOError):
             return None
+        except OSError:
+            if not self._closed:
+                raise
+            data = b""  # closed under it by an interrupted start's stop (see close): as if it were gone
         if not data:
             self.gone = True
             return None
@@ -172,8 +178,12 @@ class Zygote:
         supervisor still below it, which no launcher knows of (see ``host.zygote._end_orphans``),
         and exits. Only this orderly close does that: a socket that merely closes (the notebook
         died, or a detached session's launcher was dropped) leaves the supervisors to themselves."""
+        self._closed = True
         try:  # not under the lock: a fork that an interrupted start left waiting may hold it
             self._sock.send(CLOSE_MESSAGE)  # (one datagram: never interleaved with another thread's)
+            # that fork's wait (jupyter_client's start runs in its own thread) reads the end of the
+            # socket at once, rather than a descriptor closed under it (EBADF, logged as an error)
+            self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # it is gone already
             pass
         self._sock.close()

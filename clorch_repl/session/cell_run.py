@@ -306,6 +306,8 @@ class CellRun:
         if self.outcome.timed_out and self.outcome.diagnosis is None:
             self.outcome.diagnosis = self.diagnosis
         self.interrupted_ranks.update(ranks)
+        for rank in ranks:
+            self.outcome.ranks[rank].interrupted = True
         if self.give_up_at is None:
             self.give_up_at = now + self.interrupt_grace_s
             if self.request.recover and not self.outcome.group_aborted:

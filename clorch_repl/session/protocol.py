@@ -96,6 +96,10 @@ class RankOutcome:
     #: the rank waited in a collective and was freed by the abort of the session's group; what it
     #: raised then is the abort's doing, not its code's
     freed: bool = False
+    #: the rank was sent an interrupt (the user's, the time limit's, or after another rank failed)
+    #: while its part ran: what it raised or how it died afterwards may be the interrupt's doing
+    #: (a KeyboardInterrupt in the middle of torch's import can leave a process that segfaults)
+    interrupted: bool = False
 
 
 @dataclass
@@ -128,3 +132,11 @@ class CellOutcome:
     @property
     def ok(self) -> bool:
         return not self.failed and not self.interrupted and not self.timed_out
+
+    @property
+    def ended_by_user(self) -> bool:
+        """The user's interrupt ended the cell, and no rank had failed before it was interrupted:
+        what the ranks raised or how they died after the interrupt reached them is its doing, not a
+        failure of their own to report (a start the user interrupts says so, not "rank 3 died")."""
+        return self.interrupted and not any(
+            o.status in (Status.ERROR, Status.DIED) and not o.interrupted for o in self.ranks.values())

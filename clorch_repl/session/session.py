@@ -133,8 +133,9 @@ class Session(Suspending):
         join = CellRequest(request_code("join", env=self.group.join_environment(), protocol=PROTOCOL_VERSION),
                            tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
-        if outcome.interrupted and not any(o.status in (Status.ERROR, Status.DIED) for o in outcome.ranks.values()):
-            # the user's Ctrl-C ended the join (ranks interrupted, returned or stuck: its doing, not theirs)
+        if outcome.ended_by_user:
+            # the user's Ctrl-C ended the join: ranks interrupted, returned, stuck, or even dead of it
+            # (torch's import cut short can segfault): its doing, not theirs
             raise StartInterrupted([])  # (start() stops the ranks and says what outlived that)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)

@@ -1,7 +1,8 @@
 """ForkedProcess (launchers/forked.py): the handle of a rank's supervisor that is the zygote's
 child. A real process stands in for the supervisor (so its pidfd is real); the zygote, which
 reports the exit status after it reaps the child, is a stand-in that this test's own reaping
-drives: starting a real zygote is what tests/integration/test_forked_start.py does."""
+drives (starting ranks from a real zygote is what tests/integration/test_forked_start.py does).
+The last test closes a real zygote (Zygote) under a fork waiting in another thread."""
 
 from __future__ import annotations
 
@@ -84,3 +85,30 @@ def test_threads_that_poll_and_signal_the_same_process_at_once_never_fail(child)
     stop.set()
     assert errors == []
     assert seen == [-signal.SIGKILL] * 4
+
+
+def test_a_fork_waiting_in_another_thread_when_the_zygote_is_closed_is_told_it_ended(tmp_path) -> None:
+    """A start interrupted while jupyter_client's thread waits in ``Zygote.fork`` (for the zygote's
+    imports) stops the ranks, which closes the zygote under that wait: the wait must end with the
+    launcher's own error, not an OSError from a closed descriptor (a CI run logged
+    "[Errno 9] Bad file descriptor" from ``_receive``). A real zygote: its imports take seconds."""
+    from clorch_repl.launchers.forked import Zygote, ZygoteError
+
+    zygote = Zygote(str(tmp_path / "zygote.log"))
+    raised: list[BaseException] = []
+
+    def fork() -> None:
+        try:
+            zygote.fork([sys.executable, "-c", "pass"], {}, str(tmp_path), 2)
+        except BaseException as exc:  # what the thread ended with is the test's subject
+            raised.append(exc)
+
+    waiter = threading.Thread(target=fork)
+    waiter.start()
+    threading.Event().wait(0.3)  # inside the wait for the zygote's imports (torch: seconds)
+    assert not zygote._ready, "the zygote finished its imports before the test could close it under a wait"
+    zygote.close()
+    waiter.join(10)
+    assert not waiter.is_alive() and len(raised) == 1
+    assert isinstance(raised[0], ZygoteError), repr(raised[0])
+    assert zygote.process.poll() is not None  # and it exited

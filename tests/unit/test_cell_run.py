@@ -256,6 +256,39 @@ def test_an_interrupted_rank_that_raises_keyboard_interrupt_is_interrupted_not_f
     assert cell.run.failed_at is None
 
 
+def test_a_rank_that_dies_after_the_users_interrupt_reached_it_leaves_the_cell_ended_by_the_user() -> None:
+    """Kernel > Interrupt during a start's join: a KeyboardInterrupt in the middle of torch's import
+    can leave a rank that segfaults (seen in CI). Its death is the interrupt's doing: the start says
+    it was interrupted, not that the rank died."""
+    cell = Cell(Ledger())
+    cell.run.user_interrupt()
+    cell.run.interrupted(cell.run.interrupt_command().ranks, 1.0)
+    cell.iopub(0, iopub("error", "c-0", {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}), 1.1)
+    cell.reply(0, reply("c-0", 1, ename="KeyboardInterrupt"), 1.2)
+    cell.run.died(1, "killed by signal SIGSEGV", "", "Fatal Python error: Segmentation fault", 1.3)
+    outcome = cell.run.outcome
+    assert outcome.ranks[1].status is Status.DIED and outcome.ranks[1].interrupted
+    assert outcome.ended_by_user and not outcome.ok
+
+
+def test_a_rank_that_failed_before_the_users_interrupt_keeps_its_own_failure() -> None:
+    """A death or an error the interrupt did not cause is what the user must see, interrupt or not
+    (a start whose rank died at once, which the user then interrupts because it waits)."""
+    for fail in ("died", "raised"):
+        cell = Cell(Ledger())
+        if fail == "died":
+            cell.run.died(1, "exit code 1", "", "ImportError: no module named x", 1.0)
+        else:
+            cell.iopub(1, iopub("error", "c-1", {"ename": "ValueError", "evalue": "x", "traceback": ["tb"]}), 1.0)
+            cell.reply(1, reply("c-1", 1, ename="ValueError"), 1.1)
+        cell.run.user_interrupt()
+        command = cell.run.interrupt_command()
+        assert command.ranks == (0,)
+        cell.run.interrupted(command.ranks, 1.2)
+        assert cell.run.outcome.interrupted and not cell.run.outcome.ranks[1].interrupted
+        assert not cell.run.outcome.ended_by_user, fail
+
+
 def test_a_death_is_reported_and_the_others_are_interrupted_after_the_failure_grace() -> None:
     ledger = Ledger()
     cell = Cell(ledger)
