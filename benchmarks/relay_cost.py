@@ -7,7 +7,8 @@ kernel: the relay is driven as the magic drives it), warms it up, then runs ``--
 of ``--cells`` empty cells and prints, per block, the main thread's CPU time (``time.thread_time``:
 the relay's own work, not ZeroMQ's I/O thread nor the ranks) per rank per cell, the wall
 time per cell, and a rank's own CPU per cell (its kernel process, all threads: what the ranks
-together need of the host's cores each cell); then the median and [min-max] over the blocks. The ranks' own work runs in
+together need of the host's cores each cell); then, per thread of a rank, its CPU and context
+switches a cell over all blocks; then the median and [min-max] over the blocks. The ranks' own work runs in
 parallel on a many-core host, while the notebook's is serial in the ranks: the first figure is
 what an empty cell at scale is made of. On a 2-core box the wall figure is the ranks' load, not
 the relay's; compare the CPU figure.
@@ -19,7 +20,8 @@ working directory, which this script also puts first on its path) and alternate 
 the last request were sent, when the first and the last reply were read, and the cell's end, each from the
 cell's start, median [p90] over the block; it says whether a cell's wall is the sends, the ranks
 or the reading of the replies. ``--io-threads K``: the notebook's ZeroMQ context gets K I/O
-threads (``channels.IO_THREADS``; 1 is what clorch_repl uses).
+threads (``channels.IO_THREADS``; 1 is what clorch_repl uses). ``--pin``: the notebook's threads
+on the first core, each rank's threads on one of the others, in turn (an experiment).
 """
 
 from __future__ import annotations
@@ -75,6 +77,42 @@ def ranks_cpu(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def threads_use(pids: list[int]) -> dict[str, list[int]]:
+    """Per thread name, summed over the ranks' kernel processes: [CPU ticks, voluntary and
+    involuntary context switches] so far (/proc; the main thread is named "main"). Which
+    threads a cell wakes, and how often, is what 4 ranks a core multiply."""
+    use: dict[str, list[int]] = {}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    head, tail = fh.read().rsplit(")", 1)
+                with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                    status = dict(line.split(":", 1) for line in fh if ":" in line)
+            except OSError:  # a thread that ended meanwhile
+                continue
+            name = "main" if tid == str(pid) else head.split("(", 1)[1]
+            fields = tail.split()
+            row = use.setdefault(name, [0, 0, 0])
+            row[0] += int(fields[11]) + int(fields[12])
+            row[1] += int(status["voluntary_ctxt_switches"])
+            row[2] += int(status["nonvoluntary_ctxt_switches"])
+    return use
+
+
+def print_threads(before: dict[str, list[int]], after: dict[str, list[int]], cells: int, n: int) -> None:
+    """What :func:`threads_use` grew by, a rank a cell, busiest thread first."""
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    rows = []
+    for name, (ticks, vol, invol) in after.items():
+        t0, v0, i0 = before.get(name, [0, 0, 0])
+        rows.append(((ticks - t0) * tick_us / cells / n, (vol - v0) / cells / n, (invol - i0) / cells / n, name))
+    print(f"n={n}: a rank's threads a cell (CPU us, voluntary / involuntary context switches):", flush=True)
+    for cpu, vol, invol, name in sorted(rows, reverse=True):
+        if cpu or vol >= 0.01:
+            print(f"  {name:>18}: {cpu:7.1f} us  {vol:5.2f} / {invol:5.2f}", flush=True)
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -120,15 +158,33 @@ def timeline(session, cells: int) -> None:  # type: ignore[no-untyped-def]
         print(f"  {name:>18}: {statistics.median(values) * 1e3:6.2f} ms [p90 {values[int(len(values) * 0.9)] * 1e3:.2f}]")
 
 
-def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool) -> None:
+def pin(pids: list[int]) -> None:
+    """``--pin``: this process's threads on core 0, each rank's on one of the others in turn (an
+    experiment: whether migrations and a rank's threads on different cores inflate its CPU)."""
+    cores = sorted(os.sched_getaffinity(0))
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), {cores[0]})
+    for i, pid in enumerate(pids):
+        core = cores[1 + i % (len(cores) - 1)]
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), {core})
+            except OSError:  # a thread that ended meanwhile
+                pass
+
+
+def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool, pinned: bool = False) -> None:
     session = local_session(n, "gloo")
     session.start()
     try:
         where = session.run("import clorch_repl; print(clorch_repl.__file__)", [0], None, Quiet())
         assert where.ok
+        if pinned:
+            pin([pid for pid in session.pids() if pid])
         block(session, max(20, cells // 5))  # warm-up
         cpu_us, wall_ms, rank_us = [], [], []
         pids = [pid for pid in session.pids() if pid]
+        threads0 = threads_use(pids)
         for i in range(blocks):
             ranks0 = ranks_cpu(pids)
             cpu, wall, system = block(session, cells)
@@ -142,6 +198,7 @@ def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool) 
               f"   ({blocks} blocks of {cells} cells, tree {os.getcwd()})", flush=True)
         print(f"n={n}: a rank's own CPU a cell (its kernel process, every thread) {spread(rank_us)} us;"
               f" all {n} ranks' together {statistics.median(rank_us) * n / 1e3:.2f} ms of CPU a cell", flush=True)
+        print_threads(threads0, threads_use(pids), cells * blocks, n)
         if show_timeline:
             print(f"n={n}: inside a cell, from its start ({cells} cells):", flush=True)
             timeline(session, cells)
@@ -164,13 +221,14 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="cProfile top N over one more block")
     parser.add_argument("--timeline", action="store_true", help="one more block, timed inside each cell")
     parser.add_argument("--io-threads", type=int, default=0, help="the notebook's ZeroMQ I/O threads")
+    parser.add_argument("--pin", action="store_true", help="the notebook on core 0, each rank on one other core")
     args = parser.parse_args()
     if args.io_threads:
         from clorch_repl.session import channels
         channels.IO_THREADS = args.io_threads
         print(f"the notebook's ZeroMQ context: {args.io_threads} I/O threads", flush=True)
     for n in (int(x) for x in args.nprocs.split(",")):
-        measure(n, args.cells, args.blocks, args.profile, args.timeline)
+        measure(n, args.cells, args.blocks, args.profile, args.timeline, args.pin)
 
 
 if __name__ == "__main__":
