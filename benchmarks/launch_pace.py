@@ -2,7 +2,7 @@
 at once and handed the loop in turn, block by block (issue 39).
 
     python benchmarks/launch_pace.py [--nproc 1] [--pairs 40] [--warmup 3] [--strategy ddp|fsdp]
-                                     [--sample-count 4096]
+                                     [--sample-count 4096] [--notebook-env NAME=VALUE] [--torchrun-env NAME=VALUE]
 
 Why not ``training.py``'s rounds: there each round is a new torchrun launch beside a cell in the
 notebook's warm ranks, about half a minute apart, and on the device single rounds swung from 0.83
@@ -27,7 +27,8 @@ process (``train``'s own ``train_seconds``):
 Printed: each side's steps/s over the blocks, median [quartiles]; the ratio notebook/torchrun of
 each pair of neighbouring blocks, median [quartiles] [min-max] with a 95 % bootstrap interval of
 that median (whether the target is met, or missed, beyond the noise), and the ratio of the two medians;
-rank 0's per-step costs on each side (``training.StepCosts``: wall, the loop thread's CPU, the
+the variables in which rank 0's environment and the worker's differ (values of torch's, NCCL's,
+CUDA's and the like); rank 0's per-step costs on each side (``training.StepCosts``: wall, the loop thread's CPU, the
 other threads' CPU); and torchrun's rate over the first and the last third of the pairs (the
 drift the pairing takes out). Target (issue 39): >= 0.99 in the ranks.
 """
@@ -72,7 +73,7 @@ WORKER = textwrap.dedent("""
     dist.init_process_group(backend)
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     conn = Client(os.environ[{address!r}], family="AF_UNIX", authkey=bytes.fromhex(os.environ[{key!r}]))
-    conn.send(dist.get_rank())
+    conn.send((dist.get_rank(), dict(os.environ)))
     while True:
         spec = conn.recv()
         if spec is None:
@@ -86,22 +87,26 @@ WORKER = textwrap.dedent("""
 class TorchrunSide:
     """A torchrun launch whose workers run a block when told (see the module's docstring)."""
 
-    def __init__(self, nproc: int, folder: str) -> None:
+    def __init__(self, nproc: int, folder: str, extra_env: dict[str, str]) -> None:
         key = secrets.token_bytes(32)
         address = os.path.join(folder, "pace.sock")
         self.listener = Listener(address, family="AF_UNIX", authkey=key)
         script = os.path.join(folder, "pace_worker.py")
         with open(script, "w") as fh:
             fh.write(WORKER.format(root=ROOT, address=ADDRESS_ENV, key=KEY_ENV))
-        env = dict(os.environ, **{KEY_ENV: key.hex(), ADDRESS_ENV: address})
+        env = dict(os.environ, **extra_env, **{KEY_ENV: key.hex(), ADDRESS_ENV: address})
         self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                       f"--nproc_per_node={nproc}", script], cwd=ROOT, env=env,
                                      stdout=open(os.path.join(folder, "torchrun.log"), "w"), stderr=subprocess.STDOUT)
         self.log = os.path.join(folder, "torchrun.log")
         self.conns: dict[int, Any] = {}
+        self.env: dict[str, str] = {}
         while len(self.conns) < nproc:
             conn = self.listener.accept()
-            self.conns[conn.recv()] = conn
+            rank, env = conn.recv()
+            self.conns[rank] = conn
+            if rank == 0:
+                self.env = env
 
     def block(self, spec: dict[str, Any]) -> dict[str, Any]:
         for conn in self.conns.values():
@@ -124,10 +129,10 @@ class TorchrunSide:
 class NotebookSide:
     """A notebook kernel with a session of ``nproc`` ranks; each block a ``%%distributed`` cell."""
 
-    def __init__(self, nproc: int) -> None:
+    def __init__(self, nproc: int, extra_env: dict[str, str]) -> None:
         from notebook_kernel import NotebookKernel  # a real notebook kernel, as JupyterLab runs it
 
-        self.kernel = NotebookKernel()
+        self.kernel = NotebookKernel(env=extra_env)  # the ranks inherit it
         self._run("%load_ext clorch_repl")
         print(f"notebook: {self._run(f'%clorch start --nproc {nproc}').text.strip().splitlines()[-1]}", flush=True)
 
@@ -137,6 +142,11 @@ class NotebookSide:
             raise SystemExit(f"the notebook failed:\n{reply.text[-3000:]}")
         return reply
 
+    def env(self) -> dict[str, str]:
+        """Rank 0's environment."""
+        text = self._run("%%distributed --ranks 0\nimport json, os\nprint('ENV', json.dumps(dict(os.environ)))").text
+        return json.loads(next(ln for ln in text.splitlines() if "ENV " in ln).split("ENV ", 1)[1])
+
     def block(self, spec: dict[str, Any]) -> dict[str, Any]:
         text = self._run(CELL.format(spec=json.dumps(spec), warm=False)).text
         line = next(ln for ln in text.splitlines() if "RESULT " in ln)
@@ -145,6 +155,20 @@ class NotebookSide:
     def close(self) -> None:
         self.kernel.run("%clorch stop", timeout=120)
         self.kernel.shutdown()
+
+
+#: variables whose values are printed where the two sides differ (the rest by name only)
+SHOWN = ("TORCH", "NCCL", "OMP", "MKL", "CUDA", "PYTORCH", "MALLOC", "LD_", "PYTHON", "GLOO")
+
+
+def print_env_difference(notebook: dict[str, str], torchrun: dict[str, str]) -> None:
+    """What rank 0's environment has that the torchrun worker's lacks or holds otherwise, and back
+    (a variable that changes torch's behaviour, the flight recorder's size say, shows here)."""
+    for title, mine, theirs in (("only or otherwise in the notebook's rank", notebook, torchrun),
+                                ("only or otherwise in the torchrun worker", torchrun, notebook)):
+        names = sorted(k for k, v in mine.items() if theirs.get(k) != v)
+        shown = [f"{k}={mine[k]}" if k.startswith(SHOWN) else k for k in names]
+        print(f"{title}: {' '.join(shown) or '(nothing)'}", flush=True)
 
 
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
@@ -168,7 +192,19 @@ def main() -> int:
     parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--sample-count", type=int, default=LAUNCH_LOOP["sample_count"],
                         help="samples a block (an epoch): 4096 is 64 optimizer steps")
+    parser.add_argument("--notebook-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for the notebook kernel and its ranks (repeatable)")
+    parser.add_argument("--torchrun-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for the torchrun workers (repeatable)")
     ns = parser.parse_args()
+    envs = {}
+    for side in ("notebook", "torchrun"):
+        pairs = getattr(ns, f"{side}_env")
+        if any("=" not in pair for pair in pairs):
+            parser.error(f"--{side}-env takes NAME=VALUE")
+        envs[side] = dict(pair.split("=", 1) for pair in pairs)
+        if envs[side]:
+            print(f"{side}: {' '.join(pairs)}")
     if ns.pairs < 4:
         parser.error("--pairs must be at least 4 (quartiles)")
     spec = {"cases": ["launch"], "launch": dict(LAUNCH_LOOP, epochs=1, sample_count=ns.sample_count,
@@ -176,9 +212,10 @@ def main() -> int:
     folder = tempfile.mkdtemp(prefix="clorch-pace-")  # 0700: the socket and its worker script
     nb = torchrun = None
     try:
-        nb = NotebookSide(ns.nproc)
-        torchrun = TorchrunSide(ns.nproc, folder)
+        nb = NotebookSide(ns.nproc, envs["notebook"])
+        torchrun = TorchrunSide(ns.nproc, folder, envs["torchrun"])
         sides = {"notebook": nb, "torchrun": torchrun}
+        print_env_difference(nb.env(), torchrun.env)
         for _ in range(ns.warmup):
             for side in sides.values():
                 side.block(spec)
