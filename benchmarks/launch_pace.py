@@ -3,6 +3,7 @@ at once and handed the loop in turn, block by block (issue 39).
 
     python benchmarks/launch_pace.py [--nproc 1] [--pairs 40] [--warmup 3] [--strategy ddp|fsdp]
                                      [--sample-count 4096] [--notebook-env NAME=VALUE] [--torchrun-env NAME=VALUE]
+                                     [--torchrun-eager]
 
 Why not ``training.py``'s rounds: there each round is a new torchrun launch beside a cell in the
 notebook's warm ranks, about half a minute apart, and on the device single rounds swung from 0.83
@@ -59,6 +60,8 @@ from benchmarks.training import CELL, LAUNCH_LOOP  # noqa: E402
 KEY_ENV = "CLORCH_PACE_KEY"
 #: and the socket's path
 ADDRESS_ENV = "CLORCH_PACE_ADDRESS"
+#: "1": the workers create their NCCL group as a notebook's rank does (``device_id``: eager init)
+EAGER_ENV = "CLORCH_PACE_EAGER"
 
 WORKER = textwrap.dedent("""
     import os, sys
@@ -70,8 +73,9 @@ WORKER = textwrap.dedent("""
     local = int(os.environ["LOCAL_RANK"])
     if backend == "nccl":
         torch.cuda.set_device(local)
-    dist.init_process_group(backend)
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    eager = backend == "nccl" and os.environ.get({eager!r}) == "1"
+    dist.init_process_group(backend, **({{"device_id": device}} if eager else {{}}))
     conn = Client(os.environ[{address!r}], family="AF_UNIX", authkey=bytes.fromhex(os.environ[{key!r}]))
     conn.send((dist.get_rank(), dict(os.environ)))
     while True:
@@ -93,7 +97,7 @@ class TorchrunSide:
         self.listener = Listener(address, family="AF_UNIX", authkey=key)
         script = os.path.join(folder, "pace_worker.py")
         with open(script, "w") as fh:
-            fh.write(WORKER.format(root=ROOT, address=ADDRESS_ENV, key=KEY_ENV))
+            fh.write(WORKER.format(root=ROOT, address=ADDRESS_ENV, key=KEY_ENV, eager=EAGER_ENV))
         env = dict(os.environ, **extra_env, **{KEY_ENV: key.hex(), ADDRESS_ENV: address})
         self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                       f"--nproc_per_node={nproc}", script], cwd=ROOT, env=env,
@@ -196,7 +200,11 @@ def main() -> int:
                         help="a variable for the notebook kernel and its ranks (repeatable)")
     parser.add_argument("--torchrun-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a variable for the torchrun workers (repeatable)")
+    parser.add_argument("--torchrun-eager", action="store_true",
+                        help="the workers pass device_id to init_process_group, as the notebook's ranks do")
     ns = parser.parse_args()
+    if ns.torchrun_eager:
+        ns.torchrun_env.append(f"{EAGER_ENV}=1")
     envs = {}
     for side in ("notebook", "torchrun"):
         pairs = getattr(ns, f"{side}_env")
@@ -249,10 +257,11 @@ def main() -> int:
     third = max(1, ns.pairs // 3)
     print(f"  torchrun's own drift: {statistics.median(rates['torchrun'][:third]):.1f} steps/s over the first "
           f"{third} pairs, {statistics.median(rates['torchrun'][-third:]):.1f} over the last {third}")
-    print("  rank 0 a step, median over the blocks (ms): wall / the loop thread's CPU / the other threads' CPU")
+    print("  rank 0 a step, median over the blocks (ms): wall / the loop thread's CPU / the other threads' CPU"
+          " / the garbage collector")
     for name, rows in costs.items():
-        med = {k: statistics.median(r[k] for r in rows) * 1e3 for k in ("wall", "loop_cpu", "other_cpu")}
-        print(f"    {name:<9} {med['wall']:.3f} / {med['loop_cpu']:.3f} / {med['other_cpu']:.3f}")
+        med = {k: statistics.median(r[k] for r in rows) * 1e3 for k in ("wall", "loop_cpu", "other_cpu", "gc")}
+        print(f"    {name:<9} {med['wall']:.3f} / {med['loop_cpu']:.3f} / {med['other_cpu']:.3f} / {med['gc']:.3f}")
     return 0
 
 

@@ -13,10 +13,13 @@ steps=" ${STEPS:-launch launch-fsdp checkpoint restart scale} "
 n=$(python3 -c "from clorch_repl import cuda; print(cuda.device_count())")
 echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null) defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)"
 want() { [[ $steps == *" $1 "* ]]; }
-want launch && step launch 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
+# the launch-bound loop against torchrun, both alive and handed the loop in turn (launch_pace.py:
+# pairs of blocks, with an interval of the ratio's median); training.py's rounds as "launch-rounds"
+want launch && step launch 150 python3 benchmarks/launch_pace.py --nproc "$n" --pairs 40
+want launch-fsdp && step launch-fsdp 150 python3 benchmarks/launch_pace.py --nproc "$n" --pairs 40 --strategy fsdp
+want launch-rounds && step launch-rounds 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
 # the same loop with the ranks started as fresh interpreters, not forked from the zygote (not in the default set)
 want launch-fresh && CLORCH_FORK_RANKS=0 step launch-fresh 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
-want launch-fsdp && step launch-fsdp 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --strategy fsdp --skip-checkpoint --max-seconds 100
 want checkpoint && step checkpoint 240 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds "${ROUNDS:-5}" --profile "${PROFILE:-0}"
 # issue 39's forked-rank question: is a forked rank's loop slower than a fresh one's here, and are
 # transparent huge pages why (not in the default set)
