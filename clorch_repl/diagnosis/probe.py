@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from ..common.cell_boundary import calls_the_cell
+from ..common.imported import imported
 from ..wire.probe import PROBE_REPLY, PROBE_REQUEST, ProbeRequest
 from . import record
 
@@ -166,8 +167,9 @@ def is_library(filename: str) -> bool:
 
 def cuda_busy() -> bool | None:
     """Whether the current CUDA stream of this rank's own GPU still has work queued; None when
-    CUDA was never initialised here (asking must not create a context)."""
-    torch = sys.modules.get("torch")
+    CUDA was never initialised here (asking must not create a context), or torch's import has
+    not finished (common.imported: touching a half-built torch can crash the rank)."""
+    torch = imported("torch")
     if torch is None:
         return None
     try:

@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from ..common import env_vars
+from ..common.imported import imported
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +106,8 @@ def read(collectives: bool = True) -> tuple[dict[str, Any] | None, str | None]:
     garbage collection; the status alone 0.05 ms. The notebook's periodic hang check asks for
     the status first (:func:`clorch_repl.diagnosis.entries.progress`).
     """
-    import sys
-
-    if "torch" not in sys.modules:
-        return None, "torch is not imported"
+    if imported("torch") is None:  # not imported, or its import still running (common.imported)
+        return None, "torch is not imported (or its import has not finished)"
     if _switched_off():
         return None, "the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"
     try:
@@ -177,9 +176,7 @@ def group_members() -> dict[str, dict[str, Any]]:
 
     Read from torch's group registry (plain dicts), without calling into any backend.
     """
-    import sys
-
-    if "torch.distributed" not in sys.modules:
+    if imported("torch") is None or imported("torch.distributed") is None:
         return {}
     try:
         from torch.distributed import distributed_c10d as c10d
