@@ -25,9 +25,14 @@ logger = logging.getLogger(__name__)
 def one_task_per_request(kernel: Any) -> bool:
     """Replace the kernel's shell-stream callback (set by ipykernel's ``Kernel.start``) with one
     that runs ``shell_main`` as a single task; False (and nothing changed) for a kernel that
-    reads its shell socket on ipykernel's shell channel thread, or has no shell stream."""
+    reads its shell socket on ipykernel's shell channel thread, has no shell stream, or whose
+    callback is not the one described in the module's docstring (another ipykernel 7.x may set
+    up its shell otherwise: its own path then stays, two tasks a request, as before)."""
     stream = getattr(kernel, "shell_stream", None)
     if not stream or kernel.shell_channel_thread:
+        return False
+    if not _ipykernels_callback(kernel, getattr(stream, "_recv_callback", None)):
+        logger.debug("the shell stream's callback is not ipykernel 7's: each request keeps its two tasks")
         return False
     context = copy_context()
     shell_main = partial(kernel.shell_main, None)
@@ -37,3 +42,11 @@ def one_task_per_request(kernel: Any) -> bool:
 
     stream.on_recv(on_recv, copy=False)
     return True
+
+
+def _ipykernels_callback(kernel: Any, callback: Any) -> bool:
+    """Whether ``callback`` is what ipykernel 7's ``Kernel.start`` installs without a shell channel
+    thread: ``_async_in_context(partial(self.shell_main, None))`` (``functools.wraps`` keeps the
+    partial as ``__wrapped__``)."""
+    inner = getattr(callback, "__wrapped__", None)
+    return isinstance(inner, partial) and inner.func == kernel.shell_main and inner.args == (None,)
