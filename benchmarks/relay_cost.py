@@ -209,8 +209,6 @@ def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool, 
             prof.disable()
             stats = pstats.Stats(prof)
             stats.sort_stats("tottime").print_stats(profile)
-            if os.environ.get("CALLERS"):
-                stats.print_callers(os.environ["CALLERS"])
     finally:
         session.stop()
 

@@ -338,10 +338,11 @@ SCRIPT = textwrap.dedent("""
     session = local_session(2, "gloo")
     session.start()
     hooks = Hooks()
-    ok = session.run("print(input('q? '))", None, 60, hooks).ok
+    outcome = session.run("print(input('q? '))", None, 60, hooks)
     children = [p.pid for p in psutil.Process().children(recursive=True)]
     left = session.stop()
-    print(json.dumps({"ok": ok, "lines": sorted(hooks.lines), "left": left, "children": children,
+    print(json.dumps({"ok": outcome.ok, "outcome": repr(outcome), "lines": sorted(hooks.lines), "left": left,
+                      "children": children,
                       "ipython": sorted(m for m in sys.modules if m.split(".")[0] in ("IPython", "ipywidgets",
                                                                                       "ipykernel"))}))
 """)
