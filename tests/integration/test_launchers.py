@@ -50,7 +50,10 @@ class Started:
         self.relay = Relay(self.launcher)
         self.relay.connect(lambda k, n: None)
         joined = self.relay.execute(CellRequest(request_code("join", protocol=PROTOCOL_VERSION), (0, 1), timeout_s=120), silent=True)
-        assert joined.ok, joined
+        # each failed rank's own words (pytest's repr of the whole outcome cut them short: a fresh
+        # .ci/run's attach join failed with an OSError whose message was lost)
+        assert joined.ok, [(o.rank, o.status.value, o.error.ename if o.error else None,
+                            o.error.evalue if o.error else o.exit) for o in joined.failed]
         return self.relay
 
     def run(self, code: str, **kwargs: Any) -> tuple[Any, Collect]:
