@@ -111,7 +111,6 @@ class CellRun:
     give_up_at: float | None = None        # end of the grace period after an interrupt
     failed_at: float | None = None         # when the first rank died or raised
     group_check_at: float | None = None    # when to ask the ranks still running about the group
-    interrupted_ranks: set[int] = field(default_factory=set)
     last_progress: float = 0.0             # last output of any rank (the hang watch reads it)
     diagnosis: str | None = None           # taken before the first interrupt, for the report
     hurry: bool = False                    # interrupted twice: ask the ranks nothing more
@@ -294,7 +293,8 @@ class CellRun:
 
     def interrupt_command(self) -> Interrupt:
         diagnose = self.diagnosis is None and bool(self.pending) and not self.hurry
-        return Interrupt(tuple(sorted(self.pending - self.interrupted_ranks)), diagnose)
+        sent = {rank for rank in self.pending if self.outcome.ranks[rank].interrupted}
+        return Interrupt(tuple(sorted(self.pending - sent)), diagnose)
 
     def diagnosed(self, text: str) -> None:
         """Where each rank was before the interrupt (see :class:`Interrupt`)."""
@@ -305,8 +305,7 @@ class CellRun:
         """The interrupt of :class:`Interrupt` was sent at ``now``: the grace period runs."""
         if self.outcome.timed_out and self.outcome.diagnosis is None:
             self.outcome.diagnosis = self.diagnosis
-        self.interrupted_ranks.update(ranks)
-        for rank in ranks:
+        for rank in ranks:  # (RankOutcome.interrupted: whom the interrupt reached; asked again above)
             self.outcome.ranks[rank].interrupted = True
         if self.give_up_at is None:
             self.give_up_at = now + self.interrupt_grace_s
