@@ -3,8 +3,9 @@
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
 # (default: all, in this order: launch launch-fsdp checkpoint restart scale); logs go to
-# ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 5) and PROFILE (checkpoint.py's
-# --profile lines, default 0) tune the checkpoint step. About 9 minutes in all on one H200.
+# ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
+# side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
+# About 9 minutes in all on one H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/clorch-speed-check}; mkdir -p "$out"
@@ -20,7 +21,7 @@ want launch-fsdp && step launch-fsdp 150 python3 benchmarks/launch_pace.py --npr
 want launch-rounds && step launch-rounds 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
 # the same loop with the ranks started as fresh interpreters, not forked from the zygote (not in the default set)
 want launch-fresh && CLORCH_FORK_RANKS=0 step launch-fresh 150 python3 benchmarks/training.py --nproc "$n" --rounds 3 --cases launch --skip-checkpoint --max-seconds 100
-want checkpoint && step checkpoint 240 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds "${ROUNDS:-5}" --profile "${PROFILE:-0}"
+want checkpoint && step checkpoint 300 python3 benchmarks/checkpoint.py --nproc "$n" --params-m 500 --rounds "${ROUNDS:-3}" --load-pairs "${LOAD_PAIRS:-12}" --profile "${PROFILE:-0}"
 # issue 39's forked-rank question: is a forked rank's loop slower than a fresh one's here, and are
 # transparent huge pages why (not in the default set)
 want fork && step fork 150 python3 benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --instances 1 --rounds 8
