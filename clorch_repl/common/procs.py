@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import signal
 import socket
@@ -24,8 +25,49 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on ``host`` a moment ago (for MASTER_PORT)."""
+#: Where the kernel's ephemeral ports are set (the source ports of outgoing connections, and what
+#: a bind to port 0 gets)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+#: The lowest port :func:`free_port` chooses (below it: well-known services, Jupyter's 8888, ...)
+LOWEST_CHOSEN_PORT = 10000
+#: How many random ports below the ephemeral range are tried before port 0 is asked for
+PORT_TRIES = 64
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The kernel's ephemeral port range (low, high), or None where it cannot be read (not Linux)."""
+    try:
+        with open(path) as fh:
+            low, high = (int(v) for v in fh.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def free_port(host: str = LOOPBACK, ephemeral: tuple[int, int] | None | str = "read") -> int:
+    """A TCP port that was free on ``host`` a moment ago (for MASTER_PORT), chosen below the
+    kernel's ephemeral range when there is room (``ephemeral``: that range, read from
+    :data:`EPHEMERAL_RANGE_FILE` by default).
+
+    Why not simply port 0's: the port is bound again only later, by another process (rank 0's
+    rendezvous store, seconds after the choice), and port 0 hands out a port of the ephemeral
+    range, the very range from which every outgoing connection on the host meanwhile takes its
+    source port (every rank's gloo pairs, every store client, every kernel's ZeroMQ connects).
+    One of them taking it makes rank 0's bind fail with "Address already in use", a failed start
+    seen about once in a thousand starts on a busy host. Below the range only an explicit bind
+    can take it. Where there is no room (the range starts below :data:`LOWEST_CHOSEN_PORT`) or
+    :data:`PORT_TRIES` random candidates were all taken, port 0's."""
+    span = ephemeral_range() if ephemeral == "read" else ephemeral
+    if isinstance(span, tuple) and span[0] - LOWEST_CHOSEN_PORT >= PORT_TRIES:
+        for port in random.sample(range(LOWEST_CHOSEN_PORT, span[0]), PORT_TRIES):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:  # in use (or not ours to take): the next candidate
+                    continue
+                return port
+        logger.debug("no free port among %d tried below the ephemeral range %s on %s: port 0's", PORT_TRIES,
+                     span, host)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

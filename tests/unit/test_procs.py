@@ -68,3 +68,56 @@ def test_the_truncation_note_names_the_limit_read(max_bytes: int, says: bytes) -
     got = tail_bytes(io.BytesIO(data), 1, max_bytes=max_bytes)
     assert got.startswith(b"[clorch_repl: only the last " + says + b" of this log were read;"), got[:120]
     assert got.endswith(b"\n" + b"x" * (max_bytes - 1) + b"\n")
+
+
+def test_a_chosen_port_lies_below_the_ephemeral_range_and_is_free() -> None:
+    """MASTER_PORT is bound seconds after it is chosen, by another process: a port from the
+    ephemeral range can be taken meanwhile as the source port of any outgoing connection."""
+    import socket
+
+    from clorch_repl.common.procs import LOWEST_CHOSEN_PORT, ephemeral_range, free_port
+
+    span = ephemeral_range()
+    assert span is not None and span[0] > LOWEST_CHOSEN_PORT + 1000, span  # Linux's default: 32768-60999
+    for _ in range(20):
+        port = free_port()
+        assert LOWEST_CHOSEN_PORT <= port < span[0], (port, span)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free: what rank 0's store does with it
+
+
+def test_a_port_is_still_chosen_when_no_room_is_left_below_the_range(tmp_path) -> None:
+    """A range that starts low (or one that cannot be read) leaves port 0's choice."""
+    from clorch_repl.common.procs import ephemeral_range, free_port
+
+    assert 1024 <= free_port(ephemeral=(1024, 65535)) <= 65535
+    assert free_port(ephemeral=None) > 0
+    assert ephemeral_range(str(tmp_path / "missing")) is None
+    (tmp_path / "range").write_text("20000\t30000\n")
+    assert ephemeral_range(str(tmp_path / "range")) == (20000, 30000)
+
+
+def test_every_candidate_taken_falls_back_to_port_zero() -> None:
+    """When the room below the range is all in use, the choice still succeeds."""
+    import socket
+
+    from clorch_repl.common.procs import LOWEST_CHOSEN_PORT, PORT_TRIES, free_port
+
+    held = []
+    try:
+        port = LOWEST_CHOSEN_PORT
+        while len(held) < PORT_TRIES:  # exactly the room there is: every candidate is taken
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+            else:
+                held.append(sock)
+            port += 1
+        top = port
+        chosen = free_port(ephemeral=(top, 65535))
+        assert chosen >= top, (chosen, top)  # none of the held ones: port 0's
+    finally:
+        for sock in held:
+            sock.close()
