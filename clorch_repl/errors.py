@@ -206,6 +206,18 @@ def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[
     return [(ranks, by_rank[ranks[0]]) for ranks, _ in groups]
 
 
+def _partial_restart(ranks: list[int]) -> str:
+    """What to type next about ``ranks`` that died or are stuck, in the notebook's words (this
+    report is rendered by IPython): a restart of those ranks alone comes first, because it keeps
+    every other rank's variables (the model that took minutes to load); a whole restart does not.
+    (The magics' words, as clorch_repl.notebook.hooks.NotebookHooks.verbs has them: this module is
+    below the notebook's and may not import it.)"""
+    one = len(set(ranks)) == 1
+    listed = ",".join(str(r) for r in sorted(set(ranks)))
+    return (f"%clorch restart --ranks {listed} starts {'it' if one else 'them'} afresh and forms the group "
+            "again while the others keep their variables; %clorch restart starts every rank afresh.")
+
+
 class DistributedCellError(Exception):
     """A ``%%distributed`` cell failed on one or more ranks.
 
@@ -326,9 +338,8 @@ class DistributedCellError(Exception):
             say(f"{_BOLD}{self.outcome.recovery}{_RESET}")
             return lines
         if dead:
-            say(f"The process group is broken: {rank_words(dead)} died. %clorch restart starts a fresh group.")
+            say(f"The process group is broken: {rank_words(dead)} died. {_partial_restart(dead)}")
         if stuck:
             say(f"{ranks_are(stuck).capitalize()} still running this cell and "
-                f"{'takes' if len(set(stuck)) == 1 else 'take'} no other cell: "
-                "%clorch restart starts a fresh group.")
+                f"{'takes' if len(set(stuck)) == 1 else 'take'} no other cell. {_partial_restart(stuck)}")
         return lines

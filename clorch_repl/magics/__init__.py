@@ -25,7 +25,9 @@ def unload(ipython: Any) -> None:
     if magics is None:
         return
     magics.head_start.uninstall()
-    magics.shutdown()
+    said = magics.shutdown()
+    if said:  # %reload_ext too: a habit that must not end the ranks unsaid
+        print(f"clorch: the extension was unloaded: {said}")
     atexit.unregister(magics.shutdown)
     registry = ipython.magics_manager.magics
     for kind, names in magics.magics.items():

@@ -20,10 +20,11 @@ from ..errors import ClorchError, DistributedCellError
 from ..notebook.display import NotebookDisplay
 from ..notebook.front_end import NotebookStdin
 from ..notebook.hooks import NotebookHooks
+from ..session.hooks import NoStdin
 from ..session.session import Session
 from ..host.logfiles import without_ansi
 from ..launchers.registry import launcher_class
-from ..common.topology import Topology, parse_timeout
+from ..common.topology import Topology, check_unique_in_range, parse_timeout
 from . import sessions, views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
@@ -59,15 +60,6 @@ class ClorchMagics(sessions.SessionCommands, Magics):
     def prewarm(self) -> None:
         """Warm spares for the first ``%clorch start`` (``%load_ext`` calls this; see :mod:`.warm`)."""
         self.warm.warm()
-
-    def shutdown(self) -> None:
-        """Stop the ranks and end warm spares (extension unload, notebook kernel exit)."""
-        try:
-            if self.session is not None and not self.release_detached():  # a detached session outlives us
-                self.session.stop()
-                self.session = None
-        finally:
-            self.warm.end()
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
@@ -364,10 +356,14 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             raise ClorchError(f"%clorch debug takes a rank number; got {args.rank!r}") from None
         timeout = parse_timeout(args.timeout, "--timeout")
         session = self._session()
+        check_unique_in_range([rank], session.topology.nproc, "%clorch debug", "rank")
+        stdin = NotebookStdin.current()
+        if isinstance(stdin, NoStdin):  # pdb would only fail inside, in its own input() (a traceback of pdb's)
+            raise ClorchError(f"%clorch debug needs a front end that takes input, to answer pdb's prompts: {stdin.why}")
         # %debug on the rank: IPython's own post-mortem of sys.last_traceback, its pdb prompts
         # answered in the notebook through the cell's stdin path (clorch_repl.session.stdin).
         outcome = session.run("%debug", [rank], timeout, NotebookDisplay((rank,)), stdin_ranks=[rank],
-                              stdin=NotebookStdin.current())
+                              stdin=stdin)
         if not outcome.ok:
             raise DistributedCellError(outcome, timeout)
 

@@ -1,10 +1,11 @@
 """``%clorch detach``, ``%clorch connect`` and ``%clorch sessions``: sessions that outlive the kernel.
 
 A mixin of :class:`~clorch_repl.magics.core.ClorchMagics` (whose module is full): the commands
-parse and render here; what they do is :mod:`clorch_repl.session.reattach`'s. Also the two rules
-the rest of the magics ask of a detached session: the kernel's exit lets go of it rather than
-ending it (:meth:`SessionCommands.release_detached`), and a kernel that another one took the
-session from is told so at its next command (:meth:`SessionCommands.check_driver`).
+parse and render here; what they do is :mod:`clorch_repl.session.reattach`'s. Also the end of the
+session with the extension or the kernel (:meth:`SessionCommands.shutdown`) and the two rules the
+rest of the magics ask of a detached session: the kernel's exit lets go of it rather than ending
+it (:meth:`SessionCommands.release_detached`), and a kernel that another one took the session
+from is told so at its next command (:meth:`SessionCommands.check_driver`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,29 @@ class SessionCommands:
     """The session-file commands of ``%clorch`` (see the module docstring)."""
 
     session: Any
+    warm: Any  # the magics' warm spares (clorch_repl.magics.warm.LoadSpares)
+
+    def shutdown(self) -> str | None:
+        """Stop the ranks and end warm spares (extension unload, notebook kernel exit); what was
+        ended, in a sentence for the user (``%unload_ext`` and ``%reload_ext`` print it: the ranks'
+        variables go with them, which must not happen unsaid), or None when no ranks ran."""
+        said = None
+        try:
+            if self.session is not None:
+                running, n = self.session.running, self.session.topology.nproc
+                if self.release_detached():  # a detached session outlives us
+                    said = "the detached session's ranks keep running: %clorch sessions lists it"
+                else:
+                    launcher = self.session.group
+                    self.session.stop()
+                    self.session = None
+                    kept = getattr(launcher, "kept_logs", "")
+                    if running:
+                        said = (f"stopped the session's {n} rank(s); their variables are gone"
+                                + (f", their logs are kept in {kept}" if kept else ""))
+        finally:
+            self.warm.end()
+        return said
 
     def release_detached(self) -> bool:
         """At the kernel's exit: let go of a detached session (its ranks live on, kept by their

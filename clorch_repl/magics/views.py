@@ -146,5 +146,7 @@ def degraded_notice(session: Session) -> str | None:
     """One line before each cell while the session has lost ranks, None otherwise."""
     if session.life.state is not SessionState.DEGRADED or session.group is None:
         return None
-    return (f"clorch: {session.life.why}: cells run on {rank_words(session.chosen(None))}, which have no group "
+    running = session.chosen(None)
+    return (f"clorch: {session.life.why}: cells run on {rank_words(running)}, which "
+            f"{'has' if len(running) == 1 else 'have'} no group "
             f"(collectives fail) until %clorch restart --ranks {','.join(map(str, session.lost))}")

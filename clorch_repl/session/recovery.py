@@ -131,7 +131,8 @@ def replace(relay: Relay, launcher: Launcher, ranks: list[int], generation: int,
         return Regrouped(False, f"clorch: {why}; %clorch restart gives fresh ranks and a fresh group", why)
     others = [p.rank for p in launcher.ranks if p.rank not in ranks]
     kept = f"; {rank_words(others)} kept {'its' if len(others) == 1 else 'their'} variables" if others else ""
+    one = len(ranks) == 1
     return Regrouped(True, f"clorch: {rank_words(ranks)} started afresh and the group formed again in "
-                           f"{time.monotonic() - t0:.1f} s{kept} ({'it is' if len(ranks) == 1 else 'they are'} "
-                           "fresh: give back its state, e.g. a broadcast from a survivor or a sharded "
-                           "checkpoint loaded on every rank)")
+                           f"{time.monotonic() - t0:.1f} s{kept} (the fresh {'rank has' if one else 'ranks have'} "
+                           f"no variables yet: give {'it' if one else 'them'} what the others hold, e.g. a "
+                           "broadcast from a survivor or a sharded checkpoint loaded on every rank)")

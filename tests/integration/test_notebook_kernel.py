@@ -135,3 +135,20 @@ def test_stop_ends_every_rank_and_keeps_their_logs(nb_keeping_logs: NotebookKern
             assert "\x1b[31mred\x1b[0m on 1" in fh.read()  # the file is as the rank wrote it
     finally:
         shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_reloading_the_extension_says_that_it_stopped_the_ranks(nb_keeping_logs: NotebookKernel) -> None:
+    """``%reload_ext`` is a habit; it unloads the extension, which ends the ranks and their
+    variables. That must be said, with where the logs went, not found out at the next cell."""
+    nb = nb_keeping_logs
+    pids = rank_pids(nb)
+    reply = nb.run("%reload_ext clorch_repl")
+    assert reply.status == "ok", reply.text
+    assert ("clorch: the extension was unloaded: stopped the session's 2 rank(s); their variables are gone, "
+            "their logs are kept in ") in reply.text, reply.text
+    assert wait_gone(pids, 5) == []
+    shutil.rmtree(reply.text.split("their logs are kept in ")[1].split()[0], ignore_errors=True)
+    again = nb.run("%clorch status")  # loaded again, with no session
+    assert again.status == "ok" and "no ranks are running" in again.text, again.text
+    quiet = nb.run("%unload_ext clorch_repl")  # nothing ran: nothing to say
+    assert quiet.status == "ok" and "clorch:" not in quiet.text, quiet.text

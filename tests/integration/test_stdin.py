@@ -91,7 +91,16 @@ def test_clorch_debug_opens_the_frames_of_a_ranks_last_exception(nb: NotebookKer
 def test_clorch_debug_refuses_a_rank_that_does_not_exist(nb: NotebookKernel) -> None:
     reply = nb.run("%clorch debug 5", answers=[], timeout=30)
     assert reply.status == "error"
-    assert "rank 5, which does not exist" in reply.text, reply.text
+    assert "%clorch debug names rank 5, which does not exist (0..1)" in reply.text, reply.text
+
+
+def test_clorch_debug_refuses_a_front_end_that_takes_no_input(nb: NotebookKernel) -> None:
+    """nbclient and ``jupyter execute`` send cells with allow_stdin=False: pdb's prompts could not
+    be answered, so the debugger is refused in one line, not with a traceback of pdb's own input()."""
+    reply = nb.run("%clorch debug 1", timeout=30)  # no answers: allow_stdin=False
+    assert reply.status == "error"
+    assert "%clorch debug needs a front end that takes input" in reply.text, reply.text
+    assert "allow_stdin=False" in reply.text and "pdb.py" not in reply.text, reply.text
 
 
 def test_interrupt_while_a_prompt_waits_interrupts_the_ranks_and_ends_the_cell(nb: NotebookKernel) -> None:
