@@ -267,8 +267,8 @@ def main(argv: list[str]) -> int:
     proctitle.set_cmdline([sys.executable, "-m", __spec__.name if __spec__ else __name__, argv[0]])
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
     try:
+        sock.send(json.dumps({"ready": os.getpid()}).encode())  # (an interrupted start closed it meanwhile)
         serve(sock, notebook)
     except (BrokenPipeError, ConnectionResetError):  # the notebook is gone: so are we
         pass
