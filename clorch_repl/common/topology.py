@@ -77,11 +77,15 @@ class Topology:
 
 
 def parse_int_list(value: str | Iterable[int] | None, what: str) -> list[int] | None:
-    """``"0,1"`` or ``[0, 1]`` to ``[0, 1]``; None stays None. Refuses junk with one line."""
+    """``"0,1"`` or ``[0, 1]`` to ``[0, 1]``; None stays None. Refuses junk with one line. A
+    string in one pair of quotes is read without them: IPython's magic parsers keep quotes
+    (``%%distributed --ranks "0,2"`` passes ``'"0,2"'``), and a shell would have taken them off."""
     if value is None:
         return None
     if isinstance(value, str):
         text = value.strip()
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            text = text[1:-1].strip()
         if not text:
             raise ConfigError(f"{what} is empty: give comma-separated integers, e.g. 0,1")
         items: list[int] = []

@@ -70,3 +70,20 @@ def test_visible_devices_are_counted_as_cuda_counts_them(monkeypatch: Any, visib
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert cuda._visible_count(2) == count
+
+
+@pytest.mark.parametrize("text", ['"0,2"', "'0,2'", ' " 0, 2 " '])
+def test_a_rank_list_in_quotes_is_read_without_them(text: str) -> None:
+    """IPython's magic parsers keep quotes (``%%distributed --ranks "0,2"``): read as a shell would."""
+    from clorch_repl.common.topology import parse_int_list
+
+    assert parse_int_list(text, "--ranks") == [0, 2]
+
+
+@pytest.mark.parametrize("text", ['"0,2', "'0,2\"", '""'])
+def test_unpaired_or_empty_quotes_are_still_refused(text: str) -> None:
+    from clorch_repl.common.topology import parse_int_list
+    from clorch_repl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--ranks"):
+        parse_int_list(text, "--ranks")
