@@ -4,7 +4,8 @@
 ``kernel_class``), so only a rank imports this module, and ipykernel is imported at module level.
 It composes the rank's additions, each in its own module: the stdin policy
 (:mod:`.stdin_policy`), the lean execute path (:mod:`.lean_execute`), the output budget around
-each cell (:mod:`.output`), displays echoed to the log (:mod:`.display_log`) and the
+each cell (:mod:`.output`), displays echoed to the log and widget views brought up to date at
+a cell's end (:mod:`.display_log`) and the
 ``breakpoint()`` hook (:mod:`.breakpoints`), and a rank that is not interactive to libraries
 that ask (:mod:`.worker_look`). Here: the cell's traceback written to the rank's log,
 no status messages for the notebook's probes, and five savings of a rank's CPU per cell
@@ -28,7 +29,7 @@ from ..wire.probe import PROBE_REQUEST
 from ..wire.limits import Limits, at_source
 from . import breakpoints, output, transform_memo
 from .shell_recv import one_task_per_request
-from .display_log import log_displays, log_widget_states
+from .display_log import log_displays, log_widget_states, publish_widget_views
 from .lean_execute import LeanExecute
 from .stdin_policy import StdinPolicy
 from .worker_look import look_like_a_worker
@@ -76,6 +77,7 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         finally:
             transform.close()
             output.end_cell()
+            publish_widget_views()  # a finished bar's last text, for front ends without a widget manager
             log_widget_states()  # a finished bar's last state, for %clorch logs
         if isinstance(reply, dict) and reply.get("status") == "error":
             try:

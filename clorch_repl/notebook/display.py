@@ -21,7 +21,8 @@ the rest of the cell. Progress lines, display updates and ``clear_output`` are n
 
 Widget views (a ``tqdm.auto`` bar, a slider) are never merged and never held: they go into slots
 in rank order (:class:`.widget_rows.WidgetRows`), so that four ranks' bars read 0, 1, 2, 3 whatever order the
-ranks made them in (they arrived 2, 0, 3, 1 when each view was shown as it came).
+ranks made them in (they arrived 2, 0, 3, 1 when each view was shown as it came). A rank's update of
+a view at its cell's end (a finished bar) goes where that view is (:mod:`.widget_views`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ..common.human import wrap
 from ..common.rank_sets import ranks_text
 from .held_notice import HeldNotice
 from ..session.protocol import RankOutput
-from ..session.widget_rows import WIDGET_VIEW, WidgetRows
+from .widget_views import WidgetViews
 
 logger = logging.getLogger(__name__)
 
@@ -133,16 +134,15 @@ class NotebookDisplay:
     _keys: dict[int, collections.Counter[Hashable]] = field(default_factory=dict)
     #: streams written since the last flush; flushing an ipykernel stream costs two thread hops
     _dirty: set[str] = field(default_factory=set)
-    #: where widget views go (rank order); (row, rank) -> the display ids of its label and view
-    _widget_rows: WidgetRows = field(default_factory=lambda: WidgetRows(()))
-    _slots: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+    #: where widget views go (slots in rank order) and their updates at a cell's end
+    _widgets: WidgetViews = field(default_factory=lambda: WidgetViews(()))
     #: the cell's output limits on the page, and the line at the top saying what they held back
     held: HeldNotice = field(default_factory=HeldNotice)
 
     def __post_init__(self) -> None:
         self.ranks = tuple(sorted(set(self.ranks)))
         self.merge = self.merge and len(self.ranks) > 1
-        self._widget_rows = WidgetRows(self.ranks)
+        self._widgets = WidgetViews(self.ranks)
 
     # ------------------------------------------------------------------------------ sink API
     def output(self, item: RankOutput) -> None:
@@ -152,7 +152,7 @@ class NotebookDisplay:
             self._stream(rank, content.get("name", "stdout"), content.get("text", ""))
         elif item.kind == "display_data" and self.held.report(rank, content.get("data") or {}):
             pass  # a rank's report of what it held back: said in the line at the top
-        elif item.kind == "display_data" and self._slotted(rank, content):
+        elif item.kind == "display_data" and self._widgets.slotted(rank, content):
             self._enqueue(rank, "widget", content, None)  # never merged, never held (see WidgetRows)
         elif item.kind in ("display_data", "execute_result"):
             self._enqueue(rank, "rich", content, self._rich_key(rank, item.kind, content))
@@ -305,14 +305,13 @@ class NotebookDisplay:
                 progress.handle = None  # its display is gone; the next rewrite shows a new one
             # the widget slots are gone too: a view that comes later makes a new row, not an
             # update of a display that is no longer there
-            self._widget_rows = WidgetRows(self.ranks)
-            self._slots.clear()
+            self._widgets = WidgetViews(self.ranks)
             self.held.cleared()
             clear_output(wait=bool(unit.payload.get("wait", False)))
         elif unit.kind == "comm":
             unit.payload()  # publishes a widget's comm message (see comm())
         elif unit.kind == "widget":
-            self._widget(ranks[0], unit.payload)
+            self._widgets.fill(ranks[0], unit.payload, label(ranks[0], self.hosts), self._before_widgets)
 
     # ------------------------------------------------------------------------------- streams
     def _stream(self, rank: int, name: str, text: str) -> None:
@@ -398,36 +397,19 @@ class NotebookDisplay:
         if "text/plain" in data:
             data["text/plain"] = who + data["text/plain"]
         transient = self._transient(ranks[0], content) if len(ranks) == 1 else None
+        if transient is None and len(ranks) == 1:
+            transient = self._widgets.shown(ranks[0], data)  # a widget view's: its update finds it
         publish_display_data(data, content.get("metadata") or {}, transient=transient)
 
-    def _slotted(self, rank: int, content: dict[str, Any]) -> bool:
-        """A widget view of one of several ranks, without a display id of its own: it goes into
-        its rank's slot. (One rank's views need no order; an updatable one keeps its id.)"""
-        return (len(self.ranks) > 1 and rank in self.ranks and WIDGET_VIEW in (content.get("data") or {})
-                and not (content.get("transient") or {}).get("display_id"))
-
-    def _widget(self, rank: int, content: dict[str, Any]) -> None:
-        """Fill ``rank``'s slot of its next row with its widget view, making the row first if it
-        is new: an empty label display and an empty view display per rank, in rank order, each
-        updated in place when its rank's view comes."""
-        row, new = self._widget_rows.place(rank)
-        if new:
-            self._end_lines()
-            self._flush_streams()  # lines before the views must reach the notebook first
-            for r in self.ranks:
-                n = next(_ids)
-                ids = (f"clorch-widget-{n}-label-rank{r}", f"clorch-widget-{n}-view-rank{r}")
-                self._slots[(row, r)] = ids
-                for display_id in ids:
-                    publish_display_data({"text/plain": ""}, {}, transient={"display_id": display_id})
-        label_id, view_id = self._slots[(row, rank)]
-        who = label(rank, self.hosts)
-        publish_display_data({"text/plain": who.rstrip()}, {}, transient={"display_id": label_id}, update=True)
-        data = dict(content.get("data", {}))
-        data["text/plain"] = who + data.get("text/plain", "")
-        publish_display_data(data, content.get("metadata") or {}, transient={"display_id": view_id}, update=True)
+    def _before_widgets(self) -> None:
+        """Lines before a new row of widget views must reach the notebook first."""
+        self._end_lines()
+        self._flush_streams()
 
     def _update(self, rank: int, content: dict[str, Any]) -> None:
+        display_id = (content.get("transient") or {}).get("display_id")
+        if (rank, display_id) not in self._display_ids and self._widgets.update(rank, content, label(rank, self.hosts)):
+            return  # the rank's update of a view it showed without an id (a finished bar): see WidgetViews
         transient = self._transient(rank, content)
         if transient is None:
             return

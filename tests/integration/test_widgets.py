@@ -74,7 +74,8 @@ def text_of(messages: list[dict[str, Any]]) -> str:
 
 
 def views_by_rank(messages: list[dict[str, Any]]) -> dict[int, list[str]]:
-    """Widget views shown, by the rank their label names: {rank: [model_id, ...]}."""
+    """Widget views shown, by the rank their label names: {rank: [model_id, ...]} (a view shown
+    again in its display, as at the cell's end when its text changed, counts once)."""
     views: dict[int, list[str]] = {}
     for m in messages:
         # (several ranks' views fill slots made in rank order: update_display_data)
@@ -82,8 +83,24 @@ def views_by_rank(messages: list[dict[str, Any]]) -> dict[int, list[str]]:
         if WIDGET_VIEW in data:
             who = re.match(r"\[rank (\d+)\] ", data.get("text/plain", ""))
             assert who, f"a widget view without a rank label: {data.get('text/plain')!r}"
-            views.setdefault(int(who.group(1)), []).append(data[WIDGET_VIEW]["model_id"])
+            shown = views.setdefault(int(who.group(1)), [])
+            if data[WIDGET_VIEW]["model_id"] not in shown:
+                shown.append(data[WIDGET_VIEW]["model_id"])
     return views
+
+
+def final_views(messages: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each display id's last widget view, as a front end that applies updates in place ends up
+    showing it: {display_id: (text/plain, the widget view)}."""
+    last: dict[str, tuple[str, dict[str, Any]]] = {}
+    for m in messages:
+        if m["msg_type"] not in ("display_data", "update_display_data"):
+            continue
+        display_id = (m["content"].get("transient") or {}).get("display_id")
+        data = m["content"]["data"]
+        if display_id and WIDGET_VIEW in data:
+            last[display_id] = (data.get("text/plain", ""), data[WIDGET_VIEW])
+    return last
 
 
 def send_comm(nb: NotebookKernel, msg_type: str, content: dict[str, Any]) -> str:
@@ -153,6 +170,12 @@ def test_tqdm_auto_bars_are_widgets_per_rank_and_the_cell_ends(nb: NotebookKerne
     # the text fallback, for front ends without a widget manager: labelled bars, then the merged line
     assert re.search(r"\[rank 0\] rank0: +0%", text) and re.search(r"\[rank 1\] rank1: +0%", text), text
     assert "[ranks 0-1] trained" in text
+    # ...and at the cell's end each bar's display is updated to its last text, the view kept in it
+    # (issue: a headless run showed the finished bars at 0 %)
+    shown = sorted(final_views(messages).values(), key=lambda v: v[0])
+    assert [v[1]["model_id"] for v in shown] == [views[0][0], views[1][0]], shown
+    for rank, (bar_text, _) in enumerate(shown):
+        assert re.match(rf"\[rank {rank}\] rank{rank}: 100%\|.*\| 20/20", bar_text), shown
     # the rank's log ends with the bar's last state, not the 0 % it was displayed at (issue 38)
     logs = nb.run("%clorch logs 1 --tail 5").text
     assert re.search(r"rank1: 100%\|.*\| 20/20", logs), logs
@@ -186,7 +209,8 @@ def test_the_kernel_stays_busy_until_a_widget_cell_ends(nb: NotebookKernel) -> N
         raise AssertionError("the cell never ended")
     assert ("kernel_info_request", "busy") in states, states  # the control request was answered...
     assert all(state == "busy" for _, state in states), states  # ...without an idle before the cell's end
-    assert sorted(views) == ["[rank 0", "[rank 1"], views
+    # each rank's view, then (at the cell's end, its text changed) the same view with its last text
+    assert sorted(views) == ["[rank 0", "[rank 0", "[rank 1", "[rank 1"], views
 
 
 def test_front_end_close_and_restart_release_the_proxies(nb: NotebookKernel) -> None:
@@ -245,11 +269,12 @@ def test_a_comm_id_two_ranks_share_is_refused_not_mixed_up(nb: NotebookKernel) -
     assert "whose id is already a comm of rank" in text_of(messages)
 
 
-def test_without_a_widget_manager_the_text_is_labelled_and_the_saved_notebook_has_the_final_bars(
+def test_without_a_widget_manager_the_bars_end_finished_and_the_saved_notebook_has_their_state(
         tmp_path: Any) -> None:
-    """nbclient (clorch-notebook, CI) has no widget manager: each rank's bar is its labelled text
-    as first shown, and the executed notebook keeps every widget's final state in its metadata,
-    so a viewer that renders widgets shows the finished bars."""
+    """nbclient (clorch-notebook, CI) has no widget manager: each rank's bar is its labelled text,
+    which the rank brings up to date at the cell's end, so the executed notebook shows the
+    finished bars (it showed them at 0 %), still as widget views (JupyterLab renders the widget);
+    it also keeps every widget's final state in its metadata."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -262,8 +287,11 @@ def test_without_a_widget_manager_the_text_is_labelled_and_the_saved_notebook_ha
     NotebookClient(nbk, timeout=180, kernel_name="python3").execute(cwd=str(tmp_path))
     outputs = nbk.cells[2].outputs
     texts = [o.get("text") or o.data.get("text/plain", "") for o in outputs]
-    for rank in (0, 1):
-        assert any(re.match(rf"\[rank {rank}\] rank {rank}: +0%\|", t) for t in texts), texts
+    views = [o for o in outputs if WIDGET_VIEW in o.get("data", {})]
+    assert len(views) == 2, texts
+    for rank, shown in enumerate(views):  # in rank order, each its rank's bar as it ended, still a widget view
+        assert re.match(rf"\[rank {rank}\] rank {rank}: 100%\|#+\| 20/20 ", shown.data["text/plain"]), texts
+    assert not any(re.search(r"\] rank \d: +0%", t) for t in texts), texts
     assert "[ranks 0-1] done\n" in texts
     state = nbk.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     bars = [m["state"]["value"] for m in state.values() if m["model_name"] == "FloatProgressModel"]
