@@ -48,6 +48,11 @@ def scenario(name: str, rank: int) -> None:
             dist.all_reduce(torch.ones(4))
         else:
             dist.broadcast(torch.ones(4), 0)
+    elif name == "mismatch3":                 # #3: broadcast on rank 0, all_reduce on the others
+        if rank == 0:
+            dist.broadcast(torch.ones(4), 0)
+        else:
+            dist.all_reduce(torch.ones(4))
     elif name == "subgroup":                  # group of ranks 0, 1: rank 1 is late; rank 2 is no member
         sub = dist.new_group([0, 1])
         if rank == 0:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, Callable
 
-from ..common.rank_sets import rank_words
+from ..common.rank_sets import merge_blocks, rank_words
 from .entries import (Entry, CollectiveProgress, RankEvidence, Verdict, entries_of, group_label, members_of,
                       progress, unrecorded_pending)
 from .where import where
@@ -67,7 +67,7 @@ def _pushed_out(states: list[RankEvidence]) -> Verdict | None:
     clauses = [f"{rank_words(sorted(waiting))} {verb} in an operation whose entries torch's flight recorder no "
                f"longer holds: later entries pushed out every entry of its group ({first.key}; "
                f"TORCH_FR_BUFFER_SIZE={first.capacity} on rank {min(waiting)}, a larger one keeps more)"]
-    clauses += [f"{s.name} {where(s)}" for s in states if s.rank not in waiting]
+    clauses += by_phrase([s for s in states if s.rank not in waiting], lambda s, many: where(s, many=many))
     by_rank = {s.rank: s for s in states}
     oldest = [int(raw["time_created_ns"]) for r in waiting for raw in by_rank[r].answer["fr"].get("entries", [])
               if raw.get("time_created_ns")]
@@ -106,9 +106,17 @@ def _first_disagreement(pg: str, per_rank: dict[int, dict[int, Entry]],
 
 
 def _mismatch(pg: str, present: dict[int, Entry], members: list[int]) -> str | None:
-    """Torch's own comparison of two ranks' entries for one collective; a sentence if they differ."""
+    """Torch's own comparison of the ranks' entries for one collective; if they differ, a sentence
+    that names every rank, grouped by what it called (:func:`mismatch_text`)."""
     if len(present) < 2:
         return None
+    groups = alike(present, _comparer(pg, members))
+    return mismatch_text([(ranks, present[ranks[0]]) for ranks in groups]) if len(groups) > 1 else None
+
+
+def _comparer(pg: str, members: list[int]) -> Callable[[Entry, Entry], bool]:
+    """Whether two ranks' entries of one collective match: torch's ``Op.match`` where torch is
+    already imported, else op and tensors compared ourselves."""
     # Only where torch is already imported: importing it here took the notebook 2.6 s under load,
     # inside the interrupt of a timed-out cell (and ~300 MB of the notebook's memory).
     Op = None  # noqa: N806
@@ -117,33 +125,44 @@ def _mismatch(pg: str, present: dict[int, Entry], members: list[int]) -> str | N
             from torch.distributed.flight_recorder.components.types import MatchState, Op
         except ImportError:  # a torch without the analyser: compare op and tensors ourselves
             Op = None  # noqa: N806
-    ranks = sorted(present)
-    ref = present[ranks[0]]
     memberships = {pg: set(members)}
-    for r in ranks[1:]:
-        other = present[r]
+
+    def same(ref: Entry, other: Entry) -> bool:
         if Op is not None:
             try:
-                a = Op(_for_torch(ref.raw), memberships, pg)
-                b = Op(_for_torch(other.raw), memberships, pg)
-                info = a.match(b)
-                differs = info.state not in (MatchState.FULLY_MATCHED, MatchState.UNDECIDED,
-                                             MatchState.COLLECTIVE_STATE_MISMATCH)
+                info = Op(_for_torch(ref.raw), memberships, pg).match(Op(_for_torch(other.raw), memberships, pg))
+                return info.state in (MatchState.FULLY_MATCHED, MatchState.UNDECIDED,
+                                      MatchState.COLLECTIVE_STATE_MISMATCH)
             except (AssertionError, KeyError, ValueError, IndexError, TypeError) as exc:
                 logger.debug("torch's Op could not compare %s and %s: %s", ref.raw, other.raw, exc)
-                differs = (ref.op, ref.tensors) != (other.op, other.tensors)
+        return (ref.op, ref.tensors) == (other.op, other.tensors)
+    return same
+
+
+def alike(present: dict[int, Entry], same: Callable[[Entry, Entry], bool]) -> list[list[int]]:
+    """The ranks of ``present`` in groups that called the same (``same`` of the group's lowest
+    rank's entry and theirs), in rank order: ``[[0], [1, 2]]`` for a broadcast on rank 0 and an
+    all_reduce on ranks 1 and 2. Why groups: compared only with rank 0, the first rank that
+    differed was named and a third rank's call was never mentioned."""
+    groups: list[list[int]] = []
+    for rank in sorted(present):
+        home = next((g for g in groups if same(present[g[0]], present[rank])), None)
+        if home is None:
+            groups.append([rank])
         else:
-            differs = (ref.op, ref.tensors) != (other.op, other.tensors)
-        if differs:
-            if ref.op != other.op:
-                return (f"rank {ref.rank} called {ref.op}({ref.tensors}), "
-                        f"rank {r} called {other.op}({other.tensors})")
-            if ref.op == "broadcast":
-                return (f"rank {ref.rank} has {ref.tensors or 'no tensor'}, "
-                        f"rank {r} has {other.tensors or 'no tensor'}")
-            return (f"rank {ref.rank} passed {ref.tensors or 'no tensor'}, "
-                    f"rank {r} passed {other.tensors or 'no tensor'}")
-    return None
+            home.append(rank)
+    return groups
+
+
+def mismatch_text(groups: list[tuple[list[int], Entry]]) -> str:
+    """``rank 0 called broadcast(float32[4]), ranks 1-2 called all_reduce(float32[4])``: each
+    group of :func:`alike` with one of its entries. Ops named where they differ; else the
+    tensors a broadcast has or another collective was passed."""
+    entries = [entry for _, entry in groups]
+    if len({entry.op for entry in entries}) > 1:
+        return ", ".join(f"{rank_words(ranks)} called {e.op}({e.tensors})" for ranks, e in groups)
+    verb = "has" if entries[0].op == "broadcast" else "passed"
+    return ", ".join(f"{rank_words(ranks)} {verb} {e.tensors or 'no tensor'}" for ranks, e in groups)
 
 
 def _for_torch(raw: dict[str, Any]) -> dict[str, Any]:
@@ -168,21 +187,8 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
     if pending:
         verb = "waits" if len(pending) == 1 else "wait"
         clauses.append(f"{rank_words(pending)} {verb} in it")
-    for r in absent:
-        state = by_rank.get(r)
-        if state is None:
-            continue
-        if state.dead is not None:
-            clauses.append(f"{state.name} died ({state.dead})")
-            continue
-        if not state.answered:
-            clauses.append(f"{state.name} {where(state)}")
-            continue
-        elsewhere = _pending_elsewhere(state, pg)
-        if elsewhere is not None:
-            clauses.append(f"{state.name} never called it and waits in {elsewhere}")
-        else:
-            clauses.append(f"{state.name} never called it and {where(state)}")
+    clauses += by_phrase([by_rank[r] for r in absent if r in by_rank],
+                         lambda state, many: _absent(state, pg, many))
     ages = [(by_rank[r].answer["now_ns"] - int(present[r].raw.get("time_created_ns") or 0)) / 1e9
             for r in pending if by_rank.get(r) is not None and by_rank[r].answered
             and "now_ns" in by_rank[r].answer]
@@ -191,6 +197,29 @@ def _verdict(pg: str, seq: int, present: dict[int, Entry], pending: list[int], a
                    held=[r for r in absent if r in by_rank and (by_rank[r].prompt is not None or by_rank[r].paused)],
                    mismatch=mismatch is not None, pending_s=min(ages) if ages else None,
                    entered_ns=min((int(present[r].raw.get("time_created_ns") or 0) for r in pending), default=None))
+
+
+def _absent(state: RankEvidence, pg: str, many: bool) -> str:
+    """What a member that never called group ``pg``'s pending collective does instead (``many``:
+    said of several ranks, see :func:`by_phrase`)."""
+    if state.dead is not None or not state.answered:
+        return where(state, many=many)
+    elsewhere = _pending_elsewhere(state, pg)
+    if elsewhere is not None:
+        return f"never called it and {'wait' if many else 'waits'} in {elsewhere}"
+    return f"never called it and {where(state, many=many)}"
+
+
+def by_phrase(states: list[RankEvidence], phrase: Callable[[RankEvidence, bool], str]) -> list[str]:
+    """One clause per set of ranks (of one host) whose phrase is the same, in the order of their
+    lowest rank: ``ranks 0-2 are not running a cell`` where the verdicts said ``rank 0 is not
+    running a cell; rank 1 is not running a cell; ...`` and the rank that differs drowned in the
+    copies. ``phrase(state, many)`` says it of one rank or, ``many``, of several (the verbs in
+    the plural); ranks are merged on their singular phrase."""
+    by_rank = {s.rank: s for s in states}
+    blocks = [(s.rank, (s.host, phrase(s, False))) for s in states]
+    return [f"{rank_words(ranks)}{f' on {host}' if host else ''} {phrase(by_rank[ranks[0]], len(ranks) > 1)}"
+            for ranks, (host, _) in merge_blocks(blocks)]
 
 
 def _pending_elsewhere(state: RankEvidence, pg: str) -> str | None:
@@ -205,7 +234,7 @@ def _no_collective(states: list[RankEvidence]) -> Verdict:
     if dead:
         # A dead peer ends gloo's collectives at once (they fail on the survivors), so nothing is
         # pending any more: name the death, and the last collective the survivors entered.
-        parts = [f"{s.name} died ({s.dead})" for s in dead]
+        parts = by_phrase(dead, lambda s, _many: f"died ({s.dead})")
         last: dict[tuple[str, int, str, str], list[int]] = {}
         for state in states:
             entries = entries_of(state)
@@ -216,10 +245,13 @@ def _no_collective(states: list[RankEvidence]) -> Verdict:
             what = f"{op} #{seq} ({tensors + ', ' if tensors else ''}{group_label(pg, states)})"
             parts.append(f"the last collective of {rank_words(ranks)} was {what}")
         return Verdict(sentence="; ".join(parts), hang=False)
-    parts = []
-    for state in states:
-        text = where(state)
-        if state.answered and state.answer.get("in_cell") and state.answer.get("cuda_busy"):
-            text = "is in native code outside any collective, " + text.removeprefix("is ")
-        parts.append(f"{state.name} {text}")
-    return Verdict(sentence="no collective is pending: " + "; ".join(parts), hang=False)
+    return Verdict(sentence="no collective is pending: " + "; ".join(by_phrase(states, _outside)), hang=False)
+
+
+def _outside(state: RankEvidence, many: bool) -> str:
+    """Where a rank is while no collective is pending (``many``: see :func:`by_phrase`)."""
+    text = where(state, many=many)
+    if state.answered and state.answer.get("in_cell") and state.answer.get("cuda_busy"):
+        verb = "are" if many else "is"
+        text = f"{verb} in native code outside any collective, " + text.removeprefix(f"{verb} ")
+    return text

@@ -35,7 +35,7 @@ PROBE_TIMEOUT_S = 3.0
 #: Entries of the flight recorder sent back (the most recent); enough to line up the ranks.
 ENTRIES_SENT = 200
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIBRARY_DIRS = tuple({os.path.realpath(p) for p in (
     sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
     sysconfig.get_paths().get("platlib"), _PACKAGE_DIR) if p})
@@ -100,7 +100,7 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
         cell = label_of(summary.filename)
         out.append({"file": summary.filename, "line": summary.lineno, "function": summary.name,
                     "code": (summary.line or "").strip(), "cell": cell,
-                    "library": cell is None and is_library(summary.filename)})
+                    "library": cell is None and is_library(summary.filename), "own": is_own(summary.filename)})
     return out
 
 
@@ -163,6 +163,16 @@ def is_library(filename: str) -> bool:
         return filename.startswith("<frozen")
     path = os.path.realpath(filename)
     return any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+
+
+def is_own(filename: str) -> bool:
+    """Frames of clorch_repl itself (the frame's code file inside this package): what every report
+    leaves out of a stack (:func:`clorch_repl.diagnosis.where.own_frame` reads this mark). Decided
+    here, on the rank, because only the rank knows where its package lies (a remote host's install
+    is not the notebook's), and by the file, never by the text shown for it."""
+    if filename.startswith("<"):
+        return False
+    return os.path.realpath(filename).startswith(_PACKAGE_DIR + os.sep)
 
 
 def cuda_busy() -> bool | None:

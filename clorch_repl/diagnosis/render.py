@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from ..host.rankfiles import report_stack
 from ..common.rank_sets import merge_blocks, rank_words
-from .entries import RankEvidence, Verdict, describe_tensors, entries_of, unrecorded_pending
+from .entries import Entry, RankEvidence, Verdict, describe_tensors, entries_of, members_of, unrecorded_pending
 from .where import frame_label, own_frame
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,9 @@ def evidence(states: list[RankEvidence], *, all_threads: bool = False, recent: i
     of one host whose evidence reads the same (three ranks waiting in the same all_reduce at the
     same line) once, under one heading (``---- ranks 0,2-3 ----``), so the rank that differs is
     not buried between copies."""
-    blocks = [(state.rank, (state.host, tuple(_block(state, all_threads=all_threads, recent=recent))))
+    dead = {s.rank for s in states if s.dead is not None}
+    blocks = [(state.rank, (state.host, tuple(_block(state, all_threads=all_threads, recent=recent,
+                                                      lost=lambda pg: [r for r in members_of(pg, states) if r in dead]))))
               for state in states]
     lines: list[str] = []
     for ranks, (host, body) in merge_blocks(blocks):
@@ -41,8 +43,9 @@ def evidence(states: list[RankEvidence], *, all_threads: bool = False, recent: i
     return lines
 
 
-def _block(state: RankEvidence, *, all_threads: bool, recent: int) -> list[str]:
-    """One rank's evidence, below its heading."""
+def _block(state: RankEvidence, *, all_threads: bool, recent: int,
+           lost: Callable[[str], list[int]] = lambda pg: []) -> list[str]:
+    """One rank's evidence, below its heading; ``lost(pg)``: the dead members of group ``pg``."""
     lines: list[str] = []
     if state.dead is not None:
         return [f"  died ({state.dead})"]
@@ -59,8 +62,9 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int) -> list[str]:
     else:
         entries = entries_of(state)[-recent:]
         lines.append("  last collectives:" if entries else "  no collective recorded")
+        last = {e.pg: e for e in entries}
         for e in entries:
-            state_word = "completed" if e.completed else (e.raw.get("state") or "scheduled")
+            state_word = _state_word(e, lost(e.pg) if last[e.pg] is e else [])
             lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                          f"group {e.pg}: {state_word}")
         for gone in unrecorded_pending(state):
@@ -80,8 +84,38 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int) -> list[str]:
         lines.append(f"  CUDA stream busy: {'yes' if ans['cuda_busy'] else 'no'}")
     if all_threads:
         for thread in ans.get("threads") or []:
-            lines.extend(_stack_lines(f"  thread {thread.get('name')}:", thread.get("stack") or []))
+            lines.extend(_thread_lines(thread))
     return lines
+
+
+def _state_word(entry: Entry, lost: list[int]) -> str:
+    """``completed``, ``scheduled``...; for a rank's last collective of a group that lost members
+    (``lost``, dead ranks), ``ended`` and why it may have failed: gloo fails a collective whose
+    peer died, and torch's flight recorder retires a failed collective as it does a finished
+    one, so "completed" beside "rank 1 died" read as if the collective had worked."""
+    if not entry.completed:
+        return str(entry.raw.get("state") or "scheduled")
+    if lost:
+        return f"ended, perhaps failed ({rank_words(lost)} of its group died)"
+    return "completed"
+
+
+def _thread_lines(thread: dict[str, Any]) -> list[str]:
+    """One thread of ``--all-threads``: its stack without clorch_repl's frames, by the one test
+    the main thread's stack uses (:func:`own_frame`, in :func:`_stack_lines`).
+
+    A thread doing only clorch's own work (clorch frames, and no line of the user's code: the
+    control thread answering this very probe, a watcher of the rank's kernel) is summarised in one
+    line rather than left out: its name still says it is there, and where it waits when that is a
+    library's line (a save thread inside torch, say); its stack, clorch's frames left out, would be
+    threading's and zmq's bare frames, which say nothing and bury the user's threads."""
+    name = thread.get("name")
+    stack = thread.get("stack") or []
+    if any(own_frame(f) for f in stack) and all(f.get("library") or own_frame(f) for f in stack):
+        inner = stack[-1]
+        at = "" if own_frame(inner) else f", now at {frame_label(inner)}"
+        return [f"  thread {name}: clorch_repl's own work (its frames not shown){at}"]
+    return _stack_lines(f"  thread {name}:", stack)
 
 
 def _stack_lines(head: str, stack: list[dict[str, Any]]) -> list[str]:

@@ -19,56 +19,74 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def held_at_prompt(state: RankEvidence) -> str:
+def held_at_prompt(state: RankEvidence, *, many: bool = False) -> str:
     """A rank waiting for the user at a prompt: in the debugger (pdb's frames on its stack) or in
-    input(), and where."""
+    input(), and where. ``many``: said of several ranks whose phrase is the same (see :func:`where`)."""
     stack = ((state.answer or {}).get("stack") or []) if state.answered else []
     files = [str(f.get("file", "")) for f in stack]
     if not state.answered:  # its faulthandler stack, when it had no time to answer
         files = re.findall(r'File "([^"]+)"', state.fallback_stack or "")
     in_pdb = any(os.path.basename(f) in ("bdb.py", "pdb.py") for f in files)
-    what = "is held in the debugger" if in_pdb or state.paused else "is waiting for input"
+    what = f"{_is(many)} held in the debugger" if in_pdb or state.paused else f"{_is(many)} waiting for input"
     user = [f for f in stack if not f.get("library")]
     at = f" at {frame_label(user[-1])}" if user else ""  # (a faulthandler stack's innermost line is the wait)
     if state.prompt is None:
         return f"{what}{at} (paused in the debugger panel)"
+    if many:
+        return f"{what}{at} (their prompts {state.prompt!r} wait for your answers in the notebook)"
     return f"{what}{at} (its prompt {state.prompt!r} waits for your answer in the notebook)"
 
 
-def where(state: RankEvidence) -> str:
-    """Where a rank is, as the notebook names lines: ``Cell In[5], line 3 in <module>``."""
+def where(state: RankEvidence, *, many: bool = False) -> str:
+    """Where a rank is, as the notebook names lines: ``Cell In[5], line 3 in <module>``.
+
+    ``many``: the same phrase said of several ranks at once (``ranks 0-2 are not running a
+    cell``), its verbs and pronouns plural; the verdicts name ranks whose phrase is the same
+    together (:func:`clorch_repl.common.rank_sets.merge_blocks`), so the one rank that differs
+    is not buried in a list of copies. Written here in both numbers rather than turned plural
+    afterwards: a rewrite of the text would also touch a prompt's or a function's own words."""
     if state.dead is not None:
         return f"died ({state.dead})"
     if state.prompt is not None or state.paused:
-        return held_at_prompt(state)
+        return held_at_prompt(state, many=many)
     if not state.answered:
         why = (state.answer or {}).get("error")
-        head = "did not answer" + (f" ({why})" if why else " (native code is holding its Python lock)")
+        lock = "their Python locks" if many else "its Python lock"
+        head = "did not answer" + (f" ({why})" if why else f" (native code is holding {lock})")
         line = _fallback_line(state.fallback_stack)
-        return head + (f"; it is at {line}" if line else "")
+        return head + (f"; {'they are' if many else 'it is'} at {line}" if line else "")
     ans = state.answer
     stack = ans.get("stack") or []
     if not ans.get("in_cell"):
-        return "is not running a cell"
+        return f"{_is(many)} not running a cell"
     user = [f for f in stack if not f.get("library")]
     if not user:
         # Only library frames under run_code: IPython showing the cell's traceback, for example.
         inner = f" ({frame_label(stack[-1])})" if stack else ""
-        return f"is in library code outside its cell's lines{inner}"
-    text = "is at " + frame_label(user[-1])
+        cells = "their cells'" if many else "its cell's"
+        return f"{_is(many)} in library code outside {cells} lines{inner}"
+    text = f"{_is(many)} at " + frame_label(user[-1])
     if stack and stack[-1].get("library") and user and not own_frame(stack[-1]):
         inner = stack[-1]
         text += f", inside {inner['function']}() ({_short(inner['file'])}:{inner['line']})"
     if ans.get("cuda_busy"):
-        text += ", with its CUDA stream still busy"
+        text += f", with {'their CUDA streams' if many else 'its CUDA stream'} still busy"
     return text
 
 
+def _is(many: bool) -> str:
+    """The verb of :func:`where`'s phrases, for one rank or several."""
+    return "are" if many else "is"
+
+
 def own_frame(frame: dict[str, Any]) -> bool:
-    """A frame of the rank kernel's own machinery (its output stream under a user's print): never
-    where the user's code is; a report that named ``clorch_repl/kernel/output.py:98 in _echo()``
-    as where a flooding rank was sent its reader into clorch."""
-    return (os.sep + os.path.join("clorch_repl", "kernel") + os.sep) in str(frame.get("file", ""))
+    """A frame of clorch_repl's own code (its output stream under a user's print, the probe that
+    answers this very question, a watcher thread): never where the user's code is; a report that
+    named ``clorch_repl/kernel/output.py:98 in _echo()`` as where a flooding rank was sent its
+    reader into clorch. The one test every view of a stack uses (the main thread's, every
+    thread's): the rank marks the frame whose code file lies inside its clorch_repl package
+    (:func:`clorch_repl.diagnosis.probe.is_own`), as only the rank knows where that is."""
+    return bool(frame.get("own"))
 
 
 def frame_label(frame: dict[str, Any]) -> str:

@@ -91,4 +91,14 @@ def test_computing_ranks_are_not_a_hang(tmp_path: Any) -> None:
     verdict = analyse(hang_scenarios.record("compute", 2, str(tmp_path)))
     assert not verdict.hang
     assert verdict.sentence.startswith("no collective is pending")
-    assert "rank 0 is at " in verdict.sentence and "rank 1 is at " in verdict.sentence
+    # Both ranks at the same line are one clause (ranks 0-1 are at ...), else one each.
+    sentence = verdict.sentence
+    assert "ranks 0-1 are at " in sentence or ("rank 0 is at " in sentence and "rank 1 is at " in sentence), sentence
+
+
+def test_a_mismatch_of_three_ranks_names_every_ranks_call(tmp_path: Any) -> None:
+    # Rank 0 broadcasts, ranks 1 and 2 all_reduce (#3): before, rank 2's call was never mentioned.
+    verdict = analyse(hang_scenarios.record("mismatch3", 3, str(tmp_path)))
+    assert verdict.hang and verdict.mismatch and verdict.seq == 3
+    assert verdict.sentence == ("collective #3 (default group): rank 0 called broadcast(float32[4]), "
+                                "ranks 1-2 called all_reduce(float32[4]); ranks 0-2 wait in it"), verdict.sentence

@@ -26,7 +26,7 @@ def test_why_without_the_recorder_says_so_and_uses_stacks(ip: Any, unrecorded: A
     with capture_output() as cap:
         ip.run_line_magic("clorch", "why")
     lines = cap.stdout.splitlines()
-    assert lines[0] == ("no collective is pending: rank 0 is not running a cell; rank 1 is not running a cell "
+    assert lines[0] == ("no collective is pending: ranks 0-1 are not running a cell "
                         "(no collective record from ranks 0-1: the flight recorder is off "
                         "(TORCH_FR_BUFFER_SIZE=0); judged from stacks)"), lines[0]
     assert "  collectives: unknown (the flight recorder is off (TORCH_FR_BUFFER_SIZE=0))" in lines
