@@ -245,6 +245,8 @@ class DistributedCellError(Exception):
             who = rank_words(ranks)
             if result.status is Status.DIED:
                 parts.append(f"{who} died ({result.exit})")
+            elif result.status is Status.STUCK and self.outcome.cut_short:  # (it may have returned since)
+                parts.append(f"{who} had not returned when the wait was cut short")
             elif result.status is Status.STUCK:
                 parts.append(f"{who} did not return after the interrupt")
             elif result.status is Status.INTERRUPTED:
@@ -311,8 +313,10 @@ class DistributedCellError(Exception):
                     lines.append("Last lines of its log:")
                     lines.extend("    " + line for line in result.log_tail.rstrip().splitlines())
             elif result.status is Status.STUCK and self.outcome.cut_short:
+                # as the wait ended, not as it is now: the session may have freed it since (below)
                 say(f"{_RED}{who} had not returned{_RESET} when an interrupt from the notebook ended the wait "
-                    "early, before the grace period was over.")
+                    "early, before the grace period was over"
+                    + ("; what the session did then is below." if self.outcome.recovery else "."))
             elif result.status is Status.RETURNED:
                 logs = " or ".join(f"%clorch logs {r}" for r in ranks)
                 say(f"{who} returned after the interrupt: {'it is' if one else 'they are'} idle, not running this "

@@ -81,3 +81,21 @@ def test_a_dead_rank_and_a_stuck_one_are_told_apart() -> None:
     flat_two = " ".join(line.strip() for line in errors.DistributedCellError(two, timeout_s=2.0)._render_traceback_())
     assert "The process group is broken: ranks 0-2,5 died. %clorch restart --ranks 0,1,2,5 starts them afresh" in flat_two
     assert str(err).startswith("the cell timed out after 2 s (the ranks were interrupted and given 5 s more to return)")
+
+
+def test_a_wait_cut_short_says_the_rank_had_not_returned_then_not_that_it_never_did() -> None:
+    """A second interrupt ends the wait at once; the session may then abort the group and form it
+    again, freeing the rank: the report must not say "did not return" and "every rank kept its
+    variables" in one breath (a new user read that as a contradiction)."""
+    recovered = "clorch: the group was aborted and formed again in 0.2 s; every rank kept its variables"
+    outcome = CellOutcome(ranks={0: _failed(0, Status.STUCK), 1: _failed(1, Status.INTERRUPTED)}, interrupted=True,
+                          cut_short=True, group_aborted=True, recovery=recovered)
+    err = errors.DistributedCellError(outcome)
+    assert "rank 0 had not returned when the wait was cut short" in str(err), str(err)
+    assert "did not return" not in str(err), str(err)
+    flat = " ".join(line.strip() for line in err._render_traceback_())
+    assert "before the grace period was over; what the session did then is below." in flat, flat
+    assert flat.index("what the session did then is below") < flat.index("formed again in 0.2 s"), flat
+    alone = errors.DistributedCellError(CellOutcome(ranks={0: _failed(0, Status.STUCK)}, interrupted=True,
+                                                    cut_short=True))
+    assert "before the grace period was over." in " ".join(line.strip() for line in alone._render_traceback_())
