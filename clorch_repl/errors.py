@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from .common.human import headline
 from .common.rank_sets import merge_blocks, rank_words, ranks_are
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
@@ -255,8 +256,8 @@ class DistributedCellError(Exception):
                 parts.append(f"{who} returned after the interrupt")
             elif result.freed:
                 parts.append(f"{who} freed from a collective by aborting the group")
-            elif result.error is not None:
-                parts.append(f"{who}: {result.error.ename}: {result.error.evalue}")
+            elif result.error is not None:  # one line: the whole message is in the traceback
+                parts.append(f"{who}: {result.error.ename}: {headline(result.error.evalue)}")
         if self.outcome.timed_out:
             parts.insert(0, f"the cell timed out after {self.timeout_s:g} s (the ranks were interrupted"
                             f"{self._grace_said()})")

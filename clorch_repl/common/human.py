@@ -43,6 +43,19 @@ def span(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+def headline(text: str, limit: int = 160) -> str:
+    """``text``'s first non-empty line, at most ``limit`` characters (``...`` where cut): an
+    exception's message inside a one-line summary. Why: some messages run on for lines (gloo's
+    connection errors end in a paragraph of advice), and a summary line is read at a glance; the
+    whole message is in the traceback beside it."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    cut = len(lines) > 1 or len(first) > limit
+    if len(first) > limit:
+        first = first[:limit - 3].rstrip()
+    return first + " ..." if cut else first
+
+
 def wrap(text: str, width: int = COLUMNS, indent: str = "", lead: str = "") -> str:
     """``text`` (one message, maybe several paragraphs split by newlines) wrapped at ``width``
     columns between words, never inside one (a path or a command stays whole, even when longer

@@ -99,3 +99,25 @@ def test_a_wait_cut_short_says_the_rank_had_not_returned_then_not_that_it_never_
     alone = errors.DistributedCellError(CellOutcome(ranks={0: _failed(0, Status.STUCK)}, interrupted=True,
                                                     cut_short=True))
     assert "before the grace period was over." in " ".join(line.strip() for line in alone._render_traceback_())
+
+
+def test_a_long_message_is_one_short_line_in_the_summary_and_whole_in_the_report() -> None:
+    """gloo's connection errors end in a paragraph of advice (and an emoji): the one-line summary
+    (what nbclient and scripts show) keeps the first line; the traceback keeps it all."""
+    evalue = ("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242\n\n"
+              "This usually means a peer crashed. " + "Check the other ranks' logs. " * 10 + "GLHF!")
+    tb = (f"DistBackendError: {evalue}",)
+    outcome = CellOutcome(ranks={1: RankOutcome(1, Status.ERROR, RankError(1, "DistBackendError", evalue, tb))})
+    err = errors.DistributedCellError(outcome)
+    assert str(err) == ("rank 1: DistBackendError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                        "[127.0.0.1]:4242 ..."), str(err)
+    assert "GLHF!" in "\n".join(err._render_traceback_())
+
+
+def test_a_headline_is_the_first_line_cut_to_its_limit() -> None:
+    from clorch_repl.common.human import headline
+
+    assert headline("short") == "short"
+    assert headline("\n  first  \nsecond") == "first ..."
+    assert headline("x" * 200, limit=20) == "x" * 17 + " ..."
+    assert headline("") == ""
