@@ -29,6 +29,8 @@ LEGEND = {
     "last line": "the last line the rank wrote to its log (%clorch logs RANK has all of it)",
     "cpu": "the rank's CPU use (100 % is one core)",
     "memory": "the rank's resident memory",
+    "gpu": "how busy the rank's GPU was over the last sample (NVML's utilisation; - on a CPU rank)",
+    "gpu memory": "the memory in use on the rank's GPU, by every process on it, of its total",
     "collective": "the oldest collective the rank started and has not finished: its op, its number "
                   "in its process group (group 0 is the default group) and how long it has waited",
 }
