@@ -138,6 +138,12 @@ def parse_number(value: float | str | None, what: str, unit: str, *, zero: str |
     return number
 
 
+#: The shortest process-group timeout accepted: below it the first collective (gloo's pairs
+#: connecting, NCCL's communicator) times out by itself. A user who typed the session's
+#: ``--timeout`` meaning a cell's time limit (``%%distributed --timeout``) is told the difference.
+MIN_GROUP_TIMEOUT_S = 1.0
+
+
 def parse_timeout(value: float | str | None, what: str = "timeout") -> float | None:
     """Seconds as a positive finite float, or None for no limit."""
     return parse_number(value, what, "seconds")
@@ -164,6 +170,10 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     timeout = parse_timeout(timeout_s, "timeout")
+    if timeout is not None and timeout < MIN_GROUP_TIMEOUT_S:
+        raise ConfigError(f"timeout {timeout:g} s is the process group's: every collective that waits longer for "
+                          f"another rank fails, and a first collective alone takes longer; give "
+                          f"{MIN_GROUP_TIMEOUT_S:g} s or more (a cell's own time limit is %%distributed --timeout)")
     device_list = parse_int_list(devices, "devices")
     if gpu_count is None:
         gpu_count = cuda.device_count() if (device_list is not None or backend != "gloo") else 0

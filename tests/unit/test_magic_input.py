@@ -48,6 +48,7 @@ def no_session(ip: Any, magics: Any) -> Any:
                  marks=pytest.mark.skipif(GPUS > 0, reason=f"this machine has {GPUS} GPU(s): nccl would start")),
     ("%clorch start --backend mpi", "backend must be one of nccl, gloo"),
     ("%clorch start --timeout 0", "timeout must be a positive number of seconds"),
+    ("%clorch start --timeout 0.01", "timeout 0.01 s is the process group's"),
     ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
     ("%clorch logs 0", "no ranks are running: run %clorch start first"),
