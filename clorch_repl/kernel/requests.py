@@ -44,6 +44,7 @@ HANDLERS: dict[str, str] = {
     "script_run": "clorch_repl.kernel.script:run",
     "profile_start": "clorch_repl.kernel.profiler:start",
     "profile_stop": "clorch_repl.kernel.profiler:stop",
+    "finish_saves": "clorch_repl.training.checkpoint.in_flight:finish",
 }
 _resolved: dict[str, Callable[..., Any]] = {}
 

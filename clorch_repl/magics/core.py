@@ -222,7 +222,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
                   if count else "clorch: no ranks are running")
             return
         n, launcher = self.session.topology.nproc, self.session.group
-        left = self.session.stop()
+        left = self.session.stop(say=lambda text: print(f"clorch: {text}", flush=True))
         self.session = None
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")

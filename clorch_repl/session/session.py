@@ -19,7 +19,7 @@ from ..launchers.spares import lost_spares
 from ..common.topology import Topology, check_unique_in_range
 from ..wire import PROTOCOL_VERSION
 from ..wire.requests import request_code
-from . import recovery
+from . import recovery, saves
 from .cell_labels import RankCells
 from .hooks import Debugger, NoStdin, SessionHooks, StdinHook, WidgetHook, stdin_of
 from .lifecycle import Lifecycle, SessionState
@@ -145,13 +145,15 @@ class Session(Suspending):
         self.comms = self.hooks.widgets(relay)
         relay.set_comm_sink(self.comms.from_rank if self.comms is not None else None)
 
-    def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
+    def stop(self, *, keep_logs: bool = False, polite: bool = True, say: Callable[[str], None] = saves.logged) -> list[str]:
         """End every rank (no process left behind); returns what survived, which should be nothing.
-        ``keep_logs`` keeps the launcher (its logs, its hosts, its warm spares) for a restart;
-        ``polite=False`` ends the ranks at once, without asking them to shut down (their state is
-        being thrown away)."""
+        ``keep_logs`` keeps the launcher (its logs, hosts, warm spares) for a restart; ``polite=False``
+        ends the ranks at once (their state is being thrown away). A polite end of idle ranks first
+        waits for an asynchronous checkpoint save still writing, telling ``say`` (:mod:`.saves`)."""
         group, relay = self.group, self.relay
         polite = polite and self.life.state is not SessionState.SUSPENDED  # a leave would wait on locked CUDA
+        if polite:
+            saves.before_polite_end(self, say)
         self.life.move_if("stop")
         self.relay = None
         if not keep_logs:
@@ -203,7 +205,7 @@ class Session(Suspending):
         healthy = (group is not None and relay is not None and all(p.alive for p in group.ranks)
                    and not relay.busy())
         try:
-            self.stop(keep_logs=True, polite=healthy)
+            self.stop(keep_logs=True, polite=healthy, say=progress)
             return self.start(progress)
         except KeyboardInterrupt as exc:  # (start() has stopped what it started: what outlived that)
             left = exc.left if isinstance(exc, StartInterrupted) else self.stop(polite=False)

@@ -81,6 +81,24 @@ def test_fsdp_in_cells_async_save_status_and_load_in_the_notebook(tmp_path) -> N
         assert again.status == "ok" and f"[ranks 0-1] saved {path}-2" in again.text, again.text
 
 
+def test_a_stop_waits_for_the_asynchronous_save_in_flight_and_says_so(tmp_path) -> None:
+    """%clorch stop of idle ranks whose asynchronous save still writes: the save is committed
+    first (it was thrown away without a word), and the user is told while it waits."""
+    path = str(tmp_path / "stopped-while-saving")
+    with clorch_session(stop=False) as nb:
+        assert nb.run(BUILD).status == "ok"
+        saving = nb.run(SAVE_ASYNC.replace("PATH", repr(path)))
+        assert saving.status == "ok" and "[ranks 0-1] returned False" in saving.text, saving.text
+        stopped = nb.run("%clorch stop", timeout=120)
+        assert stopped.status == "ok", stopped.text
+        flat = " ".join(stopped.text.split())
+        assert (f"clorch: waiting for the asynchronous checkpoint save to {path} (ranks 0-1) to be committed "
+                "before the ranks end") in flat, stopped.text
+        assert "clorch: the checkpoint save was committed" in flat and "stopped 2 rank(s)" in flat, stopped.text
+    model = sh.build("plain", 3)
+    assert load_checkpoint(path, model=model, restore_rng=False) == {"epoch": 1}  # whole, at the path
+
+
 SAVE_LOOP = """%%distributed
 from tests import sharded_helpers as sh
 sh.save_versions({"rank": rank, "world_size": world_size, "args": {"path": PATH}})

@@ -143,6 +143,10 @@ class RecordingRelay:
     def busy(self) -> list[int]:
         return []
 
+    def light_answers(self) -> dict[int, dict[str, Any]]:
+        """A save in flight on both ranks: the polite stop waits for it (finish_saves)."""
+        return {r: {"saves": [{"path": "/ckpt", "for_s": 1.0}]} for r in (0, 1)}
+
     def execute(self, request: CellRequest, *args: Any, **kwargs: Any) -> CellOutcome:
         RecordingRelay.codes.append(request.code)
         return CellOutcome()
@@ -169,7 +173,7 @@ class QuietLauncher:
 
 def _sent_by_the_call_sites(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The code of every request, as the notebook's own call sites write it: a start (join) and a
-    stop (leave), a re-form after an abort and a replaced rank (regroup), a pull, a push, %clorch run (its check and the run), --profile (start, stop)."""
+    stop (finish_saves: a save in flight), a re-form after an abort and a replaced rank (regroup), a pull, a push, %clorch run (its check and the run), --profile (start, stop)."""
     from clorch_repl.session import session as session_module
 
     monkeypatch.setattr(session_module, "Relay", RecordingRelay)

@@ -23,7 +23,7 @@ from ...errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointSave", "start", "wait_for_previous", "in_flight"]
+__all__ = ["CheckpointSave", "start", "wait_for_previous", "finish", "in_flight"]
 
 
 class CheckpointSave:
@@ -106,6 +106,20 @@ def wait_for_previous() -> None:
         handle._reported = True
         warnings.warn(f"an earlier asynchronous save failed and was never waited for: {handle._error}",
                       RuntimeWarning, stacklevel=3)
+
+
+def finish() -> None:
+    """This rank's save in flight, waited for before the rank ends politely (the notebook's
+    request ``finish_saves``: clorch_repl.session.saves says why); its error raised, if it failed
+    and nobody was told."""
+    with _lock:
+        handle = _current
+    if handle is None:
+        return
+    handle._done.wait()
+    if handle._error is not None and not handle._reported:
+        handle._reported = True
+        raise handle._error
 
 
 def in_flight() -> list[dict[str, Any]]:
