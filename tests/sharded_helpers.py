@@ -205,6 +205,8 @@ def mismatches(ctx: dict[str, Any]) -> dict[str, Any]:
     out["unexpected"] = _error(lambda: load_checkpoint(args["path"], model=shallow))
     out["sgd"] = _error(lambda: load_checkpoint(args["path"], model=model,
                                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1)))
+    # a path that does not exist, into the sharded model: named as missing, not as "a single file"
+    out["nowhere"] = _error(lambda: load_checkpoint(args["path"] + "-nowhere", model=model))
     out["unchanged"] = digest(model) == before
     return out
 

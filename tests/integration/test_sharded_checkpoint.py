@@ -118,6 +118,7 @@ def test_models_that_do_not_fit_are_refused_naming_keys(tmp_path) -> None:
         assert "different shapes (embed.weight: saved [32, 16], model [32, 32]" in r["shapes"], r["shapes"]
         assert "unexpected layers.1." in r["unexpected"], r["unexpected"]
         assert "holds AdamW state but the optimizer is SGD" in r["sgd"], r["sgd"]
+        assert f"CheckpointError: no checkpoint at {path}-nowhere: check the path" in r["nowhere"], r["nowhere"]
         assert r["unchanged"]
     # the same refusal without a process group, in this process
     with pytest.raises(CheckpointError, match="missing layers.2"):

@@ -83,9 +83,10 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
     """
     source = os.path.abspath(os.fspath(path))
     in_flight.wait_for_previous()  # the save that makes or replaces it may still be writing
-    if _layout_on_every_rank(source) == "folder":
+    layout = _layout_on_every_rank(source)
+    if layout == "folder":
         return sharded_format.load(source, model, optimizer, sampler, scaler, restore_rng)
-    if not os.path.exists(source) and sharded_format.leftover_of(source) is not None:
+    if layout == "missing":  # before the format's own rules: a sharded model was told to load "a single file"
         raise CheckpointError(sharded_format.missing_target_message(source))
     if sharded_format.holds_shards(model, optimizer):
         raise ConfigError(f"{source} is a single-file checkpoint (an unsharded model's) and the model is sharded "
