@@ -22,6 +22,7 @@ from ..notebook.front_end import NotebookStdin
 from ..notebook.hooks import NotebookHooks
 from ..session.hooks import NoStdin
 from ..session.session import Session
+from ..common.human import headline
 from ..host.logfiles import without_ansi
 from ..launchers.registry import launcher_class
 from ..common.topology import Topology, check_unique_in_range, parse_timeout
@@ -261,7 +262,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         for job in listed:
             st = job.status()
             body.append([st.id, st.state, f"{st.nproc} x {st.backend}", st.main, f"{st.elapsed_s:.1f} s",
-                         st.message or "-"])
+                         headline(st.message) if st.message else "-"])  # a hang's verdict runs on for lines
         display(views.table_bundle(header, body), raw=True)
 
     @magic_arguments(name="clorch why")
