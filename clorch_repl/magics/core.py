@@ -22,6 +22,7 @@ from ..notebook.front_end import NotebookStdin
 from ..notebook.hooks import NotebookHooks
 from ..session.hooks import NoStdin
 from ..session.session import Session
+from ..session.suspend import cpu_refusal
 from ..common.human import headline
 from ..host.logfiles import without_ansi
 from ..launchers.registry import launcher_class
@@ -115,6 +116,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
                                      timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
+        if suspend_after and (cpu := cpu_refusal(topology)) is not None:  # refused now, not at its time
+            raise ClorchError(f"--suspend-after cannot work: {cpu}")
         warm = [self.warm.take(launcher.name, topology, options)]
 
         def make(topo: Topology) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..errors import ClorchError, ConfigError
 from ..common.human import duration
 from ..session.lifecycle import SessionState
-from ..session.suspend import refuse_cell
+from ..session.suspend import cpu_refusal, refuse_cell
 from . import views
 from .arguments import argument, magic_arguments, parse
 
@@ -165,7 +165,9 @@ def suspend_command(self: Any, line: str) -> None:
         return
     if args.after is not None:
         after = parse_duration(args.after, "--after")
-        self._session()  # a session to suspend: refused before anything is armed
+        session = self._session()  # a session to suspend: refused before anything is armed
+        if after and (cpu := cpu_refusal(session.topology)) is not None:  # refused now, not at its time
+            raise ClorchError(f"--after cannot work: {cpu}")
         views.notice(set_idle_suspend(self, after))
         return
     print(self._session().suspend(views.StartProgress()))

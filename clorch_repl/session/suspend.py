@@ -59,14 +59,23 @@ HELPER_FLOOR_S = 120.0
 Progress = Callable[[str], None]
 
 
+def cpu_refusal(topology: "Topology") -> str | None:
+    """Why ranks of ``topology`` can never be suspended (they run on CPUs), or None: asked before
+    a suspend and before one is armed for later (``--suspend-after``, ``suspend --after``), which
+    would otherwise be accepted and fail at its time."""
+    if topology.uses_gpu:
+        return None
+    return (f"the ranks run on CPUs ({topology.backend}): they hold no GPU to give back; their memory is "
+            "freed only by %clorch stop (which loses their state)")
+
+
 def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: list[int]) -> str | None:
     """Why the session cannot be suspended now, with what to do; None when it can. Pure: the
     driver's own check (:func:`cuda_checkpoint.api_problem`) comes after these."""
     if state is SessionState.SUSPENDED:
         return "the session is suspended already: %clorch resume gives every rank its GPU back"
-    if not topology.uses_gpu:
-        return (f"the ranks run on CPUs ({topology.backend}): they hold no GPU to give back; their memory is "
-                "freed only by %clorch stop (which loses their state)")
+    if (cpu := cpu_refusal(topology)) is not None:
+        return cpu
     if state is not SessionState.READY:
         return (f"the session is {state.value}: suspend needs every rank alive in its group "
                 "(%clorch status says why; %clorch restart --ranks or %clorch restart first)")
