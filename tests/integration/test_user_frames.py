@@ -48,6 +48,17 @@ def test_launch_and_checkpoint_errors_show_only_the_users_frames(ip: Any) -> Non
     assert "----> 4     return load_checkpoint(" in text, text  # the user's own frames are all kept
     assert "clorch_repl" not in innermost_file()
 
+    # a refusal raised after the ranks agree on it (a sharded folder from another model): the
+    # agreement re-raises it while the first is handled, whose chain showed clorch's frames
+    text = shown(ip, "import tempfile\nfrom tests import sharded_helpers as sh\n"
+                     "from clorch_repl.distributed import load_checkpoint, save_checkpoint\n"
+                     "folder = tempfile.mkdtemp() + '/ck'\n"
+                     "save_checkpoint(folder, model=sh.build('plain', 1), sharded=True)\n"
+                     "load_checkpoint(folder, model=sh.Transformer(dim=sh.DIM * 2))")
+    assert "CheckpointError: the checkpoint" in text and "is from another model: different shapes" in text, text
+    assert "During handling" not in text and "ranks.py" not in text and "sharded.py" not in text, text
+    assert "clorch_repl" not in text.replace("from clorch_repl.distributed import", ""), text
+
 
 def test_clorch_debug_opens_at_the_users_line_when_clorch_raised_the_error() -> None:
     """init_process_group() refused on the user's behalf (raised in clorch_repl/kernel/torchrun.py):

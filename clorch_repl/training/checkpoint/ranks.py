@@ -101,4 +101,10 @@ def agreed(doing: str, failed: str, group: Any = None) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - reported to every rank below, its stack logged here
         logger.debug("%s", failed, exc_info=True)
         error = f"{failed}: {type(exc).__name__}: {exc}"
-    raise_if_any(gather(error, group), doing)
+    try:
+        raise_if_any(gather(error, group), doing)
+    except CheckpointError as exc:
+        # raised while the block's own error is being handled (contextlib throws it in here): its
+        # text is in this one, and the chain ("During handling of the above exception...") would
+        # show the user clorch_repl's frames, which checkpoint errors never do (common/user_frames)
+        raise exc from None
