@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from typing import Any
 
 from ..common import procs
 from ..errors import ConfigError
 from ..common.topology import Topology
-from ..host import hold
+from ..host import hold, logfiles
 from ..placement import teardown
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from ..host.rankfiles import RankFiles
@@ -152,6 +151,8 @@ class AdoptedLauncher(Launcher):
         return teardown.outlived(sups + [p.pid for p in self.ranks] + [t.pid for t in ended])
 
     def close(self) -> None:
-        """Remove the session's directory and its session file: the session is over."""
+        """Remove the session's directory and its session file, but for the rank logs, as a
+        session never detached does (:mod:`clorch_repl.host.logfiles`): what the ranks printed
+        while no kernel was connected is often only there. Where they are: ``kept_logs``."""
         hold.remove_session_file(self.session_file, self.dir)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.kept_logs = logfiles.remove_keeping_logs(self.dir)

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .. import cuda
 from ..errors import ClorchError, ConfigError
@@ -30,7 +30,7 @@ from ..common.human import size, span
 from ..host import hold
 from ..launchers.adopted import AdoptedLauncher, no_start
 from ..launchers.base import Progress
-from . import registry
+from . import registry, saves
 from .hooks import SessionHooks
 from .relay import Relay
 from .lifecycle import SessionState
@@ -141,12 +141,12 @@ class ConnectedSession(Session):
             self.record = dataclasses.replace(self.record, generation=self._generation, written_at=time.time())
             registry.write(self.record)
 
-    def stop(self, *, keep_logs: bool = False, polite: bool = True) -> list[str]:
+    def stop(self, *, keep_logs: bool = False, polite: bool = True, say: Callable[[str], None] = saves.logged) -> list[str]:
         """Session.stop while this kernel drives the session; once another took it, only let go."""
         if self.group is not None and not self.owned():
             release(self)
             return []
-        return super().stop(keep_logs=keep_logs, polite=polite)
+        return super().stop(keep_logs=keep_logs, polite=polite, say=say)
 
     def owned(self) -> bool:
         """Whether the session's hold still names this kernel (see clorch_repl.host.hold)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import pwd
 import secrets
 import signal
@@ -60,8 +61,9 @@ class Kernels:
         self.runtime = runtime
         self.kernels: list[NotebookKernel] = []
 
-    def new(self) -> NotebookKernel:
-        kernel = NotebookKernel(env={"JUPYTER_RUNTIME_DIR": self.runtime})
+    def new(self, keep_logs: bool = False) -> NotebookKernel:
+        """``keep_logs``: its stops keep the rank logs, as by default outside the tests (conftest)."""
+        kernel = NotebookKernel(env={"JUPYTER_RUNTIME_DIR": self.runtime, "CLORCH_KEEP_LOGS": "1" if keep_logs else "0"})
         self.kernels.append(kernel)
         ok(kernel.run("%load_ext clorch_repl"))
         return kernel
@@ -127,7 +129,7 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     time.sleep(3)
     assert all(pid_running(p) for p in pids_of(record)), "a detached session's ranks died with the notebook"
 
-    second = kernels.new()
+    second = kernels.new(keep_logs=True)
     waiting = ok(second.run("%clorch sessions")).text
     assert "train" in waiting and "2 x gloo" in waiting and f"pid {first.pid} (gone)" in waiting, waiting
     reply = ok(second.run("%clorch connect train"))
@@ -156,9 +158,14 @@ def test_ranks_outlive_a_killed_notebook_and_a_new_kernel_drives_them(kernels: K
     assert socket.gethostname() in listed, listed  # the hosts column: a detached session's ranks are here
 
     stopped = ok(second.run("%clorch stop"))
-    assert "stopped 2 rank(s)" in stopped.text
+    assert "stopped 2 rank(s); their logs are kept in " in stopped.text, stopped.text
     assert wait_gone(pids_of(record), 10) == []
     assert not os.path.exists(record["dir"]) and not os.path.exists(kernels.session_file("train"))
+    kept = stopped.text.split("their logs are kept in ")[1].split()[0]  # what they printed while away, too
+    try:
+        assert sorted(os.listdir(kept)) == ["rank0.log", "rank1.log"], os.listdir(kept)
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
     assert "no detached sessions" in ok(second.run("%clorch sessions")).text
 
 
