@@ -198,6 +198,7 @@ def _exited(exc: SystemExit, target: Target) -> None:
     elif isinstance(code, bool):
         status = int(code)
     else:
+        sys.stdout.flush()  # what the script printed first is shown first (its stream is buffered, this one not)
         print(code, file=sys.stderr, flush=True)
         status = 1
     name = target.module or os.path.basename(target.path)
