@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..common import env_vars
 from ..errors import GroupConflict, SpawnRefused
 from . import tracebacks
 from .tracebacks import hide_own_frames
@@ -214,8 +215,12 @@ def destroy_process_group(group: Any = None) -> None:
     if not _state["noted"]:
         _state["noted"] = True
         ended = f"; ended {len(made)} subgroup(s) the code made" if made else ""
-        print(f"{KEPT_NOTE} {dist.get_backend()} group{ended}: later cells still run in it "
-              "(%clorch restart for a fresh one)", file=sys.stdout, flush=True)  # a notice: not on red
+        if os.environ.get(env_vars.JOB_ID.name):  # a launch() job's rank: no cells follow, no restart
+            print(f"clorch: destroy_process_group() kept the job's {dist.get_backend()} group{ended}: it ends "
+                  "with the job", file=sys.stdout, flush=True)
+        else:
+            print(f"{KEPT_NOTE} {dist.get_backend()} group{ended}: later cells still run in it "
+                  "(%clorch restart for a fresh one)", file=sys.stdout, flush=True)  # a notice: not on red
     return None
 
 

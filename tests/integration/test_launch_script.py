@@ -31,6 +31,10 @@ def test_a_script_job_runs_the_ddp_tutorial_as_torchrun_does() -> None:
     assert job.wait() == [None, None]
     assert {r: rank_lines(job, r, "rank ") for r in (0, 1)} == expected
     assert job.status().main == "script ddp_tutorial.py"
+    # the tutorial's destroy_process_group(): a job has no cells to keep the group for
+    for r in (0, 1):
+        assert rank_lines(job, r, "clorch: destroy_process_group()") == [
+            "clorch: destroy_process_group() kept the job's gloo group: it ends with the job"], job.logs(r)
 
 
 def test_a_module_job_sees_torchruns_variables_and_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
