@@ -43,16 +43,17 @@ def span(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def headline(text: str, limit: int = 160) -> str:
-    """``text``'s first non-empty line, at most ``limit`` characters (``...`` where cut): an
-    exception's message inside a one-line summary. Why: some messages run on for lines (gloo's
-    connection errors end in a paragraph of advice), and a summary line is read at a glance; the
-    whole message is in the traceback beside it."""
+def headline(text: str, limit: int | None = None) -> str:
+    """``text``'s first non-empty line, `` ...`` after it where more lines follow; with ``limit``,
+    at most that many characters. Why: some messages run on for lines (gloo's connection errors
+    end in a paragraph of advice), and a one-line summary is read at a glance, the whole message
+    being beside it (the traceback, the job's logs). A long first line is kept whole unless a
+    ``limit`` is asked for: it is often the message itself, advice and all (a refusal's)."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     first = lines[0] if lines else ""
-    cut = len(lines) > 1 or len(first) > limit
-    if len(first) > limit:
-        first = first[:limit - 3].rstrip()
+    cut = len(lines) > 1
+    if limit is not None and len(first) > limit:
+        first, cut = first[:limit - 4].rstrip(), True
     return first + " ..." if cut else first
 
 

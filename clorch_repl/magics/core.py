@@ -265,7 +265,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         for job in listed:
             st = job.status()
             body.append([st.id, st.state, f"{st.nproc} x {st.backend}", st.main, f"{st.elapsed_s:.1f} s",
-                         headline(st.message) if st.message else "-"])  # a hang's verdict runs on for lines
+                         headline(st.message, 160) if st.message else "-"])  # a verdict runs on
         display(views.table_bundle(header, body), raw=True)
 
     @magic_arguments(name="clorch why")

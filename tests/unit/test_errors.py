@@ -114,10 +114,11 @@ def test_a_long_message_is_one_short_line_in_the_summary_and_whole_in_the_report
     assert "GLHF!" in "\n".join(err._render_traceback_())
 
 
-def test_a_headline_is_the_first_line_cut_to_its_limit() -> None:
+def test_a_headline_is_the_first_line_cut_only_to_a_limit_asked_for() -> None:
     from clorch_repl.common.human import headline
 
     assert headline("short") == "short"
     assert headline("\n  first  \nsecond") == "first ..."
-    assert headline("x" * 200, limit=20) == "x" * 17 + " ..."
+    assert headline("x" * 200) == "x" * 200  # a long first line is the message itself: kept whole
+    assert headline("x" * 200, limit=20) == "x" * 16 + " ..."
     assert headline("") == ""
