@@ -95,16 +95,25 @@ def start(path: str, staged_s: float, write: Callable[[], Any]) -> CheckpointSav
     return handle
 
 
-def wait_for_previous() -> None:
-    """Wait for this rank's save in flight, if any; warn if it failed and nobody was told."""
+def _untold_error() -> BaseException | None:
+    """Wait for this rank's save in flight, if any; its error if it failed and nobody was told
+    (marked told from now on)."""
     with _lock:
         handle = _current
     if handle is None:
-        return
+        return None
     handle._done.wait()
-    if handle._error is not None and not handle._reported:
-        handle._reported = True
-        warnings.warn(f"an earlier asynchronous save failed and was never waited for: {handle._error}",
+    if handle._error is None or handle._reported:
+        return None
+    handle._reported = True
+    return handle._error
+
+
+def wait_for_previous() -> None:
+    """Wait for this rank's save in flight, if any; warn if it failed and nobody was told."""
+    error = _untold_error()
+    if error is not None:
+        warnings.warn(f"an earlier asynchronous save failed and was never waited for: {error}",
                       RuntimeWarning, stacklevel=3)
 
 
@@ -112,14 +121,9 @@ def finish() -> None:
     """This rank's save in flight, waited for before the rank ends politely (the notebook's
     request ``finish_saves``: clorch_repl.session.saves says why); its error raised, if it failed
     and nobody was told."""
-    with _lock:
-        handle = _current
-    if handle is None:
-        return
-    handle._done.wait()
-    if handle._error is not None and not handle._reported:
-        handle._reported = True
-        raise handle._error
+    error = _untold_error()
+    if error is not None:
+        raise error
 
 
 def in_flight() -> list[dict[str, Any]]:
