@@ -25,7 +25,7 @@ def unload(ipython: Any) -> None:
     if magics is None:
         return
     magics.head_start.uninstall()
-    said = magics.shutdown()
+    said = magics.shutdown(say=lambda text: print(f"clorch: {text}", flush=True))
     if said:  # %reload_ext too: a habit that must not end the ranks unsaid
         print(f"clorch: the extension was unloaded: {said}")
     atexit.unregister(magics.shutdown)

@@ -31,10 +31,11 @@ class SessionCommands:
     session: Any
     warm: Any  # the magics' warm spares (clorch_repl.magics.warm.LoadSpares)
 
-    def shutdown(self) -> str | None:
+    def shutdown(self, say: Callable[[str], None] | None = None) -> str | None:
         """Stop the ranks and end warm spares (extension unload, notebook kernel exit); what was
         ended, in a sentence for the user (``%unload_ext`` and ``%reload_ext`` print it: the ranks'
-        variables go with them, which must not happen unsaid), or None when no ranks ran."""
+        variables go with them, which must not happen unsaid), or None when no ranks ran.
+        ``say``: where the wait for a save in flight is told (None: the log, as at the kernel's exit)."""
         said = None
         try:
             if self.session is not None:
@@ -43,7 +44,7 @@ class SessionCommands:
                     said = "the detached session's ranks keep running: %clorch sessions lists it"
                 else:
                     launcher = self.session.group
-                    self.session.stop()
+                    self.session.stop(**({"say": say} if say is not None else {}))
                     self.session = None
                     kept = getattr(launcher, "kept_logs", "")
                     if running:
