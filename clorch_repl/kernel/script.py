@@ -198,10 +198,7 @@ def _exited(exc: SystemExit, target: Target) -> None:
     elif isinstance(code, bool):
         status = int(code)
     else:
-        # what the script printed first leaves the rank first (its stream is buffered, this one not);
-        # the notebook's merge of identical lines across ranks may still show the two streams in
-        # another order (a fresh .ci/run did: the merge holds each stream's lines apart)
-        sys.stdout.flush()
+        sys.stdout.flush()  # what the script printed first is shown first (its stream is buffered, this one not)
         print(code, file=sys.stderr, flush=True)
         status = 1
     name = target.module or os.path.basename(target.path)

@@ -132,8 +132,9 @@ class NotebookDisplay:
     _queues: dict[int, collections.deque[_Unit]] = field(default_factory=dict)
     #: per rank, how many of its queued units have each key (to find a line further down a queue)
     _keys: dict[int, collections.Counter[Hashable]] = field(default_factory=dict)
-    #: streams written since the last flush; flushing an ipykernel stream costs two thread hops
-    _dirty: set[str] = field(default_factory=set)
+    #: streams written since the last flush, in the order written; flushing an ipykernel stream
+    #: costs two thread hops. At most one at a time: see :meth:`_out`.
+    _dirty: dict[str, None] = field(default_factory=dict)
     #: where widget views go (slots in rank order) and their updates at a cell's end
     _widgets: WidgetViews = field(default_factory=lambda: WidgetViews(()))
     #: the cell's output limits on the page, and the line at the top saying what they held back
@@ -185,9 +186,19 @@ class NotebookDisplay:
         """A message from clorch itself into the running cell (the hang notice), on its own line."""
         self._drain(time.monotonic(), final=False)
         self._end_lines()
-        sys.stdout.write(wrap(text.rstrip("\n"), indent="  ") + "\n")  # a notice, not an error: not on red
-        self._dirty.add("stdout")
+        self._out("stdout").write(wrap(text.rstrip("\n"), indent="  ") + "\n")  # a notice, not an error: not on red
         self._flush_streams()
+
+    def _out(self, name: str) -> Any:
+        """The notebook's ``sys.stdout`` or ``sys.stderr``, to be written now. Each buffers on its
+        own and ipykernel publishes each when it is flushed, so a line written to one after a
+        line written to the other could reach the page first (a rank's ``sys.exit`` message above
+        the lines it printed before it). The other stream's text is flushed first, so the page
+        shows the two in the order they were written."""
+        if name not in self._dirty:
+            self._flush_streams()
+            self._dirty[name] = None
+        return getattr(sys, name)
 
     def _flush_streams(self) -> None:
         for name in self._dirty:
@@ -351,8 +362,7 @@ class NotebookDisplay:
             return
         if not self._dirty:
             self.held.reserve()  # the top of the cell's output, before its first line (no-op later)
-        out = getattr(sys, name)
-        self._dirty.add(name)
+        out = self._out(name)
         if state.open_line != who:
             prefix = "\n" if state.open_line is not None else ""
             out.write(prefix + who)
@@ -362,8 +372,7 @@ class NotebookDisplay:
     def _rewrite(self, rank: int, name: str, piece: str) -> None:
         state = self._streams[name]
         if state.open_line is not None:  # a line it had started is being overwritten: close it
-            self._dirty.add(name)
-            getattr(sys, name).write("\n")
+            self._out(name).write("\n")
             state.open_line = None
         progress = self._progress.setdefault((rank, name), _Progress())
         done = piece.endswith("\n")
@@ -381,8 +390,7 @@ class NotebookDisplay:
     def _end_lines(self) -> None:
         for name, state in self._streams.items():
             if state.open_line is not None:
-                self._dirty.add(name)
-                getattr(sys, name).write("\n")
+                self._out(name).write("\n")
                 state.open_line = None
 
     # ---------------------------------------------------------------------------------- rich

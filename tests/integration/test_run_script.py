@@ -273,7 +273,7 @@ def test_timeout_ends_a_script_as_it_ends_a_cell(ip: Any) -> None:
     assert_group_works(ip)
 
 
-def test_kernel_interrupt_reaches_a_running_script() -> None:
+def test_kernel_interrupt_reaches_a_running_script(tmp_path: Any) -> None:
     """Kernel > Interrupt (SIGINT to a real notebook kernel) during %clorch run: KeyboardInterrupt
     in the script on every rank, at the script's line, and the session goes on."""
     from notebook_kernel import clorch_session
@@ -288,6 +288,14 @@ def test_kernel_interrupt_reaches_a_running_script() -> None:
         assert "KeyboardInterrupt" in reply.text and "sleeper.py:6" in reply.text, reply.text
         after = nb.run("%%distributed\n" + ALL_REDUCE)
         assert after.status == "ok" and all(lines_of(after.text, r) == ["sum 3.0 2"] for r in (0, 1)), after.text
+        # sys.exit's message comes after what the script printed before it: once because stdout
+        # was still buffered on the rank, once because the notebook flushed its two streams in a
+        # set's order (the page showed stderr first in some processes)
+        script = tmp_path / "gives_up.py"
+        script.write_text("import sys\nprint('working')\nprint('step done')\nsys.exit('giving up: bad data')\n")
+        reply = nb.run(f"%clorch run {script}")
+        assert reply.status == "error", reply.text
+        assert reply.text.index("step done") < reply.text.index("giving up: bad data"), reply.text
 
 
 def test_a_stall_in_a_script_gets_the_cells_hang_notice(ip: Any, tmp_path: Any) -> None:

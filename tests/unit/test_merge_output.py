@@ -99,6 +99,44 @@ def test_stderr_and_stdout_merge_separately() -> None:
     assert cap.stderr == "[ranks 0-1] warn\n" and cap.stdout == "[ranks 0-1] x\n"
 
 
+class _PageStream:
+    """A stand-in for ipykernel's ``OutStream`` (a real one needs a kernel's IOPub thread): text
+    written is buffered, and reaches the page, shared by both streams, only when flushed, each
+    stream on its own, as ipykernel publishes them."""
+
+    def __init__(self, name: str, page: list[tuple[str, str]]) -> None:
+        self.name, self.page, self.buffer = name, page, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        return len(text)
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.page.append((self.name, self.buffer))
+        self.buffer = ""
+
+
+@pytest.mark.parametrize("first", ["stdout", "stderr"])
+def test_lines_of_both_streams_reach_the_page_in_the_order_written(first: str, monkeypatch: Any) -> None:
+    """Before: the streams were flushed in a set's order (the hash seed's), so in some processes
+    a rank's sys.exit message (stderr) showed above the lines it printed before it (stdout).
+    Both orders are tried, so that one of them fails whichever order a set would give."""
+    second = "stderr" if first == "stdout" else "stdout"
+    page: list[tuple[str, str]] = []
+    monkeypatch.setattr("sys.stdout", _PageStream("stdout", page))
+    monkeypatch.setattr("sys.stderr", _PageStream("stderr", page))
+    with capture_output(stdout=False, stderr=False):  # the displays (the shell here would print them)
+        sink = NotebookDisplay(ranks=(0, 1))
+        for rank in (0, 1):
+            sink.output(out(rank, "working\n", first))
+            sink.output(out(rank, "giving up\n", second))
+            sink.output(out(rank, "after\n", first))
+        sink.flush(final=True)
+    assert page == [(first, "[ranks 0-1] working\n"), (second, "[ranks 0-1] giving up\n"),
+                    (first, "[ranks 0-1] after\n")], page
+
+
 def test_no_merge_keeps_every_copy() -> None:
     cap = feed([out(0, "same\n"), out(1, "same\n")], merge=False)
     assert cap.stdout == "[rank 0] same\n[rank 1] same\n"
