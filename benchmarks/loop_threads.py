@@ -64,6 +64,9 @@ if ROOT not in sys.path:
 def _threads() -> dict[str, tuple[str, int, int, int]]:
     """tid -> (name, CPU ticks, voluntary, involuntary context switches) of this process's threads."""
     names = {str(t.native_id): t.name for t in threading.enumerate()}
+    # Python 3.11 leaves the thread objects' native_id as it was in the parent after a fork (a
+    # forked rank's MainThread kept its zygote's), so the calling thread is named by its own id
+    names[str(threading.get_native_id())] = threading.current_thread().name
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:

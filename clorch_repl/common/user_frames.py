@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import types
 from typing import Any, Callable, TypeVar
 
 from ..errors import ClorchError
+from .package_files import is_package_file
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-#: clorch_repl's own folder (this module lies in clorch_repl/common/): every frame under it is the package's
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def users_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -40,7 +38,7 @@ def users_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     kept: list[types.TracebackType] = []
     entry = tb
     while entry is not None:
-        if not os.path.abspath(entry.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR):
+        if not is_package_file(entry.tb_frame.f_code.co_filename):
             kept.append(entry)
         entry = entry.tb_next
     if not kept:

@@ -24,6 +24,7 @@ import zmq
 
 from ..common.cell_boundary import calls_the_cell
 from ..common.imported import imported
+from ..common.package_files import PACKAGE_DIR, is_package_file
 from ..wire.probe import PROBE_REPLY, PROBE_REQUEST, ProbeRequest
 from . import record
 
@@ -35,10 +36,9 @@ PROBE_TIMEOUT_S = 3.0
 #: Entries of the flight recorder sent back (the most recent); enough to line up the ranks.
 ENTRIES_SENT = 200
 
-_PACKAGE_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIBRARY_DIRS = tuple({os.path.realpath(p) for p in (
     sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
-    sysconfig.get_paths().get("platlib"), _PACKAGE_DIR) if p})
+    sysconfig.get_paths().get("platlib"), PACKAGE_DIR.rstrip(os.sep)) if p})
 
 
 # ------------------------------------------------------------------------------- rank side
@@ -169,10 +169,9 @@ def is_own(filename: str) -> bool:
     """Frames of clorch_repl itself (the frame's code file inside this package): what every report
     leaves out of a stack (:func:`clorch_repl.diagnosis.where.own_frame` reads this mark). Decided
     here, on the rank, because only the rank knows where its package lies (a remote host's install
-    is not the notebook's), and by the file, never by the text shown for it."""
-    if filename.startswith("<"):
-        return False
-    return os.path.realpath(filename).startswith(_PACKAGE_DIR + os.sep)
+    is not the notebook's), and by the file, never by the text shown for it
+    (:mod:`clorch_repl.common.package_files`)."""
+    return is_package_file(filename)
 
 
 def cuda_busy() -> bool | None:
