@@ -7,7 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
 
 from ..errors import ClorchError, ConfigError, DistributedCellError, StartInterrupted, StartupError
@@ -124,13 +124,37 @@ def parse(func: Func, line: str) -> Any:
     IPython's magic parsers are built without argparse's own ``-h``; we answer it here so that
     ``%clorch start --help`` works like any command line.
     """
-    if {"-h", "--help"} & set(arg_split(line)):
+    argv = arg_split(line)  # the tokenizer IPython's parse_argstring uses
+    if {"-h", "--help"} & set(argv):
         print(func.parser.format_help())  # type: ignore[attr-defined]
         return None
     try:
-        return parse_argstring(func, line)
+        return func.parser.parse_args(_values_kept(func.parser, argv))  # type: ignore[attr-defined]
     except UsageError as exc:
         raise refused(f"{exc} (see --help)") from None
+
+
+def _values_kept(parser: Any, argv: list[str]) -> list[str]:
+    """``argv`` with each option that takes a value joined to a value that begins with ``-``
+    (``--keep-for -5m`` as ``--keep-for=-5m``). argparse takes such a value for an option of its
+    own and says only "expected one argument", where the option's own check says what is wrong
+    with the value (a negative duration); a token that is one of the parser's options stays one."""
+    options = parser._option_string_actions  # argparse's table of option strings (no public accessor)
+    out: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        action = options.get(token)
+        if action is not None and action.nargs is None:  # an option of one value (flags have nargs 0)
+            following = next(tokens, None)
+            if following is not None and following.startswith("-") and following not in options:
+                out.append(f"{token}={following}")
+                continue
+            out.append(token)
+            if following is not None:
+                out.append(following)
+            continue
+        out.append(token)
+    return out
 
 
 def parse_hang_notice(value: str | None) -> float | None:

@@ -50,6 +50,11 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch start --timeout 0", "timeout must be a positive number of seconds"),
     ("%clorch start --timeout 0.01", "timeout 0.01 s is the process group's"),
     ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
+    # a value that begins with "-" is the option's, checked by it (argparse alone said only
+    # "expected one argument")
+    ("%clorch detach --keep-for -5m", "--keep-for must be a duration above zero such as 90s, 30m, 2h or 1d; got '-5m'"),
+    ("%clorch start --backend -gloo", "backend must be one of nccl, gloo"),
+    ("%clorch start --nproc --devices 0", "argument --nproc: expected one argument"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
     ("%clorch logs 0", "no ranks are running: run %clorch start first"),
     ("%clorch interrupt", "no ranks are running"),
