@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..common.rank_sets import rank_words
 from ..errors import DistributedCellError
 from ..wire.requests import request_code
-from .protocol import CellRequest
+from .protocol import CellRequest, Status
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ def finish_saves(relay: Any, saves: dict[int, list[dict[str, Any]]], say: Callab
         say(f"the checkpoint save was committed ({time.monotonic() - began:.1f} s); ending the ranks")
     elif outcome.interrupted:
         say("the checkpoint save was not waited for: the ranks end without it")
+    elif dead := [o for o in outcome.failed if o.status is Status.DIED]:
+        # the others were interrupted after it: its death is the news, said once
+        say(f"the checkpoint save was not committed: {rank_words([o.rank for o in dead])} died during the wait "
+            f"({dead[0].exit}), so the checkpoint there stays the one before; ending the ranks")
     else:
         say(f"the checkpoint save failed ({DistributedCellError(outcome).summary()}); ending the ranks")
     logger.info("waited %.1f s for the asynchronous save to %s: %s", time.monotonic() - began, paths,

@@ -99,6 +99,37 @@ def test_a_stop_waits_for_the_asynchronous_save_in_flight_and_says_so(tmp_path) 
     assert load_checkpoint(path, model=model, restore_rng=False) == {"epoch": 1}  # whole, at the path
 
 
+def test_a_rank_killed_while_the_stop_waits_for_a_save_ends_the_wait_and_leaves_nothing(tmp_path) -> None:
+    """%clorch stop waits for the asynchronous save in flight; rank 1 is SIGKILLed during that wait.
+    The stop still ends, says the save was not committed and that rank 1 died, leaves no process
+    behind, and the path holds no torn checkpoint: nothing loads from it."""
+    path = str(tmp_path / "killed-while-saving")
+    with clorch_session(stop=False) as nb:
+        assert nb.run(BUILD).status == "ok"
+        pids = nb.run("%%distributed\nimport os\nprint('pid', os.getpid())")
+        rank1 = int(re.search(r"\[rank 1\] pid (\d+)", pids.text).group(1))
+        everything = [c.pid for c in psutil.Process(nb.pid).children(recursive=True)]
+        saving = nb.run(SAVE_ASYNC.replace("PATH", repr(path)))
+        assert saving.status == "ok" and "[ranks 0-1] returned False" in saving.text, saving.text
+        msg_id = nb.send("%clorch stop")
+        nb.wait_for_output(msg_id, "to be committed before the ranks end", timeout=60)
+        os.kill(rank1, signal.SIGKILL)
+        stopped = nb.collect(msg_id, timeout=120)
+        flat = " ".join(stopped.text.split())
+        assert ("clorch: the checkpoint save was not committed: rank 1 died during the wait (killed by signal "
+                "SIGKILL") in flat and "the checkpoint there stays the one before" in flat, stopped.text
+        assert flat.count("died") == 1 and "clorch: stopped 2 rank(s)" in flat, stopped.text
+        assert wait_gone(everything, 30) == [], f"left behind: {stopped.text}"
+        assert nb.run("print('the notebook kernel goes on')").status == "ok"
+    model = sh.build("plain", 3)
+    try:
+        load_checkpoint(path, model=model, restore_rng=False)
+    except Exception as exc:  # noqa: BLE001 - any refusal will do; what it must not do is load
+        assert "no checkpoint at" in str(exc) or "not committed" in str(exc) or "incomplete" in str(exc), exc
+    else:
+        raise AssertionError(f"a save whose rank died mid-write loaded from {path}")
+
+
 SAVE_LOOP = """%%distributed
 from tests import sharded_helpers as sh
 sh.save_versions({"rank": rank, "world_size": world_size, "args": {"path": PATH}})
