@@ -166,6 +166,11 @@ class ScriptExit(ClorchError):
         super().__init__(message)
         self.status = status
 
+    def _render_traceback_(self) -> list[str]:
+        """One line, as IPython shows it: the script's own frames end at sys.exit, which says
+        nothing the line does not (a traceback header with no frames under it did)."""
+        return [f"{_RED}ScriptExit{_RESET}: {self}"]
+
 
 class UnknownRequest(ClorchError):
     """A rank was asked for a request (:mod:`clorch_repl.kernel.requests`) it has no handler for,

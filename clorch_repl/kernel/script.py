@@ -203,10 +203,7 @@ def _exited(exc: SystemExit, target: Target) -> None:
         status = 1
     name = target.module or os.path.basename(target.path)
     where = _exit_line(exc.__traceback__, target.path)
-    error = ScriptExit(f"{name} exited with status {status} (sys.exit{where})",
-                       status)
-    error._render_traceback_ = lambda: [f"\x1b[31mScriptExit\x1b[0m: {error}"]  # type: ignore[attr-defined]
-    raise error from None
+    raise ScriptExit(f"{name} exited with status {status} (sys.exit{where})", status) from None
 
 
 def _exit_line(tb: types.TracebackType | None, path: str) -> str:

@@ -39,7 +39,10 @@ def without_frames(tb: types.TracebackType | None, files: Iterable[str]) -> type
 
 def _rendered(error: BaseException, shell: Any,
               cut: Callable[[types.TracebackType | None], types.TracebackType | None]) -> BaseException:
-    """``error``, rendered by ``shell`` with its traceback as ``cut`` leaves it (read when shown)."""
+    """``error``, rendered by ``shell`` with its traceback as ``cut`` leaves it (read when shown);
+    an error whose class renders itself (:class:`~clorch_repl.errors.ScriptExit`'s one line) keeps that."""
+    if getattr(type(error), "_render_traceback_", None) is not None:
+        return error
 
     def render() -> list[str]:
         tb = cut(error.__traceback__)

@@ -197,6 +197,8 @@ def test_exit_statuses(ip: Any) -> None:
         assert all(lines_of(cap.stdout, r) == ["before exit"] for r in (0, 1)), cap.stdout
     res, cap = run(ip, f"{EXITS} 3")
     assert error_of(res) == "ranks 0-1: ScriptExit: exits.py exited with status 3 (sys.exit at exits.py:26)"
+    # one line under the ranks' heading, not a traceback header with no frames under it
+    assert "ScriptExit\x1b[0m: exits.py exited with status 3" in cap.stdout and "Traceback" not in cap.stdout, cap.stdout
     res, cap = run(ip, f"{EXITS} 2 1")  # only rank 1 exits
     assert error_of(res) == "rank 1: ScriptExit: exits.py exited with status 2 (sys.exit at exits.py:26)"
     assert lines_of(cap.stdout, 0) == ["before exit", "after exit"]
