@@ -212,16 +212,27 @@ def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[
     return [(ranks, by_rank[ranks[0]]) for ranks, _ in groups]
 
 
-def _partial_restart(ranks: list[int]) -> str:
+def _partial_restart(ranks: list[int], world_size: int = 0, waiting: list[int] | None = None) -> str:
     """What to type next about ``ranks`` that died or are stuck, in the notebook's words (this
     report is rendered by IPython): a restart of those ranks alone comes first, because it keeps
-    every other rank's variables (the model that took minutes to load); a whole restart does not.
+    every other rank's variables (the model that took minutes to load); a whole restart does not,
+    and is the only advice when ``ranks`` are all ``world_size`` of the session's. ``waiting``:
+    other stuck ranks, waiting in a collective for ``ranks``, which that restart frees (the
+    group's abort) and which keep their variables too.
     (The magics' words, as clorch_repl.notebook.hooks.NotebookHooks.verbs has them: this module is
     below the notebook's and may not import it.)"""
-    one = len(set(ranks)) == 1
-    listed = ",".join(str(r) for r in sorted(set(ranks)))
+    chosen = sorted(set(ranks))
+    if world_size and len(chosen) >= world_size:
+        return "%clorch restart starts every rank afresh and forms the group again (their variables are gone)."
+    one = len(chosen) == 1
+    listed = ",".join(str(r) for r in chosen)
+    freed = ""
+    if waiting:
+        many = len(set(waiting)) > 1
+        freed = (f"; {rank_words(sorted(set(waiting)))}, waiting in a collective for {'it' if one else 'them'}, "
+                 f"{'are' if many else 'is'} freed and {'keep their' if many else 'keeps its'} variables")
     return (f"%clorch restart --ranks {listed} starts {'it' if one else 'them'} afresh and forms the group "
-            "again while the others keep their variables; %clorch restart starts every rank afresh.")
+            f"again while the others keep their variables{freed}; %clorch restart starts every rank afresh.")
 
 
 class DistributedCellError(Exception):
@@ -347,9 +358,14 @@ class DistributedCellError(Exception):
         if self.outcome.recovery:  # the group was aborted: what the session did about it says what is next
             say(f"{_BOLD}{self.outcome.recovery}{_RESET}")
             return lines
+        size = self.outcome.world_size
         if dead:
-            say(f"The process group is broken: {rank_words(dead)} died. {_partial_restart(dead)}")
+            say(f"The process group is broken: {rank_words(dead)} died. {_partial_restart(dead, size)}")
         if stuck:
+            # ranks in their own code, where the others wait in a collective for them: restart those
+            own = [o.rank for o in self.outcome.failed if o.status is Status.STUCK and o.outside_collective]
+            culprits = own if own and len(own) < len(stuck) else stuck
             say(f"{ranks_are(stuck).capitalize()} still running this cell and "
-                f"{'takes' if len(set(stuck)) == 1 else 'take'} no other cell. {_partial_restart(stuck)}")
+                f"{'takes' if len(set(stuck)) == 1 else 'take'} no other cell. "
+                f"{_partial_restart(culprits, size, [r for r in stuck if r not in culprits])}")
         return lines

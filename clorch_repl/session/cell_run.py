@@ -312,11 +312,14 @@ class CellRun:
             if self.request.recover and not self.outcome.group_aborted:
                 self.group_check_at = now + min(GROUP_CHECK_S, self.interrupt_grace_s)
 
-    def group_checked(self, aborted: bool, now: float) -> None:
+    def group_checked(self, aborted: bool, now: float, elsewhere: tuple[int, ...] = ()) -> None:
         """The answer to :class:`FreeGroup`: ``aborted`` when the group was aborted at ``now``; the
         ranks it freed get :data:`ABORT_GRACE_S` to return (each is marked freed: what it raises
         is the abort's doing). Not aborted: asked again after :data:`GROUP_CHECK_S` while the
-        interrupt's grace lasts."""
+        interrupt's grace lasts; ``elsewhere``, the ranks that showed no wait in a collective,
+        are marked so, as of this latest check (the others may be waiting for them)."""
+        for rank, part in self.outcome.ranks.items():
+            part.outside_collective = rank in elsewhere
         if not aborted:
             if self.give_up_at is not None and now + GROUP_CHECK_S < self.give_up_at:
                 self.group_check_at = now + GROUP_CHECK_S  # ask again: a rank may still be on its way

@@ -12,6 +12,7 @@ no evidence: for those the interrupt's grace and the stuck report stand, as befo
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..diagnosis.probe import Prober
@@ -25,17 +26,27 @@ logger = logging.getLogger(__name__)
 ASK_S = 1.0
 
 
-def free_group(prober: Prober, launcher: Launcher, ranks: Sequence[int]) -> bool:
-    """Abort the group on every live rank if each of ``ranks`` waits in it; whether it did."""
+@dataclass(frozen=True)
+class Freed:
+    """What :func:`free_group` did: ``aborted`` the group, or not because of ``elsewhere``, the
+    ranks asked about that showed no wait in a collective (in their own code, or silent): the ones
+    a restart of some ranks should name, since the others wait for them."""
+
+    aborted: bool
+    elsewhere: tuple[int, ...] = ()
+
+
+def free_group(prober: Prober, launcher: Launcher, ranks: Sequence[int]) -> Freed:
+    """Abort the group on every live rank if each of ``ranks`` waits in it (with no ranks, at once)."""
     answers = prober.ask(list(ranks), light=True, timeout_s=ASK_S)
-    elsewhere = [r for r in ranks if not cell_end.waits_in_group(answers.get(r))]
+    elsewhere = tuple(r for r in ranks if not cell_end.waits_in_group(answers.get(r)))
     if elsewhere:
         logger.info("clorch_repl: ranks %s are not waiting in a collective; the group is left alone", elsewhere)
-        return False
+        return Freed(False, elsewhere)
     alive = [p.rank for p in launcher.ranks if p.alive]
     done: dict[int, Any] = prober.ask(alive, abort=True, timeout_s=ASK_S)
     silent = [r for r, answer in done.items() if answer is None]
     if silent:
         logger.warning("clorch_repl: ranks %s did not confirm the abort of their groups", silent)
     logger.info("clorch_repl: aborted the group on ranks %s: %s", alive, done)
-    return True
+    return Freed(True)

@@ -96,6 +96,10 @@ class RankOutcome:
     #: the rank waited in a collective and was freed by the abort of the session's group; what it
     #: raised then is the abort's doing, not its code's
     freed: bool = False
+    #: at the last check whether the group could be aborted, the rank was still in the cell but not
+    #: waiting in a collective (its own code, native code, or no answer): where ranks waiting in a
+    #: collective may be waiting for it, it is the one to restart
+    outside_collective: bool = False
     #: the rank was sent an interrupt (the user's, the time limit's, or after another rank failed)
     #: while its part ran: what it raised or how it died afterwards may be the interrupt's doing
     #: (a KeyboardInterrupt in the middle of torch's import can leave a process that segfaults)
@@ -124,6 +128,9 @@ class CellOutcome:
     aborted_at: float | None = None
     #: what the session did about it afterwards, one line (the group formed again, or why not)
     recovery: str | None = None
+    #: how many ranks the session has (0: not known), so that a report advising a restart of some
+    #: ranks can tell when they are all of them
+    world_size: int = 0
 
     @property
     def failed(self) -> list[RankOutcome]:

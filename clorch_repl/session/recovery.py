@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
-from ..errors import ranks_are
+from ..errors import ClorchError, ranks_are
 from ..launchers.base import Launcher
 from ..common.rank_sets import rank_words
 from .protocol import CellOutcome, CellRequest
@@ -48,14 +48,37 @@ class Regrouped:
     lost: tuple[int, ...] = ()
 
 
-def _busy_after(relay: Relay, launcher: Launcher, wait_s: float) -> list[int]:
-    """Live ranks still running a request after up to ``wait_s`` (freed ranks finish their cell)."""
+def _busy_after(relay: Relay, launcher: Launcher, wait_s: float, among: list[int] | None = None) -> list[int]:
+    """Live ranks (of ``among``, default all) still running a request after up to ``wait_s``
+    (freed ranks finish their cell)."""
     deadline = time.monotonic() + wait_s
     while True:
-        busy = [r for r in relay.busy() if launcher.ranks[r].alive]
+        busy = [r for r in relay.busy() if launcher.ranks[r].alive and (among is None or r in among)]
         if not busy or time.monotonic() >= deadline:
             return busy
         time.sleep(0.05)
+
+
+def survivors(nproc: int, lost: Iterable[int], why: str) -> tuple[int, ...]:
+    """The ranks a cell runs on while the session has lost ``lost``: the others. None left is
+    refused: a cell on no rank would "succeed" having run nothing, and Run All would go on."""
+    left = tuple(r for r in range(nproc) if r not in set(lost))
+    if not left:
+        raise ClorchError(f"no rank is left to run on ({why or 'every rank was lost'}): %clorch restart starts "
+                          "every rank afresh and forms the group again (their variables are gone)")
+    return left
+
+
+def free_waiting(relay: Relay, launcher: Launcher, busy: list[int]) -> list[int]:
+    """Before ranks are replaced: the ``busy`` ranks (others, still running a cell) freed by
+    aborting the group if every one of them waits in a collective (most likely for the ranks to be
+    replaced: as ending those by hand would, and the replacement forms the group again anyway);
+    the ranks still busy after :data:`IDLE_WAIT_S` (all of ``busy`` when the group was left alone:
+    ranks busy in their own code are not touched)."""
+    if not busy or not relay.free_group(busy).aborted:  # (no ranks would abort the group at once)
+        return busy
+    logger.info("clorch_repl: freed ranks %s from a collective before a replacement", busy)
+    return _busy_after(relay, launcher, IDLE_WAIT_S, among=busy)
 
 
 def _regroup(relay: Relay, launcher: Launcher, generation: int, fresh: list[int],
@@ -81,7 +104,7 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
     dead, abort the survivors' groups and say who is lost instead."""
     dead = [p for p in launcher.ranks if not p.alive]
     if dead:  # the survivors' groups are broken: abort them too (an NCCL peer's death can hang a later call)
-        relay.free_group([])
+        relay.free_group([])  # (with no ranks to ask about: aborted at once)
     busy = _busy_after(relay, launcher, IDLE_WAIT_S)
     if dead or busy:
         return lost(launcher, [p.rank for p in dead], busy)
@@ -109,11 +132,14 @@ def lost(launcher: Launcher, dead: list[int], stuck: list[int]) -> Regrouped:
     if stuck:
         parts.append(f"{ranks_are(stuck)} still stuck")
     why = " and ".join(parts)
-    kept = f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables" if keep else "no rank is left"
+    if not keep:
+        line = (f"clorch: {why}; no rank is left: %clorch restart starts every rank afresh and forms the group "
+                "again (their variables are gone)")
+        return Regrouped(False, line, why, tuple(gone))
+    kept = f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables"
     line = (f"clorch: {why}; {kept} but {'has' if len(keep) == 1 else 'have'} no group until "
             f"%clorch restart --ranks {','.join(str(r) for r in gone)} starts {'it' if len(gone) == 1 else 'them'} "
-            f"afresh and forms the group again (cells run on {rank_words(keep) if keep else 'no rank'} meanwhile; "
-            "collectives there fail)")
+            f"afresh and forms the group again (cells run on {rank_words(keep)} meanwhile; collectives there fail)")
     return Regrouped(False, line, why, tuple(gone))
 
 

@@ -30,7 +30,7 @@ from ..wire.framing import utc_date
 from .cell_files import CellNames
 from .cell_run import INTERRUPT_GRACE_S, REPLY_QUIET_S, CellRun, FreeGroup, GiveUp, Interrupt
 from .channels import Channels
-from .group_abort import free_group
+from .group_abort import Freed, free_group
 from .hang_watch import HangWatch
 from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
 from .protocol import CellOutcome, CellRequest
@@ -136,7 +136,7 @@ class Relay(AsksRanks):
     def new_prober(self) -> Prober:
         return self.channels.new_prober()
 
-    def free_group(self, ranks: list[int] | tuple[int, ...]) -> bool:
+    def free_group(self, ranks: list[int] | tuple[int, ...]) -> Freed:
         """Abort the session's group if every one of ``ranks`` waits in it (see .group_abort); with
         no ranks, at once."""
         return free_group(self._prober, self._launcher, ranks)
@@ -181,6 +181,7 @@ class Relay(AsksRanks):
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)
+        run.outcome.world_size = len(self._launcher.ranks)
         if silent:
             stdin = NoStdin("clorch_repl's own requests read no input")
         elif stdin is None:
@@ -321,7 +322,8 @@ class Relay(AsksRanks):
             self._give_up(run, command)
             return
         if isinstance(command, FreeGroup):
-            run.group_checked(self.free_group(command.ranks), time.monotonic())
+            freed = self.free_group(command.ranks)
+            run.group_checked(freed.aborted, time.monotonic(), freed.elsewhere)
             return
         watch.stop()  # being interrupted: the report will say why instead
         if command.diagnose:

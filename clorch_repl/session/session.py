@@ -221,7 +221,8 @@ class Session(Suspending):
             raise ConfigError(why)
         if len(ranks) == self.topology.nproc:
             raise ConfigError("--ranks names every rank: %clorch restart (without --ranks) starts them all afresh")
-        busy = [r for r in relay.busy() if r not in ranks and group.ranks[r].alive]
+        # others still in a cell: freed if they wait in a collective (for the ranks replaced, most likely)
+        busy = recovery.free_waiting(relay, group, [r for r in relay.busy() if r not in ranks and group.ranks[r].alive])
         if busy:
             raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
                               f"wait, {self.hooks.verbs.interrupt}, or restart "
@@ -343,7 +344,7 @@ class Session(Suspending):
         if ranks is not None:
             return tuple(ranks)
         if self.life.state is SessionState.DEGRADED:
-            return tuple(r for r in range(self.topology.nproc) if r not in self._lost)
+            return recovery.survivors(self.topology.nproc, self._lost, self.life.why)
         return tuple(range(self.topology.nproc))
 
     def debug_rank(self, rank: int | None) -> None:
@@ -393,7 +394,7 @@ class Session(Suspending):
             time.sleep(0.05)
             busy = [r for r in relay.busy() if group.ranks[r].alive]
         line = None
-        if busy and self.life.state is SessionState.READY and relay.free_group(busy):
+        if busy and self.life.state is SessionState.READY and relay.free_group(busy).aborted:
             line = self._recover(f"an interrupt did not free {rank_words(busy)}", time.monotonic())
         return {r: relay.stack_of(r) for r in relay.busy() if group.ranks[r].alive}, line
 

@@ -181,3 +181,46 @@ def test_a_dead_rank_is_replaced_while_the_others_keep_theirs(tmp_path) -> None:
         final = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
                        "dist.all_reduce(t)\nprint(t.item())\n")
         assert [lines_of(final.text, r) for r in range(3)] == [["3.0"]] * 3, final.text
+
+
+def test_a_rank_stuck_in_its_own_code_is_restarted_alone_freeing_the_one_waiting_for_it() -> None:
+    """Rank 1 swallows the interrupt in a loop while rank 0 waits in all_reduce for it. The report
+    names rank 1 alone (rank 0 only waits for it), and %clorch restart --ranks 1 frees rank 0 by
+    aborting the group, which the replacement forms again: rank 0 keeps its variables. (It was
+    refused: rank 0 "still running a cell"; the report advised --ranks 0,1, refused as "every rank".)"""
+    stuck = ("%%distributed --timeout 3\nimport time, torch, torch.distributed as dist\n"
+             "if rank == 1:\n    while True:\n        try:\n            time.sleep(100)\n"
+             "        except KeyboardInterrupt:\n            pass\nelse:\n    dist.all_reduce(torch.ones(2))\n")
+    with clorch_session("--nproc 2 --backend gloo") as nb:
+        assert nb.run("%%distributed\nkeep = rank * 10\n").status == "ok"
+        report = nb.run(stuck, timeout=120)
+        text = " ".join(_plain(report.text).split())
+        assert report.status == "error", text
+        assert ("%clorch restart --ranks 1 starts it afresh and forms the group again while the others keep "
+                "their variables; rank 0, waiting in a collective for it, is freed and keeps its variables") in text, text
+        back = nb.run("%clorch restart --ranks 1", timeout=120)
+        assert back.status == "ok", back.text
+        after = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                       "dist.all_reduce(t)\nprint(t.item(), globals().get('keep'))\n")
+        assert after.status == "ok", after.text
+        assert lines_of(after.text, 0) == ["2.0 0"] and lines_of(after.text, 1) == ["2.0 None"], after.text
+
+
+def test_with_every_rank_dead_a_cell_is_refused_and_a_whole_restart_advised() -> None:
+    """Both ranks die in one cell. The report advises a whole restart (not --ranks naming them all,
+    which is refused), and later cells, transfers and scripts are refused instead of "succeeding" on
+    no rank, until %clorch restart."""
+    with clorch_session("--nproc 2 --backend gloo") as nb:
+        died = nb.run("%%distributed\nimport os\nos._exit(0)\n", timeout=90)
+        text = " ".join(_plain(died.text).split())
+        assert died.status == "error" and "--ranks" not in text, text
+        assert "%clorch restart starts every rank afresh and forms the group again" in text, text
+        for line in ("%%distributed\nprint('next')", "%clorch pull x"):
+            refused = nb.run(line)
+            flat = " ".join(_plain(refused.text).split())
+            assert refused.status == "error" and "no rank is left to run on" in flat, flat
+            assert "%clorch restart starts every rank afresh" in flat, flat
+        back = nb.run("%clorch restart", timeout=120)
+        assert back.status == "ok", back.text
+        again = nb.run("%%distributed\nprint('back', rank)")
+        assert again.status == "ok" and lines_of(again.text, 1) == ["back 1"], again.text
