@@ -27,7 +27,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from ..wire.probe import PROBE_REQUEST
 from ..wire.limits import Limits, at_source
-from . import breakpoints, output, transform_memo
+from . import breakpoints, exit_guard, output, transform_memo
 from .shell_recv import one_task_per_request
 from .display_log import log_displays, log_widget_states, publish_widget_views
 from .lean_execute import LeanExecute
@@ -47,6 +47,7 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
         breakpoints.install()  # after ipykernel imported debugpy, which replaces the hook
         cheap_async_check(self.shell)
         transform_memo.install(self.shell)
+        exit_guard.install(self.shell)
         self._count_iopub()
         log_displays(self)
 

@@ -173,6 +173,24 @@ def test_errors_on_every_rank_show_every_traceback(ip: Any) -> None:
         assert f"---- rank {r} ----" in cap.stdout and f"failure number {r}" in cap.stdout
 
 
+def test_exit_in_a_cell_is_refused_and_the_ranks_stay(ip: Any) -> None:
+    """exit() asked the rank's kernel to end after the cell: the cell "succeeded" and the ranks
+    died unexplained a moment later. Now the cell fails at the call and the ranks go on; a
+    sys.exit in a cell no longer comes with IPython's advice to call exit()."""
+    for call in ("exit()", "quit()"):
+        res, cap = run(ip, f"x = rank\n{call}\nprint('not reached')")
+        assert not res.success, cap.stdout
+        flat = " ".join(cap.stdout.split())
+        assert "ExitRefused" in flat and "exit() would end rank 0's kernel" in flat, cap.stdout
+        assert "%clorch stop ends every rank" in flat and "exit_guard" not in flat, cap.stdout
+        assert lines_of(cap.stdout, 0) == [] and lines_of(cap.stdout, 1) == [], cap.stdout  # not reached
+    time.sleep(1)  # the kernels used to end this long after the cell
+    res, cap = run(ip, "print('alive', x)")
+    assert res.success and lines_of(cap.stdout, 0) == ["alive 0"] and lines_of(cap.stdout, 1) == ["alive 1"], cap.stdout
+    res, cap = run(ip, "import sys\nsys.exit(0)")
+    assert "To exit: use" not in cap.stdout + cap.stderr, cap.stdout + cap.stderr
+
+
 def test_ranks_option_runs_on_the_chosen_ranks_only(ip: Any) -> None:
     res, cap = run(ip, "print('here')", "--ranks 1")
     assert res.success
