@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -76,10 +77,16 @@ class Topology:
         return visible[index] if index < len(visible) else str(index)
 
 
+#: ``2-5`` in a list of integers (no signs: a negative number is a single item)
+_RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
+
+
 def parse_int_list(value: str | Iterable[int] | None, what: str) -> list[int] | None:
     """``"0,1"`` or ``[0, 1]`` to ``[0, 1]``; None stays None. Refuses junk with one line. A
     string in one pair of quotes is read without them: IPython's magic parsers keep quotes
-    (``%%distributed --ranks "0,2"`` passes ``'"0,2"'``), and a shell would have taken them off."""
+    (``%%distributed --ranks "0,2"`` passes ``'"0,2"'``), and a shell would have taken them off.
+    A range ``0-3`` stands for 0,1,2,3: every message names rank sets that way
+    (:func:`clorch_repl.common.rank_sets.ranks_text`), so what a message says can be typed back."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -87,14 +94,22 @@ def parse_int_list(value: str | Iterable[int] | None, what: str) -> list[int] | 
         if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
             text = text[1:-1].strip()
         if not text:
-            raise ConfigError(f"{what} is empty: give comma-separated integers, e.g. 0,1")
+            raise ConfigError(f"{what} is empty: give comma-separated integers, e.g. 0,1 or 0-3")
         items: list[int] = []
         for part in text.split(","):
             part = part.strip()
+            span = _RANGE.fullmatch(part)
+            if span:
+                first, last = int(span.group(1)), int(span.group(2))
+                if first > last:
+                    raise ConfigError(f"{what}: the range {part} runs backwards; write it {last}-{first}")
+                items.extend(range(first, last + 1))
+                continue
             try:
                 items.append(int(part))
             except ValueError:
-                raise ConfigError(f"{what} must be comma-separated integers, e.g. 0,1; got {value!r}") from None
+                raise ConfigError(f"{what} must be comma-separated integers or ranges, e.g. 0,1 or 0-3; "
+                                  f"got {value!r}") from None
         return items
     try:
         items = [int(v) for v in value]

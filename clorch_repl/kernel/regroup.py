@@ -340,9 +340,9 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
             _forget(pg)
             continue
         slots = _slots(pg)
-        if not slots:
-            raise RegroupError(f"rank {os.environ.get('RANK', '?')}: the group {c10d._world.pg_names[pg]!r} was formed again "
-                               "as often as torch allows in one process; %clorch restart gives fresh ranks")
+        if not slots:  # (the notebook's report names the rank and says what to do next)
+            which = "the default group" if pg is default else f"the group {c10d._world.pg_names[pg]!r}"
+            raise RegroupError(f"{which} was formed again as often as torch allows in one process")
         name, desc = c10d._world.pg_names[pg], pg.group_desc  # read before a backend of ours is first
         kind = "nccl" if _own_type(pg) == dist.ProcessGroup.BackendType.NCCL else "gloo"
         group_store = default_store if pg is default else dist.PrefixStore(f"{name}/", default_store)

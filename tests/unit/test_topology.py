@@ -87,3 +87,21 @@ def test_unpaired_or_empty_quotes_are_still_refused(text: str) -> None:
 
     with pytest.raises(ConfigError, match="--ranks"):
         parse_int_list(text, "--ranks")
+
+
+@pytest.mark.parametrize("text, ranks", [("0-1", [0, 1]), ("0-3,6", [0, 1, 2, 3, 6]), ("2 - 4", [2, 3, 4]), ("5-5", [5])])
+def test_rank_sets_as_messages_write_them_can_be_typed_back(text: str, ranks: list[int]) -> None:
+    """Messages name rank sets as ``0-3,6`` (rank_sets.ranks_text); --ranks reads that spelling."""
+    from clorch_repl.common.rank_sets import ranks_text
+    from clorch_repl.common.topology import parse_int_list
+
+    assert parse_int_list(text, "--ranks") == ranks
+    assert parse_int_list(ranks_text(ranks), "--ranks") == ranks
+
+
+def test_a_backwards_range_is_refused_saying_how_to_write_it() -> None:
+    from clorch_repl.common.topology import parse_int_list
+    from clorch_repl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="the range 3-1 runs backwards; write it 1-3"):
+        parse_int_list("3-1", "--ranks")
