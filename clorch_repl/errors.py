@@ -258,10 +258,16 @@ class DistributedCellError(Exception):
         from .session.protocol import Status
 
         parts = []
+        # deaths of one cause are one part here (their blocks below stay per rank: their logs differ)
+        dead: dict[str | None, list[int]] = {}
+        for o in self.outcome.failed:
+            if o.status is Status.DIED:
+                dead.setdefault(o.exit, []).append(o.rank)
         for ranks, result in _failure_groups(self.outcome.failed, self.merge):
             who = rank_words(ranks)
             if result.status is Status.DIED:
-                parts.append(f"{who} died ({result.exit})")
+                if result.rank == min(dead.get(result.exit, [result.rank])):
+                    parts.append(f"{rank_words(dead.get(result.exit, ranks))} died ({result.exit})")
             elif result.status is Status.STUCK and self.outcome.cut_short:  # (it may have returned since)
                 parts.append(f"{who} had not returned when the wait was cut short")
             elif result.status is Status.STUCK:
@@ -294,11 +300,15 @@ class DistributedCellError(Exception):
         """Whether the report says why: only when some rank did not come back by itself (stuck
         after the interrupt, dead, or freed by aborting the group). A cell whose ranks all returned
         to the interrupt (a flood ended by its timeout) was slow, not hung: where it was before
-        the interrupt says nothing more than its own traceback does."""
+        the interrupt says nothing more than its own traceback does. Nor when every failed rank
+        died: the verdict ("ranks 0-1 died") would repeat the report's own lines."""
         from .session.protocol import Status
 
-        return bool(self.outcome.diagnosis) and any(
-            o.status in (Status.STUCK, Status.DIED) or getattr(o, "freed", False) for o in self.outcome.failed)
+        failed = self.outcome.failed
+        return (bool(self.outcome.diagnosis) and any(
+            o.status in (Status.STUCK, Status.DIED) or getattr(o, "freed", False) for o in failed)
+            # ranks that only died: the verdict would say just that again
+            and not all(o.status is Status.DIED for o in failed))
 
     def _render_traceback_(self) -> list[str]:
         from .common.human import wrap

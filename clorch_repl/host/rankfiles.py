@@ -146,6 +146,9 @@ class RankFiles:
     #: which rotation (:mod:`.logcap`) the log was at when the current kernel started: a rotation
     #: since then moved its part, banner included, into the log's older half
     log_rotation: tuple[int, int] | None = None
+    #: the log's size when the notebook's latest cell began (:meth:`cell_began`): a death report
+    #: shows what the rank wrote in the cell it died in, not an earlier cell's traceback
+    cell_start: int = 0
 
     @property
     def log_path(self) -> str:
@@ -165,6 +168,13 @@ class RankFiles:
         self.log_start = os.fstat(fd).st_size
         self.log_rotation = self._rotation()
         return fd
+
+    def cell_began(self) -> None:
+        """The notebook sends this rank a cell now: remember where the log is (one ``stat``)."""
+        try:
+            self.cell_start = os.stat(self.log_path).st_size
+        except OSError:  # no log yet, or gone: the report shows the kernel's whole part
+            self.cell_start = 0
 
     def _rotation(self) -> tuple[int, int] | None:
         """Which rotation the log is at: the older half's inode and change time (each rotation
@@ -207,9 +217,11 @@ class RankFiles:
         (:mod:`.logcap`), and headed by a line saying how much of its oldest part was dropped."""
         return log_tail(self.log_path, lines)
 
-    def current_log_tail(self, lines: int) -> str:
+    def current_log_tail(self, lines: int, this_cell: bool = False) -> str:
         """The last ``lines`` lines the current kernel wrote (nothing from before its banner);
-        reads at most ``procs.TAIL_MAX_BYTES`` from the end."""
+        ``this_cell``: nothing from before the latest cell began either (where the log has not
+        been rotated since the kernel started: offsets are comparable then). Reads at most
+        ``procs.TAIL_MAX_BYTES`` from the end."""
         if self._rotation() != self.log_rotation:
             # rotated since the kernel started: its part begins after its banner, wherever that now is
             data = logcap.read_bytes(self.log_path, procs.TAIL_MAX_BYTES)
@@ -220,18 +232,19 @@ class RankFiles:
         else:
             with open(self.log_path, "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
-                start = max(self.log_start, size - procs.TAIL_MAX_BYTES)
+                start = max(self.log_start, self.cell_start if this_cell else 0, size - procs.TAIL_MAX_BYTES)
                 fh.seek(start)
                 data = fh.read(size - start)
         return procs.tail_bytes(io.BytesIO(data), lines).decode(errors="replace")
 
     def death_report(self, lines: int = 15) -> str:
-        """What the dead kernel's log says about its end: the faulthandler report of a crash (its
-        first, most recent frames, which are the user's) when there is one, else the last lines.
+        """What the dead kernel's log says about its end, from the cell it died in: the faulthandler
+        report of a crash (its first, most recent frames, which are the user's) when there is one,
+        else the last lines.
         A C++ exception that aborted the process (``terminate called after throwing ...``, as
         gloo's size checks and NCCL's watchdog end a rank) wrote what it was just before: that
         comes first, without the C++ frames torch appends to it."""
-        tail = self.current_log_tail(400).splitlines()
+        tail = self.current_log_tail(400, this_cell=True).splitlines()
         starts = [i for i, line in enumerate(tail) if line.startswith("Fatal Python error")]
         if not starts:
             return "\n".join(_clip(line, self.rank) for line in tail[-lines:])

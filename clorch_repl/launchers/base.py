@@ -176,6 +176,14 @@ class Launcher(abc.ABC):
         files = getattr(self, "files", None)  # the local launcher's rankfiles.RankFiles, one per rank
         return files[rank].current_log_tail(lines) if files else self.log_tail(rank, lines)
 
+    def cell_began(self, ranks: tuple[int, ...]) -> None:
+        """The notebook sends ``ranks`` a cell now: where their logs lie on this host, remember
+        where each one is, so that a death report starts there (launchers that keep no rank files
+        here report what their host gives)."""
+        files = getattr(self, "files", None)  # as in current_log_tail
+        for rank in ranks if files else ():
+            files[rank].cell_began()
+
     @abc.abstractmethod
     def death_report(self, rank: int, lines: int = 15) -> str:
         """What the rank's current kernel wrote about its end (a crash report, or its last lines)."""
@@ -220,6 +228,14 @@ class Launcher(abc.ABC):
         changes. By default it cannot: a launcher that can overrides both."""
         return (f"the {self.name} launcher cannot replace single ranks yet: %clorch restart starts every rank "
                 "afresh (the ranks keep their variables until then)")
+
+    def instead_of_replacing(self, ranks: list[int]) -> str:
+        """What to advise for dead or stuck ``ranks`` where :meth:`replace` cannot replace them,
+        "" where it can (the advice is then ``%clorch restart --ranks``): a report must never
+        advise the command that would be refused. By default :meth:`cannot_replace`'s refusal,
+        which says what to do instead; a launcher whose refusal explains at length gives a shorter
+        advice (a detached session's: :class:`~clorch_repl.launchers.adopted.AdoptedLauncher`)."""
+        return self.cannot_replace(ranks)
 
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see

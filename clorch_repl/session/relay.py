@@ -180,6 +180,8 @@ class Relay(AsksRanks):
             self.finish(self._waited.started, PlainSink(), interrupted=True)
         if request.cell_number is not None and not silent:
             self.cell_names.add(request.code, request.cell_number, request.ranks)
+        if not silent:
+            self._launcher.cell_began(request.ranks)
         run = CellRun(request, time.monotonic(), self.ledger.running, interrupt_grace_s)
         run.outcome.world_size = len(self._launcher.ranks)
         if silent:

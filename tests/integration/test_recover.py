@@ -224,3 +224,16 @@ def test_with_every_rank_dead_a_cell_is_refused_and_a_whole_restart_advised() ->
         assert back.status == "ok", back.text
         again = nb.run("%%distributed\nprint('back', rank)")
         assert again.status == "ok" and lines_of(again.text, 1) == ["back 1"], again.text
+
+
+def test_a_death_report_shows_the_log_of_the_cell_the_rank_died_in() -> None:
+    """A rank's log holds every cell's output; the report of its death showed an earlier cell's
+    traceback as its "last lines", read as the cause. Now only what it wrote in the fatal cell."""
+    with clorch_session("--nproc 2 --backend gloo") as nb:
+        old = nb.run("%%distributed\nraise KeyError('an earlier, unrelated error')\n")
+        assert old.status == "error", old.text
+        died = nb.run("%%distributed\nimport os, sys\nif rank == 1:\n    print('about to go', flush=True)\n"
+                      "    os._exit(3)\n", timeout=90)
+        text = _plain(died.text)
+        assert died.status == "error" and "rank 1 died: exit code 3" in text, text
+        assert "Last lines of its log:\n    about to go" in text and "unrelated error" not in text, text

@@ -37,6 +37,9 @@ class FakeGroup:
     def death_report(self, rank: int) -> str:
         return f"rank {rank}'s log ends"
 
+    def cell_began(self, ranks: tuple[int, ...]) -> None:
+        """(The relay tells the launcher each cell's start; these ranks keep no logs.)"""
+
 
 class FakeProber:
     def __init__(self, answers: dict[int, dict[str, Any] | None]) -> None:
