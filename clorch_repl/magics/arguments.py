@@ -68,7 +68,7 @@ topology_options = _compose(
     argument("--backend", metavar="NAME", default=None,
              help="nccl (GPUs, the default there) or gloo (CPU, the default without GPUs)"),
     argument("--timeout", metavar="SECONDS", default=None,
-             help="process-group timeout for rendezvous and collectives (default 600)"),
+             help="process-group timeout for rendezvous and collectives, in seconds (default 600 on both backends)"),
 )
 
 #: where the ranks run (API.md, "Beyond one host"); read by :func:`parse_launch`
@@ -126,12 +126,18 @@ def parse(func: Func, line: str) -> Any:
     """
     argv = arg_split(line)  # the tokenizer IPython's parse_argstring uses
     if {"-h", "--help"} & set(argv):
-        print(func.parser.format_help())  # type: ignore[attr-defined]
+        print(help_text(func.parser))  # type: ignore[attr-defined]
         return None
     try:
         return func.parser.parse_args(_values_kept(func.parser, argv))  # type: ignore[attr-defined]
     except UsageError as exc:
         raise refused(f"{exc} (see --help)") from None
+
+
+def help_text(parser: Any) -> str:
+    """A magic parser's ``--help``, without the reST literal-block marker (``::``) that
+    IPython's help formatter puts before the usage for its own documentation pages."""
+    return parser.format_help().removeprefix("::\n\n")
 
 
 def _values_kept(parser: Any, argv: list[str]) -> list[str]:
@@ -253,9 +259,12 @@ def parse_run(parser: Any, line: str) -> RunRequest | None:
     from ..session.script_run import RunRequest
     from ..common.topology import parse_timeout
 
-    args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
+    try:
+        args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
+    except UsageError as exc:  # as parse() says it for every other command
+        raise refused(f"{exc} (see --help)") from None
     if args.help:
-        print(parser.format_help())
+        print(help_text(parser))
         return None
     if not args.script:
         what = "MODULE" if args.module else "SCRIPT"

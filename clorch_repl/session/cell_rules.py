@@ -13,7 +13,8 @@ import os
 from typing import TYPE_CHECKING
 
 from ..common.topology import check_unique_in_range
-from ..errors import ClorchError, ranks_are
+from ..common.rank_sets import rank_words
+from ..errors import ClorchError, ConfigError, ranks_are
 from ..launchers.base import Launcher
 from ..wire.limits import limits_from_env
 from .hooks import Verbs
@@ -28,11 +29,15 @@ logger = logging.getLogger(__name__)
 
 
 def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], verbs: Verbs) -> None:
-    """Refuse a cell on ``chosen`` ranks when one is dead or still runs an earlier cell."""
+    """Refuse a cell on ``chosen`` ranks when one is dead or still runs an earlier cell. A dead
+    rank's refusal offers its restart alone, or, where the launcher cannot replace it (a detached
+    session), what the launcher says to do instead (never a command that would be refused)."""
     wanted = set(chosen)
     dead = [p for p in group.ranks if p.rank in wanted and not p.alive]
     if dead:
         what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
+        if advice := group.instead_of_replacing([p.rank for p in dead]):
+            raise ClorchError(f"{what} is dead: {advice}")
         lost = ",".join(str(p.rank) for p in dead)
         raise ClorchError(f"{what} is dead: {verbs.restart_ranks.format(ranks=lost)} starts it afresh while the "
                           f"others keep their variables, or {verbs.restart} starts every rank afresh")
@@ -52,6 +57,9 @@ def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *,
     refuse_dead_or_busy(group, relay, chosen, verbs)
     if stdin_ranks is not None:
         check_unique_in_range(stdin_ranks, nproc, "--stdin-ranks", "rank")
+        if outside := sorted(set(stdin_ranks) - set(chosen)):
+            raise ConfigError(f"--stdin-ranks names {rank_words(outside)}, which {'does' if len(outside) == 1 else 'do'} "
+                              f"not run this cell (it runs on {rank_words(chosen)}): name ranks of --ranks")
     try:
         limits = limits_from_env(os.environ)
     except ValueError as exc:

@@ -203,6 +203,7 @@ def test_ranks_option_runs_on_the_chosen_ranks_only(ip: Any) -> None:
     ("--ranks x", "--ranks must be comma-separated integers"),
     ("--timeout -3", "--timeout must be a positive number of seconds"),
     ("--bogus", "unrecognized arguments: --bogus"),
+    ("--ranks 0 --stdin-ranks 1", "--stdin-ranks names rank 1, which does not run this cell (it runs on rank 0)"),
 ])
 def test_bad_cell_options_give_one_clear_line(ip: Any, line: str, message: str) -> None:
     res, cap = run(ip, "print('never')", line)

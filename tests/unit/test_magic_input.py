@@ -55,6 +55,7 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch detach --keep-for -5m", "--keep-for must be a duration above zero such as 90s, 30m, 2h or 1d; got '-5m'"),
     ("%clorch start --backend -gloo", "backend must be one of nccl, gloo"),
     ("%clorch start --nproc --devices 0", "argument --nproc: expected one argument"),
+    ("%clorch run --bogus x.py", "unrecognized arguments: --bogus (see --help)"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
     ("%clorch logs 0", "no ranks are running: run %clorch start first"),
     ("%clorch interrupt", "no ranks are running"),
@@ -72,6 +73,7 @@ def test_help_works_for_every_command(no_session: Any) -> None:
         result, out = say(no_session, line)
         assert result.success, out
         assert "%clorch" in out or "%distributed" in out, (line, out)
+        assert not out.startswith("::"), out  # IPython's reST marker for its own documentation pages
     _, out = say(no_session, "%clorch start --help")
     assert "--devices" in out and "--backend" in out
 
