@@ -40,7 +40,11 @@ While the kernel runs it also keeps the kernel's log bounded on disk (``--log-ca
 
 It then exits with the kernel's own status (re-raising the kernel's fatal signal on itself), so
 that the notebook, which only sees this process through jupyter_client, reports "killed by signal
-SIGKILL" or "exit code 3" exactly as if it had watched the kernel itself.
+SIGKILL" or "exit code 3" exactly as if it had watched the kernel itself. A notebook kernel that
+is not the supervisor's parent cannot wait for it (one that adopted a detached session's ranks:
+:mod:`clorch_repl.launchers.adopted`), so it reads the same from a file: when the kernel ends by
+itself, its status is written beside the pid file (:func:`exit_path`, :func:`read_exit`) before
+anything else is done.
 
 Signals it passes on: SIGINT (Kernel > Interrupt) reaches the kernel directly, because
 jupyter_client signals the whole process group and the kernel stays in the supervisor's group; the
@@ -163,6 +167,39 @@ def read_pid(pid_file: str) -> int | None:
         return None
 
 
+def exit_path(pid_file: str) -> str:
+    """Where the supervisor writes how the kernel ended: beside its pid file (``x.json.pid`` ->
+    ``x.json.exit``), in the same private directory."""
+    return os.path.splitext(pid_file)[0] + ".exit"
+
+
+def read_exit(pid_file: str) -> int | None:
+    """How the kernel of the supervisor with ``pid_file`` ended, in Popen's convention (3: exit
+    code 3; -9: killed by SIGKILL); None while it runs, or when its supervisor wrote nothing (it was
+    killed itself, or the kernel was ended by a stop)."""
+    try:
+        with open(exit_path(pid_file)) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _returncode(status: int) -> int:
+    """A raw wait status in Popen's convention (negative: killed by that signal)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+def _write_private(path: str, text: str) -> None:
+    """``text`` as the file ``path`` (0600), replaced in one step: a reader never sees half of it."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 def _signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
         try:
@@ -214,11 +251,21 @@ class Supervisor:
         self.kernel_pid = pid
         self.log = logcap.Watcher(pid, self.log_cap)
         if self.pid_file:
-            tmp = f"{self.pid_file}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(str(pid))
-            os.replace(tmp, self.pid_file)
+            try:  # an earlier kernel's end, under the same pid file, is not this one's
+                os.unlink(exit_path(self.pid_file))
+            except FileNotFoundError:
+                pass
+            _write_private(self.pid_file, str(pid))
+
+    def _record_exit(self) -> None:
+        """The kernel ended by itself: write how (:func:`exit_path`) for a notebook that cannot
+        wait for this process (see the module docstring); never in the way of ending the rest."""
+        if not self.pid_file or self.kernel_status is None:
+            return
+        try:
+            _write_private(exit_path(self.pid_file), str(_returncode(self.kernel_status)))
+        except OSError as exc:  # the session's directory is gone: nobody is left to read it
+            sys.stderr.write(f"clorch supervisor: cannot record the kernel's exit status: {exc}\n")
 
     def _reap(self) -> None:
         """Collect every exited child (the kernel, and orphans re-parented to us)."""
@@ -259,6 +306,8 @@ class Supervisor:
                 if kept:
                     sys.stderr.write(f"clorch supervisor: the notebook is gone; the rank logs are kept in {kept}\n")
         else:
+            if reason == "kernel":
+                self._record_exit()
             clean = (reason == "kernel" and self.kernel_status is not None
                      and os.WIFEXITED(self.kernel_status) and os.WEXITSTATUS(self.kernel_status) == 0)
             self._end_all(self.grace_s if reason == "stop" or clean else LEFTOVER_GRACE_S)
@@ -308,7 +357,7 @@ class Supervisor:
             os.kill(os.getpid(), sig)
             time.sleep(1)  # the signal ends us; only an uncatchable-by-default one returns here
             return 128 + sig
-        return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+        return _returncode(status)
 
 
 def main(argv: list[str], in_process: Callable[[list[str]], int] | None = None,

@@ -19,26 +19,42 @@ one; and a whole restart ends every rank first, the moment the session is most e
 built: ``%clorch stop`` then ``%clorch start --name NAME`` and ``%clorch detach`` make a new one,
 and a rank stuck in a collective is freed in place by ``%clorch interrupt`` (the group re-forms).
 
-The exit of an adopted rank cannot be read (it is not our child): a rank whose kernel is gone is
-reported as ended, its log (``%clorch logs N``) saying how.
+The exit of an adopted rank cannot be waited for (it is not our child): its supervisor writes it
+down when the kernel ends by itself (:func:`clorch_repl.host.supervisor.read_exit`), and a rank is
+reported as it would be in the kernel that started it ("exit code 3", "killed by signal
+SIGKILL"); only where nothing was written (its supervisor was killed too) as ended, its log
+(``%clorch logs N``) saying how.
+
+A dead or stuck rank cannot be started again here either, so wherever a report would advise
+``%clorch restart --ranks`` for one, it asks :meth:`AdoptedLauncher.instead_of_replacing` and
+says what does work in a detached session (:data:`FRESH_RANKS`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from ..common import procs
+from ..common.rank_sets import rank_words
 from ..errors import ConfigError
 from ..common.topology import Topology
-from ..host import hold, logfiles
+from ..host import hold, logfiles, supervisor
 from ..placement import teardown
 from .base import LaunchOptions, Launcher, Progress, RankHandle
 from ..host.rankfiles import RankFiles
 from ..host.supervisor import STOP_GRACE_S
 
 logger = logging.getLogger(__name__)
+
+#: What gives a detached session fresh ranks, since it cannot start any (see the module
+#: docstring): said by every refusal of a restart and every advice about a dead or stuck rank.
+FRESH_RANKS = "%clorch stop, then %clorch start --name NAME and %clorch detach"
+#: How long a rank found dead waits for its supervisor to write how it ended (it does so as soon
+#: as it has reaped the kernel, a few milliseconds after the kernel's pid stopped running).
+EXIT_WAIT_S = 1.0
 
 
 def no_start(what: str) -> str:
@@ -48,7 +64,7 @@ def no_start(what: str) -> str:
             "start, through processes only that kernel owns, and a rank started from here would be listed in no "
             "session file and kept by no hold, so the next kernel to connect would not find it. Instead: "
             "%clorch interrupt frees ranks stuck in a collective (the group is formed again in place); for fresh "
-            "ranks, %clorch stop, then %clorch start --name NAME and %clorch detach")
+            f"ranks, {FRESH_RANKS}")
 
 
 class AdoptedRank(RankHandle):
@@ -64,7 +80,8 @@ class AdoptedRank(RankHandle):
         self.started_at = started_at
         self.files = files
         self._info: dict[str, Any] | None = None
-        self._ended = False
+        #: how the kernel ended, once it has (see exit)
+        self._exit: str | None = None
 
     def connection_info(self, session: bool = False) -> dict[str, Any]:
         if self._info is None:
@@ -82,9 +99,22 @@ class AdoptedRank(RankHandle):
 
     @property
     def exit(self) -> str | None:
-        if not self._ended and not procs.pid_running(self._pid):
-            self._ended = True
-        return f"ended (see %clorch logs {self.rank})" if self._ended else None
+        if self._exit is None and not procs.pid_running(self._pid):
+            self._exit = self._how_it_ended()
+        return self._exit
+
+    def _how_it_ended(self) -> str:
+        """How the kernel ended, as its supervisor wrote it (waited for up to :data:`EXIT_WAIT_S`
+        while that supervisor still runs: it writes right after reaping the kernel); without it,
+        that it ended and where its log is."""
+        pid_file = self.connection_file + ".pid"  # where the LocalLauncher's supervisors write it
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while (code := supervisor.read_exit(pid_file)) is None and time.monotonic() < deadline \
+                and procs.pid_running(self.supervisor_pid):
+            time.sleep(0.02)
+        if code is None:
+            code = supervisor.read_exit(pid_file)  # written just before its supervisor exited
+        return procs.describe_exit(code) if code is not None else f"ended (see %clorch logs {self.rank})"
 
 
 class AdoptedLauncher(Launcher):
@@ -117,6 +147,12 @@ class AdoptedLauncher(Launcher):
 
     def cannot_replace(self, ranks: list[int]) -> str:
         return no_start("%clorch restart --ranks")
+
+    def instead_of_replacing(self, ranks: list[int]) -> str:
+        """The advice for dead or stuck ``ranks`` of a detached session, which cannot start them
+        again (:meth:`cannot_replace` says why, at length, when asked to)."""
+        return (f"a detached session cannot start {rank_words(ranks)} again (%clorch restart is refused there): "
+                f"for fresh ranks, {FRESH_RANKS}")
 
     def interrupt(self, ranks: list[int] | None = None) -> None:
         """SIGINT to each chosen rank's process group, as jupyter_client's interrupt does: the

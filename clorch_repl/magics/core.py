@@ -143,7 +143,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         """Every rank: state, pid, device, backend, memory, uptime.
 
         With no ranks running it says so and succeeds: a question, not a command that failed, so
-        a notebook's Run All goes on past it (before a start, after a stop)."""
+        a notebook's Run All goes on past it (before a start, after a stop, after another kernel
+        took over the detached session this kernel drove)."""
         if parse(self._status, line) is None:
             return
         if self.session is None or not self.session.running:
@@ -193,7 +194,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             return
         session = self._session()
         stuck, recovered = session.interrupt()
-        views.interrupted(stuck, recovered, session.why, session.topology.nproc)
+        views.interrupted(stuck, recovered, session.why, session.topology.nproc, session.group)
 
     @magic_arguments(name="clorch restart")
     @argument("--ranks", metavar="LIST", default=None,

@@ -67,9 +67,15 @@ class SessionCommands:
 
     def driven(self, command: str, handler: Callable[[str], Any]) -> Callable[[str], Any]:
         """``handler`` of ``%clorch COMMAND``, run once :meth:`check_driver` found this kernel still
-        drives its session (the dispatcher calls it inside its error handling)."""
+        drives its session (the dispatcher calls it inside its error handling). ``status`` is a
+        question, not a command that can fail: in a kernel whose session another one took, it
+        says so and succeeds, as it does with no ranks running, so a notebook's Run All goes on
+        past it (the next command that needs ranks is refused as before)."""
 
         def run(line: str) -> Any:
+            if command == "status" and (why := self.let_go_if_taken(command)):
+                print(f"clorch: this kernel drives no ranks: {why}")
+                return None
             self.check_driver(command)
             return handler(line)
 
@@ -78,13 +84,21 @@ class SessionCommands:
     def check_driver(self, command: str = "") -> None:
         """Before a ``%clorch`` command (but connect and sessions, which need no session): raise
         when another kernel took this kernel's detached session, letting go of it here."""
+        if why := self.let_go_if_taken(command):
+            raise ClorchError(why)
+
+    def let_go_if_taken(self, command: str = "") -> str:
+        """Why this kernel no longer drives its detached session (another kernel took it over, or
+        stopped it), after letting go of it here; "" while it does, when it never detached one,
+        and for connect and sessions, which need no session."""
         from ..session.reattach import check_owner
 
-        if command in ("connect", "sessions"):
-            return
-        if self.session is not None and (why := check_owner(self.session)):
+        if command in ("connect", "sessions") or self.session is None:
+            return ""
+        why = check_owner(self.session)
+        if why:
             self.session = None
-            raise ClorchError(why)
+        return why
 
     @magic_arguments(name="clorch detach")
     @argument("--keep-for", metavar="DURATION", dest="keep_for", default=None,

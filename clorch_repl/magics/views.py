@@ -12,6 +12,7 @@ from ..errors import ClorchError, ranks_are
 from ..common.human import duration as _duration
 from ..common.human import size as _bytes
 from ..common.rank_sets import rank_words
+from ..launchers.base import Launcher
 from ..session.lifecycle import SessionState
 from ..session.rank_report import RankReport
 from ..session.session import Session
@@ -106,10 +107,13 @@ def interrupt_report(stuck: dict[int, str], verdict: str) -> str:
     return "\n".join(lines)
 
 
-def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str], nproc: int) -> None:
+def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], str], nproc: int,
+                group: Launcher | None = None) -> None:
     """What ``%clorch interrupt`` says: ranks that did not return (each one's stack, the verdict
     from ``why``) fail the command, with the restart that can help (of those ranks alone while
-    some others are free); a recovery's line when the group was aborted to free them."""
+    some others are free, unless the session's launcher ``group`` cannot replace them: then what
+    it says to do instead, :meth:`~clorch_repl.launchers.base.Launcher.instead_of_replacing`); a
+    recovery's line when the group was aborted to free them."""
     if recovered:
         print(recovered)
     if not stuck:
@@ -119,6 +123,8 @@ def interrupted(stuck: dict[int, str], recovered: str | None, why: Callable[[], 
     print(interrupt_report(stuck, why().splitlines()[0]))
     if len(stuck) == nproc:
         raise ClorchError(f"{ranks_are(stuck)} stuck: run %clorch restart for a fresh group")
+    if group is not None and (advice := group.instead_of_replacing(sorted(stuck))):
+        raise ClorchError(f"{ranks_are(stuck)} stuck: {advice}")
     lost = ",".join(str(r) for r in stuck)
     raise ClorchError(f"{ranks_are(stuck)} stuck: %clorch restart --ranks {lost} starts "
                       f"{'it' if len(stuck) == 1 else 'them'} afresh while the others keep their variables; "
@@ -143,10 +149,14 @@ def session_line(session: Any) -> str | None:
 
 
 def degraded_notice(session: Session) -> str | None:
-    """One line before each cell while the session has lost ranks, None otherwise."""
+    """One line before each cell while the session has lost ranks, None otherwise: the restart of
+    the lost ranks that gives the others a group again, or, where the launcher cannot replace
+    them (a detached session), what it says to do instead."""
     if session.life.state is not SessionState.DEGRADED or session.group is None:
         return None
     running = session.chosen(None)
+    lost = list(session.lost)
+    advice = session.group.instead_of_replacing(lost)
     return (f"clorch: {session.life.why}: cells run on {rank_words(running)}, which "
-            f"{'has' if len(running) == 1 else 'have'} no group "
-            f"(collectives fail) until %clorch restart --ranks {','.join(map(str, session.lost))}")
+            f"{'has' if len(running) == 1 else 'have'} no group (collectives fail)"
+            + (f"; {advice}" if advice else f" until %clorch restart --ranks {','.join(map(str, lost))}"))

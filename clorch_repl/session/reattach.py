@@ -28,6 +28,7 @@ from .. import cuda
 from ..errors import ClorchError, ConfigError
 from ..common.human import size, span
 from ..host import hold
+from ..host.logfiles import without_ansi
 from ..launchers.adopted import AdoptedLauncher, no_start
 from ..launchers.base import Progress
 from . import registry, saves
@@ -57,6 +58,7 @@ class ConnectedSession(Session):
             [(r.rank, r.connection_file, r.pid, r.supervisor_pid, r.started_at) for r in record.ranks], session_file)
         super().__init__(record.topology, lambda _topology: launcher, hooks)
         self.record = record
+        self.hang_notice_s = record.hang_notice_s  # the session's setting, whichever kernel drives it
 
     @property
     def name(self) -> str:
@@ -216,7 +218,8 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
                                           p.supervisor_pid, p.started_at))
     record = registry.SessionRecord(name=name, launcher=group.name, dir=group.dir, topology=session.topology,
                                     ranks=tuple(entries), generation=session._generation,  # noqa: SLF001
-                                    keep_for_s=keep_for_s, owner_pid=os.getpid())
+                                    keep_for_s=keep_for_s, owner_pid=os.getpid(),
+                                    hang_notice_s=session.hang_notice_s)
     hold.write(group.dir, os.getpid(), keep_for_s, path)  # first: from here on this kernel's end keeps them
     registry.write(record)
     release(session)
@@ -271,10 +274,11 @@ def connect(name: str | None, take: bool, progress: Progress,
 
 
 def tails(session: ConnectedSession) -> str:
-    """The last lines each rank wrote to its log (what it printed while nobody was connected)."""
+    """The last lines each rank wrote to its log (what it printed while nobody was connected), as
+    text: without the colour codes of a terminal (IPython's tracebacks), as ``%clorch logs`` shows them."""
     parts = []
     for rank in range(session.topology.nproc):
-        text = session.logs(rank, TAIL_LINES).rstrip("\n")
+        text = without_ansi(session.logs(rank, TAIL_LINES)).rstrip("\n")
         if text:
             parts.append(f"--- rank {rank}, last {TAIL_LINES} lines of {session.group.files[rank].log_path} "
                          f"(%clorch logs {rank} --tail 0: all) ---\n{text}")

@@ -8,7 +8,9 @@ the session's private directory, each rank's connection-file path (those files h
 keys, 0600 in that 0700 directory; no key is ever put on a command line or in this file), the
 pids of the kernels and supervisors, the topology, the generation of the group (the count of its
 in-place re-forms, under which the next re-form meets: a connecting kernel must go on counting
-from it), ``keep_for_s``, and the kernel that drove it when written. Who drives the session *now*
+from it), ``keep_for_s``, the session's own settings that every kernel driving it must use (its
+``--hang-notice``: a setting of the session, not of the kernel that happened to start it), and
+the kernel that drove it when written. Who drives the session *now*
 is the hold file's business (:mod:`clorch_repl.host.hold`), which the supervisors read.
 
 Everything read back is validated (:func:`parse_record`) and any mistake named with its file, since
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -28,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..common.atomic import remove_quietly, write_json_atomic
+from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ConfigError
 from ..common.topology import Topology
 
@@ -69,6 +73,10 @@ class SessionRecord:
     #: the host the ranks run on (a detached session's ranks are local to the kernel that detached
     #: it; its file may be seen from other hosts too, where the runtime directory is in a shared home)
     host: str = field(default_factory=socket.gethostname)
+    #: the session's ``--hang-notice`` (seconds; 0: off), for cells that give none: ``%clorch start
+    #: --hang-notice`` set it for the session, so the kernel that detaches it and every kernel that
+    #: connects keep it (a file written before it was recorded: the default)
+    hang_notice_s: float = DEFAULT_HANG_NOTICE_S
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -172,6 +180,10 @@ def parse_record(data: Any, where: str) -> SessionRecord:
                                started_at=float(_need(entry, "started_at", (int, float), where))))
     if [r.rank for r in ranks] != list(range(topology.nproc)):
         raise ConfigError(f"{where}: it lists ranks {[r.rank for r in ranks]} for {topology.nproc} rank(s): remove it")
+    hang_notice = data.get("hang_notice_s", DEFAULT_HANG_NOTICE_S)  # absent: a file from before it was kept
+    if isinstance(hang_notice, bool) or not isinstance(hang_notice, (int, float)) or not 0 <= hang_notice < math.inf:
+        raise ConfigError(f"{where}: 'hang_notice_s' {hang_notice!r} is not a number of seconds (0 or more); the "
+                          "file is damaged: remove it (the session's ranks end by themselves once nobody is connected)")
     record = SessionRecord(
         name=check_name(_need(data, "name", str, where)), launcher=_need(data, "launcher", str, where),
         dir=_need(data, "dir", str, where), topology=topology, ranks=tuple(ranks),
@@ -179,7 +191,7 @@ def parse_record(data: Any, where: str) -> SessionRecord:
         keep_for_s=float(_need(data, "keep_for_s", (int, float), where)),
         owner_pid=_need(data, "owner_pid", int, where),
         written_at=float(_need(data, "written_at", (int, float), where)), uid=_need(data, "uid", int, where),
-        host=str(data.get("host") or "?"))
+        host=str(data.get("host") or "?"), hang_notice_s=float(hang_notice))
     if record.uid != os.getuid():
         raise ConfigError(f"{where} belongs to uid {record.uid}, not to you: it is not yours to connect to")
     if record.generation < 0 or record.keep_for_s <= 0:

@@ -177,6 +177,11 @@ def test_a_second_kernel_is_refused_until_it_takes_over(kernels: Kernels) -> Non
     ok(second.run("%clorch connect shared --take"))
     told = first.run("%%distributed\nprint('still mine?')")
     assert told.status == "error" and f"taken over by the kernel with pid {second.pid}" in told.text, told.text
+    # a question, not a command that failed: it says so and succeeds (a notebook's Run All goes on past it)
+    asked = first.run("%clorch status")
+    assert asked.status == "ok" and (f"this kernel drives no ranks: session 'shared' was taken over by the kernel "
+                                     f"with pid {second.pid}") in asked.text, asked.text
+    assert "no ranks are running" in ok(first.run("%clorch status")).text  # it let go
     assert "x is 10" in ok(second.run("%%distributed\nprint('x is', x)")).text
     for restart, said in (("%clorch restart", "%clorch restart"), ("%clorch restart --ranks 1", "--ranks")):
         refused = second.run(restart)  # refused, saying why and what to do instead
@@ -251,7 +256,10 @@ def test_the_group_re_forms_from_the_new_kernel_under_the_next_generation(kernel
     assert record["generation"] == 1, record
     os.kill(first.pid, signal.SIGKILL)
     second = kernels.new()
-    assert "generation 1" in ok(second.run("%clorch connect regrouped")).text
+    connected = ok(second.run("%clorch connect regrouped")).text
+    assert "generation 1" in connected, connected
+    # the logs' tail holds the hang's interrupted traceback: shown as text, as %clorch logs shows it
+    assert "KeyboardInterrupt" in connected and "\x1b[" not in connected, repr(connected)
     hung = second.run(HANG, timeout=120)
     assert hung.status == "error" and FORMED in hung.text, hung.text
     text = ok(second.run(CHECK)).text
@@ -275,6 +283,53 @@ def detached_after(kernels: Kernels, name: str, before: str) -> tuple[NotebookKe
     assert hung.status == "error" and FORMED in hung.text, hung.text
     ok(first.run(f"%clorch detach --keep-for 60s"))
     return first, kernels.record(name)
+
+
+NOTICED = "no progress on any rank"
+STUCK = ("%%distributed --timeout 8\nimport time\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n"
+         "    time.sleep(3600)\n")
+
+
+def test_the_sessions_hang_notice_outlives_detach_and_connect(kernels: Kernels) -> None:
+    """``%clorch start --hang-notice S`` is the session's default: the kernel that detached it and a
+    kernel that connects use it too (a cell that gives none says why it is stuck after S, not 30 s)."""
+    first = kernels.new()
+    ok(first.run("%clorch start --nproc 2 --backend gloo --name noticed --hang-notice 2"))
+    ok(first.run(SETUP))
+    ok(first.run("%clorch detach --keep-for 60s"))
+    hung = first.run(STUCK, timeout=120)
+    assert hung.status == "error" and NOTICED in hung.text, hung.text
+    record = kernels.record("noticed")
+    assert record["hang_notice_s"] == 2.0, record
+    os.kill(first.pid, signal.SIGKILL)
+    second = kernels.new()
+    ok(second.run("%clorch connect noticed"))
+    hung = second.run(STUCK, timeout=120)
+    assert hung.status == "error" and NOTICED in hung.text, hung.text
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
+
+
+def test_a_dead_rank_of_a_detached_session_says_how_it_ended_and_what_works(kernels: Kernels) -> None:
+    """Its supervisor writes the exit status down (the connected kernel cannot wait for the rank);
+    and a detached session cannot start ranks again, so no notice advises %clorch restart --ranks."""
+    first, record = detached(kernels, "dying")
+    os.kill(first.pid, signal.SIGKILL)
+    second = kernels.new()
+    ok(second.run("%clorch connect dying"))
+    died = second.run("%%distributed\nimport os\nif rank == 1:\n    os._exit(5)\nt = torch.ones(1)\n"
+                      "dist.all_reduce(t)\n", timeout=120)
+    assert died.status == "error" and "rank 1 died (exit code 5)" in died.text, died.text
+    instead = "a detached session cannot start rank 1 again (%clorch restart is refused there): for fresh ranks, "
+    after = ok(second.run("%%distributed\nprint('kept', x)"))
+    assert "[rank 0] kept 0" in after.text and instead in after.text, after.text
+    assert "--ranks" not in after.text, after.text
+    refused = second.run("%%distributed --ranks 1\nprint('anyone?')")
+    assert refused.status == "error" and "rank 1 (exit code 5) is dead: " + instead in " ".join(refused.text.split()), \
+        refused.text
+    assert "dead (exit code 5)" in ok(second.run("%clorch status")).text
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
 
 
 def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: Kernels) -> None:

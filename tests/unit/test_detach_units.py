@@ -233,3 +233,92 @@ def test_keep_for_is_said_in_the_unit_it_was_given() -> None:
     from clorch_repl.common.human import span
 
     assert [span(3600.0), span(1800.0), span(90.0), span(2.5)] == ["1 h", "30 min", "90 s", "2.5 s"]
+
+
+def test_the_sessions_hang_notice_is_in_its_file_and_every_kernel_that_drives_it_uses_it(tmp_path) -> None:
+    """``%clorch start --hang-notice 3`` is the session's setting: the kernel that detaches it and
+    every kernel that connects (a ConnectedSession) must keep it, not fall back to the default."""
+    from clorch_repl.diagnosis import DEFAULT_HANG_NOTICE_S
+    from clorch_repl.session.reattach import ConnectedSession
+
+    noticed = record(hang_notice_s=3.0)
+    data = json.loads(json.dumps(noticed.to_json()))
+    assert registry.parse_record(data, "f.json").hang_notice_s == 3.0
+    assert ConnectedSession(noticed, str(tmp_path / "alice-1.json")).hang_notice_s == 3.0
+    assert ConnectedSession(record(hang_notice_s=0.0), "x.json").hang_notice_s == 0.0  # off stays off
+    data.pop("hang_notice_s")  # a file written before the setting was kept: the default
+    assert registry.parse_record(data, "f.json").hang_notice_s == DEFAULT_HANG_NOTICE_S
+    for bad in (-1, "3", True, None):
+        with pytest.raises(ConfigError, match="'hang_notice_s' .* is not a number of seconds"):
+            registry.parse_record({**data, "hang_notice_s": bad}, "f.json")
+
+
+def test_connects_tail_of_the_logs_is_text_without_colour_codes() -> None:
+    """What the ranks printed lately, shown on connect, as ``%clorch logs`` shows it: IPython's
+    coloured traceback in a rank's log is a terminal's, not text."""
+    from types import SimpleNamespace
+
+    from clorch_repl.session.reattach import tails
+
+    logged = "\x1b[31mKeyboardInterrupt\x1b[39m: \n\x1b[32m     87\x1b[39m     x = 1\n"
+    session = SimpleNamespace(topology=SimpleNamespace(nproc=1), logs=lambda rank, lines: logged,
+                              group=SimpleNamespace(files=[SimpleNamespace(log_path="/s/rank0.log")]))
+    shown = tails(session)  # type: ignore[arg-type]
+    assert "\x1b" not in shown and "KeyboardInterrupt: \n     87     x = 1" in shown, repr(shown)
+
+
+def _not_a_pid() -> int:
+    with open("/proc/sys/kernel/pid_max") as fh:
+        return int(fh.read()) + 1  # above the kernel's largest pid: never a running process
+
+
+def test_an_adopted_rank_that_died_says_how_as_its_supervisor_wrote_it(tmp_path) -> None:
+    """A detached session's dead rank reads as it would in the kernel that started it ("exit code
+    5"), from what its supervisor wrote beside its pid file; "ended" only where nothing was written."""
+    from clorch_repl.host import supervisor
+    from clorch_repl.host.rankfiles import RankFiles
+    from clorch_repl.launchers.adopted import AdoptedRank
+
+    gone = _not_a_pid()
+    connection_file = str(tmp_path / "rank1.json")
+
+    def adopted() -> AdoptedRank:
+        return AdoptedRank(1, connection_file, gone, gone, 0.0, RankFiles(str(tmp_path), 1))
+
+    assert adopted().exit == "ended (see %clorch logs 1)"  # its supervisor was killed too: nothing written
+    supervisor._write_private(supervisor.exit_path(connection_file + ".pid"), "5")  # noqa: SLF001
+    assert supervisor.exit_path(connection_file + ".pid") == connection_file + ".exit"
+    assert adopted().exit == "exit code 5" and not adopted().alive
+    supervisor._write_private(supervisor.exit_path(connection_file + ".pid"), "-9")  # noqa: SLF001
+    assert adopted().exit.startswith("killed by signal SIGKILL")
+
+
+def test_advice_about_a_detached_sessions_lost_ranks_never_names_the_refused_restart() -> None:
+    """A detached session cannot start ranks again (%clorch restart [--ranks] is refused, saying
+    why): the header before each cell and the refusal of a cell on a dead rank say what works."""
+    from types import SimpleNamespace
+
+    from clorch_repl.errors import ClorchError
+    from clorch_repl.launchers.adopted import FRESH_RANKS, AdoptedLauncher
+    from clorch_repl.magics import views
+    from clorch_repl.session.cell_rules import refuse_dead_or_busy
+    from clorch_repl.session.hooks import Verbs
+    from clorch_repl.session.lifecycle import SessionState
+
+    gone = _not_a_pid()
+    launcher = AdoptedLauncher.from_entries(record().topology, "/s", [(0, "/s/r0.json", os.getpid(), os.getpid(), 0.0),
+                                                                      (1, "/s/r1.json", gone, gone, 0.0)], "/s.json")
+    advice = launcher.instead_of_replacing([1])
+    assert advice == ("a detached session cannot start rank 1 again (%clorch restart is refused there): for fresh "
+                      f"ranks, {FRESH_RANKS}")
+    session = SimpleNamespace(life=SimpleNamespace(state=SessionState.DEGRADED, why="rank 1 died"), group=launcher,
+                              lost=(1,), chosen=lambda ranks: (0,))
+    header = views.degraded_notice(session)  # type: ignore[arg-type]
+    assert header == ("clorch: rank 1 died: cells run on rank 0, which has no group (collectives fail); " + advice)
+    relay = SimpleNamespace(busy=lambda: [])
+    with pytest.raises(ClorchError) as refused:
+        refuse_dead_or_busy(launcher, relay, (0, 1), Verbs(restart_ranks="%clorch restart --ranks {ranks}"))  # type: ignore[arg-type]
+    assert str(refused.value) == "rank 1 (ended (see %clorch logs 1)) is dead: " + advice
+    with pytest.raises(ClorchError) as stuck:
+        views.interrupted({1: ""}, None, lambda: "rank 1 is in time.sleep", 2, launcher)
+    assert str(stuck.value) == "rank 1 is stuck: " + advice

@@ -79,7 +79,7 @@ class BusyRelay:
 
 def _refusal(hooks: SessionHooks, alive: bool) -> str:
     group = SimpleNamespace(ranks=[SimpleNamespace(rank=r, alive=alive or r == 0, where=f"rank {r}", exit="SIGKILL")
-                                   for r in (0, 1)])
+                                   for r in (0, 1)], instead_of_replacing=lambda ranks: "")  # it can replace them
     with pytest.raises(ClorchError) as refused:
         refuse_dead_or_busy(group, BusyRelay(), (0, 1), hooks.verbs)  # type: ignore[arg-type]
     return str(refused.value)
