@@ -194,6 +194,18 @@ def op_at(answer: dict[str, Any] | None, key: str, number: int) -> str | None:
     return None
 
 
+def age_at(answer: dict[str, Any] | None, key: str, number: int) -> float | None:
+    """Seconds since the entry of :func:`op_at` was recorded, by the rank's own clock (its answer's
+    ``now_ns``): how long a collective has been pending, from one answer (``%clorch top --once``,
+    which has no earlier round to date it from); None when the ring does not hold it."""
+    now_ns = (answer or {}).get("now_ns")
+    for raw in reversed(((answer or {}).get("fr") or {}).get("entries") or []):
+        if _status_key(raw) == key and _status_number(raw) == number:
+            created = raw.get("time_created_ns")
+            return max(0.0, (int(now_ns) - int(created)) / 1e9) if now_ns and created else None
+    return None
+
+
 def _status_key(raw: dict[str, Any]) -> str:
     recorder = raw.get("recorder")
     return f"{recorder}/{raw.get('pg_id')}" if recorder else str(raw.get("pg_id"))

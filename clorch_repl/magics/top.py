@@ -28,8 +28,8 @@ def command(source: Callable[[], Any], panel: Panel | None, args: argparse.Names
     if not interval >= 0.2:
         raise ConfigError(f"--interval must be at least 0.2 seconds; got {args.interval!r}")
     if args.once:
-        snaps, note = snapshot_once(source())
-        display(render(snaps, note=note), raw=True)
+        snaps, note, verdict = snapshot_once(source())
+        display(render(snaps, verdict, note=note), raw=True)
         return panel
     if panel is not None and panel.open:
         panel.close()  # one live panel at a time: the new one replaces it

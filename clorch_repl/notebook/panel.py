@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable
 
 from ..diagnosis.analyse import analyse
-from ..diagnosis.entries import RankEvidence, op_at, progress
+from ..diagnosis.entries import RankEvidence, age_at, op_at, progress
 from ..session.lifecycle import SessionState
 from ..session.panel_view import STUCK_AFTER_S, Collective, RankSnapshot, render
 from ..session.view import SessionView
@@ -123,9 +123,11 @@ def line_now(answer: dict[str, Any] | None) -> str | None:
     return None
 
 
-def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None]:
-    """Every rank's row, asked once (``%clorch top --once``), on sockets of its own; and the note
-    to show above them (suspended ranks are not asked)."""
+def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None, str | None]:
+    """Every rank's row, asked once (``%clorch top --once``), on sockets of its own; the note to
+    show above them (suspended ranks are not asked); and the hang verdict. Where a collective is
+    pending, the ranks' whole records are asked too: the live panel learns the op, the age and the
+    verdict over its rounds, one look must read them from the records (the entry's own time)."""
     view = session.view()
     note = suspended_note(view)
     prober = session.relay.new_prober()
@@ -134,7 +136,22 @@ def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None]:
         answers = {} if note else prober.ask(view.alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S)
         now = time.monotonic()
         tracker.answers.update({r: (now, a) for r, a in answers.items() if a is not None})
-        return snapshot(session.view(last_lines=True), tracker, now)[0], note
+        pending = {r: tracker.pending(r, a, now) for r, (_, a) in tracker.answers.items()}
+        if any(pending.values()):
+            whole = prober.ask(view.alive, timeout_s=ONCE_WITHIN_S)
+            for rank, found in pending.items():
+                if found is not None:
+                    ident = (rank, found[0], found[1])
+                    tracker.ops[ident] = op_at(whole.get(rank), found[0], found[1])
+                    age = age_at(whole.get(rank), found[0], found[1])
+                    if age is not None:
+                        tracker.first_seen[ident] = now - age
+            states = [RankEvidence(r.rank, answer=whole.get(r.rank), host=r.host) if r.alive
+                      else RankEvidence(r.rank, dead=r.exit, host=r.host) for r in view.ranks]
+            verdict = analyse(states)
+            tracker.verdict = verdict.sentence if verdict.hang else None
+        snaps, stuck = snapshot(session.view(last_lines=True), tracker, now)
+        return snaps, note, tracker.verdict if stuck else None
     finally:
         prober.close()
 

@@ -71,3 +71,20 @@ def test_the_panel_updates_while_a_cell_runs_and_closes() -> None:
         after = _panel_updates(nb, 2.5)
         assert after == [], after  # closed: nothing more is sent
         assert "no %clorch top panel is open" in nb.run("%clorch top --stop").text
+
+
+def test_once_names_a_stuck_collective_its_age_and_the_verdict() -> None:
+    """One look (``--once``) has no earlier round to learn from: it showed "#2, group 0, for 0s"
+    with no op, no STUCK and no verdict for a collective pending 13 s, where the live panel said it
+    all. It now reads them from the ranks' records."""
+    stuck = ("%%distributed --timeout 2\nimport time, torch, torch.distributed as dist\nif rank == 1:\n"
+             "    while True:\n        try:\n            time.sleep(100)\n        except KeyboardInterrupt:\n"
+             "            pass\nelse:\n    dist.all_reduce(torch.ones(2))\n")
+    with clorch_session("--nproc 2 --backend gloo --hang-notice 0") as nb:
+        assert nb.run(stuck, timeout=60).status == "error"
+        time.sleep(max(0.0, 11.0 - 4.0))  # past the panel's STUCK mark (10 s), the cell took about 4 s
+        once = nb.run("%clorch top --once")
+        assert once.status == "ok", once.text
+        assert re.search(r"all_reduce #\d+, group 0, for (1\d|[2-9]\d)s STUCK", once.text), once.text
+        assert "hang: " in once.text and "rank 1 never called it" in " ".join(once.text.split()), once.text
+        assert nb.run("%clorch restart", timeout=180).status == "ok"
