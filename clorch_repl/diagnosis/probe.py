@@ -98,9 +98,10 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
     out = []
     for summary in traceback.extract_stack(frame):
         cell = label_of(summary.filename)
+        own = is_own(summary.filename)
         out.append({"file": summary.filename, "line": summary.lineno, "function": summary.name,
                     "code": (summary.line or "").strip(), "cell": cell,
-                    "library": cell is None and is_library(summary.filename), "own": is_own(summary.filename)})
+                    "library": own or (cell is None and is_library(summary.filename)), "own": own})
     return out
 
 
@@ -166,12 +167,20 @@ def is_library(filename: str) -> bool:
 
 
 def is_own(filename: str) -> bool:
-    """Frames of clorch_repl itself (the frame's code file inside this package): what every report
-    leaves out of a stack (:func:`clorch_repl.diagnosis.where.own_frame` reads this mark). Decided
-    here, on the rank, because only the rank knows where its package lies (a remote host's install
-    is not the notebook's), and by the file, never by the text shown for it
-    (:mod:`clorch_repl.common.package_files`)."""
-    return is_package_file(filename)
+    """Frames of clorch_repl itself (the frame's code file inside this package, or the cell of one
+    of clorch's requests, such as ``%clorch run``'s: :func:`clorch_repl.kernel.requests.is_request_cell`):
+    what every report leaves out of a stack (:func:`clorch_repl.diagnosis.where.own_frame` reads
+    this mark). Decided here, on the rank, because only the rank knows where its package lies (a
+    remote host's install is not the notebook's) and which of its cells were requests, and by the
+    file, never by the text shown for it (:mod:`clorch_repl.common.package_files`)."""
+    return is_package_file(filename) or _request_cell(filename)
+
+
+def _request_cell(filename: str) -> bool:
+    """Whether ``filename`` is a request's cell; read only where the request registry is already
+    imported (a process that never ran a request has none, and a probe imports nothing)."""
+    requests = sys.modules.get("clorch_repl.kernel.requests")
+    return requests is not None and requests.is_request_cell(filename)
 
 
 def cuda_busy() -> bool | None:

@@ -47,6 +47,7 @@ def _user_traceback(exc: BaseException) -> str:
 def run(spec_path: str) -> int:
     from ..common.procs import end_own_group, watch_parent
     from ..distributed.failures import looks_like_cascade
+    from ..errors import ScriptExit
     from ..wire.results import RankResult, encode_value, write_result
 
     with open(spec_path) as fh:
@@ -107,14 +108,22 @@ def run(spec_path: str) -> int:
             write_result(result_path, RankResult(rank=rank, ok=True))
             return 0
         failed_at = failed_at or time.time()
-        text = _user_traceback(exc)
-        sys.stderr.write(f"[clorch rank {rank}] main failed:\n{text}")
         kind = type(exc).__name__
         message = str(exc)
+        if isinstance(exc, ScriptExit):
+            # A script's sys.exit, as python ends: no traceback (the one line says the status and
+            # the script's line); what it printed on the way out (argparse's usage and error) is
+            # the log's last lines, which the job shows for a rank without a traceback.
+            text = None
+            code = exc.status if 0 < exc.status < 256 else 1  # the status the script's process would have had
+        else:
+            text = _user_traceback(exc)
+            sys.stderr.write(f"[clorch rank {rank}] main failed:\n{text}")
+            code = 1
         write_result(result_path, RankResult(rank=rank, ok=False, error_type=kind, error_message=message,
                                              traceback=text, cascade=looks_like_cascade(kind, message),
                                              failed_at=failed_at))
-        return 1
+        return code
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ variables, and its own ``init_process_group`` accepted and ``destroy_process_gro
 group (:mod:`clorch_repl.kernel.torchrun`, installed here as in a session's rank): the job's
 group was formed before the script started (so the job's timeout, hang probe and failure report
 cover the whole script), which torch's own ``init_process_group`` would refuse as "initialize the
-default process group twice". ``sys.exit(0)`` ends a script cleanly, as under python.
+default process group twice". ``sys.exit(0)`` ends a script cleanly, as under python; any other
+status raises :class:`~clorch_repl.errors.ScriptExit`, the one line ``%clorch run`` gives
+(:func:`clorch_repl.kernel.script.exit_error`: the status and the script's line; a message given
+to ``sys.exit`` printed first), not the traceback of the ``SystemExit`` through argparse's frames
+(argparse's own usage and error went to the rank's log, as under python).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ RUNNER_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<fr
 def run_script(spec: dict[str, Any]) -> None:
     """Run the spec's ``script`` or ``module`` with its ``argv`` (see the module docstring)."""
     from ..kernel import torchrun
+    from ..kernel.script import exit_error
     from ..wire.rank_env import torchrun_extras
 
     os.environ.update(torchrun_extras(os.environ))
@@ -36,28 +41,42 @@ def run_script(spec: dict[str, Any]) -> None:
     argv = [str(a) for a in spec.get("argv") or []]
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     try:
-        _run(spec, argv)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):  # python's rule: any other status is a failure
-            raise
-        logger.debug("the script ended with sys.exit(%r)", exc.code)  # the group then ends cleanly
+        name, path = _enter(spec, argv)
+        try:
+            _run(spec)
+        except SystemExit as exc:
+            error = exit_error(exc, name, path)  # python's rule: any status but None and 0 is a failure
+            if error is not None:
+                raise error from None
+            logger.debug("the script ended with sys.exit(%r)", exc.code)  # the group then ends cleanly
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         torchrun.uninstall()  # the job's process_group() then ends its group with torch's own destroy
 
 
-def _run(spec: dict[str, Any], argv: list[str]) -> None:
+def _enter(spec: dict[str, Any], argv: list[str]) -> tuple[str, str]:
+    """``sys.argv`` and ``sys.path`` as python gives them to the script; the script's name and the
+    file whose frames are its own (a module's: its ``__main__`` for a package, as ``-m`` runs)."""
     if spec.get("script"):
         path = spec["script"]
         sys.argv = [path, *argv]
         sys.path.insert(0, os.path.dirname(path))
-        runpy.run_path(path, run_name="__main__")
-    else:
-        import importlib.util
+        return os.path.basename(path), path
+    import importlib.util
 
-        sys.path.insert(0, os.getcwd())
-        found = importlib.util.find_spec(spec["module"])
-        sys.argv = [getattr(found, "origin", None) or spec["module"], *argv]
+    sys.path.insert(0, os.getcwd())
+    found = importlib.util.find_spec(spec["module"])
+    if found is not None and found.submodule_search_locations is not None:
+        found = importlib.util.find_spec(f"{spec['module']}.__main__")
+    origin = getattr(found, "origin", None) or ""
+    sys.argv = [origin or spec["module"], *argv]
+    return spec["module"], origin
+
+
+def _run(spec: dict[str, Any]) -> None:
+    if spec.get("script"):
+        runpy.run_path(spec["script"], run_name="__main__")
+    else:
         runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
 
 

@@ -7,7 +7,9 @@ It composes the rank's additions, each in its own module: the stdin policy
 each cell (:mod:`.output`), displays echoed to the log and widget views brought up to date at
 a cell's end (:mod:`.display_log`) and the
 ``breakpoint()`` hook (:mod:`.breakpoints`), and a rank that is not interactive to libraries
-that ask (:mod:`.worker_look`). Here: the cell's traceback written to the rank's log,
+that ask (:mod:`.worker_look`), and every cell named in a folder all the user's ranks share
+(:mod:`.cell_files`: a warning from a cell then reads the same on every rank, and merges). Here:
+the cell's traceback written to the rank's log,
 no status messages for the notebook's probes, and five savings of a rank's CPU per cell
 (:func:`_memoize_accepts_parameters`, :func:`_memoize_cell_hash`, :class:`_TransformOnce`,
 :func:`cheap_async_check`, and IPython's static transforms remembered per cell text,
@@ -24,10 +26,11 @@ from typing import Any
 
 from ipykernel import compiler, ipkernel
 from ipykernel.ipkernel import IPythonKernel
+from traitlets import Type
 
 from ..wire.probe import PROBE_REQUEST
 from ..wire.limits import Limits, at_source
-from . import breakpoints, exit_guard, output, transform_memo
+from . import breakpoints, cell_files, exit_guard, output, transform_memo
 from .shell_recv import one_task_per_request
 from .display_log import log_displays, log_widget_states, publish_widget_views
 from .lean_execute import LeanExecute
@@ -41,7 +44,11 @@ class RankKernel(StdinPolicy, LeanExecute, IPythonKernel):
     """ipykernel's kernel, marking when a cell runs (for RankOutStream) and writing a failed
     cell's traceback into the rank's log, where ipykernel writes only the iopub message."""
 
+    #: writes a cell's file for the debugger whole: every rank of the user's shares the folder
+    debugger_class = Type(cell_files.RankDebugger, klass=cell_files.Debugger)
+
     def __init__(self, **kwargs: Any) -> None:
+        cell_files.cell_directory()  # checked now: a refused folder is said in the rank's log, not in a cell
         super().__init__(**kwargs)
         look_like_a_worker()  # after the shell set sys.ps1: Lightning's ddp refuses a rank with it
         breakpoints.install()  # after ipykernel imported debugpy, which replaces the hook
@@ -193,3 +200,4 @@ class _TransformOnce:
 
 _memoize_accepts_parameters(ipkernel)
 _memoize_cell_hash(compiler)
+cell_files.share_cell_files()

@@ -18,6 +18,11 @@ output budget, interrupts and tracebacks are a cell's).
 * A name this rank does not know, or arguments its handler does not take, raise
   :class:`~clorch_repl.errors.UnknownRequest` saying which, on which rank, and that the notebook
   and the rank run different versions of clorch_repl.
+* The cell that calls :func:`call` is a request's one line, clorch's code though IPython compiled
+  it as a cell: :func:`call` remembers its compiled file (:func:`is_request_cell`), so that a hang
+  report's stack (:func:`clorch_repl.diagnosis.probe.is_own`) leaves its frame out with clorch's
+  own, as :mod:`.tracebacks` leaves it out of a traceback, instead of showing
+  ``Cell In[7], line 1`` and the request's text as the user's line.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 from typing import Any, Callable
 
 from . import tracebacks
@@ -47,6 +53,10 @@ HANDLERS: dict[str, str] = {
     "finish_saves": "clorch_repl.training.checkpoint.in_flight:finish",
 }
 _resolved: dict[str, Callable[..., Any]] = {}
+#: the compiled files of the cells that called :func:`call` on this rank (see the module docstring).
+#: A cell's file is named after its code (ipykernel: a hash of it), so a file here holds nothing
+#: but a request's line; a set, as the requests' texts are few (one per name and arguments).
+_REQUEST_CELLS: set[str] = set()
 
 tracebacks.hide_frames_of(__file__)
 
@@ -60,6 +70,12 @@ def _version_hint() -> str:
 
     return (f"this rank runs clorch_repl {__version__}: the notebook and its ranks must run the same "
             "version (install it on every host, then %clorch restart)")
+
+
+def is_request_cell(filename: str) -> bool:
+    """Whether code compiled from ``filename`` is a request's cell on this rank: clorch's one line
+    that called :func:`call`, not a cell of the user's."""
+    return filename in _REQUEST_CELLS
 
 
 def handler(name: str, handlers: dict[str, str] | None = None) -> Callable[..., Any]:
@@ -84,6 +100,9 @@ def call(name: str, arguments: str = "{}", handlers: dict[str, str] | None = Non
     """Run the request ``name`` with ``arguments`` (a JSON object: the handler's keyword
     arguments); what the handler returns (None for every request the notebook sends, so that a
     non-silent request shows no ``Out``). ``handlers``: another table (tests)."""
+    caller = sys._getframe(1).f_code
+    if caller.co_name == "<module>":  # the request's cell (its one line), not a function calling call() itself
+        _REQUEST_CELLS.add(caller.co_filename)  # before anything can hang
     found = handler(name, handlers)
     args = json.loads(arguments)
     if not isinstance(args, dict):

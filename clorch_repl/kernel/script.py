@@ -188,11 +188,21 @@ def run(script: str, args: list[str], module: bool = False, interactive: bool = 
 
 
 def _exited(exc: SystemExit, target: Target) -> None:
-    """sys.exit's status as python gives it to the shell: None and 0 end cleanly; an int is the
-    status; anything else is printed to stderr and the status is 1."""
+    error = exit_error(exc, target.module or os.path.basename(target.path), target.path)
+    if error is not None:
+        raise error from None
+
+
+def exit_error(exc: SystemExit, name: str, path: str) -> ScriptExit | None:
+    """sys.exit's status as python gives it to the shell, as the error a script's runner reports:
+    None when the script ended cleanly (None and 0); else :class:`ScriptExit` naming the status
+    and the script's line (``name`` is how the script is called, ``path`` the file whose frames
+    are the script's). An int is the status; anything else (a message) is printed to stderr first,
+    as python prints it, and the status is 1. Shared by ``%clorch run`` and a batch job's script
+    (:mod:`clorch_repl.jobs._script_entry`), so both say the same."""
     code = exc.code
     if code is None or code == 0:
-        return
+        return None
     if isinstance(code, int) and not isinstance(code, bool):
         status = code
     elif isinstance(code, bool):
@@ -201,9 +211,8 @@ def _exited(exc: SystemExit, target: Target) -> None:
         sys.stdout.flush()  # what the script printed first is shown first (its stream is buffered, this one not)
         print(code, file=sys.stderr, flush=True)
         status = 1
-    name = target.module or os.path.basename(target.path)
-    where = _exit_line(exc.__traceback__, target.path)
-    raise ScriptExit(f"{name} exited with status {status} (sys.exit{where})", status) from None
+    where = _exit_line(exc.__traceback__, path)
+    return ScriptExit(f"{name} exited with status {status} (sys.exit{where})", status)
 
 
 def _exit_line(tb: types.TracebackType | None, path: str) -> str:

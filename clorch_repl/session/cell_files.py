@@ -1,7 +1,10 @@
 """Name a rank's cell files in faulthandler's stacks as the notebook names the cells: ``Cell In[12]``.
 
 A rank's kernel compiles each cell into a file named by ipykernel's compiler: a hash of the cell's
-text under ``<tmp>/ipykernel_<pid>/`` (``/tmp/ipykernel_4711/2936192014.py``). IPython's own
+text, in a folder the rank chose (``/tmp/clorch_cells_1000/2936192014.py``, the same on every
+rank of the user's, :mod:`clorch_repl.kernel.cell_files`; ipykernel's own ``<tmp>/ipykernel_<pid>/``
+where that one is not safe to use). A file is known by its name alone, the hash of a cell this
+notebook sent that rank, whatever its folder: the notebook need not know the rank's. IPython's own
 tracebacks, and the hang check's stacks (taken by the rank itself, see
 :mod:`clorch_repl.diagnosis.probe`), turn that back into ``Cell In[12]``. faulthandler cannot: it
 writes from a C signal handler, the only stack a rank gives while native code holds its Python
@@ -26,8 +29,9 @@ logger = logging.getLogger(__name__)
 #: cell that runs and those whose functions it calls, seldom one from hundreds of cells ago.
 KEPT = 300
 
-#: faulthandler's frame line: ``  File "/tmp/ipykernel_4711/2936192014.py", line 3 in <module>``
-_CELL_FILE = re.compile(r'File "([^"]*ipykernel_\d+[/\\](\d+)\.py)", line (\d+)')
+#: faulthandler's frame line of a file named as a cell's: ``  File "/tmp/clorch_cells_1000/2936192014.py",
+#: line 3 in <module>`` (renamed only where the number is the hash of a cell the rank ran)
+_CELL_FILE = re.compile(r'File "([^"]*[/\\](\d+)\.py)", line (\d+)')
 
 
 def _cell_hash(code: str) -> int | None:
@@ -73,9 +77,6 @@ class CellNames:
         """``text`` (a faulthandler stack or a log's tail of ``rank``) with each cell file it
         ran named ``Cell In[N]`` as the notebook shows it; unknown files (cells of another
         client, of clorch itself) keep their path."""
-        if "ipykernel_" not in text:
-            return text
-
         def named(match: re.Match[str]) -> str:
             number = self.number_of(int(match.group(2)), rank)
             if number is None:

@@ -63,6 +63,37 @@ def test_a_failing_script_is_named_from_its_own_frames() -> None:
     assert clean.wait() == [None, None]  # sys.exit(0) ends a script cleanly, as under python
 
 
+def test_a_scripts_sys_exit_is_its_status_and_line_after_what_it_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse's refusal, as %clorch run shows it: argparse's usage and error (the rank's log's
+    last lines), then the one line naming the status and the script's line; not the SystemExit's
+    traceback through argparse's frames. The rank exits with the script's status, as under python."""
+    job = dist.launch(nproc_per_node=2, script=os.path.join(SCRIPTS, "ddp_resume.py"),
+                      args=["--epochs", "x", "--snapshot", "/nowhere"], timeout_ms=120_000)
+    with pytest.raises(RankFailure) as info:
+        job.wait()
+    text = str(info.value)
+    head, _, body = text.partition("\n")
+    assert re.fullmatch(r"rank [01] failed first in job-\d+ \(script ddp_resume.py\): ScriptExit: ddp_resume.py "
+                        r"exited with status 2 \(sys.exit at ddp_resume.py:30\)", head), text
+    assert "usage: ddp_resume.py" in body and \
+        "ddp_resume.py: error: argument --epochs: invalid int value: 'x'" in body, text
+    assert "Traceback" not in text and "argparse.py" not in text and "SystemExit" not in text, text
+    for r in (0, 1):
+        assert "ddp_resume.py: error: argument --epochs: invalid int value: 'x'" in job.logs(r), job.logs(r)
+    status = job.status()  # (the other rank may have been stopped by the job as it ended: its status is the stop's)
+    assert status.ranks[status.first_failed_rank].exit_code == 2, status
+    # a module's sys.exit with a message: the message printed (into the log), status 1, the module's line
+    monkeypatch.chdir(ROOT)
+    job = dist.launch(nproc_per_node=2, module="tests.torchrun_scripts.exits", args=["msg", "1"], timeout_ms=120_000)
+    with pytest.raises(RankFailure) as info:
+        job.wait()
+    text = str(info.value)
+    assert text.startswith(f"rank 1 failed first in {job.id} (module tests.torchrun_scripts.exits): ScriptExit: "
+                           "tests.torchrun_scripts.exits exited with status 1 (sys.exit at exits.py:23)\n"), text
+    assert "cannot go on: no data" in text and "Traceback" not in text, text
+    assert job.status().ranks[1].exit_code == 1, job.status()
+
+
 @pytest.mark.parametrize("kwargs, words", [
     ({"script": "no/such/train.py"}, "script: no file 'no/such/train.py' on host "),
     ({"module": "no_such_module_xyz"}, "module: no module 'no_such_module_xyz' on host "),

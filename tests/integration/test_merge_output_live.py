@@ -84,6 +84,31 @@ def test_kernel_interrupt_shows_one_keyboardinterrupt_numbered_like_the_notebook
     assert "---- rank 0 ----" in plain and "---- rank 1 ----" in plain  # different errors: per rank
 
 
+def test_kernel_a_warning_from_a_cell_is_one_merged_block(nb: Any) -> None:
+    """A warning names the cell's line by its file: ipykernel's folder held each rank's pid
+    (``[rank 0] /tmp/ipykernel_22483/2255580287.py:2: UserWarning``, ``[rank 1] /tmp/ipykernel_22488/...``),
+    so every rank's copy differed and none merged. The ranks now share one folder of the user's,
+    private to the user; IPython's tracebacks still name the cell ``Cell In[n]``."""
+    import os
+    import stat
+    import tempfile
+
+    reply = nb.run("%%distributed\nimport warnings\nwarnings.warn('careful with the shards')")
+    assert reply.status == "ok", reply.text
+    stderr = "".join(m["content"]["text"] for m in reply.outputs
+                     if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+    warned = [line for line in stderr.splitlines() if "UserWarning: careful with the shards" in line]
+    assert len(warned) == 1 and warned[0].startswith("[ranks 0-1] "), stderr
+    folder = os.path.join(tempfile.gettempdir(), f"clorch_cells_{os.getuid()}")
+    assert re.fullmatch(rf"\[ranks 0-1\] {re.escape(folder)}/\d+\.py:2: UserWarning: careful with the shards",
+                        warned[0]), warned
+    found = os.lstat(folder)
+    assert stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and stat.S_IMODE(found.st_mode) == 0o700
+    failed = nb.run("%%distributed\nx = rank\nraise ValueError(f'bad {x}')")
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", failed.text)
+    assert f"Cell In[{failed.execution_count}], line 2" in plain and "clorch_cells_" not in plain, plain
+
+
 def test_kernel_a_slow_ranks_copy_does_not_hold_the_fast_ranks_line(nb: Any) -> None:
     """Rank 1 prints the same line 4 s after rank 0: rank 0's copy is shown long before that,
     labelled as its own, and rank 1's when it comes (correct, only not merged)."""

@@ -80,7 +80,7 @@ def test_a_rank_that_ignores_the_interrupt_is_named_with_its_stack(nb: NotebookK
     assert f"{cell}, line 5 in <module>" in reply.text  # rank 1 is at its sleep, line 5 of the cell
     assert f"{cell}, line 6 in <module>" in reply.text  # rank 0 is at its barrier, line 6
     assert 'File "' not in reply.text and reply.text.count("dist.barrier()") == 1, reply.text
-    assert "ipykernel_" not in reply.text
+    assert "ipykernel_" not in reply.text and "clorch_cells_" not in reply.text  # the cell files named as cells
     assert "%clorch restart" in reply.text
     busy = nb.run("%%distributed\nprint('queued?')")
     assert busy.status == "error" and "still running an earlier cell" in busy.text

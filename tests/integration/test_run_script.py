@@ -275,6 +275,23 @@ def test_timeout_ends_a_script_as_it_ends_a_cell(ip: Any) -> None:
     assert_group_works(ip)
 
 
+def test_a_stuck_ranks_stack_shows_the_scripts_frames_only(ip: Any, tmp_path: Any) -> None:
+    """Rank 1 fails, rank 0 waits in its all_reduce: the report's stack of rank 0 starts at the
+    script's line, not at the request's cell (``Cell In[7], line 1`` and clorch's request text)."""
+    script = tmp_path / "onefails.py"
+    script.write_text("import os, torch, torch.distributed as dist\n"
+                      "if os.environ['RANK'] == '1':\n    raise RuntimeError('no shard on rank 1')\n"
+                      "t = torch.ones(1)\ndist.all_reduce(t)\n")
+    res, cap = run(ip, f"--timeout 60 {script}")
+    shown = "\n".join([cap.stdout, *res.error_in_exec._render_traceback_()])
+    assert "no shard on rank 1" in shown and "stack (most recent call last):" in shown, shown
+    stack = shown.split("stack (most recent call last):", 1)[1]
+    assert stack.lstrip().startswith(f"{script}:5 in <module>") or \
+        stack.lstrip().startswith(f"{os.path.relpath(script)}:5 in <module>"), shown
+    assert "clorch_repl" not in stack and "Cell In[" not in stack, shown
+    assert_group_works(ip)
+
+
 def test_kernel_interrupt_reaches_a_running_script(tmp_path: Any) -> None:
     """Kernel > Interrupt (SIGINT to a real notebook kernel) during %clorch run: KeyboardInterrupt
     in the script on every rank, at the script's line, and the session goes on."""

@@ -50,3 +50,19 @@ def test_only_the_recent_cells_are_kept() -> None:
         names.add(code, number, [0])
     assert names.name(frame("a = 1", 1), 0) == frame("a = 1", 1)  # forgotten
     assert names.name(frame("c = 3", 1), 0) == '  File "Cell In[3]", line 1 in <module>\n'
+
+
+def test_a_cell_file_is_known_by_its_hash_whatever_the_rank_named_its_folder() -> None:
+    # A rank names its cells in a folder all the user's ranks share (clorch_repl.kernel.cell_files),
+    # or in ipykernel's own per process where that one is not safe: the notebook knows the file by
+    # the hash in its name, a cell it sent that rank, not by the folder.
+    from ipykernel.compiler import get_tmp_hash_seed, murmur2_x86
+
+    names = CellNames()
+    names.add("step()", 3, [0, 1])
+    cell = murmur2_x86("step()", get_tmp_hash_seed())
+    for folder in ("/tmp/clorch_cells_1000", "/tmp/ipykernel_4711", "/scratch/u/tmp/clorch_cells_7"):
+        assert names.name(f'  File "{folder}/{cell}.py", line 1 in <module>\n', 1) == \
+            '  File "Cell In[3]", line 1 in <module>\n'
+    numbered = '  File "/home/u/runs/2024.py", line 1 in <module>\n'  # digits, but no cell's hash
+    assert names.name(numbered, 0) == numbered

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from clorch_repl.diagnosis import analyse as analysis, probe, render
 from clorch_repl.diagnosis.analyse import RankEvidence, analyse
 from clorch_repl.diagnosis.entries import Entry
@@ -186,6 +188,41 @@ def test_all_threads_of_this_process_show_no_clorch_frame() -> None:
     assert "clorch_repl/" not in text and "clorch_repl" + os.sep not in text, text
     assert "thread clorch-watch: clorch_repl's own work" in text, text
     assert "in users_loop()" in text, text
+
+
+def test_a_requests_cell_is_no_line_of_the_users(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # %clorch run's hang report showed rank 0 at "Cell In[7], line 1 in <module>" and the request's
+    # text (__import__('clorch_repl.kernel.requests', ...).call('script_run', ...)) above the
+    # script's own frames. Here a request's cell, compiled as ipykernel compiles a cell (a file of
+    # its own), runs on a thread and waits in its handler, as a script waits in a collective.
+    from clorch_repl.kernel import requests
+    from clorch_repl.wire.requests import request_code
+
+    started, stop = threading.Event(), threading.Event()
+
+    def users_script() -> None:  # what the request runs: the user's code, waiting
+        started.set()
+        stop.wait(10)
+
+    monkeypatch.setitem(requests.HANDLERS, "hold", "unused:unused")
+    monkeypatch.setitem(requests._resolved, "hold", users_script)
+    cell_file = str(tmp_path / "2255580287.py")
+    code = compile(request_code("hold"), cell_file, "exec")
+    thread = threading.Thread(target=exec, args=(code, {}), name="request", daemon=True)
+    thread.start()
+    try:
+        assert started.wait(10)
+        answer = probe.answer(ProbeRequest(all_threads=True))
+    finally:
+        stop.set()
+        thread.join(10)
+    stack = next(t["stack"] for t in answer["threads"] if t["name"] == "request")
+    cell = next(f for f in stack if f["file"] == cell_file)
+    assert cell["own"] and cell["library"], cell  # the rank knows it ran a request there
+    text = "\n".join(render.evidence([RankEvidence(0, answer=answer)], all_threads=True))
+    assert "in users_script()" in text, text
+    assert cell_file not in text and "clorch_repl.kernel.requests" not in text and "'hold'" not in text, text
+    assert not probe.is_own(str(tmp_path / "another_cell.py"))  # a cell of the user's stays the user's
 
 
 # ------------------------------------- noticed on the way: a collective a dead peer ended
