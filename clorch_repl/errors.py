@@ -369,6 +369,9 @@ class DistributedCellError(Exception):
             say(f"{_BOLD}{self.outcome.recovery}{_RESET}")
             return lines
         size = self.outcome.world_size
+        if self.outcome.instead_of_replacing and (dead or stuck):  # never the restart it would refuse
+            say(f"{rank_words(dead + stuck).capitalize()} cannot take cells: {self.outcome.instead_of_replacing}.")
+            return lines
         if dead:
             say(f"The process group is broken: {rank_words(dead)} died. {_partial_restart(dead, size)}")
         if stuck:

@@ -131,6 +131,9 @@ class CellOutcome:
     #: how many ranks the session has (0: not known), so that a report advising a restart of some
     #: ranks can tell when they are all of them
     world_size: int = 0
+    #: for dead or stuck ranks, what the report advises where the session's launcher cannot start
+    #: them again alone (a detached session: Launcher.instead_of_replacing); "" where it can
+    instead_of_replacing: str = ""
 
     @property
     def failed(self) -> list[RankOutcome]:

@@ -132,6 +132,11 @@ def lost(launcher: Launcher, dead: list[int], stuck: list[int]) -> Regrouped:
     if stuck:
         parts.append(f"{ranks_are(stuck)} still stuck")
     why = " and ".join(parts)
+    if instead := launcher.instead_of_replacing(gone):  # never the restart this launcher refuses
+        kept = (f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables but "
+                f"{'has' if len(keep) == 1 else 'have'} no group (cells run on {rank_words(keep)} meanwhile; "
+                "collectives there fail)" if keep else "no rank is left")
+        return Regrouped(False, f"clorch: {why}; {kept}: {instead}", why, tuple(gone))
     if not keep:
         line = (f"clorch: {why}; no rank is left: %clorch restart starts every rank afresh and forms the group "
                 "again (their variables are gone)")

@@ -33,7 +33,7 @@ from .channels import Channels
 from .group_abort import Freed, free_group
 from .hang_watch import HangWatch
 from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
-from .protocol import CellOutcome, CellRequest
+from .protocol import CellOutcome, CellRequest, Status
 from .ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
 from .hooks import NoStdin, StdinHook, stdin_of
@@ -241,6 +241,9 @@ class Relay(AsksRanks):
             self._waited.end()
             if stdin.front is not None and stdin.front.socket is not None:
                 self.channels.watch(stdin.front.socket, False)
+        lost = sorted(o.rank for o in run.outcome.failed if o.status in (Status.DIED, Status.STUCK))
+        if lost:  # what the report advises where this session cannot start them again alone
+            run.outcome.instead_of_replacing = self._launcher.instead_of_replacing(lost)
         return run.outcome
 
     def abandon(self, started: StartedCell) -> None:

@@ -321,6 +321,8 @@ def test_a_dead_rank_of_a_detached_session_says_how_it_ended_and_what_works(kern
                       "dist.all_reduce(t)\n", timeout=120)
     assert died.status == "error" and "rank 1 died (exit code 5)" in died.text, died.text
     instead = "a detached session cannot start rank 1 again (%clorch restart is refused there): for fresh ranks, "
+    # the report's own advice too (its last line said --ranks 1, which this session refuses)
+    assert "--ranks" not in died.text and instead in " ".join(died.text.split()), died.text
     after = ok(second.run("%%distributed\nprint('kept', x)"))
     assert "[rank 0] kept 0" in after.text and instead in after.text, after.text
     assert "--ranks" not in after.text, after.text

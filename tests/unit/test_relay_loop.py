@@ -40,6 +40,9 @@ class FakeGroup:
     def cell_began(self, ranks: tuple[int, ...]) -> None:
         """(The relay tells the launcher each cell's start; these ranks keep no logs.)"""
 
+    def instead_of_replacing(self, ranks: list[int]) -> str:
+        return ""  # these ranks can be replaced: the report advises %clorch restart --ranks
+
 
 class FakeProber:
     def __init__(self, answers: dict[int, dict[str, Any] | None]) -> None:
