@@ -33,6 +33,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import Sampler
 
+from ..common.user_frames import public
 from ..errors import ConfigError
 
 __all__ = ["DistributedSampler", "distributed_sampler", "SameEpochWarning"]
@@ -69,12 +70,24 @@ def _from_env(name: str, what: str, minimum: int) -> int:
                           f"pass {what}=... explicitly") from None
 
 
-class DistributedSampler(Sampler[int]):
-    """One rank's share of ``range(dataset_size)``, reshuffled per epoch, resumable mid-epoch."""
+def _size_of(dataset_size: Any) -> int:
+    """The number of samples: a whole number, or a dataset's ``len()`` (torch's own
+    DistributedSampler takes the dataset, and code brought from it passes one)."""
+    if not hasattr(dataset_size, "__index__") and not isinstance(dataset_size, (str, float)) \
+            and hasattr(dataset_size, "__len__"):
+        return len(dataset_size)
+    return _int_arg(dataset_size, "dataset_size", 0)
 
-    def __init__(self, dataset_size: int, num_replicas: int | None = None, rank: int | None = None,
+
+class DistributedSampler(Sampler[int]):
+    """One rank's share of ``range(dataset_size)``, reshuffled per epoch, resumable mid-epoch.
+    ``dataset_size``: the number of samples, or the dataset itself (its ``len()``), as torch's
+    DistributedSampler takes it."""
+
+    @public
+    def __init__(self, dataset_size: Any, num_replicas: int | None = None, rank: int | None = None,
                  seed: int = 1337, shuffle: bool = True, drop_last: bool = False) -> None:
-        self.dataset_size = _int_arg(dataset_size, "dataset_size", 0)
+        self.dataset_size = _size_of(dataset_size)
         self.num_replicas = (_from_env("WORLD_SIZE", "num_replicas", 1) if num_replicas is None
                              else _int_arg(num_replicas, "num_replicas", 1))
         self.rank = _from_env("RANK", "rank", 0) if rank is None else _int_arg(rank, "rank", 0)
@@ -237,9 +250,11 @@ class DistributedSampler(Sampler[int]):
                 f"epoch={self.epoch}, position={self._position})")
 
 
-def distributed_sampler(dataset_size: int, num_replicas: int | None = None, rank: int | None = None,
+@public
+def distributed_sampler(dataset_size: Any, num_replicas: int | None = None, rank: int | None = None,
                         seed: int = 1337, shuffle: bool = True, drop_last: bool = False) -> DistributedSampler:
-    """A :class:`DistributedSampler`; ``num_replicas``/``rank`` default to WORLD_SIZE/RANK.
+    """A :class:`DistributedSampler`; ``num_replicas``/``rank`` default to WORLD_SIZE/RANK;
+    ``dataset_size`` is the number of samples or the dataset (its ``len()``).
 
     Reading the environment rather than the process group means the sampler can be built before
     (or without) ``init_process_group``, e.g. to size a DataLoader.

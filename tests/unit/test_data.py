@@ -84,6 +84,14 @@ def test_invalid_arguments(kwargs: dict, match: str) -> None:
         data.distributed_sampler(**base)
 
 
+def test_a_dataset_is_taken_for_its_length_as_torchs_sampler_takes_it() -> None:
+    """Code brought from torch passes the dataset (torch's DistributedSampler(dataset)); it was
+    refused as "dataset_size must be a whole number; got <TensorDataset object at 0x...>"."""
+    dataset = TensorDataset(torch.arange(50))
+    ours = list(data.distributed_sampler(dataset, num_replicas=2, rank=1, seed=3))
+    assert ours == list(data.distributed_sampler(50, num_replicas=2, rank=1, seed=3)) and len(ours) == 25
+
+
 def test_usable_in_a_dataloader() -> None:
     dataset = TensorDataset(torch.arange(50))
     s = data.distributed_sampler(50, num_replicas=2, rank=1, seed=3)
