@@ -181,7 +181,7 @@ class UnknownRequest(ClorchError):
 _RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
 
 
-def _failure_key(result: RankOutcome, merge: bool) -> object:
+def _failure_key(result: RankOutcome, merge: bool, stacks: bool = True) -> object:
     """What makes two failed ranks' blocks the same block: the identical traceback (an interrupt's
     KeyboardInterrupt at the same line on every rank), the same stack of a stuck rank once thread
     addresses are gone, or a return after the interrupt; a death is always its own (its log
@@ -196,19 +196,21 @@ def _failure_key(result: RankOutcome, merge: bool) -> object:
     if result.error is not None and result.status in (Status.ERROR, Status.INTERRUPTED):
         err = result.error
         return (result.status, err.ename, err.evalue, tuple(err.traceback))
-    if result.status is Status.STUCK:
-        return (result.status, tuple(report_stack(result.stack or "")))
+    if result.status is Status.STUCK:  # its stack is part of its block only where stacks are shown
+        return (result.status, tuple(report_stack(result.stack or "")) if stacks else ())
     if result.status is Status.RETURNED:
         return (result.status,)
     return ("rank", result.rank)
 
 
-def _failure_groups(failed: list[RankOutcome], merge: bool) -> list[tuple[tuple[int, ...], RankOutcome]]:
+def _failure_groups(failed: list[RankOutcome], merge: bool,
+                    stacks: bool = True) -> list[tuple[tuple[int, ...], RankOutcome]]:
     """Failed ranks, ranks with the same block together (:func:`_failure_key`), in the order of
     each group's lowest rank, so that four ranks stuck in one all_reduce read as one block and the
-    rank that differs stands out."""
+    rank that differs stands out. ``stacks``: whether a stuck rank's block shows its stack (not
+    where the verdict's evidence above shows every rank's: its blocks are then one sentence)."""
     by_rank = {o.rank: o for o in failed}
-    groups = merge_blocks([(o.rank, _failure_key(o, merge)) for o in failed])
+    groups = merge_blocks([(o.rank, _failure_key(o, merge, stacks)) for o in failed])
     return [(ranks, by_rank[ranks[0]]) for ranks, _ in groups]
 
 
@@ -330,7 +332,7 @@ class DistributedCellError(Exception):
             elif evidence:
                 lines.append("Where each rank was (the notice above says why):")
             lines.extend(evidence)
-        for ranks, result in _failure_groups(self.outcome.failed, self.merge):
+        for ranks, result in _failure_groups(self.outcome.failed, self.merge, stacks=not why):
             who = rank_words(ranks)
             one = len(ranks) == 1
             lines.append(f"{_BOLD}---- {who} ----{_RESET}")

@@ -196,6 +196,8 @@ def test_a_rank_stuck_in_its_own_code_is_restarted_alone_freeing_the_one_waiting
         report = nb.run(stuck, timeout=120)
         text = " ".join(_plain(report.text).split())
         assert report.status == "error", text
+        # one block for both (the evidence above shows where each is): the same sentence twice before
+        assert "---- ranks 0-1 ---- ranks 0-1 did not return after the interrupt" in text, text
         assert ("%clorch restart --ranks 1 starts it afresh and forms the group again while the others keep "
                 "their variables; rank 0, waiting in a collective for it, is freed and keeps its variables") in text, text
         back = nb.run("%clorch restart --ranks 1", timeout=120)
