@@ -86,7 +86,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         lines = ["%clorch COMMAND [options]; %clorch COMMAND --help for each command's options.", ""]
         for command in COMMANDS:
             parser = getattr(self, f"_{command}").parser  # built by magic_arguments from the docstring
-            lines.append(f"  {command:<10} {(parser.description or '').strip().rstrip('.')}")
+            summary = (parser.description or "").strip().split("\n\n")[0]  # the first paragraph: the rest is --help's
+            lines.append(f"  {command:<10} {' '.join(summary.split()).rstrip('.')}")
         lines += ["", "%%distributed [--ranks LIST] [--timeout SECONDS] [--hang-notice SECONDS] [--no-merge] "
                   "[--gather NAME] [--max-mb MB] [--stdin-ranks LIST] [--profile [DIR]] runs a cell on every rank."]
         return "\n".join(lines)
@@ -170,9 +171,10 @@ class ClorchMagics(sessions.SessionCommands, Magics):
     @tail_option
     @argument("--job", metavar="ID", default=None, help="a batch job from %%clorch jobs instead of the session")
     def _logs(self, line: str) -> None:
-        """What a rank wrote to stdout and stderr, native output included, before restarts too:
+        """What a rank wrote to stdout and stderr, native output included, before restarts too.
+
         %clorch restart appends to the log (each process's part starts with a "--- clorch_repl:
-        rank N starting at ... ---" line), while a dead rank's report shows only its last part."""
+        rank N starting at ... ---" line), while a dead rank's report shows only its last cell's."""
         args = parse(self._logs, line)
         if args is None:
             return

@@ -58,7 +58,8 @@ def saves_line(saves: dict[int, list[dict[str, object]]]) -> str | None:
 def table_text(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header), *(fmt.format(*r) for r in body)])
+    # no padding after the last column: a long last cell (a job's cause) padded every other row
+    return "\n".join(line.rstrip() for line in [fmt.format(*header), *(fmt.format(*r) for r in body)])
 
 
 def table_html(header: list[str], body: list[list[str]]) -> str:

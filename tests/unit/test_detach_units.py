@@ -322,3 +322,13 @@ def test_advice_about_a_detached_sessions_lost_ranks_never_names_the_refused_res
     with pytest.raises(ClorchError) as stuck:
         views.interrupted({1: ""}, None, lambda: "rank 1 is in time.sleep", 2, launcher)
     assert str(stuck.value) == "rank 1 is stuck: " + advice
+
+
+def test_a_tables_rows_end_at_their_last_cell() -> None:
+    """%clorch jobs, sessions and status share this table: a long last cell (a job's cause of 190
+    characters) padded every other row's end with spaces."""
+    from clorch_repl.magics.views import table_text
+
+    text = table_text(["job", "cause"], [["job-1", "x" * 190], ["job-2", "-"]])
+    assert [len(line) - len(line.rstrip()) for line in text.splitlines()] == [0, 0, 0], text
+    assert text.splitlines()[2] == "job-2  -"
