@@ -16,6 +16,13 @@ is already 0 (a rank is ``python -m``, without ``-i``). ``__main__`` is left as 
 without ``__file__``: ``%clorch run`` gives a script a ``__main__`` module with the script's file,
 as torchrun's worker has; a cell has no file, and a made-up one would send
 ``multiprocessing``'s spawn start method (DataLoader workers) looking for it.
+
+``sys.argv`` loses the kernel's own arguments (``-f CONNECTION_FILE`` and the like), which ipykernel
+has read by then: a worker's argv is its script's command line, and a torchrun script pasted into
+a cell calls ``parser.parse_args()``, which read the connection file's path as its first argument
+("invalid int value: '/tmp/clorch-.../rank0.json'"). With ``[argv[0]]`` it sees no arguments, as a
+script run without any: its defaults, or argparse's own "the following arguments are required".
+``%clorch run`` sets a script's argv for its run and puts this one back.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ PROMPTS = ("ps1", "ps2", "ps3")
 
 
 def look_like_a_worker() -> None:
-    """Remove the interactive prompts IPython set (see the module docstring); idempotent."""
+    """Remove the interactive prompts IPython set, and the kernel's own arguments from
+    ``sys.argv`` (see the module docstring); idempotent."""
     for name in PROMPTS:
         if hasattr(sys, name):
             delattr(sys, name)
+    del sys.argv[1:]
     logger.debug("sys.ps1/ps2/ps3 removed: the rank answers 'not interactive', as torchrun's worker does")

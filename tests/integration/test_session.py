@@ -191,6 +191,14 @@ def test_exit_in_a_cell_is_refused_and_the_ranks_stay(ip: Any) -> None:
     assert "To exit: use" not in cap.stdout + cap.stderr, cap.stdout + cap.stderr
 
 
+def test_a_pasted_scripts_argparse_sees_no_arguments(ip: Any) -> None:
+    """sys.argv held the kernel's -f CONNECTION_FILE: a torchrun script's parse_args(), pasted
+    into a cell, read the connection file's path as its first argument."""
+    res, cap = run(ip, "import argparse, sys\nparser = argparse.ArgumentParser()\n"
+                       "parser.add_argument('--lr', type=float, default=0.1)\nprint(parser.parse_args().lr, sys.argv[1:])")
+    assert res.success and lines_of(cap.stdout, 0) == ["0.1 []"] and lines_of(cap.stdout, 1) == ["0.1 []"], cap.stdout
+
+
 def test_ranks_option_runs_on_the_chosen_ranks_only(ip: Any) -> None:
     res, cap = run(ip, "print('here')", "--ranks 1")
     assert res.success
