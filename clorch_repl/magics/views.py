@@ -27,7 +27,8 @@ def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]
     for row in rows:
         state = row.state.value if row.exit is None else f"{row.state.value} ({row.exit})"
         body.append([str(row.rank), *([row.host or "-"] if hosts else []), state, str(row.pid or "-"), row.device,
-                     row.backend, _bytes(row.memory_bytes), _bytes(row.gpu_memory_bytes), _duration(row.uptime_s)])
+                     row.backend, _bytes(row.memory_bytes), _bytes(row.gpu_memory_bytes),
+                     _duration(row.uptime_s) if row.exit is None else "-"])  # a dead rank has none ("0s" read as just started)
     return header, body
 
 

@@ -62,6 +62,9 @@ def test_status_rows_say_each_ranks_state_from_the_view() -> None:
     assert rows[2].exit == "exit code 3" and rows[2].memory_bytes is None and rows[2].uptime_s == 0.0
     assert rows[0].memory_bytes == 1 << 20 and 59 < rows[0].uptime_s < 120 and rows[3].host == "hostB"
     assert view.hosts == {3: "hostB"} and view.generation == 2 and view.launcher == "local"
+    from clorch_repl.magics.views import status_rows
+    _, body = status_rows(rows)
+    assert body[2][-1] == "-" and body[0][-1] != "-", body  # a dead rank has no uptime (it read "0s")
     starting = _view(Lifecycle(SessionState.STARTING), started_at=None)
     assert [r.state for r in starting.ranks] == [RankState.STARTING] * 2 + [RankState.DEAD, RankState.STARTING]
 
