@@ -72,7 +72,7 @@ def write(session_dir: str, owner_pid: int, keep_for_s: float, session_file: str
     """Write (atomically, 0600) the hold naming ``owner_pid`` as the kernel that drives the session."""
     hold = {"owner_pid": owner_pid, "owner_start": process_start(owner_pid), "keep_for_s": float(keep_for_s),
             "session_file": session_file, "written_at": time.time()}
-    _write_private(os.path.join(session_dir, HOLD_NAME), json.dumps(hold))
+    write_private(os.path.join(session_dir, HOLD_NAME), json.dumps(hold))
     try:
         os.unlink(os.path.join(session_dir, UNOWNED_NAME))
     except FileNotFoundError:
@@ -100,7 +100,11 @@ def unowned_since(session_dir: str) -> float | None:
         return None
 
 
-def _write_private(path: str, text: str) -> None:
+def write_private(path: str, text: str) -> None:
+    """``text`` as the file ``path`` (0600), replaced in one step so that a reader never sees half
+    of it (the supervisor's pid and exit files use it too: it imports this module as a sibling).
+    Not fsynced: small files that live processes read, which nothing reads after a power cut. The
+    temporary name carries the pid, so two writers never share it."""
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -143,7 +147,7 @@ class Watcher:
         self._was_held = self._was_held or self.hold is not None
         if was is None and self._since is not None:  # for %clorch sessions: idle since
             try:
-                _write_private(os.path.join(self.session_dir, UNOWNED_NAME), str(time.time()))
+                write_private(os.path.join(self.session_dir, UNOWNED_NAME), str(time.time()))
             except OSError:
                 pass  # the directory is going; the decision stands
         return kept

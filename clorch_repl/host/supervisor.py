@@ -191,15 +191,6 @@ def _returncode(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
-def _write_private(path: str, text: str) -> None:
-    """``text`` as the file ``path`` (0600), replaced in one step: a reader never sees half of it."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
         try:
@@ -255,7 +246,7 @@ class Supervisor:
                 os.unlink(exit_path(self.pid_file))
             except FileNotFoundError:
                 pass
-            _write_private(self.pid_file, str(pid))
+            hold.write_private(self.pid_file, str(pid))
 
     def _record_exit(self) -> None:
         """The kernel ended by itself: write how (:func:`exit_path`) for a notebook that cannot
@@ -263,7 +254,7 @@ class Supervisor:
         if not self.pid_file or self.kernel_status is None:
             return
         try:
-            _write_private(exit_path(self.pid_file), str(_returncode(self.kernel_status)))
+            hold.write_private(exit_path(self.pid_file), str(_returncode(self.kernel_status)))
         except OSError as exc:  # the session's directory is gone: nobody is left to read it
             sys.stderr.write(f"clorch supervisor: cannot record the kernel's exit status: {exc}\n")
 

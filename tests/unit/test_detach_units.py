@@ -275,7 +275,7 @@ def _not_a_pid() -> int:
 def test_an_adopted_rank_that_died_says_how_as_its_supervisor_wrote_it(tmp_path) -> None:
     """A detached session's dead rank reads as it would in the kernel that started it ("exit code
     5"), from what its supervisor wrote beside its pid file; "ended" only where nothing was written."""
-    from clorch_repl.host import supervisor
+    from clorch_repl.host import hold, supervisor
     from clorch_repl.host.rankfiles import RankFiles
     from clorch_repl.launchers.adopted import AdoptedRank
 
@@ -286,10 +286,10 @@ def test_an_adopted_rank_that_died_says_how_as_its_supervisor_wrote_it(tmp_path)
         return AdoptedRank(1, connection_file, gone, gone, 0.0, RankFiles(str(tmp_path), 1))
 
     assert adopted().exit == "ended (see %clorch logs 1)"  # its supervisor was killed too: nothing written
-    supervisor._write_private(supervisor.exit_path(connection_file + ".pid"), "5")  # noqa: SLF001
+    hold.write_private(supervisor.exit_path(connection_file + ".pid"), "5")  # as the supervisor writes it
     assert supervisor.exit_path(connection_file + ".pid") == connection_file + ".exit"
     assert adopted().exit == "exit code 5" and not adopted().alive
-    supervisor._write_private(supervisor.exit_path(connection_file + ".pid"), "-9")  # noqa: SLF001
+    hold.write_private(supervisor.exit_path(connection_file + ".pid"), "-9")  # as the supervisor writes it
     assert adopted().exit.startswith("killed by signal SIGKILL")
 
 
