@@ -59,13 +59,16 @@ def _busy_after(relay: Relay, launcher: Launcher, wait_s: float, among: list[int
         time.sleep(0.05)
 
 
-def survivors(nproc: int, lost: Iterable[int], why: str) -> tuple[int, ...]:
+def survivors(launcher: Launcher, lost: Iterable[int], why: str) -> tuple[int, ...]:
     """The ranks a cell runs on while the session has lost ``lost``: the others. None left is
-    refused: a cell on no rank would "succeed" having run nothing, and Run All would go on."""
-    left = tuple(r for r in range(nproc) if r not in set(lost))
+    refused: a cell on no rank would "succeed" having run nothing, and Run All would go on. The
+    advice is a whole restart, or what works where the launcher refuses one (a detached session)."""
+    gone = set(lost)
+    left = tuple(p.rank for p in launcher.ranks if p.rank not in gone)
     if not left:
-        raise ClorchError(f"no rank is left to run on ({why or 'every rank was lost'}): %clorch restart starts "
-                          "every rank afresh and forms the group again (their variables are gone)")
+        instead = launcher.instead_of_replacing(sorted(gone))
+        raise ClorchError(f"no rank is left to run on ({why or 'every rank was lost'}): " + (instead or (
+            "%clorch restart starts every rank afresh and forms the group again (their variables are gone)")))
     return left
 
 

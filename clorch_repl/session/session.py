@@ -344,7 +344,7 @@ class Session(Suspending):
         if ranks is not None:
             return tuple(ranks)
         if self.life.state is SessionState.DEGRADED:
-            return recovery.survivors(self.topology.nproc, self._lost, self.life.why)
+            return recovery.survivors(self._require()[0], self._lost, self.life.why)
         return tuple(range(self.topology.nproc))
 
     def debug_rank(self, rank: int | None) -> None:

@@ -332,3 +332,21 @@ def test_a_tables_rows_end_at_their_last_cell() -> None:
     text = table_text(["job", "cause"], [["job-1", "x" * 190], ["job-2", "-"]])
     assert [len(line) - len(line.rstrip()) for line in text.splitlines()] == [0, 0, 0], text
     assert text.splitlines()[2] == "job-2  -"
+
+
+def test_with_no_rank_left_the_advice_is_what_the_launcher_can_do() -> None:
+    """Every rank lost: a cell is refused; the advice is a whole restart where the launcher can
+    start ranks, and what works instead where it cannot (a detached session refuses restarts)."""
+    from types import SimpleNamespace
+
+    from clorch_repl.errors import ClorchError
+    from clorch_repl.session.recovery import survivors
+
+    ranks = [SimpleNamespace(rank=0), SimpleNamespace(rank=1)]
+    local = SimpleNamespace(ranks=ranks, instead_of_replacing=lambda lost: "")
+    detached = SimpleNamespace(ranks=ranks, instead_of_replacing=lambda lost: f"a detached session cannot start {lost}")
+    assert survivors(local, [1], "rank 1 died") == (0,)
+    with pytest.raises(ClorchError, match=r"no rank is left to run on \(ranks 0-1 died\): %clorch restart starts every"):
+        survivors(local, [0, 1], "ranks 0-1 died")
+    with pytest.raises(ClorchError, match=r"\(ranks 0-1 died\): a detached session cannot start \[0, 1\]$"):
+        survivors(detached, [0, 1], "ranks 0-1 died")
