@@ -148,6 +148,9 @@ class AdoptedLauncher(Launcher):
     def cannot_replace(self, ranks: list[int]) -> str:
         return no_start("%clorch restart --ranks")
 
+    def instead_of_restarting(self) -> str:
+        return f"a detached session cannot be restarted (%clorch restart is refused there): for fresh ranks, {FRESH_RANKS}"
+
     def instead_of_replacing(self, ranks: list[int]) -> str:
         """The advice for dead or stuck ``ranks`` of a detached session, which cannot start them
         again (:meth:`cannot_replace` says why, at length, when asked to)."""

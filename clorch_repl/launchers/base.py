@@ -237,6 +237,11 @@ class Launcher(abc.ABC):
         advice (a detached session's: :class:`~clorch_repl.launchers.adopted.AdoptedLauncher`)."""
         return self.cannot_replace(ranks)
 
+    def instead_of_restarting(self) -> str:
+        """What to advise for fresh ranks where a whole ``%clorch restart`` is refused (a detached
+        session's: :class:`~clorch_repl.launchers.adopted.AdoptedLauncher`); "" where it works."""
+        return ""
+
     def join_environment(self) -> dict[str, str]:
         """Variables every rank must set in its own environment before it joins the group (see
         :func:`clorch_repl.kernel.group.join_group`), for ranks whose process was started

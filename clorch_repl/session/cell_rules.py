@@ -43,8 +43,9 @@ def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], 
                           f"others keep their variables, or {verbs.restart} starts every rank afresh")
     busy = [r for r in relay.busy() if r in wanted]
     if busy:
-        raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run {verbs.interrupt}, "
-                          f"or {verbs.restart}")
+        instead = group.instead_of_restarting()  # a detached session refuses the restart
+        raise ClorchError(f"{ranks_are(busy)} still running an earlier cell: wait, run {verbs.interrupt}"
+                          + (f"; {instead}" if instead else f", or {verbs.restart}"))
 
 
 def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *, group: Launcher, relay: Relay,

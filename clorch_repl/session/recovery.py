@@ -117,8 +117,8 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
                 generation, t0 - aborted_at, time.monotonic() - t0)
     if not outcome.ok:
         why = f"the group could not be formed again ({_failure(outcome)})"
-        return Regrouped(False, f"clorch: the group was aborted, but {why}; every rank kept its variables: "
-                                "%clorch restart gives fresh ranks and a fresh group", why)
+        fresh = launcher.instead_of_restarting() or "%clorch restart gives fresh ranks and a fresh group"
+        return Regrouped(False, f"clorch: the group was aborted, but {why}; every rank kept its variables: {fresh}", why)
     took = time.monotonic() - aborted_at
     return Regrouped(True, f"clorch: the group was aborted and formed again in {took:.1f} s; every rank kept its "
                            "variables (the collective the ranks were stuck in is lost: run that step again)")

@@ -79,7 +79,8 @@ class BusyRelay:
 
 def _refusal(hooks: SessionHooks, alive: bool) -> str:
     group = SimpleNamespace(ranks=[SimpleNamespace(rank=r, alive=alive or r == 0, where=f"rank {r}", exit="SIGKILL")
-                                   for r in (0, 1)], instead_of_replacing=lambda ranks: "")  # it can replace them
+                                   for r in (0, 1)], instead_of_replacing=lambda ranks: "",  # it can replace them
+                            instead_of_restarting=lambda: "")  # and restart them
     with pytest.raises(ClorchError) as refused:
         refuse_dead_or_busy(group, BusyRelay(), (0, 1), hooks.verbs)  # type: ignore[arg-type]
     return str(refused.value)
@@ -94,3 +95,14 @@ def test_the_engines_refusals_name_the_engines_methods_and_the_notebooks_its_mag
                                                      "%clorch interrupt, or %clorch restart")
     assert "rank 1 (SIGKILL) is dead: %clorch restart --ranks 1 starts it afresh" in _refusal(NotebookHooks(),
                                                                                             alive=False)
+
+
+def test_a_busy_refusal_in_a_session_that_cannot_restart_says_what_works_instead() -> None:
+    """A detached session refuses %clorch restart: the refusal of a cell while ranks are busy
+    offered it anyway ("wait, run %clorch interrupt, or %clorch restart")."""
+    group = SimpleNamespace(ranks=[SimpleNamespace(rank=r, alive=True, where=f"rank {r}", exit=None) for r in (0, 1)],
+                            instead_of_replacing=lambda ranks: "", instead_of_restarting=lambda: "for fresh ranks, stop")
+    with pytest.raises(ClorchError) as refused:
+        refuse_dead_or_busy(group, BusyRelay(), (0, 1), NotebookHooks().verbs)  # type: ignore[arg-type]
+    said = str(refused.value)
+    assert said.endswith("wait, run %clorch interrupt; for fresh ranks, stop") and "%clorch restart" not in said, said
