@@ -188,21 +188,24 @@ def op_at(answer: dict[str, Any] | None, key: str, number: int) -> str | None:
     """The op of the entry that group ``key`` ("fr/0") numbers ``number`` in its status, in a rank's
     whole answer (``%clorch top`` names the collective a rank has pending this way); None when
     the ring does not hold it."""
-    for raw in reversed(((answer or {}).get("fr") or {}).get("entries") or []):
-        if _status_key(raw) == key and _status_number(raw) == number:
-            return op_name(raw)
-    return None
+    raw = _entry_at(answer, key, number)
+    return op_name(raw) if raw is not None else None
 
 
 def age_at(answer: dict[str, Any] | None, key: str, number: int) -> float | None:
     """Seconds since the entry of :func:`op_at` was recorded, by the rank's own clock (its answer's
     ``now_ns``): how long a collective has been pending, from one answer (``%clorch top --once``,
     which has no earlier round to date it from); None when the ring does not hold it."""
-    now_ns = (answer or {}).get("now_ns")
+    raw = _entry_at(answer, key, number)
+    now_ns, created = (answer or {}).get("now_ns"), (raw or {}).get("time_created_ns")
+    return max(0.0, (int(now_ns) - int(created)) / 1e9) if now_ns and created else None
+
+
+def _entry_at(answer: dict[str, Any] | None, key: str, number: int) -> dict[str, Any] | None:
+    """The newest entry of a rank's whole answer that group ``key`` numbers ``number``."""
     for raw in reversed(((answer or {}).get("fr") or {}).get("entries") or []):
         if _status_key(raw) == key and _status_number(raw) == number:
-            created = raw.get("time_created_ns")
-            return max(0.0, (int(now_ns) - int(created)) / 1e9) if now_ns and created else None
+            return raw
     return None
 
 

@@ -123,6 +123,14 @@ def line_now(answer: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _hang_verdict(view: SessionView, whole: dict[int, Any]) -> str | None:
+    """The hang verdict's sentence from every rank's whole answer (a dead rank's exit instead),
+    None when the ranks are not hung: the live panel's and ``--once``'s."""
+    verdict = analyse([RankEvidence(r.rank, answer=whole.get(r.rank), host=r.host) if r.alive
+                       else RankEvidence(r.rank, dead=r.exit, host=r.host) for r in view.ranks])
+    return verdict.sentence if verdict.hang else None
+
+
 def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None, str | None]:
     """Every rank's row, asked once (``%clorch top --once``), on sockets of its own; the note to
     show above them (suspended ranks are not asked); and the hang verdict. Where a collective is
@@ -146,10 +154,7 @@ def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None, str | N
                     age = age_at(whole.get(rank), found[0], found[1])
                     if age is not None:
                         tracker.first_seen[ident] = now - age
-            states = [RankEvidence(r.rank, answer=whole.get(r.rank), host=r.host) if r.alive
-                      else RankEvidence(r.rank, dead=r.exit, host=r.host) for r in view.ranks]
-            verdict = analyse(states)
-            tracker.verdict = verdict.sentence if verdict.hang else None
+            tracker.verdict = _hang_verdict(view, whole)
         snaps, stuck = snapshot(session.view(last_lines=True), tracker, now)
         return snaps, note, tracker.verdict if stuck else None
     finally:
@@ -287,10 +292,7 @@ class Panel:
         if not stuck:
             tracker.verdict = None
         elif self._whole_answers and not self._open("whole"):
-            states = [RankEvidence(r.rank, answer=self._whole_answers.get(r.rank), host=r.host) if r.alive
-                      else RankEvidence(r.rank, dead=r.exit, host=r.host) for r in view.ranks]
-            verdict = analyse(states)
-            tracker.verdict = verdict.sentence if verdict.hang else None
+            tracker.verdict = _hang_verdict(view, self._whole_answers)
             self._whole_answers = {}
         if stuck and not self._open("whole") and now - tracker.verdict_at >= STUCK_AFTER_S:
             self._ask(alive, "whole")  # every rank's whole record, for the verdict
