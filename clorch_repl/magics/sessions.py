@@ -102,7 +102,8 @@ class SessionCommands:
 
     @magic_arguments(name="clorch detach")
     @argument("--keep-for", metavar="DURATION", dest="keep_for", default=None,
-              help="how long the ranks are kept once no kernel drives them, e.g. 90s, 30m, 2h (default 1h)")
+              help="how long the ranks are kept once no kernel drives them, e.g. 90s, 30m, 2h (default 1h; "
+                   "at most 30d)")
     @argument("--name", metavar="NAME", default=None,
               help="the session's name for %%clorch connect (default: the --name of %%clorch start, else USER-N)")
     def _detach(self, line: str) -> None:

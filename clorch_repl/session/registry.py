@@ -40,6 +40,12 @@ logger = logging.getLogger(__name__)
 VERSION = 1
 #: ``%clorch detach``'s default ``--keep-for``: an hour without any kernel connected.
 DEFAULT_KEEP_FOR_S = 3600.0
+#: The longest ``--keep-for``, in days. Why a limit: ranks kept with no kernel driving them hold
+#: their GPUs and memory with nobody watching, and a session nobody connected to for a month is a
+#: forgotten one; without a limit a slip of the keyboard (``99999d``, 270 years) kept them for
+#: good, the supervisors ending them only at a reboot. A session in use is never ended by it:
+#: every ``%clorch connect`` starts the count again, and it counts only while no kernel drives it.
+MAX_KEEP_FOR_DAYS = 30
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -96,11 +102,17 @@ def check_name(name: str) -> str:
 
 
 def parse_duration(value: str, what: str = "--keep-for") -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``2h`` or ``1d``; more than zero."""
+    """Seconds from ``90``, ``90s``, ``30m``, ``2h`` or ``1d``; more than zero and at most
+    :data:`MAX_KEEP_FOR_DAYS` days."""
     match = _DURATION.match(value or "")
     if not match or float(match.group(1)) <= 0:
         raise ConfigError(f"{what} must be a duration above zero such as 90s, 30m, 2h or 1d; got {value!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_KEEP_FOR_DAYS * _UNITS["d"]:
+        raise ConfigError(f"{what} must be at most {MAX_KEEP_FOR_DAYS}d ({MAX_KEEP_FOR_DAYS} days): ranks that no "
+                          f"kernel drives hold their GPUs with nobody watching; got {value!r}. Give "
+                          f"{MAX_KEEP_FOR_DAYS}d or less: each %clorch connect starts the count again")
+    return seconds
 
 
 def runtime_dir(create: bool = True) -> str:

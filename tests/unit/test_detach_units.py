@@ -233,6 +233,18 @@ def test_keep_for_is_said_in_the_unit_it_was_given() -> None:
     from clorch_repl.common.human import span
 
     assert [span(3600.0), span(1800.0), span(90.0), span(2.5)] == ["1 h", "30 min", "90 s", "2.5 s"]
+    assert [span(30 * 86400.0), span(36 * 3600.0)] == ["30 d", "36 h"]  # 30d was said as "720 h"
+
+
+@pytest.mark.parametrize("text", ["31d", "99999d", "721h", "2592001"])
+def test_keep_for_beyond_30_days_is_refused_naming_the_option_and_the_limit(text) -> None:
+    """``--keep-for 99999d`` was accepted: ranks kept 270 years with nobody driving them."""
+    with pytest.raises(ConfigError) as err:
+        registry.parse_duration(text)
+    assert str(err.value) == (f"--keep-for must be at most 30d (30 days): ranks that no kernel drives hold their GPUs "
+                              f"with nobody watching; got {text!r}. Give 30d or less: each %clorch connect starts "
+                              "the count again")
+    assert registry.parse_duration("30d") == registry.parse_duration("720h") == 30 * 86400.0  # the limit itself
 
 
 def test_the_sessions_hang_notice_is_in_its_file_and_every_kernel_that_drives_it_uses_it(tmp_path) -> None:

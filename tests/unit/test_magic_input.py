@@ -53,6 +53,7 @@ def no_session(ip: Any, magics: Any) -> Any:
     # a value that begins with "-" is the option's, checked by it (argparse alone said only
     # "expected one argument")
     ("%clorch detach --keep-for -5m", "--keep-for must be a duration above zero such as 90s, 30m, 2h or 1d; got '-5m'"),
+    ("%clorch detach --keep-for 99999d", "--keep-for must be at most 30d (30 days)"),
     ("%clorch start --backend -gloo", "backend must be one of nccl, gloo"),
     ("%clorch start --nproc --devices 0", "argument --nproc: expected one argument"),
     ("%clorch run --bogus x.py", "unrecognized arguments: --bogus (see --help)"),
