@@ -83,8 +83,9 @@ _RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
 
 def parse_int_list(value: str | Iterable[int] | None, what: str) -> list[int] | None:
     """``"0,1"`` or ``[0, 1]`` to ``[0, 1]``; None stays None. Refuses junk with one line. A
-    string in one pair of quotes is read without them: IPython's magic parsers keep quotes
-    (``%%distributed --ranks "0,2"`` passes ``'"0,2"'``), and a shell would have taken them off.
+    string in one pair of quotes is read without them, as a shell would take them off (the magics
+    take them off before, :func:`clorch_repl.magics.arguments.split_line`; IPython's own reading
+    kept them: ``'"0,2"'``).
     A range ``0-3`` stands for 0,1,2,3: every message names rank sets that way
     (:func:`clorch_repl.common.rank_sets.ranks_text`), so what a message says can be typed back."""
     if value is None:

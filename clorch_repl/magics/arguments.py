@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.utils.process import arg_split  # the tokenizer the magic parsers use
+from IPython.utils.process import arg_split  # shlex with IPython's settings (see split_line)
 
 from ..errors import ClorchError, ConfigError, DistributedCellError, StartInterrupted, StartupError
 from ..common.human import wrap
@@ -124,7 +124,7 @@ def parse(func: Func, line: str) -> Any:
     IPython's magic parsers are built without argparse's own ``-h``; we answer it here so that
     ``%clorch start --help`` works like any command line.
     """
-    argv = arg_split(line)  # the tokenizer IPython's parse_argstring uses
+    argv = split_line(line)
     if {"-h", "--help"} & set(argv):
         print(help_text(func.parser))  # type: ignore[attr-defined]
         return None
@@ -132,6 +132,19 @@ def parse(func: Func, line: str) -> Any:
         return func.parser.parse_args(_values_kept(func.parser, argv))  # type: ignore[attr-defined]
     except UsageError as exc:
         raise refused(f"{exc} (see --help)") from None
+
+
+def split_line(line: str) -> list[str]:
+    """A magic's line as a shell splits a command line: quotes group words and are taken off
+    (``--name 'a b'`` gives ``a b``, ``--srun-args "--gres=gpu:8 --exclusive"`` one value). Why not
+    IPython's own reading (``parse_argstring``): it keeps the quotes in the value, so a quoted name
+    was refused, or echoed, with its quotes, and a quoted ``--srun-args`` reached srun as one
+    argument. A quote left open is refused, saying so (shlex raised a bare ValueError)."""
+    try:
+        return arg_split(line, posix=True)
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise refused(f"cannot read {line.strip()!r}: {str(exc).lower()}; close the quote (a quote inside a "
+                      "value goes between quotes of the other kind)") from None
 
 
 def help_text(parser: Any) -> str:
@@ -259,8 +272,9 @@ def parse_run(parser: Any, line: str) -> RunRequest | None:
     from ..session.script_run import RunRequest
     from ..common.topology import parse_timeout
 
+    argv = split_line(line)  # quotes go, as a shell takes them off
     try:
-        args = parser.parse_args(arg_split(line, posix=True))  # quotes go, as a shell takes them off
+        args = parser.parse_args(argv)
     except UsageError as exc:  # as parse() says it for every other command
         raise refused(f"{exc} (see --help)") from None
     if args.help:
@@ -279,4 +293,4 @@ def parse_run(parser: Any, line: str) -> RunRequest | None:
 
 __all__ = ["launcher_options", "parse_launch", "parse_cpu_bind", "magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
            "tail_option", "hang_notice_option", "stdin_ranks_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "parse_run",
-           "ConfigError"]
+           "split_line", "ConfigError"]

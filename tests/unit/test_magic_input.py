@@ -57,6 +57,11 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch start --backend -gloo", "backend must be one of nccl, gloo"),
     ("%clorch start --nproc --devices 0", "argument --nproc: expected one argument"),
     ("%clorch run --bogus x.py", "unrecognized arguments: --bogus (see --help)"),
+    # quotes are taken off as a shell takes them (they were kept: "session name \"'a b'\"", "got \"'0'\"")
+    ("%clorch start --name 'a b'", "session name 'a b' must be 1-64 letters"),
+    ("%clorch start --nproc '0'", "nproc must be at least 1; got 0"),
+    ('%clorch start --name "a b', "cannot read '--name \"a b': no closing quotation; close the quote"),
+    ("%clorch run 'train.py", "cannot read \"'train.py\": no closing quotation"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
     ("%clorch logs 0", "no ranks are running: run %clorch start first"),
     ("%clorch interrupt", "no ranks are running"),
@@ -67,6 +72,21 @@ def test_bad_input_gives_one_clear_message(no_session: Any, line: str, message: 
     assert not result.success
     assert message in refusal(out), out
     assert "Traceback" not in out and "clorch_repl/" not in out
+
+
+def test_option_values_are_read_without_their_quotes(magics: Any) -> None:
+    """``--name 'alice-train'`` names the session alice-train (the quotes were kept, and the name
+    refused); ``--srun-args "--gres=gpu:8 --exclusive"`` is srun's two arguments (it reached srun as
+    one, quotes and all); a quoted value that begins with "-" is still the option's."""
+    from clorch_repl.magics.arguments import parse, parse_launch
+    from clorch_repl.magics.cell_options import cell_options
+
+    args = parse(magics._start, "--name 'alice-train' --srun-args \"--gres=gpu:8 --exclusive\" --nproc '2'")
+    options = parse_launch(args)
+    assert (options.name, options.srun_args, args.nproc) == ("alice-train", "--gres=gpu:8 --exclusive", "2")
+    assert parse(magics._detach, '--keep-for "2h" --name "bob.1"').keep_for == "2h"
+    assert parse(magics._detach, "--keep-for '-5m'").keep_for == "-5m"  # the option's own check refuses it
+    assert cell_options(magics.distributed, "--ranks '0,2' --gather 'out'").ranks == (0, 2)
 
 
 def test_help_works_for_every_command(no_session: Any) -> None:
