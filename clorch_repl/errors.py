@@ -4,6 +4,7 @@
 
     ClorchError (RuntimeError)          anything clorch_repl raises on purpose
     ├── ConfigError (ValueError)        bad input, refused before any process starts
+    │   └── TopologyError               nproc, devices, backend or timeout refused (see spelled())
     ├── StartupError                    the ranks could not start or form their process group
     ├── RankFailure                     a batch job's rank failed (``rank``: the first, the cause)
     ├── JobTimeout (TimeoutError)       a batch job ran past its ``timeout_ms``
@@ -44,7 +45,7 @@ from .common.rank_sets import merge_blocks, rank_words, ranks_are
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .session.protocol import CellOutcome, RankOutcome
 
-__all__ = ["ClorchError", "ConfigError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
+__all__ = ["ClorchError", "ConfigError", "TopologyError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
            "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CheckpointError",
            "SignatureError", "GroupConflict", "SpawnRefused", "ScriptNotFound", "ScriptExit",
            "UnknownRequest", "DistributedCellError"]
@@ -58,6 +59,30 @@ class ClorchError(RuntimeError):
 
 class ConfigError(ClorchError, ValueError):
     """Bad input, refused before any process starts."""
+
+
+class TopologyError(ConfigError):
+    """A refusal of the rank layout's checks (:func:`clorch_repl.common.topology.resolve_topology`),
+    which ``%clorch start --nproc 2`` and the Python API's ``nproc=2`` share: its message is kept as
+    a template naming each option by its key (``{nproc}``), so that each caller names the options
+    the way its user typed them (:meth:`spelled`; the magics: ``--nproc``). ``str()`` gives the
+    Python API's words. One check for both, rather than a copy of each for the magic's words."""
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.spelled({}))
+
+    def spelled(self, names: dict[str, str]) -> str:
+        """The message, each option named as ``names`` says (``{"nproc": "--nproc"}``); an option
+        that ``names`` leaves out keeps its own name (the Python API's)."""
+        return self.template.format_map(_OwnNames({**names, **self.values}))
+
+
+class _OwnNames(dict):  # type: ignore[type-arg]
+    """A template's words: an option not named otherwise is said by its key."""
+
+    def __missing__(self, key: str) -> str:  # only option names are left out: every value is given
+        return key
 
 
 class StartupError(ClorchError):

@@ -1,21 +1,24 @@
 """Who runs where: validating rank counts, device lists and backends once, for every entry point.
 
-``%clorch start`` and ``distributed.launch`` accept the same words (``nproc``, ``devices``,
-``backend``, ``timeout``) and must refuse the same mistakes with the same one-line message, before
-any process starts. Both call :func:`resolve_topology`.
+``%clorch start`` and the Python API (``local_session``, ``launch``) accept the same words
+(``nproc``, ``devices``, ``backend``, ``timeout``) and must refuse the same mistakes with the same
+one-line message, before any process starts. Both call :func:`resolve_topology`; its refusals
+(:class:`~clorch_repl.errors.TopologyError`) name the options as the Python API does, and the
+magics say them as their user typed them (``--nproc``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from .. import cuda
 from . import env_vars
-from ..errors import ConfigError
+from ..errors import ConfigError, TopologyError
 
 if TYPE_CHECKING:
     from ..launchers.base import LaunchOptions
@@ -168,7 +171,9 @@ def parse_timeout(value: float | str | None, what: str = "timeout") -> float | N
 def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int] | None = None,
                      backend: str | None = None, timeout_s: float | str | None = None,
                      gpu_count: int | None = None) -> Topology:
-    """Turn what the user typed into a :class:`Topology`, or raise :class:`ConfigError`.
+    """Turn what the user typed into a :class:`Topology`, or raise :class:`TopologyError`
+    (a ConfigError whose message names the options as the Python API does, ``nproc``; a magic says
+    them as its user typed them, ``--nproc``: :meth:`TopologyError.spelled`).
 
     Defaults: every visible GPU with nccl; with no GPU, 2 CPU ranks with gloo. ``gpu_count`` is
     looked up with :func:`clorch_repl.cuda.device_count` (which never initialises CUDA here)
@@ -178,40 +183,43 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
         try:
             nproc = int(nproc)
         except (TypeError, ValueError):
-            raise ConfigError(f"nproc must be a whole number of ranks; got {nproc!r}") from None
+            raise TopologyError("{nproc} must be a whole number of ranks; got {got}", got=repr(nproc)) from None
         if nproc < 1:
-            raise ConfigError(f"nproc must be at least 1; got {nproc}")
-    if backend is not None:
-        backend = str(backend).lower()
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    timeout = parse_timeout(timeout_s, "timeout")
+            raise TopologyError("{nproc} must be at least 1; got {got}", got=nproc)
+    backend = _backend(backend)
+    with _option("timeout"):
+        timeout = parse_timeout(timeout_s, "timeout")
     if timeout is not None and timeout < MIN_GROUP_TIMEOUT_S:
-        raise ConfigError(f"timeout {timeout:g} s is the process group's: every collective that waits longer for "
-                          f"another rank fails, and a first collective alone takes longer; give "
-                          f"{MIN_GROUP_TIMEOUT_S:g} s or more (a cell's own time limit is %%distributed --timeout)")
-    device_list = parse_int_list(devices, "devices")
+        raise TopologyError("{timeout} {got:g} s is the process group's: every collective that waits longer for "
+                            "another rank fails, and a first collective alone takes longer; give {least:g} s or "
+                            "more (a cell's own time limit is %%distributed --timeout)",
+                            got=timeout, least=MIN_GROUP_TIMEOUT_S)
+    with _option("devices"):
+        device_list = parse_int_list(devices, "devices")
     if gpu_count is None:
         gpu_count = cuda.device_count() if (device_list is not None or backend != "gloo") else 0
 
     if device_list is not None:
         if not device_list:
-            raise ConfigError("devices is empty: name at least one GPU, e.g. --devices 0")
+            raise TopologyError("{devices} is empty: name at least one GPU, e.g. {devices} 0")
+        listed = ",".join(map(str, device_list))
         # What can be judged from the input alone first, then what depends on the machine.
-        check_unique_in_range(device_list, max(device_list) + 1, "devices", "GPU")
+        with _option("devices"):
+            check_unique_in_range(device_list, max(device_list) + 1, "devices", "GPU")
         if nproc is not None and nproc != len(device_list):
-            raise ConfigError(f"nproc {nproc} and devices {','.join(map(str, device_list))} disagree: "
-                              "give one device per rank, or leave one of them out")
+            raise TopologyError("{nproc} {n} and {devices} {listed} disagree: give one device per rank, or leave "
+                                "one of them out", n=nproc, listed=listed)
         if gpu_count == 0:
-            raise ConfigError(f"devices {','.join(map(str, device_list))} were given, but this machine has "
-                              "no usable GPU; leave out devices to run CPU ranks with gloo")
-        check_unique_in_range(device_list, gpu_count, "devices", "GPU")
+            raise TopologyError("{devices} {listed} were given, but this machine has no usable GPU; leave out "
+                                "{devices} to run CPU ranks with gloo", listed=listed)
+        with _option("devices"):
+            check_unique_in_range(device_list, gpu_count, "devices", "GPU")
         nproc = len(device_list)
         backend = backend or "nccl"
         placed: tuple[int | None, ...] = tuple(device_list)
     elif backend == "gloo" or gpu_count == 0:
         if backend == "nccl":
-            raise ConfigError("backend nccl needs GPUs and this machine has none; use --backend gloo")
+            raise TopologyError("{backend} nccl needs GPUs and this machine has none; use {backend} gloo")
         backend = "gloo"
         nproc = nproc or CPU_DEFAULT_NPROC
         placed = (None,) * nproc
@@ -219,11 +227,38 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
         backend = backend or "nccl"
         nproc = nproc or gpu_count
         if nproc > gpu_count:
-            raise ConfigError(f"nproc {nproc} needs {nproc} GPUs but {gpu_count} are visible: one NCCL rank "
-                              "per GPU (two ranks cannot share one GPU)")
+            raise TopologyError("{nproc} {n} needs {n} GPUs but {count} are visible: one NCCL rank per GPU (two "
+                                "ranks cannot share one GPU)", n=nproc, count=gpu_count)
         placed = tuple(range(nproc))
     return Topology(nproc=nproc, devices=placed, backend=backend,
                     timeout_s=timeout if timeout is not None else 600.0)
+
+
+def _backend(backend: str | None) -> str | None:
+    """The backend asked for, lower case, or None; one of :data:`BACKENDS`."""
+    if backend is None:
+        return None
+    backend = str(backend).lower()
+    if backend not in BACKENDS:
+        raise TopologyError("{backend} must be one of {known}; got {got}", known=", ".join(BACKENDS),
+                            got=repr(backend))
+    return backend
+
+
+@contextlib.contextmanager
+def _option(name: str) -> Iterator[None]:
+    """A shared check's refusal (:func:`parse_int_list`, :func:`parse_number`, whose message
+    begins with the ``name`` it was given) as a :class:`TopologyError`: the option then is named
+    as the caller's user typed it, like every other refusal of the topology."""
+    try:
+        yield
+    except TopologyError:
+        raise
+    except ConfigError as exc:
+        text = str(exc)
+        if not text.startswith(name):
+            raise
+        raise TopologyError("{%s}{rest}" % name, rest=text[len(name):]) from None
 
 
 def remote_topology(options: "LaunchOptions", backend: str | None, timeout_s: float | str | None, *,
@@ -248,11 +283,9 @@ def nodes_topology(nodes: int, nproc_per_node: int, backend: str | None, timeout
     is known here (each rank uses its node's GPU ``LOCAL_RANK``; a session fills them in when the
     ranks call back), the backend is checked, ``default_backend`` where none is given ("": decided
     once the ranks report their GPUs), and the timeout read as ``timeout_name``."""
-    if backend is not None:
-        backend = str(backend).lower()
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    timeout = parse_timeout(timeout_s, timeout_name)
+    backend = _backend(backend)
+    with _option(timeout_name):
+        timeout = parse_timeout(timeout_s, timeout_name)
     nproc = nodes * nproc_per_node
     return Topology(nproc=nproc, devices=(None,) * nproc, backend=backend or default_backend,
                     timeout_s=timeout if timeout is not None else 600.0)

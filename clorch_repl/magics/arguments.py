@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.utils.process import arg_split  # shlex with IPython's settings (see split_line)
 
-from ..errors import ClorchError, ConfigError, DistributedCellError, StartInterrupted, StartupError
+from ..errors import ClorchError, ConfigError, DistributedCellError, StartInterrupted, StartupError, TopologyError
 from ..common.human import wrap
 
 if TYPE_CHECKING:
@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from ..session.script_run import RunRequest
 
 Func = Callable[..., Any]
+
+#: How the magics spell the options whose checks they share with the Python API (``nproc=2`` there,
+#: ``--nproc 2`` here): the words of a :class:`~clorch_repl.errors.TopologyError` in a refusal
+OPTION_NAMES = {name: f"--{name}" for name in ("nproc", "devices", "backend", "timeout")}
 
 
 def refused(message: object) -> UsageError:
@@ -31,13 +35,16 @@ def refused(message: object) -> UsageError:
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Show the package's own errors, and the parsers' refusals, as one wrapped message
-    (:func:`refused`); rank failures keep their tracebacks."""
+    (:func:`refused`), options named as the magics spell them (:data:`OPTION_NAMES`); rank
+    failures keep their tracebacks."""
     try:
         yield
     except StartupError as exc:
         if exc.outcome is not None and exc.outcome.failed:
             raise DistributedCellError(exc.outcome) from None
         raise refused(exc) from None
+    except TopologyError as exc:  # the checks the Python API shares say nproc=; the user typed --nproc
+        raise refused(exc.spelled(OPTION_NAMES)) from None
     except (ClorchError, UsageError) as exc:
         raise refused(exc) from None
     except StartInterrupted as exc:  # the user's Ctrl-C during a start: what became of it, not where it landed

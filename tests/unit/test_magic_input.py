@@ -39,16 +39,20 @@ def no_session(ip: Any, magics: Any) -> Any:
 
 @pytest.mark.parametrize("line, message", [
     ("%clorch start --bogus", "unrecognized arguments: --bogus"),
-    ("%clorch start --nproc 0", "nproc must be at least 1; got 0"),
-    ("%clorch start --nproc two", "nproc must be a whole number of ranks"),
-    ("%clorch start --devices 0,0", "devices repeats 0"),
-    ("%clorch start --devices 999", "no usable GPU" if GPUS == 0 else "devices names GPU 999, which does not exist"),
-    ("%clorch start --nproc 3 --devices 0,1", "nproc 3 and devices 0,1 disagree"),
-    pytest.param("%clorch start --backend nccl", "backend nccl needs GPUs",
+    # the checks shared with the Python API (nproc=...) name the options as the user typed them here
+    ("%clorch start --nproc 0", "UsageError: --nproc must be at least 1; got 0"),
+    ("%clorch start --nproc two", "UsageError: --nproc must be a whole number of ranks"),
+    ("%clorch start --devices 0,0", "UsageError: --devices repeats 0"),
+    ("%clorch start --devices 999", "--devices 999 were given, but this machine has no usable GPU; leave out --devices"
+     if GPUS == 0 else "--devices names GPU 999, which does not exist"),
+    ("%clorch start --nproc 3 --devices 0,1", "UsageError: --nproc 3 and --devices 0,1 disagree"),
+    pytest.param("%clorch start --backend nccl", "--backend nccl needs GPUs and this machine has none; use --backend gloo",
                  marks=pytest.mark.skipif(GPUS > 0, reason=f"this machine has {GPUS} GPU(s): nccl would start")),
-    ("%clorch start --backend mpi", "backend must be one of nccl, gloo"),
-    ("%clorch start --timeout 0", "timeout must be a positive number of seconds"),
-    ("%clorch start --timeout 0.01", "timeout 0.01 s is the process group's"),
+    ("%clorch start --backend mpi", "UsageError: --backend must be one of nccl, gloo"),
+    ("%clorch start --timeout 0", "UsageError: --timeout must be a positive number of seconds"),
+    ("%clorch start --timeout 0.01", "UsageError: --timeout 0.01 s is the process group's"),
+    ("%clorch start --devices 3-1", "UsageError: --devices: the range 3-1 runs backwards"),
+    ("%clorch start --launcher slurm --nproc-per-node 2 --backend mpi", "UsageError: --backend must be one of"),
     ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
     # a value that begins with "-" is the option's, checked by it (argparse alone said only
     # "expected one argument")
@@ -59,7 +63,7 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch run --bogus x.py", "unrecognized arguments: --bogus (see --help)"),
     # quotes are taken off as a shell takes them (they were kept: "session name \"'a b'\"", "got \"'0'\"")
     ("%clorch start --name 'a b'", "session name 'a b' must be 1-64 letters"),
-    ("%clorch start --nproc '0'", "nproc must be at least 1; got 0"),
+    ("%clorch start --nproc '0'", "--nproc must be at least 1; got 0"),
     ('%clorch start --name "a b', "cannot read '--name \"a b': no closing quotation; close the quote"),
     ("%clorch run 'train.py", "cannot read \"'train.py\": no closing quotation"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),

@@ -53,6 +53,28 @@ def test_bad_layouts_are_refused_in_one_line(kwargs: dict, message: str) -> None
         resolve_topology(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, api, magic", [
+    ({"nproc": 0}, "nproc must be at least 1; got 0", "--nproc must be at least 1; got 0"),
+    ({"nproc": 3, "devices": "0,1", "gpu_count": 2}, "nproc 3 and devices 0,1 disagree",
+     "--nproc 3 and --devices 0,1 disagree"),
+    ({"devices": "0", "gpu_count": 0}, "devices 0 were given, but this machine has no usable GPU; leave out devices",
+     "--devices 0 were given, but this machine has no usable GPU; leave out --devices"),
+    ({"devices": "0,x", "gpu_count": 2}, "devices must be comma-separated integers", "--devices must be comma-"),
+    ({"backend": "nccl", "gpu_count": 0}, "use backend gloo", "use --backend gloo"),
+    ({"timeout_s": "-1"}, "timeout must be a positive number", "--timeout must be a positive number"),
+])
+def test_one_check_names_the_options_as_each_caller_typed_them(kwargs: dict, api: str, magic: str) -> None:
+    """The Python API's ``nproc=`` is refused as ``nproc``; ``%clorch start --nproc`` as ``--nproc``
+    (it said ``nproc``, where the user typed ``--nproc``), from the one check."""
+    from clorch_repl.errors import TopologyError
+    from clorch_repl.magics.arguments import OPTION_NAMES
+
+    with pytest.raises(TopologyError) as err:
+        resolve_topology(**kwargs)
+    assert api in str(err.value) and "--" not in str(err.value)
+    assert magic in err.value.spelled(OPTION_NAMES) and "----" not in err.value.spelled(OPTION_NAMES)
+
+
 @pytest.mark.parametrize("visible, count", [
     (None, 2), ("0,1", 2), ("1", 1), ("1,0", 2), (" 0 , 1 ", 2), ("1abc", 1),
     ("2,3", 0), ("3", 0), ("0,0", 0), ("0,abc,1", 1), ("", 0), ("-1", 0),
