@@ -69,18 +69,23 @@ def cpu_refusal(topology: "Topology") -> str | None:
             "freed only by %clorch stop (which loses their state)")
 
 
-def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: list[int]) -> str | None:
+def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: list[int],
+            launcher: "Launcher") -> str | None:
     """Why the session cannot be suspended now, with what to do; None when it can. Pure: the
-    driver's own check (:func:`cuda_checkpoint.api_problem`) comes after these."""
+    driver's own check (:func:`cuda_checkpoint.api_problem`) comes after these. The advice for
+    lost ranks is the ``launcher``'s where it cannot restart them (a detached session refuses
+    ``%clorch restart``: :meth:`~clorch_repl.launchers.base.Launcher.instead_of_replacing`)."""
     if state is SessionState.SUSPENDED:
         return "the session is suspended already: %clorch resume gives every rank its GPU back"
     if (cpu := cpu_refusal(topology)) is not None:
         return cpu
     if state is not SessionState.READY:
+        instead = launcher.instead_of_restarting() or "%clorch restart --ranks or %clorch restart first"
         return (f"the session is {state.value}: suspend needs every rank alive in its group "
-                "(%clorch status says why; %clorch restart --ranks or %clorch restart first)")
+                f"(%clorch status says why; {instead})")
     if dead:
-        return f"{ranks_are(dead)} dead: %clorch restart --ranks {','.join(map(str, dead))} first"
+        instead = launcher.instead_of_replacing(dead) or f"%clorch restart --ranks {','.join(map(str, dead))} first"
+        return f"{ranks_are(dead)} dead: {instead}"
     if busy:
         return (f"{ranks_are(busy)} running a cell: wait for it to finish or %clorch interrupt, "
                 "then %clorch suspend")
@@ -122,7 +127,7 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
     pids = {launcher.ranks[r].pid: r for r in ranks}
     if None in pids:
         raise ClorchError(f"{ranks_are([r for p, r in pids.items() if p is None])} without a known process id: "
-                          "%clorch restart")
+                          + (launcher.instead_of_restarting() or "%clorch restart"))
     targets = [f"{pid}={_where(launcher, rank)}" for pid, rank in pids.items()]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # the ranks' GPUs, whichever
     command = [sys.executable, "-m", "clorch_repl.host.cuda_checkpoint", action, *targets]
@@ -299,6 +304,11 @@ def _held_line(total: int) -> str:
     return f"{size(total)} of GPU memory held in host memory since {time.strftime('%H:%M:%S')}; %clorch resume"
 
 
+def _fresh(group: "Launcher") -> str:
+    """How to get fresh ranks: a restart, or what works where the launcher refuses one (a detached session)."""
+    return group.instead_of_restarting() or "%clorch restart gives fresh ranks and a fresh group"
+
+
 def _failures(moved: dict[int, Moved]) -> str:
     return "; ".join(m.error for m in moved.values() if not m.ok)
 
@@ -315,7 +325,7 @@ class Suspending:
         :class:`ClorchError`, and a failure leaves the session running as before."""
         group, relay = self._require()
         dead = [p.rank for p in group.ranks if not p.alive]
-        why = refusal(self.life.state, self.topology, relay.busy(), dead)
+        why = refusal(self.life.state, self.topology, relay.busy(), dead, group)
         local = any(not p.host for p in group.ranks)  # a rank elsewhere: its nanny's driver says for itself
         problem = why or (cuda_checkpoint.api_problem() if local else None)
         if problem:
@@ -351,7 +361,7 @@ class Suspending:
         if lost:
             self.life.move("degrade", f"a failed suspend left the ranks without a group ({lost})")
             raise ClorchError(f"the suspend failed ({failure}) and the group could not be formed again ({lost}); "
-                              "every rank kept its variables: %clorch restart gives fresh ranks and a fresh group")
+                              f"every rank kept its variables: {_fresh(group)}")
         self.life.move("resumed", f"a suspend failed: {failure}")
         _spares_again(group)
         raise ClorchError(f"the suspend failed and the session runs on as before (its group formed again): {failure}")
@@ -385,7 +395,7 @@ class Suspending:
         if lost:
             self.life.move("degrade", f"the group could not be formed again after the resume ({lost})")
             raise ClorchError(f"every rank has its GPU back and kept its variables, but the group could not be "
-                              f"formed again ({lost}): %clorch restart gives fresh ranks and a fresh group")
+                              f"formed again ({lost}): {_fresh(group)}")
         self.life.move("resumed")
         _spares_again(group)
         return (f"clorch: resumed {rank_words(ranks)} in {time.monotonic() - t0:.1f} s: each rank back on its own "

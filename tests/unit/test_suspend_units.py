@@ -52,12 +52,34 @@ def test_cells_are_refused_while_suspended_and_offer_resume() -> None:
 
 # --------------------------------------------------------------------------------- refusals
 def test_refusals_say_why_and_what_to_do() -> None:
-    assert "hold no GPU to give back" in susp.refusal(S.READY, CPU, [], [])
-    assert "running a cell: wait for it to finish or %clorch interrupt" in susp.refusal(S.READY, GPU, [1], [])
-    assert "rank 0 is dead: %clorch restart --ranks 0" in susp.refusal(S.READY, GPU, [], [0])
-    assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], [])
-    assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], [])
-    assert susp.refusal(S.READY, GPU, [], []) is None
+    local = _Launcher()
+    assert "hold no GPU to give back" in susp.refusal(S.READY, CPU, [], [], local)
+    assert "running a cell: wait for it to finish or %clorch interrupt" in susp.refusal(S.READY, GPU, [1], [], local)
+    assert "rank 0 is dead: %clorch restart --ranks 0" in susp.refusal(S.READY, GPU, [], [0], local)
+    assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], [], local)
+    assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], [], local)
+    assert susp.refusal(S.READY, GPU, [], [], local) is None
+
+
+def test_a_detached_sessions_refusals_never_advise_the_restart_it_refuses() -> None:
+    """In a detached (connected) session ``%clorch restart [--ranks]`` is refused: a suspend
+    refused for a dead rank advised ``%clorch restart --ranks 1`` there; now what works there."""
+    import os
+
+    from clorch_repl.launchers.adopted import FRESH_RANKS, AdoptedLauncher
+
+    me = os.getpid()
+    adopted = AdoptedLauncher.from_entries(GPU, "/s", [(0, "/s/r0.json", me, me, 0.0), (1, "/s/r1.json", me, me, 0.0)],
+                                           "/s.json")
+    dead = susp.refusal(S.READY, GPU, [], [1], adopted)
+    assert dead == ("rank 1 is dead: a detached session cannot start rank 1 again (%clorch restart is refused "
+                    f"there): for fresh ranks, {FRESH_RANKS}")
+    degraded = susp.refusal(S.DEGRADED, GPU, [], [], adopted)
+    assert degraded == ("the session is degraded: suspend needs every rank alive in its group (%clorch status says "
+                        "why; a detached session cannot be restarted (%clorch restart is refused there): for fresh "
+                        f"ranks, {FRESH_RANKS})")
+    assert susp._fresh(adopted) == adopted.instead_of_restarting()  # a failed suspend's or resume's advice
+    assert susp._fresh(_Launcher()) == "%clorch restart gives fresh ranks and a fresh group"
 
 
 def test_a_gpu_taken_at_resume_is_named_with_who_holds_it() -> None:
@@ -110,6 +132,12 @@ class _Launcher:
 
     def group_formed(self) -> None:
         self.formed += 1
+
+    def instead_of_replacing(self, ranks: list[int]) -> str:  # as the local launcher: it replaces ranks
+        return ""
+
+    def instead_of_restarting(self) -> str:
+        return ""
 
 
 class _Relay:
