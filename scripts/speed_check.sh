@@ -2,7 +2,8 @@
 # Issue 39's speed figures in one command, for a CUDA machine: the launch-bound loop against
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
-# (default: all, in this order: launch launch-fsdp checkpoint restart scale); logs go to
+# (default: all, in this order: launch launch-fsdp checkpoint restart scale; named only: launch-rounds,
+# launch-fresh, fork, spare-cuda); logs go to
 # ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
 # side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
 # About 9 minutes in all on one H200.
@@ -25,6 +26,14 @@ want checkpoint && step checkpoint 300 python3 benchmarks/checkpoint.py --nproc 
 # issue 39's forked-rank question: is a forked rank's loop slower than a fresh one's here, and are
 # transparent huge pages why (not in the default set)
 want fork && step fork 150 python3 benchmarks/fork_loop.py --device cuda --start-args "--nproc 1" --instances 1 --rounds 8
+# a warm spare that set up the CUDA driver ahead (CLORCH_SPARE_CUDA=1) against one that did not, alternated,
+# with the GPU test of spares under it (not in the default set: the experiment of docs/PERFORMANCE.md)
+if want spare-cuda; then
+  for i in 1 2; do for v in 0 1; do
+    CLORCH_SPARE_CUDA=$v step "spare-cuda-$v-$i" 120 python3 benchmarks/cell_latency.py --iters 5 --nprocs "$n" --backend nccl --restarts 3 --starts 0
+  done; done
+  CLORCH_SPARE_CUDA=1 step spare-cuda-test 180 python3 -m pytest tests/gpu/test_gpu_spares.py -q -s -p no:cacheprovider
+fi
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
 want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30
 exit 0

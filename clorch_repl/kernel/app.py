@@ -121,7 +121,8 @@ def _app_class() -> type:
 def warm_imports() -> None:
     """What a warm spare does before its kernel starts: import what joining a group imports
     (torch, torch.distributed, clorch's rendezvous and recorder), so that a restart does not wait
-    for it. It touches no GPU: CUDA is initialised when the spare joins a group as a rank."""
+    for it. It creates no CUDA context (:func:`_warm_cuda_driver` at most sets up the driver): the
+    spare holds no GPU memory, and its context is created when it joins a group as a rank."""
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
@@ -129,6 +130,33 @@ def warm_imports() -> None:
     from ..distributed import rendezvous  # noqa: F401
     from ..diagnosis import record  # noqa: F401
     from . import group, probes, requests  # noqa: F401
+
+    _warm_cuda_driver()
+
+
+def _warm_cuda_driver() -> None:
+    """With ``CLORCH_SPARE_CUDA=1`` (common.env_vars.SPARE_CUDA), in a spare that will be a GPU
+    rank: the CUDA driver's own set-up now (``cuInit``, through ``torch.cuda.init``), not when the
+    spare joins. In a plain process on an H100 that took 0.18-0.19 s of the 0.30 s its first CUDA
+    call took, leaving 0.10 s for the context (docs/PERFORMANCE.md, "Issue 39's targets measured
+    again"). ``cuInit`` creates no context and allocates nothing on a GPU, so the spare would still
+    hold no GPU memory and the old rank's memory stays its own until it exits. Off by default
+    until a restart on a GPU has measured it and ``tests/gpu/test_gpu_spares.py`` (whose check
+    looks at the GPU device files a spare has open, some of which ``cuInit`` may open) has run
+    with it. A driver that fails here is only logged: the join sets CUDA up again and fails
+    there, as a cold rank would, with the error in its cell."""
+    from ..common import env_vars
+    from ..wire.rank_env import device_index
+
+    if env_vars.SPARE_CUDA.get() != "1" or device_index(os.environ) is None:
+        return  # off (the default), or a CPU rank's spare
+    import torch
+
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # noqa: BLE001 - the join meets it again and reports it in the rank's cell
+        logger.warning("clorch_repl: warm spare: CUDA's driver set-up ahead failed (%s: %s); the rank "
+                       "sets it up when it joins", type(exc).__name__, exc)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,3 +13,38 @@ def test_the_status_line_counts_a_spare_not_yet_forked_as_starting() -> None:
     assert line.startswith("warm spares for the first %clorch start: 1 (pids ?), starting, "), line
     line = spares_line([(41, 2**20, True), (42, 2**20, True)])
     assert ": 2 (pids 41, 42), ready, 2.0 MiB resident in all" in line, line
+
+
+def test_a_spare_whose_cuda_driver_fails_ahead_still_starts_and_says_why(monkeypatch, caplog) -> None:
+    # CLORCH_SPARE_CUDA=1 on a GPU rank's spare: the driver is set up before the join. Here torch's
+    # CPU build is what fails (no CUDA compiled in), for real: the spare's start must go on (its
+    # join meets the same error in the rank's cell), and its log must say what failed.
+    import logging
+
+    import torch
+
+    from clorch_repl.kernel import app
+
+    monkeypatch.setenv("CLORCH_SPARE_CUDA", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with caplog.at_level(logging.WARNING, logger=app.__name__):
+        app._warm_cuda_driver()
+    if torch.cuda.is_available():  # a CUDA machine: set up for real, nothing to say
+        assert torch.cuda.is_initialized() and not caplog.records
+        return
+    (record,) = caplog.records
+    assert "CUDA's driver set-up ahead failed" in record.getMessage()
+    assert "sets it up when it joins" in record.getMessage()
+
+
+def test_a_spare_sets_up_no_cuda_unless_asked_or_for_a_cpu_rank(monkeypatch, caplog) -> None:
+    import logging
+
+    from clorch_repl.kernel import app
+
+    for spare_cuda, visible in (("", "0"), ("0", "0"), ("1", "")):
+        monkeypatch.setenv("CLORCH_SPARE_CUDA", spare_cuda)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        with caplog.at_level(logging.WARNING, logger=app.__name__):
+            app._warm_cuda_driver()
+        assert not caplog.records, (spare_cuda, visible)  # the CPU build would have failed, and said so
