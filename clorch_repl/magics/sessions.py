@@ -21,6 +21,7 @@ from ..notebook.hooks import NotebookHooks
 from ..session import registry
 from . import views
 from .arguments import argument, magic_arguments, parse
+from .suspend import set_idle_suspend
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class SessionCommands:
             raise ClorchError("no ranks are running: run %clorch start first")
         started_as = getattr(getattr(self.session.group, "options", None), "name", None)  # %clorch start --name
         name = registry.check_name(args.name) if args.name else started_as or registry.default_name()
-        self.session = detach(self.session, name, keep_for, views.StartProgress())
+        idle = getattr(self, "_idle_suspend", None)  # %clorch start --suspend-after: the session's, kept
+        self.session = detach(self.session, name, keep_for, views.StartProgress(), idle.after_s if idle else 0.0)
         print(f"clorch: session {name!r} detached: its ranks outlive this kernel and are kept "
               f"{span(keep_for)} once no kernel drives them; %clorch connect {name} drives them from another "
               "kernel, %clorch stop ends them")
@@ -148,6 +150,7 @@ class SessionCommands:
               f"generation {session.generation}")
         if tail:
             print(f"what the ranks printed lately (their logs, in {session.record.dir}):\n{tail}")
+        views.notice(set_idle_suspend(self, session.suspend_after_s))  # the session's --suspend-after
 
     @magic_arguments(name="clorch sessions")
     def _sessions(self, line: str) -> None:

@@ -169,6 +169,8 @@ def suspend_command(self: Any, line: str) -> None:
         if after and (cpu := cpu_refusal(session.topology)) is not None:  # refused now, not at its time
             raise ClorchError(f"--after cannot work: {cpu}")
         views.notice(set_idle_suspend(self, after))
+        if (keep := getattr(session, "keep_suspend_after", None)) is not None:  # a detached session's setting
+            keep(after)
         return
     print(self._session().suspend(views.StartProgress()))
 

@@ -59,6 +59,8 @@ class ConnectedSession(Session):
         super().__init__(record.topology, lambda _topology: launcher, hooks)
         self.record = record
         self.hang_notice_s = record.hang_notice_s  # the session's setting, whichever kernel drives it
+        #: the session's idle suspend, for the magics to arm (clorch_repl.magics.suspend): 0, off
+        self.suspend_after_s = record.suspend_after_s
 
     @property
     def name(self) -> str:
@@ -138,6 +140,14 @@ class ConnectedSession(Session):
         finally:
             self._save_generation()
 
+    def keep_suspend_after(self, after_s: float) -> None:
+        """``%clorch suspend --after`` here: the session's setting from now on, so the next kernel
+        to connect arms it too (written while this kernel drives the session)."""
+        self.suspend_after_s = after_s
+        if after_s != self.record.suspend_after_s and self.owned():
+            self.record = dataclasses.replace(self.record, suspend_after_s=after_s, written_at=time.time())
+            registry.write(self.record)
+
     def _save_generation(self) -> None:
         if self._generation != self.record.generation and self.owned():
             self.record = dataclasses.replace(self.record, generation=self._generation, written_at=time.time())
@@ -182,9 +192,11 @@ def release(session: Session) -> None:
     session.life.move_if("stopped", "released to the session's next kernel")
 
 
-def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -> ConnectedSession:
+def detach(session: Session, name: str, keep_for_s: float, progress: Progress,
+           suspend_after_s: float = 0.0) -> ConnectedSession:
     """Detach ``session`` (a running local session of this kernel) as ``name``; the session
-    this kernel drives from now on (see the module docstring)."""
+    this kernel drives from now on (see the module docstring). ``suspend_after_s``: the idle
+    suspend the magics armed for it (0: none), kept in its file for every kernel that connects."""
     from ..launchers.local import LocalLauncher
 
     group = session.group
@@ -219,7 +231,7 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress) -
     record = registry.SessionRecord(name=name, launcher=group.name, dir=group.dir, topology=session.topology,
                                     ranks=tuple(entries), generation=session._generation,  # noqa: SLF001
                                     keep_for_s=keep_for_s, owner_pid=os.getpid(),
-                                    hang_notice_s=session.hang_notice_s)
+                                    hang_notice_s=session.hang_notice_s, suspend_after_s=suspend_after_s)
     hold.write(group.dir, os.getpid(), keep_for_s, path)  # first: from here on this kernel's end keeps them
     registry.write(record)
     release(session)

@@ -9,7 +9,8 @@ keys, 0600 in that 0700 directory; no key is ever put on a command line or in th
 pids of the kernels and supervisors, the topology, the generation of the group (the count of its
 in-place re-forms, under which the next re-form meets: a connecting kernel must go on counting
 from it), ``keep_for_s``, the session's own settings that every kernel driving it must use (its
-``--hang-notice``: a setting of the session, not of the kernel that happened to start it), and
+``--hang-notice``, and its ``--suspend-after``: settings of the session, not of the kernel that
+happened to start it), and
 the kernel that drove it when written. Who drives the session *now*
 is the hold file's business (:mod:`clorch_repl.host.hold`), which the supervisors read.
 
@@ -83,6 +84,10 @@ class SessionRecord:
     #: --hang-notice`` set it for the session, so the kernel that detaches it and every kernel that
     #: connects keep it (a file written before it was recorded: the default)
     hang_notice_s: float = DEFAULT_HANG_NOTICE_S
+    #: the session's idle suspend (``%clorch start --suspend-after``, ``%clorch suspend --after``;
+    #: seconds, 0: off), kept as its ``hang_notice_s`` is: every kernel that connects arms it
+    #: again (a file written before it was recorded: off)
+    suspend_after_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -164,6 +169,15 @@ def _need(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: 
     return value
 
 
+def _seconds(data: dict[str, Any], key: str, default: float, where: str) -> float:
+    """A setting of the session in seconds (0 or more), ``default`` where the file has none."""
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ConfigError(f"{where}: {key!r} {value!r} is not a number of seconds (0 or more); the file is damaged: "
+                          "remove it (the session's ranks end by themselves once nobody is connected)")
+    return float(value)
+
+
 def parse_record(data: Any, where: str) -> SessionRecord:
     """A :class:`SessionRecord` from a session file's JSON, every field checked; ``where`` names the file."""
     if not isinstance(data, dict):
@@ -192,10 +206,8 @@ def parse_record(data: Any, where: str) -> SessionRecord:
                                started_at=float(_need(entry, "started_at", (int, float), where))))
     if [r.rank for r in ranks] != list(range(topology.nproc)):
         raise ConfigError(f"{where}: it lists ranks {[r.rank for r in ranks]} for {topology.nproc} rank(s): remove it")
-    hang_notice = data.get("hang_notice_s", DEFAULT_HANG_NOTICE_S)  # absent: a file from before it was kept
-    if isinstance(hang_notice, bool) or not isinstance(hang_notice, (int, float)) or not 0 <= hang_notice < math.inf:
-        raise ConfigError(f"{where}: 'hang_notice_s' {hang_notice!r} is not a number of seconds (0 or more); the "
-                          "file is damaged: remove it (the session's ranks end by themselves once nobody is connected)")
+    hang_notice = _seconds(data, "hang_notice_s", DEFAULT_HANG_NOTICE_S, where)  # absent: a file from before it was kept
+    suspend_after = _seconds(data, "suspend_after_s", 0.0, where)
     record = SessionRecord(
         name=check_name(_need(data, "name", str, where)), launcher=_need(data, "launcher", str, where),
         dir=_need(data, "dir", str, where), topology=topology, ranks=tuple(ranks),
@@ -203,7 +215,7 @@ def parse_record(data: Any, where: str) -> SessionRecord:
         keep_for_s=float(_need(data, "keep_for_s", (int, float), where)),
         owner_pid=_need(data, "owner_pid", int, where),
         written_at=float(_need(data, "written_at", (int, float), where)), uid=_need(data, "uid", int, where),
-        host=str(data.get("host") or "?"), hang_notice_s=float(hang_notice))
+        host=str(data.get("host") or "?"), hang_notice_s=hang_notice, suspend_after_s=suspend_after)
     if record.uid != os.getuid():
         raise ConfigError(f"{where} belongs to uid {record.uid}, not to you: it is not yours to connect to")
     if record.generation < 0 or record.keep_for_s <= 0:

@@ -310,6 +310,30 @@ def test_the_sessions_hang_notice_outlives_detach_and_connect(kernels: Kernels) 
     assert wait_gone(pids_of(record), 10) == []
 
 
+ARM_IDLE_SUSPEND = ("from clorch_repl.magics import magics_for\nfrom clorch_repl.magics.suspend import set_idle_suspend\n"
+                    "print(set_idle_suspend(magics_for(get_ipython()), 600.0))")
+
+
+def test_the_sessions_suspend_after_outlives_detach_and_connect(kernels: Kernels) -> None:
+    """``%clorch start --suspend-after 10m`` then ``%clorch detach``: a kernel that connected did not
+    suspend the ranks by themselves (the setting stayed in the first kernel). Now it is in the
+    session file and connect arms it again. Here CPU ranks, which ``--suspend-after`` refuses (they
+    hold no GPU): the idle suspend is armed as that option arms it; the suspend itself needs a GPU
+    (tests/gpu/test_gpu_suspend.py)."""
+    first = kernels.new()
+    ok(first.run(START.format(name="sleepy")))
+    assert "suspends by itself once no cell has run for 10m00s" in ok(first.run(ARM_IDLE_SUSPEND)).text
+    ok(first.run("%clorch detach --keep-for 60s"))
+    record = kernels.record("sleepy")
+    assert record["suspend_after_s"] == 600.0, record
+    os.kill(first.pid, signal.SIGKILL)
+    second = kernels.new()
+    connected = ok(second.run("%clorch connect sleepy")).text
+    assert "the session suspends by itself once no cell has run for 10m00s" in connected, connected
+    ok(second.run("%clorch stop"))
+    assert wait_gone(pids_of(record), 10) == []
+
+
 def test_a_dead_rank_of_a_detached_session_says_how_it_ended_and_what_works(kernels: Kernels) -> None:
     """Its supervisor writes the exit status down (the connected kernel cannot wait for the rank);
     and a detached session cannot start ranks again, so no notice advises %clorch restart --ranks."""

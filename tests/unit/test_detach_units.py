@@ -265,6 +265,55 @@ def test_the_sessions_hang_notice_is_in_its_file_and_every_kernel_that_drives_it
             registry.parse_record({**data, "hang_notice_s": bad}, "f.json")
 
 
+def test_the_sessions_suspend_after_is_in_its_file_and_a_kernel_that_connects_arms_it(
+        tmp_path, ip, magics, monkeypatch) -> None:
+    """``%clorch start --suspend-after 10m`` then ``%clorch detach``: the setting was lost, a
+    kernel that connected never suspended the ranks by itself. Now the detach hands it to the
+    session file and ``%clorch connect`` arms it again. What cannot run here (no GPU): the suspend
+    itself (tests/gpu/test_gpu_suspend.py); the detach and the connect are stood in for (they start
+    no process in a unit test; tests/integration/test_detach.py runs them for real)."""
+    from types import SimpleNamespace
+
+    from IPython.utils.capture import capture_output
+
+    from clorch_repl.magics.suspend import set_idle_suspend
+    from clorch_repl.session import reattach
+    from clorch_repl.session.reattach import ConnectedSession
+
+    kept = record(suspend_after_s=600.0)
+    data = json.loads(json.dumps(kept.to_json()))
+    assert registry.parse_record(data, "f.json").suspend_after_s == 600.0
+    data.pop("suspend_after_s")  # a file written before the setting was kept: off
+    assert registry.parse_record(data, "f.json").suspend_after_s == 0.0
+    with pytest.raises(ConfigError, match="'suspend_after_s' -1 is not a number of seconds"):
+        registry.parse_record({**data, "suspend_after_s": -1}, "f.json")
+
+    detached: dict = {}
+
+    def detach(session, name, keep_for_s, progress, suspend_after_s=0.0):
+        detached.update(name=name, suspend_after_s=suspend_after_s)
+        return ConnectedSession(dataclasses.replace(kept, name=name), str(tmp_path / f"{name}.json"))
+
+    monkeypatch.setattr(reattach, "detach", detach)
+    monkeypatch.setattr(reattach, "connect", lambda name, take, progress, hooks=None: (
+        ConnectedSession(kept, str(tmp_path / "alice-1.json")), ""))
+    magics.shutdown()
+    try:
+        set_idle_suspend(magics, 600.0)  # what %clorch start --suspend-after 10m arms (refused here: no GPU)
+        magics.session = SimpleNamespace(running=True, group=SimpleNamespace(options=None))
+        assert ip.run_cell("%clorch detach --name alice-1").success
+        assert detached == {"name": "alice-1", "suspend_after_s": 600.0}
+        magics.session = None
+        set_idle_suspend(magics, 0)  # a fresh kernel: nothing armed
+        with capture_output() as cap:
+            assert ip.run_cell("%clorch connect alice-1").success
+        assert magics._idle_suspend.after_s == 600.0  # armed again, from the session's file
+        assert "--suspend-after 10m00s" in cap.stdout, cap.stdout  # (a terminal IPython: it cannot fire, it says)
+    finally:
+        set_idle_suspend(magics, 0)
+        magics.session = None
+
+
 def test_connects_tail_of_the_logs_is_text_without_colour_codes() -> None:
     """What the ranks printed lately, shown on connect, as ``%clorch logs`` shows it: IPython's
     coloured traceback in a rank's log is a terminal's, not text."""
