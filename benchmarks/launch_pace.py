@@ -3,7 +3,7 @@ at once and handed the loop in turn, block by block (issue 39).
 
     python benchmarks/launch_pace.py [--nproc 1] [--pairs 40] [--warmup 3] [--strategy ddp|fsdp]
                                      [--sample-count 4096] [--notebook-env NAME=VALUE] [--torchrun-env NAME=VALUE]
-                                     [--torchrun-eager]
+                                     [--torchrun-eager] [--pause-s 0.03]
 
 Why not ``training.py``'s rounds: there each round is a new torchrun launch beside a cell in the
 notebook's warm ranks, about half a minute apart, and on the device single rounds swung from 0.83
@@ -200,6 +200,10 @@ def main() -> int:
                         help="a variable for the notebook kernel and its ranks (repeatable)")
     parser.add_argument("--torchrun-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a variable for the torchrun workers (repeatable)")
+    parser.add_argument("--pause-s", type=float, default=0.0,
+                        help="both sides sleep this long before each block: whatever the hand-off of the block "
+                             "left running (the notebook kernel's own handling of the cell) ends before the "
+                             "loop starts (a diagnostic; 0, the default, is what a user's cell sees)")
     parser.add_argument("--torchrun-eager", action="store_true",
                         help="the workers pass device_id to init_process_group, as the notebook's ranks do")
     ns = parser.parse_args()
@@ -216,7 +220,7 @@ def main() -> int:
     if ns.pairs < 4:
         parser.error("--pairs must be at least 4 (quartiles)")
     spec = {"cases": ["launch"], "launch": dict(LAUNCH_LOOP, epochs=1, sample_count=ns.sample_count,
-                                                strategy=ns.strategy)}
+                                                strategy=ns.strategy), "pause_s": ns.pause_s}
     folder = tempfile.mkdtemp(prefix="clorch-pace-")  # 0700: the socket and its worker script
     nb = torchrun = None
     try:

@@ -216,6 +216,8 @@ def run_cases(rank: int, world_size: int, device: Any, spec: dict[str, Any], war
     from clorch_repl.examples.distributed_training import train
 
     out: dict[str, Any] = {}
+    if spec.get("pause_s"):  # launch_pace.py --pause-s: let what started the block settle first
+        time.sleep(float(spec["pause_s"]))
     for case in spec["cases"]:
         if case == "launch":
             if warm_launch:
