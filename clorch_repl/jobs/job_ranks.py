@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
-from ..errors import ClorchError, ConfigError
+from ..errors import ClorchError, ConfigError, TopologyError
 from ..host.rank_process import RankProcess
 from ..common.procs import LOOPBACK, free_port
 from ..placement import teardown
@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 Report = Callable[[int, int], None]
 #: How often srun's tasks' result files are looked for.
 SRUN_POLL_S = 0.2
+#: how launch() names the options the shared topology checks refuse (errors.TopologyError)
+LAUNCH_NAMES = {"nproc": "nproc_per_node", "timeout": "pg_timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,10 @@ class LocalJobRanks(JobRanks):
                  log_dir: str | None) -> Topology:
         if nodes != 1:
             raise ConfigError(f"nodes={nodes!r} needs launcher='slurm' (a local job runs on this host)")
-        return resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
+        try:
+            return resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
+        except TopologyError as exc:  # said with launch()'s own argument names
+            raise ConfigError(exc.spelled(LAUNCH_NAMES)) from None
 
     def environment(self, rank: int) -> dict[str, str]:
         plan = self.plan

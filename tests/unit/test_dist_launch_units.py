@@ -28,8 +28,10 @@ _not_importable_here.__module__ = "__main__"
     ({"nproc_per_node": None, "devices": [0, 0]}, "devices repeats 0"),
     ({"nproc_per_node": None, "devices": [-1]}, "GPU numbers start at 0"),
     ({"nproc_per_node": None, "devices": [64]}, "(does not exist|no usable GPU)"),
-    ({"nproc_per_node": 3, "devices": [0, 1]}, "nproc 3 and devices 0,1 disagree"),
-    ({"nproc_per_node": 0}, "nproc must be at least 1"),
+    ({"nproc_per_node": 3, "devices": [0, 1]}, "nproc_per_node 3 and devices 0,1 disagree"),
+    ({"nproc_per_node": 0}, "^nproc_per_node must be at least 1"),  # launch()'s own name for it
+    ({"nproc_per_node": "two"}, "^nproc_per_node must be a whole number of ranks; got 'two'"),
+    ({"pg_timeout_s": -1}, "^pg_timeout_s must be a positive number"),
     ({"main": "no_such_module_xyz:run"}, "no module named 'no_such_module_xyz'"),
     ({"main": "dist_workers:no_such_function"}, "has no attribute 'no_such_function'"),
     ({"main": "dist_workers"}, "main must be 'module:function'"),
