@@ -80,7 +80,9 @@ def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: li
     if (cpu := cpu_refusal(topology)) is not None:
         return cpu
     if state is not SessionState.READY:
-        instead = launcher.instead_of_restarting() or "%clorch restart --ranks or %clorch restart first"
+        # a launcher that cannot replace single ranks (slurm, attach) is never advised --ranks
+        single = "" if launcher.instead_of_replacing(dead) else "%clorch restart --ranks or "
+        instead = launcher.instead_of_restarting() or f"{single}%clorch restart first"
         return (f"the session is {state.value}: suspend needs every rank alive in its group "
                 f"(%clorch status says why; {instead})")
     if dead:

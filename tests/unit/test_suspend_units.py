@@ -59,6 +59,21 @@ def test_refusals_say_why_and_what_to_do() -> None:
     assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], [], local)
     assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], [], local)
     assert susp.refusal(S.READY, GPU, [], [], local) is None
+    assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [], local)
+
+
+def test_a_launcher_that_cannot_replace_single_ranks_is_never_advised_restart_ranks() -> None:
+    # slurm and attach sessions refuse %clorch restart --ranks (a stand-in: no GPU cluster here)
+    class _NoSingleRanks(_Launcher):
+        name = "slurm"
+
+        def instead_of_replacing(self, ranks: list[int]) -> str:
+            return "the slurm launcher cannot replace single ranks yet: %clorch restart starts every rank afresh"
+
+    degraded = susp.refusal(S.DEGRADED, GPU, [], [], _NoSingleRanks())
+    assert degraded.endswith("(%clorch status says why; %clorch restart first)") and "--ranks" not in degraded
+    dead = susp.refusal(S.READY, GPU, [], [1], _NoSingleRanks())
+    assert dead.startswith("rank 1 is dead: the slurm launcher cannot replace single ranks") and "--ranks" not in dead
 
 
 def test_a_detached_sessions_refusals_never_advise_the_restart_it_refuses() -> None:
