@@ -121,8 +121,10 @@ def _app_class() -> type:
 def warm_imports() -> None:
     """What a warm spare does before its kernel starts: import what joining a group imports
     (torch, torch.distributed, clorch's rendezvous and recorder), so that a restart does not wait
-    for it. It creates no CUDA context (:func:`_warm_cuda_driver` at most sets up the driver): the
-    spare holds no GPU memory, and its context is created when it joins a group as a rank."""
+    for it. It touches no GPU: CUDA is initialised when the spare joins a group as a rank (a
+    spare may set up the driver before, :func:`_warm_cuda_driver`). The zygote runs this too
+    (:mod:`clorch_repl.host.zygote`), so nothing here may initialise CUDA: torch marks every
+    process forked after that a bad fork, and each rank's first CUDA call would fail."""
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
@@ -130,8 +132,6 @@ def warm_imports() -> None:
     from ..distributed import rendezvous  # noqa: F401
     from ..diagnosis import record  # noqa: F401
     from . import group, probes, requests  # noqa: F401
-
-    _warm_cuda_driver()
 
 
 def _warm_cuda_driver() -> None:
@@ -144,7 +144,9 @@ def _warm_cuda_driver() -> None:
     until a restart on a GPU has measured it and ``tests/gpu/test_gpu_spares.py`` (whose check
     looks at the GPU device files a spare has open, some of which ``cuInit`` may open) has run
     with it. A driver that fails here is only logged: the join sets CUDA up again and fails
-    there, as a cold rank would, with the error in its cell."""
+    there, as a cold rank would, with the error in its cell. Called by the spare itself
+    (:func:`main`), never by :func:`warm_imports`, which the ranks' zygote runs before it forks
+    them: CUDA initialised there would make every forked rank a bad fork."""
     from ..common import env_vars
     from ..wire.rank_env import device_index
 
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_parent(os.getppid(), end_own_group)  # the supervisor; see the module's docstring
     if os.environ.pop(SPARE_ENV, ""):
         warm_imports()
+        _warm_cuda_driver()  # here, never in warm_imports: the zygote runs that, and forks every rank
     # A segfault or abort prints the Python stacks into the rank's log (fd 2), whose tail the
     # notebook shows when a rank dies mid-cell.
     faulthandler.enable(file=sys.__stderr__, all_threads=False)  # the crashing thread: short

@@ -25,13 +25,16 @@ def test_a_spare_whose_cuda_driver_fails_ahead_still_starts_and_says_why(monkeyp
 
     from clorch_repl.kernel import app
 
+    from clorch_repl import cuda
+
     monkeypatch.setenv("CLORCH_SPARE_CUDA", "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    if cuda.available():  # a stand-in where CUDA would work: initialising it here would make this
+        def broken() -> None:  # test process a bad fork for every later test that forks
+            raise RuntimeError("CUDA driver initialization failed (a stand-in)")
+        monkeypatch.setattr(torch.cuda, "init", broken)
     with caplog.at_level(logging.WARNING, logger=app.__name__):
         app._warm_cuda_driver()
-    if torch.cuda.is_available():  # a CUDA machine: set up for real, nothing to say
-        assert torch.cuda.is_initialized() and not caplog.records
-        return
     (record,) = caplog.records
     assert "CUDA's driver set-up ahead failed" in record.getMessage()
     assert "sets it up when it joins" in record.getMessage()
@@ -48,3 +51,22 @@ def test_a_spare_sets_up_no_cuda_unless_asked_or_for_a_cpu_rank(monkeypatch, cap
         with caplog.at_level(logging.WARNING, logger=app.__name__):
             app._warm_cuda_driver()
         assert not caplog.records, (spare_cuda, visible)  # the CPU build would have failed, and said so
+
+
+def test_the_ranks_zygote_never_initialises_cuda_whatever_clorch_spare_cuda_says(monkeypatch) -> None:
+    # The zygote runs a spare's imports (host/zygote.py's preload: app.warm_imports) and forks every
+    # rank: torch marks each process forked after a CUDA init a bad fork, so CLORCH_SPARE_CUDA=1
+    # there would fail every rank's first CUDA call. (preload itself starts a process, uname, on
+    # its imports: not for a unit test; it is warm_imports that must not touch CUDA.)
+    import torch
+
+    from clorch_repl.kernel import app
+
+    called: list[str] = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: called.append("torch.cuda.init"))
+    monkeypatch.setenv("CLORCH_SPARE_CUDA", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    app.warm_imports()
+    assert called == []
+    app._warm_cuda_driver()  # what the spare itself calls, after warm_imports, in its own process
+    assert called == ["torch.cuda.init"]
