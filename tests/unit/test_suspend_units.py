@@ -62,18 +62,27 @@ def test_refusals_say_why_and_what_to_do() -> None:
     assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [], local)
 
 
-def test_a_launcher_that_cannot_replace_single_ranks_is_never_advised_restart_ranks() -> None:
-    # slurm and attach sessions refuse %clorch restart --ranks (a stand-in: no GPU cluster here)
-    class _NoSingleRanks(_Launcher):
+def test_ranks_a_launcher_cannot_replace_alone_are_never_advised_restart_ranks() -> None:
+    # A remote (slurm, attach) session cannot replace rank 0 alone: it serves the group's store.
+    # The rule is RemoteLauncher's own; the launcher around it is the stand-in (no cluster here).
+    from clorch_repl.launchers.remote import RemoteLauncher
+
+    class _Server:
+        def is_lost(self, rank: int) -> bool:
+            return False
+
+    class _Remote(_Launcher):
         name = "slurm"
+        server = _Server()
 
         def instead_of_replacing(self, ranks: list[int]) -> str:
-            return "the slurm launcher cannot replace single ranks yet: %clorch restart starts every rank afresh"
+            return RemoteLauncher.cannot_replace(self, ranks)  # type: ignore[arg-type]
 
-    degraded = susp.refusal(S.DEGRADED, GPU, [], [], _NoSingleRanks())
+    degraded = susp.refusal(S.DEGRADED, GPU, [], [0], _Remote())
     assert degraded.endswith("(%clorch status says why; %clorch restart first)") and "--ranks" not in degraded
-    dead = susp.refusal(S.READY, GPU, [], [1], _NoSingleRanks())
-    assert dead.startswith("rank 1 is dead: the slurm launcher cannot replace single ranks") and "--ranks" not in dead
+    assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [1], _Remote())
+    dead = susp.refusal(S.READY, GPU, [], [0], _Remote())
+    assert dead.startswith("rank 0 is dead: rank 0 serves the group's rendezvous store") and "--ranks" not in dead
 
 
 def test_a_detached_sessions_refusals_never_advise_the_restart_it_refuses() -> None:
