@@ -37,7 +37,7 @@ notebook's, the ranks', the supervisor's) can import it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .common.human import headline
 from .common.rank_sets import merge_blocks, rank_words, ranks_are
@@ -76,6 +76,24 @@ class TopologyError(ConfigError):
         """The message, each option named as ``names`` says (``{"nproc": "--nproc"}``); an option
         that ``names`` leaves out keeps its own name (the Python API's)."""
         return self.template.format_map(_OwnNames({**names, **self.values}))
+
+    def naming(self, **names: str) -> TopologyError:
+        """The same refusal with some options named for good, whoever says it later: an API whose
+        parameter is ``timeout_s`` (``naming(timeout="timeout_s")``), or a value that came from
+        the environment, not an option (``naming(nproc="$CLORCH_NPROC")``)."""
+        template = self.template
+        for key, name in names.items():
+            template = template.replace("{%s}" % key, name.replace("{", "{{").replace("}", "}}"))
+        return TopologyError(template, **self.values)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the template and its values, not the message: unpickled (a job's error sent back from a
+        # worker) it must still name the options as its reader's caller does
+        return (_topology_error, (self.template, dict(self.values)))
+
+
+def _topology_error(template: str, values: dict[str, object]) -> TopologyError:
+    return TopologyError(template, **values)
 
 
 class _OwnNames(dict):  # type: ignore[type-arg]

@@ -201,7 +201,7 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
 
     if device_list is not None:
         if not device_list:
-            raise TopologyError("{devices} is empty: name at least one GPU, e.g. {devices} 0")
+            raise TopologyError("{devices} is empty: name at least one GPU")
         listed = ",".join(map(str, device_list))
         # What can be judged from the input alone first, then what depends on the machine.
         with _option("devices"):
@@ -232,6 +232,23 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
         placed = tuple(range(nproc))
     return Topology(nproc=nproc, devices=placed, backend=backend,
                     timeout_s=timeout if timeout is not None else 600.0)
+
+
+def host_topology(nproc: str | None, devices: str | None, backend: str | None, timeout: str | None) -> Topology:
+    """``%clorch start``'s ranks on this host: :func:`resolve_topology`, with ``--nproc``'s default
+    ``$CLORCH_NPROC`` when set (``clorch-notebook run --nproc N`` sets it without editing the
+    notebook). A refusal about a number that came from there names the variable, not ``--nproc``,
+    which the user did not type."""
+    from_env = nproc is None and devices is None and bool(os.environ.get(NPROC_ENV, "").strip())
+    if from_env:
+        nproc = os.environ[NPROC_ENV].strip()
+        if not nproc.isdigit() or int(nproc) < 1:
+            raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
+                              ">= 1 (it is %clorch start's default --nproc); fix or unset it")
+    try:
+        return resolve_topology(nproc, devices, backend, timeout)
+    except TopologyError as exc:
+        raise (exc.naming(nproc=f"${NPROC_ENV}") if from_env else exc) from None
 
 
 def _backend(backend: str | None) -> str | None:

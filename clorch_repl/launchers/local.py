@@ -51,11 +51,10 @@ from jupyter_client.kernelspec import KernelSpecManager
 from ..common import procs
 from ..common.atomic import remove_quietly
 from ..placement import teardown
-from ..errors import ConfigError
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, local_place, rank_environment
 from ..wire import serving
-from ..common.topology import NPROC_ENV, Topology, resolve_topology
+from ..common.topology import Topology, host_topology
 from ..host import logcap, logfiles, supervisor
 from . import forked
 from .base import LaunchOptions, Launcher, Progress, RankHandle
@@ -330,14 +329,9 @@ class LocalLauncher(Launcher):
     @classmethod
     def topology(cls, options: LaunchOptions, *, nproc: str | None, devices: str | None, backend: str | None,
                  timeout: str | None) -> Topology:
-        """This host's ranks: ``--nproc`` defaults to ``$CLORCH_NPROC`` when set (``clorch-notebook
-        run --nproc N`` sets it without editing the notebook), else one per GPU or 2 CPU ranks."""
-        if nproc is None and devices is None and os.environ.get(NPROC_ENV, "").strip():
-            nproc = os.environ[NPROC_ENV].strip()
-            if not nproc.isdigit() or int(nproc) < 1:
-                raise ConfigError(f"{NPROC_ENV}={nproc!r} in the environment must be a whole number of ranks "
-                                  ">= 1 (it is %clorch start's default --nproc); fix or unset it")
-        return resolve_topology(nproc, devices, backend, timeout)
+        """This host's ranks (:func:`~clorch_repl.common.topology.host_topology`: ``--nproc``
+        defaults to ``$CLORCH_NPROC``, else one per GPU or 2 CPU ranks)."""
+        return host_topology(nproc, devices, backend, timeout)
 
     def memory(self) -> dict[int, tuple[int | None, int | None]]:
         """Read here, by pid: every rank runs on this host."""

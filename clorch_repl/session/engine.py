@@ -37,6 +37,7 @@ import logging
 from typing import Iterable
 
 from ..common.topology import resolve_topology
+from ..errors import TopologyError
 from .hooks import CellHooks, NoStdin, OutputSink, PlainSink, SessionHooks, StdinHook
 from .protocol import CellOutcome, RankOutcome, RankOutput, Status
 from .session import Session
@@ -53,4 +54,8 @@ def local_session(nproc: int | None = None, backend: str | None = None, devices:
     ``%clorch start`` makes one: every visible GPU with nccl by default, or 2 CPU ranks with gloo
     without a GPU; ``timeout_s``: the process group's timeout. ``hooks``: what the driving
     process offers between cells (none by default: plain Python)."""
-    return Session(resolve_topology(nproc, devices, backend, timeout_s), hooks=hooks)
+    try:
+        topology = resolve_topology(nproc, devices, backend, timeout_s)
+    except TopologyError as exc:  # said with this function's own parameter names
+        raise exc.naming(timeout="timeout_s") from None
+    return Session(topology, hooks=hooks)

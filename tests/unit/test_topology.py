@@ -127,3 +127,33 @@ def test_a_backwards_range_is_refused_saying_how_to_write_it() -> None:
 
     with pytest.raises(ConfigError, match="the range 3-1 runs backwards; write it 1-3"):
         parse_int_list("3-1", "--ranks")
+
+
+def test_a_topology_refusal_survives_pickling_and_is_named_for_its_caller(monkeypatch: Any) -> None:
+    """A refusal sent between processes keeps its template (it was formatted twice, eating braces
+    in the value, and lost the option names); local_session says ``timeout_s``, its parameter; a
+    count from ``$CLORCH_NPROC`` is blamed on the variable, not on a ``--nproc`` nobody typed."""
+    import pickle
+
+    from clorch_repl import cuda
+    from clorch_repl.common.topology import host_topology
+    from clorch_repl.errors import TopologyError
+    from clorch_repl.magics.arguments import OPTION_NAMES
+    from clorch_repl.session.engine import local_session
+
+    with pytest.raises(TopologyError) as err:
+        resolve_topology(backend="{mpi}")
+    back = pickle.loads(pickle.dumps(err.value))
+    assert str(back) == str(err.value) == "backend must be one of nccl, gloo; got '{mpi}'"
+    assert back.spelled(OPTION_NAMES) == "--backend must be one of nccl, gloo; got '{mpi}'"
+    with pytest.raises(TopologyError, match=r"^timeout_s must be a positive number"):
+        local_session(2, "gloo", timeout_s=-1)
+    monkeypatch.setattr(cuda, "device_count", lambda: 2)  # a stand-in: this box has no GPU
+    monkeypatch.setenv("CLORCH_NPROC", "3")
+    with pytest.raises(TopologyError) as err:
+        host_topology(None, None, None, None)
+    assert err.value.spelled(OPTION_NAMES) == ("$CLORCH_NPROC 3 needs 3 GPUs but 2 are visible: one NCCL rank per "
+                                              "GPU (two ranks cannot share one GPU)")
+    with pytest.raises(TopologyError) as err:
+        host_topology("3", None, None, None)  # typed: the option's name
+    assert err.value.spelled(OPTION_NAMES).startswith("--nproc 3 needs 3 GPUs")
