@@ -131,14 +131,24 @@ def parse(func: Func, line: str) -> Any:
     IPython's magic parsers are built without argparse's own ``-h``; we answer it here so that
     ``%clorch start --help`` works like any command line.
     """
-    argv = split_line(line)
-    if {"-h", "--help"} & set(argv):
+    argv = _values_kept(func.parser, split_line(line))  # type: ignore[attr-defined]
+    if _help_in(argv):
         print(help_text(func.parser))  # type: ignore[attr-defined]
         return None
     try:
-        return func.parser.parse_args(_values_kept(func.parser, argv))  # type: ignore[attr-defined]
+        return func.parser.parse_args(argv)  # type: ignore[attr-defined]
     except UsageError as exc:
         raise refused(f"{exc} (see --help)") from None
+
+
+def asks_help(func: Func, line: str) -> bool:
+    """Whether ``line`` asks ``func``'s magic for its help: ``-h`` or ``--help`` as a word of its
+    own, not an option's value (``--srun-args "-h"`` is srun's ``-h``, not a request for ours)."""
+    return _help_in(_values_kept(func.parser, split_line(line)))  # type: ignore[attr-defined]
+
+
+def _help_in(argv: list[str]) -> bool:
+    return bool({"-h", "--help"} & set(argv))
 
 
 def split_line(line: str) -> list[str]:
@@ -150,8 +160,10 @@ def split_line(line: str) -> list[str]:
     try:
         return arg_split(line, posix=True)
     except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
-        raise refused(f"cannot read {line.strip()!r}: {str(exc).lower()}; close the quote (a quote inside a "
-                      "value goes between quotes of the other kind)") from None
+        fix = ("a \\ at the end escapes nothing: remove it, or write \\\\ for a backslash"
+               if "escaped" in str(exc) else
+               "close the quote (a quote inside a value goes between quotes of the other kind)")
+        raise refused(f"cannot read {line.strip()!r}: {str(exc).lower()}; {fix}") from None
 
 
 def help_text(parser: Any) -> str:
@@ -212,6 +224,7 @@ def parse_launch(args: Any) -> "LaunchOptions":
             raise ConfigError(f"{what} must be a whole number >= {floor}; got {value!r}")
         return int(text)
 
+    _refuse_others_options(args)
     orphan = parse_number(args.orphan_timeout, "--orphan-timeout", "seconds")
     start = parse_number(args.start_timeout, "--start-timeout", "seconds")
     listen = args.listen
@@ -231,6 +244,30 @@ def parse_launch(args: Any) -> "LaunchOptions":
                          orphan_timeout_s=orphan or ORPHAN_TIMEOUT_S, start_timeout_s=start or START_TIMEOUT_S,
                          partition=args.partition, time=args.time, srun_args=args.srun_args or "",
                          spares=_spares(args.spares), name=_name(getattr(args, "name", None)))
+
+
+#: the options only some launchers read (``launcher_options``' help says whose): given to another
+#: launcher they were ignored without a word (``--partition gpu`` on this host's ranks)
+_CALLBACK_OPTIONS = ("nodes", "nproc_per_node", "listen", "port", "orphan_timeout", "start_timeout")
+_SLURM_OPTIONS = ("partition", "time", "srun_args")
+_READ_BY = {"local": (), "attach": _CALLBACK_OPTIONS, "slurm": _CALLBACK_OPTIONS + _SLURM_OPTIONS}
+
+
+def _refuse_others_options(args: Any) -> None:
+    """Refuse an option that ``--launcher`` does not read (a launcher of a plugin's is not checked:
+    which options it reads is its own)."""
+    launcher = getattr(args, "launcher", "local")
+    if launcher not in _READ_BY:
+        return
+    parts = []
+    for names, whose in ((_CALLBACK_OPTIONS, "--launcher slurm or attach"), (_SLURM_OPTIONS, "--launcher slurm")):
+        given = [f"--{name.replace('_', '-')}" for name in names
+                 if name not in _READ_BY[launcher] and getattr(args, name, None) not in (None, "")]
+        if given:
+            parts.append(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for {whose}")
+    if parts:
+        raise ConfigError(f"{'; '.join(parts)}, and this start's launcher is {launcher}: give the launcher "
+                          "they are for, or leave them out")
 
 
 def _name(value: str | None) -> str | None:
@@ -300,4 +337,4 @@ def parse_run(parser: Any, line: str) -> RunRequest | None:
 
 __all__ = ["launcher_options", "parse_launch", "parse_cpu_bind", "magic_arguments", "argument", "timeout_option", "ranks_option", "topology_options",
            "tail_option", "hang_notice_option", "stdin_ranks_option", "max_mb_option", "parse", "parse_max_mb", "parse_hang_notice", "parse_ranks", "parse_run",
-           "split_line", "ConfigError"]
+           "split_line", "asks_help", "ConfigError"]

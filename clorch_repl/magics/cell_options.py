@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .arguments import parse, parse_hang_notice, parse_max_mb, parse_ranks, split_line
+from .arguments import asks_help, parse, parse_hang_notice, parse_max_mb, parse_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def cell_options(magic: Callable[..., Any], line: str, *, quiet_help: bool = Fal
     None after printing the help (only None with ``quiet_help``: the head start asks, and the
     magic prints it). Bad input raises ``UsageError`` (the parser's own) or
     :class:`~clorch_repl.errors.ClorchError` (a value the parser let through)."""
-    if "-h" in line and {"-h", "--help"} & set(split_line(line)):
+    if "-h" in line and asks_help(magic, line):
         return None if quiet_help else parse(magic, line)  # the help, printed every time it is asked for
     # Memoised by the function under a bound magic: its parser is the function's (magic_arguments),
     # and a key holding the ClorchMagics would keep an unloaded extension's instance alive.

@@ -66,6 +66,14 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch start --nproc '0'", "--nproc must be at least 1; got 0"),
     ('%clorch start --name "a b', "cannot read '--name \"a b': no closing quotation; close the quote"),
     ("%clorch run 'train.py", "cannot read \"'train.py\": no closing quotation"),
+    # options of other launchers were ignored without a word
+    ("%clorch start --partition gpu", "--partition is for --launcher slurm, and this start's launcher is local: "
+                                      "give the launcher they are for, or leave them out"),
+    ("%clorch start --nodes 2 --port 5000 --srun-args -N2", "--nodes, --port are for --launcher slurm or attach; "
+                                                            "--srun-args is for --launcher slurm, and"),
+    ("%clorch start --launcher attach --time 10", "--time is for --launcher slurm, and this start's launcher is "
+                                                  "attach"),
+    ("%clorch start --name foo\\", "no escaped character; a \\ at the end escapes nothing: remove it"),
     ("%%distributed\nprint(1)", "no ranks are running: run %clorch start first"),
     ("%clorch logs 0", "no ranks are running: run %clorch start first"),
     ("%clorch interrupt", "no ranks are running"),
@@ -85,12 +93,16 @@ def test_option_values_are_read_without_their_quotes(magics: Any) -> None:
     from clorch_repl.magics.arguments import parse, parse_launch
     from clorch_repl.magics.cell_options import cell_options
 
-    args = parse(magics._start, "--name 'alice-train' --srun-args \"--gres=gpu:8 --exclusive\" --nproc '2'")
+    args = parse(magics._start, "--launcher slurm --name 'alice-train' --srun-args \"--gres=gpu:8 --exclusive\" "
+                                "--nproc '2'")
     options = parse_launch(args)
     assert (options.name, options.srun_args, args.nproc) == ("alice-train", "--gres=gpu:8 --exclusive", "2")
     assert parse(magics._detach, '--keep-for "2h" --name "bob.1"').keep_for == "2h"
     assert parse(magics._detach, "--keep-for '-5m'").keep_for == "-5m"  # the option's own check refuses it
     assert cell_options(magics.distributed, "--ranks '0,2' --gather 'out'").ranks == (0, 2)
+    # srun's own -h as --srun-args' value is no request for %clorch start's help (it printed the help)
+    assert parse(magics._start, "--launcher slurm --srun-args '-h'").srun_args == "-h"
+    assert parse(magics._start, "--launcher slurm -h") is None  # the help, printed
 
 
 def test_help_works_for_every_command(no_session: Any) -> None:
