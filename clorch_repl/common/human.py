@@ -35,8 +35,8 @@ def duration(seconds: float | None) -> str:
 
 
 def span(seconds: float) -> str:
-    """A duration the user gave, in their unit: ``2 d``, ``1 h``, ``30 min``, ``90 s``
-    (``--keep-for``; whole days are days: ``30d`` said as ``720 h`` was not the user's unit)."""
+    """A duration the user gave, in its largest whole unit: ``2 d``, ``1 h``, ``30 min``, ``90 s``
+    (``--keep-for``: ``30d`` said as ``720 h`` was hard to read; ``24h`` is said ``1 d``)."""
     if seconds % 86400 == 0:
         return f"{seconds / 86400:.0f} d"
     if seconds % 3600 == 0:

@@ -358,9 +358,14 @@ def status_rows() -> tuple[list[str], list[list[str]]]:
                                                       else "" if alive else " (gone)")
         since = None if alive else hold.unowned_since(record.dir)
         idle = "-" if since is None else f"{now - since:.0f} s"
-        until = ("while owned" if alive else
-                 time.strftime("%H:%M:%S", time.localtime(since + record.keep_for_s)) if since else "?")
+        until = "while owned" if alive else _clock(since + record.keep_for_s, now) if since else "?"
         topo = record.topology
         rows.append([name, f"{topo.nproc} x {topo.backend}", record.host, record.launcher, "running", gpu_memory(record, by_pid),
                      owner, idle, until])
     return header, rows
+
+
+def _clock(when: float, now: float) -> str:
+    """A time of day, with its date when it is not within the next day (``--keep-for`` may run
+    up to 30 days: a bare ``14:02:11`` could be any of them)."""
+    return time.strftime("%H:%M:%S" if when - now < 86400 else "%Y-%m-%d %H:%M", time.localtime(when))

@@ -411,3 +411,15 @@ def test_with_no_rank_left_the_advice_is_what_the_launcher_can_do() -> None:
         survivors(local, [0, 1], "ranks 0-1 died")
     with pytest.raises(ClorchError, match=r"\(ranks 0-1 died\): a detached session cannot start \[0, 1\]$"):
         survivors(detached, [0, 1], "ranks 0-1 died")
+
+
+def test_sessions_until_column_gives_the_date_when_the_end_is_days_away() -> None:
+    # --keep-for runs up to 30 days: "14:02:11" alone could have been any of them
+    import re
+    import time
+
+    from clorch_repl.session.reattach import _clock
+
+    now = time.time()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", _clock(now + 3600, now))
+    assert _clock(now + 3 * 86400, now) == time.strftime("%Y-%m-%d %H:%M", time.localtime(now + 3 * 86400))
