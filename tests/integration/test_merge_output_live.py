@@ -121,3 +121,16 @@ def test_kernel_a_slow_ranks_copy_does_not_hold_the_fast_ranks_line(nb: Any) -> 
     assert reply.status == "ok", reply.text
     assert shown_after < 3.0, f"rank 0's line took {shown_after:.1f} s to show"  # rank 1 prints at 4 s
     assert "[rank 1] checkpoint saved" in stdout_of(reply) and "[ranks" not in stdout_of(reply)
+
+
+def test_kernel_a_warning_before_a_print_stays_before_it(nb: Any) -> None:
+    """A rank's stderr and stdout each went out on their own timer, and a cell's end flushed
+    stdout first: a warning (or a log line) written before a print showed after it on every rank,
+    in every such cell. Ten cells, each rank's lines in the order it wrote them."""
+    for _ in range(10):
+        reply = nb.run("%%distributed\nimport sys\nsys.stderr.write(f'first {rank}\\n')\nprint(f'second {rank}')\n"
+                       "sys.stderr.write(f'third {rank}\\n')")
+        assert reply.status == "ok", reply.text
+        for rank in (0, 1):
+            mine = [line for line in reply.text.splitlines() if line.startswith(f"[rank {rank}] ")]
+            assert mine == [f"[rank {rank}] {word} {rank}" for word in ("first", "second", "third")], reply.text
