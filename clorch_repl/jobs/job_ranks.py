@@ -140,8 +140,8 @@ class LocalJobRanks(JobRanks):
             raise ConfigError(f"nodes={nodes!r} needs launcher='slurm' (a local job runs on this host)")
         try:
             return resolve_topology(nproc_per_node, devices, backend, pg_timeout_s)
-        except TopologyError as exc:  # said with launch()'s own argument names
-            raise ConfigError(exc.spelled(LAUNCH_NAMES)) from None
+        except TopologyError as exc:  # said with launch()'s own argument names, as local_session does
+            raise exc.naming(**LAUNCH_NAMES) from None
 
     def environment(self, rank: int) -> dict[str, str]:
         plan = self.plan

@@ -37,8 +37,7 @@ COALESCE_S = 0.1
 #: True while a cell's code runs; outside it (the kernel's own flush at a cell's end) every
 #: flush is done, so nothing of a cell is published after the cell's reply.
 _in_cell = False
-#: the rank's stream written to last, and when a switch last sent the other's text
-#: (RankOutStream._after_the_other)
+#: the rank's stream written to last (RankOutStream._after_the_other)
 _last_stream: "RankOutStream | None" = None
 #: The messages switches of streams may send: a burst of SWITCH_BURST, then SWITCH_RATE a second.
 #: Each costs the writing thread about 0.1 ms on the 2-core box (a cell alternating stdout and
@@ -265,9 +264,9 @@ class RankOutStream(OutStream):
         thread ran late and sent this stream's later text with its own, ahead of the other's (seen
         in 7 of 30 cells). Only a switch of streams costs this: one message, as a flush would, at
         most :data:`SWITCH_RATE` a second after a burst of :data:`SWITCH_BURST` (a switch from a
-        stream with nothing unsent costs nothing and counts for nothing); streams that alternate faster than that (a line to
-        each, thousands a second) are coalesced per stream as ipykernel coalesces them, their
-        interleaving lost, rather than sent as a message a line."""
+        stream with nothing unsent costs nothing and counts for nothing). Streams that alternate
+        faster (a line to each, thousands a second) are coalesced per stream as ipykernel coalesces
+        them, their interleaving lost, rather than sent as a message a line."""
         global _last_stream, _switch_tokens, _switch_at
         other, _last_stream = _last_stream, self
         if (other is None or other is self or not other._unsent or other.pub_thread is None
