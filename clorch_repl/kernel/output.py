@@ -25,6 +25,7 @@ import time
 
 from ipykernel.iostream import OutStream
 
+from ..common.ctrl_c import ctrl_c_deferred
 from ..wire.limits import Budget, Limits, held_display
 from .pace import Pace
 from .tracebacks import interrupts_at_users_line
@@ -277,7 +278,12 @@ class RankOutStream(OutStream):
         _switch_at = now
         if _switch_tokens >= 1:
             _switch_tokens -= 1
-            other._flush()  # ipykernel's buffers are rotated under their lock: safe beside its thread
+            # ipykernel rotates its buffers under their lock (safe beside its thread); a Ctrl-C
+            # between taking the text and handing it over would lose it: raised once it is sent
+            with ctrl_c_deferred() as deferred:
+                other._flush()
+            if deferred.came:
+                raise KeyboardInterrupt
 
     @property
     def _line_starts(self) -> dict:

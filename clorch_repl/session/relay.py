@@ -34,7 +34,7 @@ from .group_abort import Freed, free_group
 from .hang_watch import HangWatch
 from .ledger import CommMessage, DebugEvent, EndOfFile, Effect, InputRequest, Ledger, Show
 from .protocol import CellOutcome, CellRequest, Status
-from .ctrl_c import ctrl_c_deferred
+from ..common.ctrl_c import ctrl_c_deferred
 from .sink import OutputSink, PlainSink, complete_sink
 from .hooks import NoStdin, StdinHook, stdin_of
 from .stdin import StdinBroker

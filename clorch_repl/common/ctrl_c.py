@@ -1,6 +1,8 @@
-"""Ctrl-C held back while a cell is sent to its ranks, so that it goes to all of them or to none.
+"""Ctrl-C held back while something must happen whole: a cell sent to its ranks (it goes to all of
+them or to none), a rank's output handed over (:mod:`clorch_repl.kernel.output`: text taken from a
+stream's buffer and not yet sent would be lost).
 
-Why: a cell sent to some ranks and then lost (KeyboardInterrupt between two sends, or between a
+Why, for the relay: a cell sent to some ranks and then lost (KeyboardInterrupt between two sends, or between a
 send and the note of its message id) would leave those ranks running with nobody reading them,
 and the next cell would find them busy. Kernel > Interrupt during the sends is noted, not
 raised; once every rank has the cell, the relay then hands back the cell marked interrupted, and
