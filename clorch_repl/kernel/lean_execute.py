@@ -13,7 +13,6 @@ Imported on a rank only (ipykernel at module level).
 from __future__ import annotations
 
 import _signal
-import atexit
 import logging
 import os
 import sys
@@ -27,17 +26,11 @@ from zmq.eventloop.zmqstream import ZMQStream
 
 from ..wire.limits import Limits
 from ..wire.framing import (CELL_NUMBER_KEY, COMPACT_REPLY_KEY, COUNTED_KEY, IOPUB_COUNT_KEY, OUTPUT_LIMITS_KEY,
-                            REPLY_TO_KEY, MessageEncoder, compact_reply, lean_reply, read_lean_execute)
+                            MessageEncoder, compact_reply, lean_reply, read_lean_execute)
 
 logger = logging.getLogger(__name__)
 
-_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
-#: How long a closing reply socket may still try to hand over a reply (ms): the rank is ending,
-#: or the notebook that asked for them went away
-REPLY_LINGER_MS = 200
-#: The longest wait between the reply socket's tries to reach a relay that went away (ms; ZeroMQ
-#: starts at 100 and doubles): a detached session's ranks do not wake ten times a second for it
-REPLY_RECONNECT_MAX_MS = 5000
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class LeanExecute:
@@ -50,9 +43,6 @@ class LeanExecute:
     _next_limits: Limits | None = None
     #: signs the replies to lean requests (made at the first one, with the kernel's session)
     _reply_encoder: MessageEncoder | None = None
-    #: (address, PUSH socket) where the relay reads compact replies (wire.REPLY_TO_KEY), once asked
-    _reply_to: tuple[str, zmq.Socket] | None = None
-    _reply_closes_at_exit = False
 
     @property
     def _supports_kernel_subshells(self) -> bool:
@@ -223,69 +213,22 @@ class LeanExecute:
         count = len(self._counting[1]) if self._counting is not None else None  # the streams are flushed
         if self._reply_encoder is None:
             self._reply_encoder = MessageEncoder(self.session)
-        compact = compact and count is not None
-        if compact:
+        if compact and count is not None:
             frame = compact_reply(self._reply_encoder, self.session, parent["msg_id"], count, reply_content)
         else:
             metadata = self.finish_metadata(parent, metadata or self.init_metadata(parent), reply_content)
             if count is not None:
                 metadata[IOPUB_COUNT_KEY] = count
             frame = lean_reply(self._reply_encoder, self.session, "execute_reply", reply_content, parent, metadata)
-        if compact and self._send_to_relay(cell_meta.get(REPLY_TO_KEY), frame, stream):
-            pass  # on the relay's one socket for every rank's replies, not on shell
-        elif isinstance(stream, ZMQStream) and not stream.sending():
+        if isinstance(stream, ZMQStream) and not stream.sending():
             # this thread's own socket, nothing queued before: send now, past the stream's queue
-            stream.socket.send_multipart([*idents, frame])  # one frame: only the relay reads it (wire.lean_reply)
+            stream.socket.send_multipart([*idents, frame])  # one frame: only the relay reads it (wire.compact_reply)
             _rearm(stream)
         else:
             stream.send_multipart([*idents, frame])
         if not silent and reply_content["status"] == "error" and content.get("stop_on_error", True):
             self._abort_queues(None)
         return True
-
-    def _send_to_relay(self, address: object, frame: bytes, stream) -> bool:  # type: ignore[no-untyped-def]
-        """Send a compact reply to the relay's reply socket at ``address`` (wire.REPLY_TO_KEY);
-        False (the caller replies on shell) when none was given or the send would wait.
-
-        The relay reads one socket for every rank's replies instead of one a rank: at 64 ranks
-        the notebook's poll, its socket looks and its reads, one rank at a time, were a good part
-        of its 50 us a rank an empty cell (docs/PERFORMANCE.md). Only an ``ipc://`` address in the
-        relay's private folder is taken (the relay asks only where every rank is on its host); a
-        new address (another notebook kernel connected to this detached session) replaces the
-        socket, whose unsent replies belonged to a notebook that is gone."""
-        if not isinstance(address, str) or not address.startswith("ipc://"):
-            return False
-        held = self._reply_to
-        if held is None or held[0] != address:
-            if held is not None:
-                held[1].close(linger=0)
-                self._reply_to = None
-            try:
-                # the shell socket's context: its one I/O thread, not another a rank
-                sock = getattr(stream, "socket", stream).context.socket(zmq.PUSH)
-                sock.linger = REPLY_LINGER_MS
-                sock.reconnect_ivl_max = REPLY_RECONNECT_MAX_MS  # a notebook gone: tried again less often
-                sock.connect(address)
-            except zmq.ZMQError as exc:
-                self.log.warning("clorch_repl: cannot reach the relay's reply socket %s (%s); replying on shell",
-                                 address, exc)
-                return False
-            if not self._reply_closes_at_exit:  # before ipykernel's close, whose term would wait for it
-                atexit.register(self._close_reply_socket)
-                self._reply_closes_at_exit = True
-            held = self._reply_to = (address, sock)
-        try:
-            held[1].send(frame, _NOBLOCK)
-        except zmq.Again:  # the relay has not read a thousand replies: it went away; shell it is
-            return False
-        return True
-
-    def _close_reply_socket(self) -> None:
-        """At the rank's ordinary exit (atexit, registered after ipykernel's, so run before it):
-        the reply socket closed, or the context's ``term`` would wait for it for good."""
-        held, self._reply_to = self._reply_to, None
-        if held is not None:
-            held[1].close()
 
 
 def _rearm(stream: ZMQStream) -> None:

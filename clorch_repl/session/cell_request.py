@@ -11,20 +11,17 @@ from .cell_run import CellRun
 from .protocol import CellRequest
 from .stdin import StdinBroker
 from ..wire.framing import (CELL_NUMBER_KEY, COMPACT_REPLY_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK,
-                            OUTPUT_LIMITS_KEY, REPLY_TO_KEY, pack)
+                            OUTPUT_LIMITS_KEY, pack)
 
 
 def packed_request(request: CellRequest, silent: bool, allowed: bool, front: bool,
-                   no_front: str, reply_to: str | None = None) -> tuple[bytes, bytes]:
+                   no_front: str) -> tuple[bytes, bytes]:
     """(metadata, content) of the cell's request, packed; allow_stdin only where its prompts
     can reach the front end (see clorch_repl.session.stdin); otherwise the rank's kernel
-    raises with the reason. The ranks reply in the compact form, to ``reply_to`` where given
-    (the relay's one reply socket, see clorch_repl.session.channels)."""
+    raises with the reason. The ranks reply in the compact form (wire.COMPACT_REPLY_KEY)."""
     content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                    allow_stdin=allowed, stop_on_error=False)
     metadata: dict[str, Any] = {LEAN_KEY: True, COMPACT_REPLY_KEY: True}
-    if reply_to is not None:
-        metadata[REPLY_TO_KEY] = reply_to
     if request.output_limits is not None:
         metadata[OUTPUT_LIMITS_KEY] = request.output_limits.to_wire()
     if request.cell_number is not None and not silent:

@@ -11,9 +11,6 @@ live from all ranks at once with no threads to leak.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import time
 import warnings
 from queue import Empty
@@ -26,7 +23,7 @@ from ..diagnosis.probe import Prober
 from ..errors import ClorchError, SignatureError
 from ..launchers.base import Launcher
 from ..common.rank_sets import rank_words
-from ..wire.framing import MessageDecoder, MessageEncoder, compact_parts, request_prefix
+from ..wire.framing import MessageDecoder, MessageEncoder
 from .ready_sockets import ReadySockets
 
 logger = logging.getLogger(__name__)
@@ -35,8 +32,6 @@ logger = logging.getLogger(__name__)
 #: iopub neither starves the other sockets (its shell reply included) nor the cell's deadlines.
 PUMP_BATCH = 256
 KINDS = ("iopub", "shell", "stdin")
-#: The owner of the relay's reply socket (see :meth:`Channels.reply_to`): its messages name their rank
-REPLIES = (-2, "replies")
 #: pyzmq's constants are enums, whose ``&`` and lookups cost a Python call each: in the read loop,
 #: which runs for every message of every rank, their plain values
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
@@ -73,11 +68,6 @@ class Channels:
         self.prober = Prober()
         #: one ZeroMQ context (one I/O thread) for every rank's channels; see :meth:`connect`
         self._context = zmq.Context(io_threads=IO_THREADS)
-        #: the one socket every rank sends its compact replies to, and its folder (see :meth:`reply_to`)
-        self._replies: Any = None
-        self._replies_dir = self._replies_address = ""
-        #: whose a reply on that socket is: each rank's request msg_id prefix (MessageEncoder.id_prefix)
-        self._by_prefix: dict[bytes, int] = {}
 
     def connect(self, progress: Callable[[int, int], None], timeout_s: float = 120.0,
                 ranks: Sequence[int] | None = None, late: tuple[float, Callable[[], None]] | None = None) -> None:
@@ -99,8 +89,7 @@ class Channels:
             client.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=False)
             self.clients[proc.rank] = client
             self._decoders[proc.rank] = MessageDecoder(client.session)
-            self._encoders[proc.rank] = encoder = MessageEncoder(client.session)
-            self._by_prefix[encoder.id_prefix.encode()] = proc.rank
+            self._encoders[proc.rank] = MessageEncoder(client.session)
             self.prober.add(proc.rank, client, self._decoders[proc.rank])
             ready_kinds[proc.rank] = set()
             self._register(proc.rank, client)
@@ -132,9 +121,7 @@ class Channels:
         self.prober.remove(rank)
         self._shell.pop(rank, None)
         self._decoders.pop(rank, None)
-        encoder = self._encoders.pop(rank, None)
-        if encoder is not None:
-            self._by_prefix.pop(encoder.id_prefix.encode(), None)
+        self._encoders.pop(rank, None)
         client.stop_channels()
 
     def _await_ready(self, seen: dict[int, set[str]], progress: Callable[[int, int], None],
@@ -203,31 +190,6 @@ class Channels:
                 if sock in self.ready:
                     self.ready.touched(sock)
 
-    @property
-    def reply_to(self) -> str | None:
-        """Where the ranks send their replies to the relay's cells: the ``ipc://`` address of one
-        socket for all of them while every rank's channels are IPC (on this host: a local or a
-        detached local session); None (each replies on its shell) while any rank is reached
-        over TCP (another host, an adopted torchrun), which could not reach it.
-
-        Why one socket: at 64 ranks the notebook's main thread spent about 50 us a rank an
-        empty cell, and a good part of it went in finding which of 64 shell sockets held a reply
-        and reading each (the poll, a look per socket, a receive per reply, docs/PERFORMANCE.md).
-        Replies that come together are read from one socket in one pass. The socket lives in a
-        private folder (0700) of its own; a reply is taken only with its rank's signature."""
-        if not self.clients or any(c.transport != "ipc" for c in self.clients.values()):
-            return None
-        if self._replies is None:
-            self._replies_dir = tempfile.mkdtemp(prefix="clorch-replies-")  # 0700: this user's ranks only
-            sock = self._context.socket(zmq.PULL)
-            sock.linger = 0
-            self._replies_address = f"ipc://{os.path.join(self._replies_dir, 'r')}"
-            sock.bind(self._replies_address)
-            self.ready.register(sock, swept=False)  # only the read loop acts on it (as on iopub)
-            self._owner[sock] = REPLIES
-            self._replies = sock
-        return self._replies_address
-
     def new_prober(self) -> Prober:
         """A prober of every rank with sockets and signature checks of its own (``%clorch top``,
         whose questions must not take the relay's answers): ZeroMQ sockets and the replay check
@@ -282,7 +244,7 @@ class Channels:
             rank, kind = self._owner[sock]
             if kind == "front":  # the front end's answer: read by the cell's stdin broker (stays suspect)
                 continue
-            decoder = self._decoders.get(rank)  # None: the reply socket (REPLIES), whose messages name their rank
+            decoder = self._decoders[rank]
             for i in range(PUMP_BATCH):
                 # the poll said the first message is there; after it the socket is asked, not found
                 # out by a zmq.Again (an exception a socket a pass costs ~10 us)
@@ -293,37 +255,15 @@ class Channels:
                     frames = _receive(sock)
                 except zmq.Again:
                     break
-                msg: dict[str, Any] | None
                 try:
-                    if decoder is None:
-                        rank, msg = self._reply(frames)
-                    else:
-                        msg = decoder.decode(frames)
+                    msg = decoder.decode(frames)
                 except SignatureError as exc:
                     self._rejected += 1
                     if self._rejected == 1:
-                        sender = "the ranks' reply socket" if decoder is None else f"rank {rank}"
-                        warnings.warn(f"clorch_repl: dropped a message from {sender}: {exc}", RuntimeWarning,
+                        warnings.warn(f"clorch_repl: dropped a message from rank {rank}: {exc}", RuntimeWarning,
                                       stacklevel=2)
                     continue
-                if msg is not None:
-                    yield rank, ("shell" if decoder is None else kind), msg
-
-    def _reply(self, frames: list[bytes]) -> tuple[int, dict[str, Any] | None]:
-        """The rank a message of the reply socket is from (its request's msg_id says), and the
-        reply, checked with that rank's key (SignatureError naming the rank when it fails); no
-        reply for a message of no rank connected now (a replaced rank's last words, a forgery:
-        said in the log, as nothing waits for it)."""
-        parts = compact_parts(frames[0]) if len(frames) == 1 else None
-        rank = -1 if parts is None else self._by_prefix.get(request_prefix(parts[1]), -1)
-        decoder = self._decoders.get(rank)
-        if decoder is None or parts is None:
-            logger.info("clorch_repl: a reply of no connected rank was dropped (%d bytes)", sum(map(len, frames)))
-            return rank, None
-        try:
-            return rank, decoder.decode_compact(frames[0], parts)
-        except SignatureError as exc:
-            raise SignatureError(f"rank {rank}: {exc}") from None
+                yield rank, kind, msg
 
     def close(self) -> None:
         self.prober.close()
@@ -337,10 +277,5 @@ class Channels:
         self.clients.clear()
         self._shell.clear()
         self._owner.clear()
-        self._by_prefix.clear()
         self.ready.close()
-        if self._replies is not None:
-            self._replies.close(linger=0)
-            self._replies = None
-            shutil.rmtree(self._replies_dir, ignore_errors=True)
         self._context.destroy(linger=100)  # as jupyter_client ends the context a client made itself

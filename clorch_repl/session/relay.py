@@ -275,11 +275,11 @@ class Relay(AsksRanks):
         ranks allowed stdin and once for the others (wire.NO_STDIN_RANK: the rank puts in its number)."""
         packed: dict[bool, tuple[bytes, bytes]] = {}
         date = utc_date()  # one a cell: the requests are sent within a few milliseconds
-        send, sent, reply_to = self.channels.send, run.sent, self.channels.reply_to
+        send, sent = self.channels.send, run.sent
         for rank in request.ranks:
             allowed = front and (request.stdin_ranks is None or rank in request.stdin_ranks)
             if allowed not in packed:
-                packed[allowed] = packed_request(request, silent, allowed, front, no_front, reply_to)
+                packed[allowed] = packed_request(request, silent, allowed, front, no_front)
             metadata, content = packed[allowed]
             sent(rank, send(rank, "execute_request", metadata, content, date=date))
 

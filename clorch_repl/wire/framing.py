@@ -76,16 +76,11 @@ COUNTED_KEY = "clorch_counted"
 #: (:func:`compact_reply`). Asked for by the request, so that a rank and a notebook of different
 #: versions (a detached session reconnected after an upgrade) still understand each other.
 COMPACT_REPLY_KEY = "clorch_compact"
-#: In the metadata of a relay's execute request: an ``ipc://`` address where the relay reads every
-#: rank's compact replies on one socket (``clorch_repl.session.channels``), instead of one shell
-#: socket a rank; a rank that cannot send there replies on shell.
-REPLY_TO_KEY = "clorch_reply_to"
-#: How a compact reply starts: then its signature, the request's msg_id (in the clear: the relay
-#: finds the rank, whose key checks the signature, from it), and one JSON array, ``[reply's
-#: msg_id, iopub count, content]``, joined by :data:`SEPARATOR`. The signature covers this magic,
-#: the msg_id and the array, so that no signed Jupyter message can be passed off as one. A lean
-#: reply's five JSON parts (its parent the whole request header, its metadata ipykernel's) cost
-#: the notebook 5.2 us to check and read and a rank 9.4 us to build (2-core box); this 2.1 and 2.8.
+#: How a compact reply starts: then its signature and one JSON array, ``[reply's msg_id, request's
+#: msg_id, iopub count, content]``, joined by :data:`SEPARATOR`. The signature covers this magic
+#: and the array, so that no signed Jupyter message can be passed off as one. A lean reply's five
+#: JSON parts (its parent the whole request header, its metadata ipykernel's) cost the notebook
+#: 5.2 us to check and read and a rank 9.4 us to build (2-core box); this 2.1 and 2.8.
 REPLY_MAGIC = b"clorch-reply/1\x00"
 
 
@@ -197,24 +192,15 @@ class MessageEncoder:
         """A fresh msg_id of this encoder's (a compact reply's own)."""
         return f"{self._id_prefix}{next(self._count)}"
 
-    @property
-    def id_prefix(self) -> str:
-        """What every msg_id of this encoder starts with: the relay finds a rank's compact
-        replies by their request's (see :meth:`MessageDecoder.request_prefix`)."""
-        return self._id_prefix
-
-    def compact(self, parent_id: str, body: bytes) -> bytes:
+    def compact(self, body: bytes) -> bytes:
         """The signed frame of a compact reply (:data:`REPLY_MAGIC`) whose array is ``body``."""
-        parent = parent_id.encode("utf8", errors="surrogateescape")
         signature = b""
         if self._auth is not None:
             mac = self._auth.copy()
             mac.update(REPLY_MAGIC)
-            mac.update(parent)
-            mac.update(SEPARATOR)
             mac.update(body)
             signature = mac.hexdigest().encode()
-        return REPLY_MAGIC + SEPARATOR.join((signature, parent, body))
+        return REPLY_MAGIC + signature + SEPARATOR + body
 
 
 def lean_reply(encoder: MessageEncoder, session: Session, msg_type: str, content: dict[str, Any],
@@ -234,22 +220,7 @@ def compact_reply(encoder: MessageEncoder, session: Session, parent_id: str, cou
     """In a rank's kernel: the one frame of its compact reply (:data:`REPLY_MAGIC`) to the lean
     request ``parent_id``, which sent ``count`` iopub messages; packed by the session's own packer
     (its fallbacks for what plain JSON cannot hold) and signed with its key."""
-    return encoder.compact(parent_id, session.pack([encoder.next_id(), count, content]))
-
-
-def compact_parts(frame: bytes) -> tuple[bytes, bytes, bytes] | None:
-    """A compact reply's signature, request msg_id and array (:data:`REPLY_MAGIC`); None for any
-    other frame. Nothing in them is checked yet (:meth:`MessageDecoder.decode_compact` does)."""
-    if not frame.startswith(REPLY_MAGIC):
-        return None
-    parts = frame[len(REPLY_MAGIC):].split(SEPARATOR, 2)
-    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
-
-
-def request_prefix(msg_id: bytes) -> bytes:
-    """What a msg_id of one of :class:`MessageEncoder`'s starts with (its ``id_prefix``, encoded):
-    which rank's request it is."""
-    return msg_id.rpartition(b"_c")[0] + b"_c"
+    return encoder.compact(session.pack([encoder.next_id(), parent_id, count, content]))
 
 
 def read_lean_execute(session: Session, frames: list[Any]) -> tuple[list[bytes], dict[str, Any]] | None:
@@ -363,15 +334,11 @@ class MessageDecoder:
                 "metadata": _unpack(metadata), "content": _unpack(content), "buffers": parts[5:]}
 
     def _compact(self, frame: bytes) -> dict[str, Any]:
-        parts = compact_parts(frame)
-        if parts is None:
-            raise SignatureError("malformed compact reply: not 3 parts")
-        return self.decode_compact(frame, parts)
-
-    def decode_compact(self, frame: bytes, parts: tuple[bytes, bytes, bytes]) -> dict[str, Any]:
-        """A compact reply (``frame``, split by :func:`compact_parts`) read as the execute_reply
-        it stands for, once its signature is checked (SignatureError otherwise)."""
-        signature, parent, body = parts
+        """A compact reply (:data:`REPLY_MAGIC`) read as the execute_reply it stands for, once its
+        signature is checked."""
+        signature, sep, body = frame[len(REPLY_MAGIC):].partition(SEPARATOR)
+        if not sep:
+            raise SignatureError("malformed compact reply: no signature")
         if self._auth is not None:
             if not signature:
                 raise SignatureError("unsigned message")
@@ -379,19 +346,19 @@ class MessageDecoder:
                 raise SignatureError("replayed message")
             mac = self._auth.copy()
             mac.update(REPLY_MAGIC)
-            mac.update(memoryview(frame)[len(REPLY_MAGIC) + len(signature) + 1:])  # the msg_id and the array
+            mac.update(body)
             if not compare_digest(signature, mac.hexdigest().encode()):
                 raise SignatureError("invalid signature")
             self._remember(signature)
         try:
-            own, count, content = _unpack(body)
+            own, parent, count, content = _unpack(body)
         except (ValueError, TypeError) as exc:  # signed, yet not the array a rank writes
             raise SignatureError(f"malformed compact reply: {exc}") from None
         if not isinstance(content, dict):
             raise SignatureError("malformed compact reply: its content is not an object")
         return {"header": {"msg_id": own, "msg_type": "execute_reply"}, "msg_type": "execute_reply",
-                "parent_header": {"msg_id": parent.decode("utf8", "replace")},
-                "metadata": {IOPUB_COUNT_KEY: count}, "content": content, "buffers": []}
+                "parent_header": {"msg_id": parent}, "metadata": {IOPUB_COUNT_KEY: count}, "content": content,
+                "buffers": []}
 
     def _remember(self, signature: bytes) -> None:
         self._seen.add(signature)

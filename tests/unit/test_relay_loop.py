@@ -63,7 +63,6 @@ class FakeChannels:
         self.queue: list[tuple[int, str, dict[str, Any]]] = []
         self.answered: list[tuple[int, str]] = []
         self.prober = FakeProber({})
-        self.reply_to = None  # each rank answers on its own channels here
 
     def send(self, rank: int, msg_type: str, content: Any, metadata: Any, date: str | None = None) -> str:
         msg_id = f"m{rank}"
