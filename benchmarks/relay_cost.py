@@ -1,6 +1,6 @@
 """The notebook side's CPU per rank per empty cell (issue 39): what the relay costs, serially.
 
-    python benchmarks/relay_cost.py [--nprocs 16,32] [--cells 200] [--blocks 5] [--profile 30]
+    python benchmarks/relay_cost.py [--nprocs 16,32] [--cells 200] [--blocks 5] [--profile 30] [--ab-compact 12]
 
 Starts a session of N gloo ranks in this process through the engine (no IPython, no notebook
 kernel: the relay is driven as the magic drives it), warms it up, then runs ``--blocks`` blocks
@@ -17,11 +17,15 @@ For an A/B comparison run it from the root of each tree (the ranks import clorch
 working directory, which this script also puts first on its path) and alternate the runs.
 ``--profile N``: cProfile of the main thread over one more block, top N by internal time.
 ``--timeline``: one more block, timed inside the cell (the notebook's clock): when the first and
-the last request were sent, when the first and the last reply were read, and the cell's end, each from the
-cell's start, median [p90] over the block; it says whether a cell's wall is the sends, the ranks
-or the reading of the replies. ``--io-threads K``: the notebook's ZeroMQ context gets K I/O
-threads (``channels.IO_THREADS``; 1 is what clorch_repl uses). ``--pin``: the notebook's threads
-on the first core, each rank's threads on one of the others, in turn (an experiment).
+the last request were sent, when the first and the last reply were read, and the cell's end, each
+from the cell's start, median [p90] over the block; it says whether a cell's wall is the sends,
+the ranks or the reading of the replies. ``--ab-compact PAIRS`` measures instead, in one session
+per rank count, the ranks' compact reply (issue 39) against the lean reply's Jupyter form
+(``CLORCH_COMPACT_REPLIES=0``, read by the relay per cell), PAIRS pairs of blocks in alternating
+order, and prints each figure's ratio, median [min-max] over the pairs. ``--io-threads K``: the
+notebook's ZeroMQ context gets K I/O threads (``channels.IO_THREADS``; 1 is what clorch_repl uses).
+``--pin``: the notebook's threads on the first core, each rank's threads on one of the others, in
+turn (an experiment).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import time
 
 sys.path.insert(0, os.getcwd())  # the tree being measured, for this process and (cwd) for the ranks
 
+from clorch_repl.common import env_vars  # noqa: E402
 from clorch_repl.session.engine import CellHooks, local_session  # noqa: E402
 
 CELL = "pass"
@@ -213,6 +218,43 @@ def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool, 
         session.stop()
 
 
+def ab_compact(n: int, cells: int, pairs: int) -> None:
+    """The ranks' compact reply against the Jupyter form of the lean reply (``CLORCH_COMPACT_REPLIES``,
+    read by the relay per cell), in one session: ``pairs`` pairs of blocks, the order alternated
+    pair by pair; each pair's ratio (compact / Jupyter form) of the notebook's CPU a rank a cell,
+    the wall a cell and a rank's CPU a cell, median [min-max] over the pairs."""
+    session = local_session(n, "gloo")
+    session.start()
+    name = env_vars.COMPACT_REPLIES.name
+    before = os.environ.get(name)
+    try:
+        pids = [pid for pid in session.pids() if pid]
+        block(session, max(20, cells // 5))  # warm-up
+        figures: dict[str, list[tuple[float, float, float]]] = {"1": [], "0": []}
+        for i in range(pairs):
+            for value in (("1", "0") if i % 2 == 0 else ("0", "1")):
+                os.environ[name] = value
+                ranks0 = ranks_cpu(pids)
+                cpu, wall, _ = block(session, cells)
+                figures[value].append((cpu / cells / n * 1e6, wall / cells * 1e3,
+                                       (ranks_cpu(pids) - ranks0) / cells / len(pids) * 1e6))
+        for value, label in (("0", "Jupyter form"), ("1", "compact")):
+            rows = figures[value]
+            print(f"n={n} {label:>12}: notebook CPU {statistics.median(r[0] for r in rows):6.2f} us/rank/cell, "
+                  f"wall {statistics.median(r[1] for r in rows):6.2f} ms/cell, "
+                  f"a rank's CPU {statistics.median(r[2] for r in rows):5.0f} us/cell", flush=True)
+        for i, what in enumerate(("notebook CPU a rank a cell", "wall a cell", "a rank's CPU a cell")):
+            ratios = [new[i] / old[i] for new, old in zip(figures["1"], figures["0"])]
+            print(f"n={n} compact / Jupyter form, {what}: {statistics.median(ratios):.3f} "
+                  f"[{min(ratios):.3f}-{max(ratios):.3f}] ({pairs} pairs of {cells} cells)", flush=True)
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+        session.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nprocs", default="16,32")
@@ -222,13 +264,18 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true", help="one more block, timed inside each cell")
     parser.add_argument("--io-threads", type=int, default=0, help="the notebook's ZeroMQ I/O threads")
     parser.add_argument("--pin", action="store_true", help="the notebook on core 0, each rank on one other core")
+    parser.add_argument("--ab-compact", type=int, default=0, metavar="PAIRS",
+                        help="instead: PAIRS pairs of blocks, the ranks' compact reply against the Jupyter form")
     args = parser.parse_args()
     if args.io_threads:
         from clorch_repl.session import channels
         channels.IO_THREADS = args.io_threads
         print(f"the notebook's ZeroMQ context: {args.io_threads} I/O threads", flush=True)
     for n in (int(x) for x in args.nprocs.split(",")):
-        measure(n, args.cells, args.blocks, args.profile, args.timeline, args.pin)
+        if args.ab_compact:
+            ab_compact(n, args.cells, args.ab_compact)
+        else:
+            measure(n, args.cells, args.blocks, args.profile, args.timeline, args.pin)
 
 
 if __name__ == "__main__":

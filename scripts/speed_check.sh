@@ -3,7 +3,7 @@
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
 # (default: all, in this order: launch launch-fsdp checkpoint restart scale; named only: launch-rounds,
-# launch-fresh, fork, spare-cuda); logs go to
+# launch-fresh, fork, spare-cuda, relay-ab); logs go to
 # ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
 # side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
 # About 9 minutes in all on one H200.
@@ -33,6 +33,15 @@ if want spare-cuda; then
     CLORCH_SPARE_CUDA=$v step "spare-cuda-$v-$i" 120 python3 benchmarks/cell_latency.py --iters 5 --nprocs "$n" --backend nccl --restarts 3 --starts 0
   done; done
   CLORCH_SPARE_CUDA=1 step spare-cuda-test 180 python3 -m pytest tests/gpu/test_gpu_spares.py -q -s -p no:cacheprovider
+fi
+# the relay at 64 gloo ranks from this checkout and from each tree in AB_TREES (other versions of
+# clorch_repl, e.g. `git archive publish-cells | tar -x -C .ab/publish`, carried with .ab), alternated
+# twice (not in the default set): relay_cost.py's notebook CPU a rank a cell, wall, and timeline
+if want relay-ab; then
+  for i in 1 2; do for tree in "$PWD" ${AB_TREES:-}; do
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD step "relay-ab-$(basename "$tree")-$i" 150 \
+       python3 benchmarks/relay_cost.py --nprocs 64 --cells 100 --blocks 2 --timeline)
+  done; done
 fi
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
 want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30

@@ -47,6 +47,8 @@ SPARES = Variable("CLORCH_SPARES", "0 or 1: the default of %clorch start --spare
                   "extension warms a set of spares; unset: one set for GPU ranks, none for CPU ranks")
 FORK_RANKS = Variable("CLORCH_FORK_RANKS", "0 starts each local rank as a fresh interpreter; 1 forks the ranks "
                       "from one process that imported torch and the kernel once (Linux; issue 39)", "1")
+COMPACT_REPLIES = Variable("CLORCH_COMPACT_REPLIES", "0: the ranks answer the relay's cells with the lean reply "
+                           "in Jupyter's five parts, as before issue 39's compact reply; 1 compact", "1")
 HEAD_START = Variable("CLORCH_HEAD_START", "0 turns off the head start (a %%distributed cell sent to the ranks "
                       "as it arrives, before IPython runs the magic); 1 keeps it on", "1")
 OUTPUT_LIMIT = Variable("CLORCH_OUTPUT_LIMIT", "characters of output a cell shows per rank before the rest is "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..common import env_vars
 from ..common.rank_sets import rank_words
 from .cell_run import CellRun
 from .protocol import CellRequest
@@ -18,10 +19,14 @@ def packed_request(request: CellRequest, silent: bool, allowed: bool, front: boo
                    no_front: str) -> tuple[bytes, bytes]:
     """(metadata, content) of the cell's request, packed; allow_stdin only where its prompts
     can reach the front end (see clorch_repl.session.stdin); otherwise the rank's kernel
-    raises with the reason. The ranks reply in the compact form (wire.COMPACT_REPLY_KEY)."""
+    raises with the reason. The ranks reply in the compact form (wire.COMPACT_REPLY_KEY) unless
+    ``CLORCH_COMPACT_REPLIES=0`` (read per cell: ``benchmarks/relay_cost.py --ab-compact``
+    alternates the two in one session)."""
     content = dict(code=request.code, silent=silent, store_history=not silent, user_expressions={},
                    allow_stdin=allowed, stop_on_error=False)
-    metadata: dict[str, Any] = {LEAN_KEY: True, COMPACT_REPLY_KEY: True}
+    metadata: dict[str, Any] = {LEAN_KEY: True}
+    if env_vars.COMPACT_REPLIES.get() != "0":
+        metadata[COMPACT_REPLY_KEY] = True
     if request.output_limits is not None:
         metadata[OUTPUT_LIMITS_KEY] = request.output_limits.to_wire()
     if request.cell_number is not None and not silent:

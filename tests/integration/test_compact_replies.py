@@ -35,7 +35,7 @@ def cell(relay: Relay, code: str, sink: PlainSink | None = None):  # type: ignor
     return relay.execute(CellRequest(code, RANKS, timeout_s=60), sink)
 
 
-def test_each_rank_gets_its_own_outcome_and_all_its_output_from_compact_replies() -> None:
+def test_each_rank_gets_its_own_outcome_and_all_its_output_from_compact_replies(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     launcher = LocalLauncher(resolve_topology(len(RANKS), backend="gloo"))
     first = second = None
     try:
@@ -56,6 +56,13 @@ def test_each_rank_gets_its_own_outcome_and_all_its_output_from_compact_replies(
         for rank in RANKS:
             assert lines.text[rank].split() == [f"{rank}:{i}" for i in range(40)], rank
         assert all(cell(first, "pass").ok for _ in range(20))
+        # the lean reply's Jupyter form, where asked for (CLORCH_COMPACT_REPLIES=0), reads the same
+        monkeypatch.setenv("CLORCH_COMPACT_REPLIES", "0")
+        lines = Lines()
+        outcome = cell(first, "print(r)\nif r == 2: raise KeyError(r)", lines)
+        assert [o.status for o in outcome.ranks.values()] == [Status.OK, Status.OK, Status.ERROR]
+        assert {r: t.strip() for r, t in lines.text.items()} == {r: str(r) for r in RANKS}
+        monkeypatch.delenv("CLORCH_COMPACT_REPLIES")
 
         # what the notebook sends a rank on its shell between cells (a widget's message) reaches
         # the rank before the next cell: also when both wait in the rank's sockets, behind something

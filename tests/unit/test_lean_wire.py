@@ -194,3 +194,19 @@ def test_a_part_is_read_exactly_as_json_loads_reads_it(part: bytes) -> None:
             _unpack(part)
         return
     assert _unpack(part) == expected
+
+
+def test_the_relay_asks_for_compact_replies_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request says which form the rank answers in (wire.COMPACT_REPLY_KEY): compact by default,
+    the Jupyter form with CLORCH_COMPACT_REPLIES=0 (read per cell: relay_cost.py --ab-compact)."""
+    from clorch_repl.session.cell_request import packed_request
+    from clorch_repl.session.protocol import CellRequest
+    from clorch_repl.wire.framing import COMPACT_REPLY_KEY
+
+    cell = CellRequest("pass", (0, 1), cell_number=3)
+    monkeypatch.delenv("CLORCH_COMPACT_REPLIES", raising=False)
+    metadata = json.loads(packed_request(cell, False, True, True, "")[0])
+    assert metadata[COMPACT_REPLY_KEY] is True and metadata[LEAN_KEY] is True
+    monkeypatch.setenv("CLORCH_COMPACT_REPLIES", "0")
+    metadata = json.loads(packed_request(cell, False, True, True, "")[0])
+    assert COMPACT_REPLY_KEY not in metadata and metadata[LEAN_KEY] is True and metadata["clorch_cell"] == 3
