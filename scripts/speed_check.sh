@@ -36,8 +36,10 @@ if want spare-cuda; then
 fi
 # the relay at 64 gloo ranks from this checkout and from each tree in AB_TREES (other versions of
 # clorch_repl, e.g. `git archive publish-cells | tar -x -C .ab/publish`, carried with .ab), alternated
-# twice (not in the default set): relay_cost.py's notebook CPU a rank a cell, wall, and timeline
+# twice (not in the default set): relay_cost.py's notebook CPU a rank a cell, wall, and timeline;
+# first, in this checkout, the compact reply against the Jupyter form in one session (--ab-compact)
 if want relay-ab; then
+  step relay-ab-compact 200 python3 benchmarks/relay_cost.py --nprocs 64 --cells 100 --ab-compact 8
   for i in 1 2; do for tree in "$PWD" ${AB_TREES:-}; do
     (cd "$tree" && PYTHONPATH=/tmp/site:$PWD step "relay-ab-$(basename "$tree")-$i" 150 \
        python3 benchmarks/relay_cost.py --nprocs 64 --cells 100 --blocks 2 --timeline)
