@@ -42,6 +42,7 @@ import time
 sys.path.insert(0, os.getcwd())  # the tree being measured, for this process and (cwd) for the ranks
 
 from clorch_repl.common import env_vars  # noqa: E402
+from clorch_repl.wire import framing  # noqa: E402
 from clorch_repl.session.engine import CellHooks, local_session  # noqa: E402
 
 CELL = "pass"
@@ -227,17 +228,29 @@ def ab_compact(n: int, cells: int, pairs: int) -> None:
     session.start()
     name = env_vars.COMPACT_REPLIES.name
     before = os.environ.get(name)
+    compact = [0]  # replies read in the compact form: each block checks it got the form it asked for
+    read = framing.MessageDecoder._compact
+
+    def counted(decoder, frame):  # type: ignore[no-untyped-def]
+        compact[0] += 1
+        return read(decoder, frame)
+
+    framing.MessageDecoder._compact = counted  # type: ignore[method-assign]
     try:
+        print(f"n={n}: clorch_repl from {os.path.dirname(os.path.dirname(framing.__file__))}", flush=True)
         pids = [pid for pid in session.pids() if pid]
         block(session, max(20, cells // 5))  # warm-up
         figures: dict[str, list[tuple[float, float, float]]] = {"1": [], "0": []}
         for i in range(pairs):
             for value in (("1", "0") if i % 2 == 0 else ("0", "1")):
                 os.environ[name] = value
-                ranks0 = ranks_cpu(pids)
+                ranks0, compact0 = ranks_cpu(pids), compact[0]
                 cpu, wall, _ = block(session, cells)
                 figures[value].append((cpu / cells / n * 1e6, wall / cells * 1e3,
                                        (ranks_cpu(pids) - ranks0) / cells / len(pids) * 1e6))
+                if compact[0] - compact0 != (cells * n if value == "1" else 0):
+                    raise SystemExit(f"{name}={value}: {compact[0] - compact0} compact replies in {cells} cells "
+                                     f"of {n} ranks: this tree's relay or ranks do not answer as asked")
         for value, label in (("0", "Jupyter form"), ("1", "compact")):
             rows = figures[value]
             print(f"n={n} {label:>12}: notebook CPU {statistics.median(r[0] for r in rows):6.2f} us/rank/cell, "
@@ -252,6 +265,7 @@ def ab_compact(n: int, cells: int, pairs: int) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+        framing.MessageDecoder._compact = read  # type: ignore[method-assign]
         session.stop()
 
 
@@ -267,6 +281,8 @@ def main() -> None:
     parser.add_argument("--ab-compact", type=int, default=0, metavar="PAIRS",
                         help="instead: PAIRS pairs of blocks, the ranks' compact reply against the Jupyter form")
     args = parser.parse_args()
+    if args.ab_compact and (args.profile or args.timeline or args.pin or args.io_threads):
+        parser.error("--ab-compact measures alone: leave out --profile, --timeline, --pin and --io-threads")
     if args.io_threads:
         from clorch_repl.session import channels
         channels.IO_THREADS = args.io_threads

@@ -9,7 +9,7 @@
 # About 9 minutes in all on one H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/clorch-speed-check}; mkdir -p "$out"
+out=${OUT:-/tmp/clorch-speed-check}; mkdir -p "$out"; out=$(cd "$out" && pwd)  # (steps may run from another tree)
 source scripts/device_env.sh
 steps=" ${STEPS:-launch launch-fsdp checkpoint restart scale} "
 n=$(python3 -c "from clorch_repl import cuda; print(cuda.device_count())")
@@ -40,9 +40,10 @@ fi
 # first, in this checkout, the compact reply against the Jupyter form in one session (--ab-compact)
 if want relay-ab; then
   step relay-ab-compact 200 python3 benchmarks/relay_cost.py --nprocs 64 --cells 100 --ab-compact 8
-  for i in 1 2; do for tree in "$PWD" ${AB_TREES:-}; do
-    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD step "relay-ab-$(basename "$tree")-$i" 150 \
+  for i in 1 2; do t=0; for tree in "$PWD" ${AB_TREES:-}; do
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD step "relay-ab-$t-$(basename "$tree")-$i" 150 \
        python3 benchmarks/relay_cost.py --nprocs 64 --cells 100 --blocks 2 --timeline)
+    t=$((t + 1))
   done; done
 fi
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1

@@ -124,8 +124,9 @@ class LeanExecute:
         the request it sent, and what code it sent); each cost the rank a wake of its IOPub
         thread mid-cell and the notebook a message to read. Not done: ipykernel's debug log
         records, dateutil parsing of the header, the reply's trip through the stream's send
-        queue, and Jupyter's seven frames for the reply (one lean frame, wire.lean_reply: only
-        the relay reads it). Kept, in ipykernel's order: the parent (output, prompts and comms belong to
+        queue, and Jupyter's seven frames for the reply (one compact frame, wire.compact_reply,
+        or where the request does not ask for it one lean frame, wire.lean_reply: only the relay
+        reads it). Kept, in ipykernel's order: the parent (output, prompts and comms belong to
         the request), SIGINT as KeyboardInterrupt while the code runs, do_execute (IPython's
         run_cell: history, display hook, events, errors), the streams flushed before the
         reply, the reply, the queue aborted after an error when asked.
@@ -215,7 +216,7 @@ class LeanExecute:
             self._reply_encoder = MessageEncoder(self.session)
         if compact and count is not None:
             frame = compact_reply(self._reply_encoder, self.session, parent["msg_id"], count, reply_content)
-        else:
+        else:  # (a compact request without a count, which _lean_execute always sets, would stamp "started" late)
             metadata = self.finish_metadata(parent, metadata or self.init_metadata(parent), reply_content)
             if count is not None:
                 metadata[IOPUB_COUNT_KEY] = count

@@ -11,9 +11,11 @@ per relayed cell, and a good part of a rank's. Here:
 
 What is kept is what makes a message trustworthy: every message is signed with the rank's own
 key (HMAC), every signature is verified, and a signature seen before is refused (replay), as
-jupyter_client does. The relay's execute requests, and a rank's replies to them
-(:func:`lean_reply`), travel as one frame (:data:`LEAN_MAGIC`) holding the Jupyter message's
-parts; everything else on the wire is the Jupyter protocol's; dates stay ISO strings.
+jupyter_client does. The relay's execute requests travel as one frame (:data:`LEAN_MAGIC`)
+holding the Jupyter message's parts; a rank's reply to one is one compact frame
+(:func:`compact_reply`, :data:`REPLY_MAGIC`) where the request asks for it, else one lean frame
+(:func:`lean_reply`); everything else on the wire is the Jupyter protocol's; dates stay ISO
+strings.
 """
 
 from __future__ import annotations
@@ -354,8 +356,10 @@ class MessageDecoder:
             own, parent, count, content = _unpack(body)
         except (ValueError, TypeError) as exc:  # signed, yet not the array a rank writes
             raise SignatureError(f"malformed compact reply: {exc}") from None
-        if not isinstance(content, dict):
-            raise SignatureError("malformed compact reply: its content is not an object")
+        # (signed, yet not what a rank writes: refused here rather than raised later, in the relay's loop)
+        if not (isinstance(own, str) and isinstance(parent, str) and isinstance(content, dict)
+                and isinstance(count, int) and not isinstance(count, bool) and count >= 0):
+            raise SignatureError("malformed compact reply: not [str, str, count, object]")
         return {"header": {"msg_id": own, "msg_type": "execute_reply"}, "msg_type": "execute_reply",
                 "parent_header": {"msg_id": parent}, "metadata": {IOPUB_COUNT_KEY: count}, "content": content,
                 "buffers": []}

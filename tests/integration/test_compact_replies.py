@@ -15,6 +15,7 @@ from clorch_repl.session.relay import Relay
 from clorch_repl.session.sink import PlainSink
 from clorch_repl.common.topology import resolve_topology
 from clorch_repl.wire import PROTOCOL_VERSION
+from clorch_repl.wire.framing import MessageDecoder
 from clorch_repl.wire.requests import request_code
 
 RANKS = (0, 1, 2)
@@ -36,6 +37,15 @@ def cell(relay: Relay, code: str, sink: PlainSink | None = None):  # type: ignor
 
 
 def test_each_rank_gets_its_own_outcome_and_all_its_output_from_compact_replies(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    compact: list[str] = []  # the requests answered in the compact form, as the relay read them
+    read = MessageDecoder._compact
+
+    def counted(self, frame):  # type: ignore[no-untyped-def]
+        msg = read(self, frame)
+        compact.append(msg["parent_header"]["msg_id"])
+        return msg
+
+    monkeypatch.setattr(MessageDecoder, "_compact", counted)
     launcher = LocalLauncher(resolve_topology(len(RANKS), backend="gloo"))
     first = second = None
     try:
@@ -56,12 +66,14 @@ def test_each_rank_gets_its_own_outcome_and_all_its_output_from_compact_replies(
         for rank in RANKS:
             assert lines.text[rank].split() == [f"{rank}:{i}" for i in range(40)], rank
         assert all(cell(first, "pass").ok for _ in range(20))
+        assert len(compact) == len(set(compact)) == len(RANKS) * 22, "not every rank answered every cell compactly"
         # the lean reply's Jupyter form, where asked for (CLORCH_COMPACT_REPLIES=0), reads the same
         monkeypatch.setenv("CLORCH_COMPACT_REPLIES", "0")
         lines = Lines()
         outcome = cell(first, "print(r)\nif r == 2: raise KeyError(r)", lines)
         assert [o.status for o in outcome.ranks.values()] == [Status.OK, Status.OK, Status.ERROR]
         assert {r: t.strip() for r, t in lines.text.items()} == {r: str(r) for r in RANKS}
+        assert len(compact) == len(RANKS) * 22, "a rank answered compactly where the request did not ask"
         monkeypatch.delenv("CLORCH_COMPACT_REPLIES")
 
         # what the notebook sends a rank on its shell between cells (a widget's message) reaches

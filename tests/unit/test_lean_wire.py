@@ -126,8 +126,13 @@ def test_a_compact_reply_reads_back_as_the_execute_reply_it_stands_for_and_only_
     signature, *rest = lean[len(LEAN_MAGIC):].split(SEPARATOR)
     with pytest.raises(SignatureError, match="invalid signature"):
         MessageDecoder(Session(key=KEY)).decode([REPLY_MAGIC + signature + SEPARATOR + b"".join(rest)])
-    # signed, yet not what a rank writes: refused, not raised as anything else
-    for body in (b'["id", "req", 0, ["not", "an", "object"]]', b'["too", "short"]', b"{not json"):
+    # unsigned, where the session has a key
+    with pytest.raises(SignatureError, match="unsigned"):
+        MessageDecoder(Session(key=KEY)).decode([REPLY_MAGIC + SEPARATOR + frame.split(SEPARATOR, 1)[1]])
+    # signed, yet not what a rank writes: refused, not raised later in the relay's loop
+    for body in (b'["id", "req", 0, ["not", "an", "object"]]', b'["too", "short"]', b"{not json",
+                 b'["id", ["req"], 0, {}]', b'["id", "req", -1, {}]', b'["id", "req", true, {}]',
+                 b'[1, "req", 0, {}]'):
         with pytest.raises(SignatureError, match="malformed compact reply"):
             MessageDecoder(Session(key=KEY)).decode([MessageEncoder(rank_session).compact(body)])
     with pytest.raises(SignatureError, match="malformed compact reply"):
