@@ -72,10 +72,15 @@ class TopologyError(ConfigError):
         self.template, self.values = template, values
         super().__init__(self.spelled({}))
 
+    #: words of a template that are no option's name, as the Python API says them: ``limit``,
+    #: where the work's own time limit is set (not the process group's timeout); each caller that
+    #: has one names it (the magics: ``%%distributed --timeout``; ``launch()``: ``timeout_ms``)
+    WORDS = {"limit": "a cell's or a job's own time limit is set apart from it"}
+
     def spelled(self, names: dict[str, str]) -> str:
         """The message, each option named as ``names`` says (``{"nproc": "--nproc"}``); an option
         that ``names`` leaves out keeps its own name (the Python API's)."""
-        return self.template.format_map(_OwnNames({**names, **self.values}))
+        return self.template.format_map(_OwnNames({**self.WORDS, **names, **self.values}))
 
     def naming(self, **names: str) -> TopologyError:
         """The same refusal with some options named for good, whoever says it later: an API whose

@@ -192,7 +192,7 @@ def resolve_topology(nproc: int | str | None = None, devices: str | Iterable[int
     if timeout is not None and timeout < MIN_GROUP_TIMEOUT_S:
         raise TopologyError("{timeout} {got:g} s is the process group's: every collective that waits longer for "
                             "another rank fails, and a first collective alone takes longer; give {least:g} s or "
-                            "more (a cell's own time limit is %%distributed --timeout)",
+                            "more ({limit})",
                             got=timeout, least=MIN_GROUP_TIMEOUT_S)
     with _option("devices"):
         device_list = parse_int_list(devices, "devices")

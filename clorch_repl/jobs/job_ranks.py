@@ -40,7 +40,7 @@ Report = Callable[[int, int], None]
 #: How often srun's tasks' result files are looked for.
 SRUN_POLL_S = 0.2
 #: how launch() names the options the shared topology checks refuse (errors.TopologyError)
-LAUNCH_NAMES = {"nproc": "nproc_per_node", "timeout": "pg_timeout_s"}
+LAUNCH_NAMES = {"nproc": "nproc_per_node", "timeout": "pg_timeout_s", "limit": "the job's own time limit is timeout_ms"}
 
 
 @dataclass(frozen=True)

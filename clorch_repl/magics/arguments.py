@@ -21,7 +21,8 @@ Func = Callable[..., Any]
 
 #: How the magics spell the options whose checks they share with the Python API (``nproc=2`` there,
 #: ``--nproc 2`` here): the words of a :class:`~clorch_repl.errors.TopologyError` in a refusal
-OPTION_NAMES = {name: f"--{name}" for name in ("nproc", "devices", "backend", "timeout")}
+OPTION_NAMES = {**{name: f"--{name}" for name in ("nproc", "devices", "backend", "timeout")},
+                "limit": "a cell's own time limit is %%distributed --timeout"}
 
 
 def refused(message: object) -> UsageError:

@@ -31,6 +31,8 @@ __all__ = ["IdleSuspend", "parse_duration", "refuse_cell", "resume_command", "se
            "suspend_after_option", "suspend_command"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+#: The longest idle wait --suspend-after and suspend --after take (days)
+MAX_IDLE_DAYS = 30
 
 suspend_after_option = argument(
     "--suspend-after", metavar="DURATION", default=None, dest="suspend_after",
@@ -39,13 +41,19 @@ suspend_after_option = argument(
 
 
 def parse_duration(value: str | None, what: str = "--suspend-after") -> float | None:
-    """``90``, ``90s``, ``30m``, ``2h``, ``1d`` -> seconds; ``0`` -> 0 (off); None when not given."""
+    """``90``, ``90s``, ``30m``, ``2h``, ``1d`` -> seconds; ``0`` -> 0 (off); None when not given.
+    At most :data:`MAX_IDLE_DAYS`: a longer wait is no idle suspend but a typo (``99999d`` was
+    taken, and never fired), as ``--keep-for``'s limit says."""
     if value is None:
         return None
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*", str(value).lower())
     if match is None:
         raise ConfigError(f"{what} takes a duration such as 30m, 2h or 900 (seconds); got {value!r}")
-    return float(match.group(1)) * _UNITS[match.group(2) or ""]
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or ""]
+    if seconds > MAX_IDLE_DAYS * _UNITS["d"]:
+        raise ConfigError(f"{what} must be at most {MAX_IDLE_DAYS}d ({MAX_IDLE_DAYS} days); got {value!r} (0 turns "
+                          "the idle suspend off)")
+    return seconds
 
 
 class IdleSuspend:

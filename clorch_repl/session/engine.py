@@ -57,5 +57,5 @@ def local_session(nproc: int | None = None, backend: str | None = None, devices:
     try:
         topology = resolve_topology(nproc, devices, backend, timeout_s)
     except TopologyError as exc:  # said with this function's own parameter names
-        raise exc.naming(timeout="timeout_s") from None
+        raise exc.naming(timeout="timeout_s", limit="a cell's own time limit is Session.run's timeout_s") from None
     return Session(topology, hooks=hooks)

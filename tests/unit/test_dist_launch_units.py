@@ -32,6 +32,8 @@ _not_importable_here.__module__ = "__main__"
     ({"nproc_per_node": 0}, "^nproc_per_node must be at least 1"),  # launch()'s own name for it
     ({"nproc_per_node": "two"}, "^nproc_per_node must be a whole number of ranks; got 'two'"),
     ({"pg_timeout_s": -1}, "^pg_timeout_s must be a positive number"),
+    # the group's timeout is not the job's: the refusal names launch()'s own option for that, not a magic's
+    ({"pg_timeout_s": 0.01}, r"^pg_timeout_s 0.01 s is the process group's.*\(the job's own time limit is timeout_ms\)$"),
     ({"main": "no_such_module_xyz:run"}, "no module named 'no_such_module_xyz'"),
     ({"main": "dist_workers:no_such_function"}, "has no attribute 'no_such_function'"),
     ({"main": "dist_workers"}, "main must be 'module:function'"),

@@ -51,6 +51,7 @@ def no_session(ip: Any, magics: Any) -> Any:
     ("%clorch start --backend mpi", "UsageError: --backend must be one of nccl, gloo"),
     ("%clorch start --timeout 0", "UsageError: --timeout must be a positive number of seconds"),
     ("%clorch start --timeout 0.01", "UsageError: --timeout 0.01 s is the process group's"),
+    ("%clorch start --timeout 0.01", "a cell's own time limit is %%distributed --timeout"),
     ("%clorch start --devices 3-1", "UsageError: --devices: the range 3-1 runs backwards"),
     ("%clorch start --launcher slurm --nproc-per-node 2 --backend mpi", "UsageError: --backend must be one of"),
     ("%clorch frobnicate", "unknown %clorch command 'frobnicate'"),
@@ -58,6 +59,8 @@ def no_session(ip: Any, magics: Any) -> Any:
     # "expected one argument")
     ("%clorch detach --keep-for -5m", "--keep-for must be a duration above zero such as 90s, 30m, 2h or 1d; got '-5m'"),
     ("%clorch detach --keep-for 99999d", "--keep-for must be at most 30d (30 days)"),
+    ("%clorch start --suspend-after 99999d", "--suspend-after must be at most 30d (30 days)"),
+    ("%clorch suspend --after 31d", "--after must be at most 30d (30 days)"),
     ("%clorch start --backend -gloo", "backend must be one of nccl, gloo"),
     ("%clorch start --nproc --devices 0", "argument --nproc: expected one argument"),
     ("%clorch run --bogus x.py", "unrecognized arguments: --bogus (see --help)"),

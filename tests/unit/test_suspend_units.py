@@ -266,6 +266,10 @@ def test_resume_of_a_session_that_is_not_suspended_is_refused() -> None:
 def test_durations_read_as_a_user_writes_them() -> None:
     assert [parse_duration(v) for v in ("900", "90s", "30m", "2h", "1d", "0")] == [900, 90, 1800, 7200, 86400, 0]
     assert parse_duration(None) is None
+    assert parse_duration("30d") == 30 * 86400  # the limit itself
+    for typo in ("31d", "99999d", "10000000"):  # taken before, and never fired
+        with pytest.raises(ConfigError, match=r"--suspend-after must be at most 30d \(30 days\); got"):
+            parse_duration(typo)
     with pytest.raises(ConfigError, match="takes a duration such as 30m"):
         parse_duration("soon")
 
