@@ -35,7 +35,7 @@ if want spare-cuda; then
   CLORCH_SPARE_CUDA=1 step spare-cuda-test 180 python3 -m pytest tests/gpu/test_gpu_spares.py -q -s -p no:cacheprovider
 fi
 # the relay at 64 gloo ranks from this checkout and from each tree in AB_TREES (other versions of
-# clorch_repl, e.g. `git archive publish-cells | tar -x -C .ab/publish`, carried with .ab), alternated
+# clorch_repl, e.g. `git archive publish-only | tar -x -C .ab/publish`, carried with .ab), alternated
 # twice (not in the default set): relay_cost.py's notebook CPU a rank a cell, wall, and timeline;
 # first, in this checkout, the compact reply against the Jupyter form in one session (--ab-compact)
 if want relay-ab; then

@@ -79,7 +79,7 @@ def test_each_rank_gets_its_own_outcome_and_all_its_output_from_compact_replies(
         # what the notebook sends a rank on its shell between cells (a widget's message) reaches
         # the rank before the next cell: also when both wait in the rank's sockets, behind something
         # it is still busy with (a cell sent any other way than on the same shell socket, such as
-        # published on one socket for all ranks, would overtake it: branch publish-cells)
+        # published on one socket for all ranks, would overtake it: branch publish-only)
         for i in range(15):
             for rank in RANKS:
                 client = first.client(rank)
