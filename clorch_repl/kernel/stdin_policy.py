@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from ..wire.framing import NO_STDIN_KEY, NO_STDIN_RANK
-from .tracebacks import shown_without
+from .tracebacks import interrupts_at_users_line, shown_without
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,11 @@ class StdinPolicy:
         if why:
             raise self._stdin_refused(why)
         return super().getpass(prompt, stream, **kwargs)  # type: ignore[misc]
+
+    # Kernel > Interrupt while a rank waits in input(): the traceback ends at the user's line and
+    # ipykernel's own frames, as in a plain kernel, without this module's
+    raw_input = interrupts_at_users_line(raw_input, __file__)  # type: ignore[assignment]
+    getpass = interrupts_at_users_line(getpass, __file__)  # type: ignore[assignment]
 
     def _stdin_refused(self, why: str) -> BaseException:
         """The StdinNotImplementedError a refused ``input()`` raises, shown without this module's

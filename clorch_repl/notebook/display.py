@@ -328,7 +328,9 @@ class NotebookDisplay:
     def _stream(self, rank: int, name: str, text: str) -> None:
         name = name if name in self._streams else "stdout"
         key = (rank, name)
-        for piece in _LINES.findall(text):
+        # "\r\n" ends a line as "\n" does (a shell command's output, `!pip install`): its "\r" is
+        # no progress bar's rewrite, which would have made each line a display of its own
+        for piece in _LINES.findall(text.replace("\r\n", "\n")):
             if key in self._partial:
                 held, since = self._partial.pop(key)
                 piece = held + piece

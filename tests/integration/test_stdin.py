@@ -7,6 +7,7 @@ prompt waits, and the hang notice for a rank held at a pdb prompt."""
 from __future__ import annotations
 
 import pathlib
+import re
 import time
 from queue import Empty
 from typing import Iterator
@@ -129,6 +130,9 @@ def test_interrupt_while_a_prompt_waits_interrupts_the_ranks_and_ends_the_cell(n
     assert reply.status == "error"
     assert "KeyboardInterrupt" in reply.text, reply.text
     assert "] not reached" not in reply.text, reply.text
+    # rank 0's traceback ends at the user's input() (and ipykernel's own frames), not in clorch_repl
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", reply.text)  # (colours off)
+    assert "----> 3     input('never? ')" in plain and "stdin_policy" not in plain, plain
     after = nb.run("%%distributed\nprint('fine', rank)\n", timeout=60)  # the group still works
     assert after.status == "ok", after.text
     assert "fine 0" in after.text and "fine 1" in after.text, after.text

@@ -214,6 +214,17 @@ def test_progress_lines_stay_per_rank() -> None:
     assert "[ranks" not in "".join(texts)
 
 
+def test_lines_ending_in_carriage_return_and_newline_are_ordinary_lines() -> None:
+    """A shell command in a cell (`!seq 1 3`, `!pip install`) writes "\r\n": each line was shown as
+    a progress bar's display of its own, per rank, never merged (602 displays for `!seq 1 300`)."""
+    cap = feed([out(0, "1\r\n2\r\n"), out(1, "1\r\n2\r\n"), out(0, "3\r\n"), out(1, "3\r\n")])
+    assert cap.stdout == "[ranks 0-1] 1\n[ranks 0-1] 2\n[ranks 0-1] 3\n"
+    assert shown(cap.outputs) == []
+    # a progress bar's rewrites still show as one line per rank, and its last line as it ends
+    cap = feed([out(0, "\r 50%"), out(0, "\r100%\r\n")], ranks=(0,))
+    assert [o.data["text/plain"] for o in shown(cap.outputs)][-1:] == ["[rank 0] 100%"]
+
+
 def _error(rank: int, ename: str, tb: list[str], status: Status = Status.ERROR) -> RankOutcome:
     return RankOutcome(rank, status, RankError(rank, ename, "", tuple(tb)))
 
