@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ..wire.framing import NO_STDIN_KEY, NO_STDIN_RANK
+from . import tracebacks
 from .tracebacks import interrupts_at_users_line, shown_without
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class StdinPolicy:
         line. The type stays StdinNotImplementedError, which user code may catch."""
         from IPython.core.error import StdinNotImplementedError
 
-        return shown_without(StdinNotImplementedError(why), self.shell, (__file__,))
+        # (this module's frames, and those of the wrapper that shows an interrupt here at the user's line)
+        return shown_without(StdinNotImplementedError(why), self.shell, (__file__, tracebacks.__file__))
 
     def _no_stdin(self) -> str | None:
         """Why this cell may not read stdin, when the relay said (clorch_repl.wire.framing's
