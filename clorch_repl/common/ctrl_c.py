@@ -50,5 +50,3 @@ def ctrl_c_deferred() -> Iterator[_Deferred]:
         yield deferred
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
