@@ -101,16 +101,18 @@ def _failure(outcome: CellOutcome) -> str:
     return f"rank {first.rank}: {what}"
 
 
-def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: float) -> Regrouped:
+def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: float,
+                said_dead: Iterable[int] = ()) -> Regrouped:
     """The group was aborted at ``aborted_at`` (time.monotonic()), or a rank died: once every live
     rank is out of its cell, give the groups new backends (re-form ``generation``); with a rank
-    dead, abort the survivors' groups and say who is lost instead."""
+    dead, abort the survivors' groups and say who is lost instead. ``said_dead``: ranks whose death
+    the caller's own report says already (a cell's), which the line does not say again."""
     dead = [p for p in launcher.ranks if not p.alive]
     if dead:  # the survivors' groups are broken: abort them too (an NCCL peer's death can hang a later call)
         relay.free_group([])  # (with no ranks to ask about: aborted at once)
     busy = _busy_after(relay, launcher, IDLE_WAIT_S)
     if dead or busy:
-        return lost(launcher, [p.rank for p in dead], busy)
+        return lost(launcher, [p.rank for p in dead], busy, said_dead)
     t0 = time.monotonic()
     outcome = _regroup(relay, launcher, generation, [])
     logger.info("clorch_repl: re-form %d: %.3f s after the abort the ranks were free; the re-form took %.3f s",
@@ -124,28 +126,32 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
                            "variables (the collective the ranks were stuck in is lost: run that step again)")
 
 
-def lost(launcher: Launcher, dead: list[int], stuck: list[int]) -> Regrouped:
+def lost(launcher: Launcher, dead: list[int], stuck: list[int], said_dead: Iterable[int] = ()) -> Regrouped:
     """Some ranks cannot be in a group now (dead, or still stuck): the others keep their state and
-    go on without one until the lost ranks are replaced."""
+    go on without one until the lost ranks are replaced. The line leaves out the deaths of
+    ``said_dead``, which the report it ends said already ("rank 1 died (exit code 1); rank 1 died;
+    ..." in a try-out); the state's ``why`` names every one."""
     gone = sorted(set(dead) | set(stuck))
     keep = [p.rank for p in launcher.ranks if p.rank not in gone and p.alive]
-    parts = []
-    if dead:
-        parts.append(f"{rank_words(dead)} died")
-    if stuck:
-        parts.append(f"{ranks_are(stuck)} still stuck")
-    why = " and ".join(parts)
+    said = set(said_dead)
+
+    def lost_words(dead: list[int]) -> str:
+        parts = [f"{rank_words(dead)} died"] if dead else []
+        return " and ".join([*parts, f"{ranks_are(stuck)} still stuck"] if stuck else parts)
+
+    why, told = lost_words(dead), lost_words([r for r in dead if r not in said])
+    told = f"{told}; " if told else ""
     if instead := launcher.instead_of_replacing(gone):  # never the restart this launcher refuses
         kept = (f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables but "
                 f"{'has' if len(keep) == 1 else 'have'} no group (cells run on {rank_words(keep)} meanwhile; "
                 "collectives there fail)" if keep else "no rank is left")
-        return Regrouped(False, f"clorch: {why}; {kept}: {instead}", why, tuple(gone))
+        return Regrouped(False, f"clorch: {told}{kept}: {instead}", why, tuple(gone))
     if not keep:
-        line = (f"clorch: {why}; no rank is left: %clorch restart starts every rank afresh and forms the group "
+        line = (f"clorch: {told}no rank is left: %clorch restart starts every rank afresh and forms the group "
                 "again (their variables are gone)")
         return Regrouped(False, line, why, tuple(gone))
     kept = f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables"
-    line = (f"clorch: {why}; {kept} but {'has' if len(keep) == 1 else 'have'} no group until "
+    line = (f"clorch: {told}{kept} but {'has' if len(keep) == 1 else 'have'} no group until "
             f"%clorch restart --ranks {','.join(str(r) for r in gone)} starts {'it' if len(gone) == 1 else 'them'} "
             f"afresh and forms the group again (cells run on {rank_words(keep)} meanwhile; collectives there fail)")
     return Regrouped(False, line, why, tuple(gone))

@@ -134,8 +134,7 @@ class Session(Suspending):
                            tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
         if outcome.ended_by_user:
-            # the user's Ctrl-C ended the join: ranks interrupted, returned, stuck, or even dead of it
-            # (torch's import cut short can segfault): its doing, not theirs
+            # the user's Ctrl-C ended the join: ranks interrupted, returned, stuck, or even dead of it (torch's import cut short can segfault): its doing
             raise StartInterrupted([])  # (start() stops the ranks and says what outlived that)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
@@ -248,13 +247,13 @@ class Session(Suspending):
             logger.warning("clorch_repl: could not prepare for the next restart (%s); restarts start cold", exc)
         return time.monotonic() - t0
 
-    def _recover(self, why: str, aborted_at: float) -> str:
-        """Ranks were freed by aborting the group (a cell's FreeGroup, or %clorch interrupt): form
-        it again in the same processes, or say who is lost (see :mod:`.recovery`); the line."""
+    def _recover(self, why: str, aborted_at: float, said_dead: Iterable[int] = ()) -> str:
+        """Ranks were freed by aborting the group (a cell's FreeGroup, or %clorch interrupt): form it again
+        in the same processes, or say who is lost (:mod:`.recovery`); the line (``said_dead``: as there)."""
         group, relay = self._require()
         self.life.move("abort", why)
         self._generation += 1
-        done = recovery.after_abort(relay, group, self._generation, aborted_at)
+        done = recovery.after_abort(relay, group, self._generation, aborted_at, said_dead)
         self._settle(done.ok, done.why, done.lost)
         return done.line
 
@@ -312,9 +311,10 @@ class Session(Suspending):
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
             with self.hooks.waiting():
                 outcome = relay.finish(started, sink, interrupted=interrupted)
-                if outcome.group_aborted or any(r.status is Status.DIED for r in outcome.ranks.values()):
-                    outcome.recovery = self._recover((outcome.diagnosis or "").split("\n", 1)[0],
-                                                     outcome.aborted_at or time.monotonic())
+                died = [r.rank for r in outcome.ranks.values() if r.status is Status.DIED]
+                if outcome.group_aborted or died:
+                    why = (outcome.diagnosis or "").split("\n", 1)[0]
+                    outcome.recovery = self._recover(why, outcome.aborted_at or time.monotonic(), died)
         except BaseException:
             if relay is not None:
                 relay.abandon(started)  # waiting() raised before the wait: as a raising output hook leaves it

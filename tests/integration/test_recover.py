@@ -133,6 +133,9 @@ def test_a_dead_rank_is_replaced_while_the_others_keep_theirs(tmp_path) -> None:
         assert died.status == "error"
         assert "rank 1 died (exit code 3)" in text, text
         assert "ranks 0,2 kept their variables" in text and "%clorch restart --ranks 1" in text, text
+        (summary,) = [m["content"]["evalue"] for m in died.outputs if m["msg_type"] == "error"]
+        assert "; ranks 0,2 kept their variables" in summary, summary  # said once, not "died; rank 1 died"
+        assert "rank 1 died; " not in summary, summary
 
         # until then cells run on the survivors, saying so
         survivors = nb.run("%%distributed\nprint(x)\n")
