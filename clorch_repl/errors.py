@@ -318,6 +318,8 @@ class DistributedCellError(Exception):
             if result.status is Status.DIED:
                 if result.rank == min(dead.get(result.exit, [result.rank])):
                     parts.append(f"{rank_words(dead.get(result.exit, ranks))} died ({result.exit})")
+            elif result.freed and result.status is not Status.STUCK:  # as its block says: not "interrupted"
+                parts.append(f"{who} freed from a collective by aborting the group")
             elif result.status is Status.STUCK and self.outcome.cut_short:  # (it may have returned since)
                 parts.append(f"{who} had not returned when the wait was cut short")
             elif result.status is Status.STUCK:
@@ -326,8 +328,6 @@ class DistributedCellError(Exception):
                 parts.append(f"{who} interrupted")
             elif result.status is Status.RETURNED:
                 parts.append(f"{who} returned after the interrupt")
-            elif result.freed:
-                parts.append(f"{who} freed from a collective by aborting the group")
             elif result.error is not None:  # one line: the whole message is in the traceback
                 parts.append(f"{who}: {result.error.ename}: {headline(result.error.evalue)}")
         if self.outcome.timed_out:

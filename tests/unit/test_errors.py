@@ -122,3 +122,17 @@ def test_a_headline_is_the_first_line_cut_only_to_a_limit_asked_for() -> None:
     assert headline("x" * 200) == "x" * 200  # a long first line is the message itself: kept whole
     assert headline("x" * 200, limit=20) == "x" * 16 + " ..."
     assert headline("") == ""
+
+
+def test_a_rank_freed_by_the_groups_abort_is_not_said_to_be_interrupted() -> None:
+    """Rank 1 raised while rank 0 waited for it in an all_reduce: clorch aborted the group to free
+    rank 0, which then came back interrupted. The user interrupted nothing: the summary (the
+    error's one line) says what its block says, that the abort freed it (a try-out read "rank 0
+    interrupted")."""
+    freed = _failed(0, Status.INTERRUPTED)
+    freed.freed = True
+    raised = _failed(1, Status.ERROR, "ValueError", ("ValueError: boom",))
+    outcome = CellOutcome(ranks={0: freed, 1: raised}, group_aborted=True)
+    summary = str(errors.DistributedCellError(outcome))
+    assert summary.startswith("rank 0 freed from a collective by aborting the group; rank 1: ValueError: boom"), summary
+    assert "interrupted" not in summary, summary
