@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import logging
 import os
+import socket
 from typing import Any, Iterator
 
 import torch
@@ -92,8 +93,10 @@ def _cuda_device(backend: str) -> torch.device | None:
         return None
     count = torch.cuda.device_count()
     if count == 0:
-        raise ConfigError("backend nccl needs a GPU but this rank sees none (CUDA_VISIBLE_DEVICES="
-                          f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use backend gloo for CPU ranks")
+        raise ConfigError(f"the nccl backend needs a GPU, but rank {os.environ.get('RANK', '?')} on "
+                          f"{socket.gethostname()} sees none (CUDA_VISIBLE_DEVICES="
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): for CPU ranks use the gloo backend "
+                          "(--backend gloo)")
     local = _env_int("LOCAL_RANK", 0) or 0
     index = 0 if count == 1 else local
     if index >= count:
