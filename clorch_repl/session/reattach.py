@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .. import cuda
 from ..errors import ClorchError, ConfigError
@@ -122,9 +122,9 @@ class ConnectedSession(Session):
     # Every in-place re-form of the group (a hang's recovery, a suspend, a resume) counts one more
     # generation: the session file must say the latest, or the kernel that connects after this
     # one dies would meet a re-form's stale keys. Saved right after each, while this kernel drives.
-    def _recover(self, why: str, aborted_at: float) -> str:
+    def _recover(self, why: str, aborted_at: float, said_dead: Iterable[int] = ()) -> str:
         try:
-            return super()._recover(why, aborted_at)
+            return super()._recover(why, aborted_at, said_dead)
         finally:
             self._save_generation()
 

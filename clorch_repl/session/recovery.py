@@ -126,6 +126,21 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
                            "variables (the collective the ranks were stuck in is lost: run that step again)")
 
 
+def died_between_cells(launcher: Launcher) -> list[int]:
+    """The ranks that died since the last cell (none when every rank lives)."""
+    return [p.rank for p in launcher.ranks if not p.alive]
+
+
+def died_between_cells_error(launcher: Launcher, dead: list[int], line: str) -> ClorchError:
+    """The refusal of the first cell after ranks died between cells, once the session has done what
+    it does after a death in a cell (``line``, :func:`lost`'s, which does not name them again): the
+    cell is refused, since nobody has said yet that a rank is gone, and later ones run on the others,
+    as after a death in a cell. Before, every later cell was refused too, and a death in a cell led
+    to cells on the survivors: one rule for both now."""
+    what = ", ".join(f"{p.where} ({p.exit})" for p in launcher.ranks if p.rank in dead)
+    return ClorchError(f"{what} died since the last cell, so this cell was not run; {line.removeprefix('clorch: ')}")
+
+
 def lost(launcher: Launcher, dead: list[int], stuck: list[int], said_dead: Iterable[int] = ()) -> Regrouped:
     """Some ranks cannot be in a group now (dead, or still stuck): the others keep their state and
     go on without one until the lost ranks are replaced. The line leaves out the deaths of

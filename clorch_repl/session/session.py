@@ -279,6 +279,8 @@ class Session(Suspending):
         if silent:
             _, relay = self._require()
             return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
+        if self.life.state is SessionState.READY and (dead := recovery.died_between_cells(self._require()[0])):
+            raise recovery.died_between_cells_error(self.group, dead, self._recover(f"{rank_words(dead)} died", time.monotonic(), dead))
         started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
                              cell_number=cell_number, stdin=stdin_of(sink, stdin))  # a Ctrl-C during its send marks it (StartedCell.interrupted)
         return self.finish(started, sink)
@@ -400,8 +402,7 @@ class Session(Suspending):
 
     # ------------------------------------------------------------------------------- views
     def view(self, *, last_lines: bool = False) -> SessionView:
-        """The session now, read-only, for its readers (status, the panel): see :mod:`.view`.
-        ``last_lines``: each local rank's last log line too (file reads)."""
+        """The session now, read-only (status, the panel: .view); ``last_lines``: each local rank's last log line too."""
         group, relay = self._require()
         return session_view(group, relay.busy(), self.life, self.cells, self.topology, generation=self._generation,
                             started_at=self.started_at, last_lines=last_lines)
@@ -430,9 +431,7 @@ class Session(Suspending):
 
     def value_dir(self) -> str:
         """Where values between the notebook and the ranks travel (the launcher's answer)."""
-        if self.group is None:
-            raise ConfigError("no ranks are running: run %clorch start first")
-        return self.group.value_dir()
+        return self._require()[0].value_dir()
 
     def hosts(self) -> dict[int, str]:
         """rank -> host for ranks on other hosts (empty when every rank runs on this one)."""

@@ -9,7 +9,9 @@ working all_reduce."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -242,3 +244,30 @@ def test_a_death_report_shows_the_log_of_the_cell_the_rank_died_in() -> None:
         text = _plain(died.text)
         assert died.status == "error" and "rank 1 died: exit code 3" in text, text
         assert "Last lines of its log:\n    about to go" in text and "unrelated error" not in text, text
+
+
+def test_a_rank_that_dies_between_cells_is_told_once_then_cells_run_on_the_others() -> None:
+    """A rank killed while no cell ran (the OOM killer between cells): the next cell is refused,
+    saying so, and from then on the session is what a death in a cell leaves: cells run on the
+    survivors, which kept their variables, until ``%clorch restart --ranks`` brings the rank back.
+    (Before, every later cell was refused while a death in a cell let cells run on the others.)"""
+    with clorch_session("--nproc 3 --backend gloo") as nb:
+        pids = nb.run("%%distributed\nimport os, torch, torch.distributed as dist\nx = rank * 10\nprint(os.getpid())")
+        assert pids.status == "ok", pids.text
+        os.kill(int(lines_of(pids.text, 1)[0]), signal.SIGKILL)
+        time.sleep(1)
+        refused = nb.run("%%distributed\nprint('first', x)", timeout=90)
+        flat = " ".join(_plain(refused.text).split())
+        assert refused.status == "error" and "first" not in flat, flat
+        assert "rank 1 (killed by signal SIGKILL" in flat and "died since the last cell, so this cell was not run" in flat, flat
+        assert "ranks 0,2 kept their variables" in flat and "%clorch restart --ranks 1" in flat, flat
+        after = nb.run("%%distributed\nprint('kept', x)", timeout=90)
+        assert after.status == "ok", after.text
+        assert lines_of(after.text, 0) == ["kept 0"] and lines_of(after.text, 2) == ["kept 20"], after.text
+        assert "cells run on ranks 0,2" in after.text, after.text
+        back = nb.run("%clorch restart --ranks 1", timeout=120)
+        assert back.status == "ok" and "rank 1 started afresh and the group formed again" in back.text, back.text
+        summed = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+                        "print(t.item(), 'x' in dir())")
+        assert summed.status == "ok", summed.text
+        assert [lines_of(summed.text, r) for r in range(3)] == [["3.0 True"], ["3.0 False"], ["3.0 True"]], summed.text
