@@ -86,3 +86,24 @@ def test_the_cap_is_read_from_its_variable(raw: str, value: int) -> None:
 def test_a_cap_that_cannot_be_used_is_refused_naming_the_variable(raw: str) -> None:
     with pytest.raises(ValueError, match=logcap.CAP_ENV):
         logcap.parse_cap(raw)
+
+
+def test_a_reader_during_a_rotation_finds_the_newest_lines(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log is emptied only once its copy is ``PATH.1``: a reader at that moment (``%clorch
+    logs`` right after a flood) read an empty log and no older half, and showed one empty line."""
+    path = str(tmp_path / "rank0.log")
+    write_lines(path, 0, 1000)  # past half the cap: a first rotation, no PATH.1 yet
+    seen = []
+    truncate = os.truncate
+
+    def reading_around(name, length):  # type: ignore[no-untyped-def]
+        seen.append(log_tail(path, 2).splitlines())  # what a reader sees just before the log empties
+        truncate(name, length)
+        seen.append(log_tail(path, 2).splitlines())  # and just after, before the rotation returns
+
+    monkeypatch.setattr(logcap.os, "truncate", reading_around)
+    assert logcap.rotate(path, CAP) == 0
+    monkeypatch.undo()
+    assert seen == [[f"line {i:06d} {'x' * 40}" for i in (998, 999)]] * 2, seen
+    assert os.path.getsize(path) == 0
+    assert log_tail(path, 2).splitlines() == [f"line {i:06d} {'x' * 40}" for i in (998, 999)]
