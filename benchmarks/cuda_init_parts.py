@@ -8,7 +8,8 @@ the driver's ``cuInit`` through ctypes; ``nvml``: ``nvmlInit_v2``; ``torchinit``
 what the spare calls), waits 0.3 s, and then times what a joining rank does: ``set_device`` and a
 first tensor on the GPU (the context), ``init_process_group("nccl", device_id=...)`` on a one-rank
 FileStore (the eager communicator) and a first all_reduce. The variants alternate round by round,
-their order reversed every other round. Printed per variant: each part's median [min-max] in ms,
+their order reversed every other round. Printed per variant: the GPU device files its part done ahead
+left open (first round; a warm spare's check, tests/gpu/test_gpu_spares.py, reads them), each part's median [min-max] in ms,
 and the join's total as a ratio to ``none``'s (the baseline of the same run). CUDA machines only.
 """
 
@@ -37,6 +38,15 @@ if "nvml" in ahead.split("+"):
 if ahead == "torchinit":
     torch.cuda.init()
     out["ahead: torch.cuda.init"] = time.monotonic() - t
+def device_files():
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return sorted({link for link in links if link.startswith("/dev/nvidia")})
+files = device_files()  # what the part done ahead left open (tests/gpu/test_gpu_spares.py's check reads these)
 time.sleep(0.3)
 t0 = time.monotonic()
 torch.cuda.set_device(0); x = torch.ones(1024, device="cuda"); torch.cuda.synchronize()
@@ -48,6 +58,7 @@ dist.all_reduce(x); torch.cuda.synchronize()
 t3 = time.monotonic()
 out.update({"context": t1 - t0, "init_process_group": t2 - t1, "first all_reduce": t3 - t2, "join": t3 - t0})
 print("RESULT " + json.dumps(out), flush=True)
+print("FILES " + json.dumps(files), flush=True)
 os._exit(0)
 '''
 
@@ -70,6 +81,9 @@ def main() -> None:
             if not found:
                 sys.exit(f"{variant}: the child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
             results[variant].append(json.loads(found[0][len("RESULT "):]))
+            if r == 0:
+                opened = [line[len("FILES "):] for line in proc.stdout.splitlines() if line.startswith("FILES ")]
+                print(f"{variant:10s} GPU device files open after the part done ahead: {opened[0] if opened else '?'}")
     base = statistics.median(r["join"] for r in results["none"])
     for variant, runs in results.items():
         parts = "  ".join(f"{key} {statistics.median(r[key] for r in runs) * 1e3:.0f} ms "

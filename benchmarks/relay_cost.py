@@ -15,7 +15,8 @@ the relay's; compare the CPU figure.
 
 For an A/B comparison run it from the root of each tree (the ranks import clorch_repl from the
 working directory, which this script also puts first on its path) and alternate the runs.
-``--profile N``: cProfile of the main thread over one more block, top N by internal time.
+``--profile N``: cProfile of the main thread over one more block, top N by internal time;
+``--rank-profile N`` the same of rank 0's main thread (where a rank's part of an empty cell goes).
 ``--timeline``: one more block, timed inside the cell (the notebook's clock): when the first and
 the last request were sent, when the first and the last reply were read, and the cell's end, each
 from the cell's start, median [p90] over the block; it says whether a cell's wall is the sends,
@@ -36,6 +37,7 @@ import os
 import pstats
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -179,7 +181,8 @@ def pin(pids: list[int]) -> None:
                 pass
 
 
-def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool, pinned: bool = False) -> None:
+def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool, pinned: bool = False,
+            rank_profile: int = 0) -> None:
     session = local_session(n, "gloo")
     session.start()
     try:
@@ -215,8 +218,29 @@ def measure(n: int, cells: int, blocks: int, profile: int, show_timeline: bool, 
             prof.disable()
             stats = pstats.Stats(prof)
             stats.sort_stats("tottime").print_stats(profile)
+        if rank_profile:
+            print(f"n={n}: rank 0's main thread over {cells} more cells (cProfile, CPU time):", flush=True)
+            print(profile_rank(session, cells, rank_profile), flush=True)
     finally:
         session.stop()
+
+
+def profile_rank(session, cells: int, lines: int) -> str:  # type: ignore[no-untyped-def]
+    """cProfile of rank 0's main thread (CPU time) over ``cells`` empty cells on every rank: where
+    a rank's part of an empty cell goes (its kernel, IPython, clorch_repl's lean path). Enabled by
+    a cell and read by another, so the two cells' own ends and starts are in it too."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "rank0.prof.txt")
+        on = session.run("import cProfile as _cp, time as _t\n_clorch_prof = _cp.Profile(_t.thread_time)\n"
+                         "_clorch_prof.enable()", [0], None, Quiet())
+        assert on.ok, on
+        block(session, cells)
+        off = session.run(f"_clorch_prof.disable()\nimport io as _io, pstats as _ps\n_b = _io.StringIO()\n"
+                          f"_ps.Stats(_clorch_prof, stream=_b).sort_stats('tottime').print_stats({lines})\n"
+                          f"open({out!r}, 'w').write(_b.getvalue())\ndel _clorch_prof, _b", [0], None, Quiet())
+        assert off.ok, off
+        with open(out) as fh:
+            return fh.read()
 
 
 def ab_compact(n: int, cells: int, pairs: int) -> None:
@@ -276,6 +300,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, help="cProfile top N over one more block")
     parser.add_argument("--timeline", action="store_true", help="one more block, timed inside each cell")
+    parser.add_argument("--rank-profile", type=int, default=0, metavar="N",
+                        help="cProfile of rank 0's main thread over one more block, top N by internal time")
     parser.add_argument("--io-threads", type=int, default=0, help="the notebook's ZeroMQ I/O threads")
     parser.add_argument("--pin", action="store_true", help="the notebook on core 0, each rank on one other core")
     parser.add_argument("--ab-compact", type=int, default=0, metavar="PAIRS",
@@ -291,7 +317,7 @@ def main() -> None:
         if args.ab_compact:
             ab_compact(n, args.cells, args.ab_compact)
         else:
-            measure(n, args.cells, args.blocks, args.profile, args.timeline, args.pin)
+            measure(n, args.cells, args.blocks, args.profile, args.timeline, args.pin, args.rank_profile)
 
 
 if __name__ == "__main__":

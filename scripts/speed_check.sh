@@ -3,7 +3,7 @@
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
 # (default: all, in this order: launch launch-fsdp checkpoint restart scale; named only: launch-rounds,
-# launch-fresh, fork, spare-cuda, relay-ab); logs go to
+# launch-fresh, fork, spare-cuda, relay-ab, priority); logs go to
 # ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
 # side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
 # About 9 minutes in all on one H200.
@@ -29,6 +29,7 @@ want fork && step fork 150 python3 benchmarks/fork_loop.py --device cuda --start
 # a warm spare that set up the CUDA driver ahead (CLORCH_SPARE_CUDA=1) against one that did not, alternated,
 # with the GPU test of spares under it (not in the default set: the experiment of docs/PERFORMANCE.md)
 if want spare-cuda; then
+  step cuda-parts 200 python3 benchmarks/cuda_init_parts.py --variants none,torchinit --rounds 2  # (which device files cuInit opens)
   for i in 1 2; do for v in 0 1; do
     CLORCH_SPARE_CUDA=$v step "spare-cuda-$v-$i" 120 python3 benchmarks/cell_latency.py --iters 5 --nprocs "$n" --backend nccl --restarts 3 --starts 0
   done; done
@@ -46,6 +47,8 @@ if want relay-ab; then
     t=$((t + 1))
   done; done
 fi
+# the ranks' CPU priority (nice 5, SCHED_BATCH) against the normal one, for the 64-rank empty cell (not in the default set)
+want priority && step priority 300 python3 benchmarks/rank_priority.py --nprocs 64 --rounds 4 --iters 60
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
 want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30
 exit 0
