@@ -120,6 +120,25 @@ def test_the_end_of_an_endless_line_is_read_at_once(nb: NotebookKernel) -> None:
     assert took < 3, f"the death of a rank with a 64 MB log line was reported after {took:.1f} s"
 
 
+@pytest.mark.parametrize("after_s", [0.05, 0.5])
+def test_no_process_outlives_a_notebook_killed_while_it_replaces_a_rank(after_s: float) -> None:
+    """The notebook SIGKILLed while ``%clorch restart --ranks 1`` runs (a fresh rank starting from
+    its warm spare, the group forming again): the survivors, the fresh rank, the spares and the
+    zygote all end with it, as they do when it is killed between cells."""
+    with clorch_session("--nproc 3", stop=False) as kernel:
+        ids = info(kernel)
+        os.kill(int(ids["PIDS"][1]), signal.SIGKILL)
+        time.sleep(0.5)
+        below = set(everything_below([kernel.pid]))
+        kernel.send("%clorch restart --ranks 1")
+        time.sleep(after_s)
+        below |= set(everything_below([kernel.pid]))
+        os.kill(kernel.pid, signal.SIGKILL)
+        below.discard(kernel.pid)
+        left = wait_gone(sorted(below), 15)
+        assert left == [], [(pid, psutil.Process(pid).cmdline()) for pid in left if pid_running(pid)]
+
+
 def test_no_rank_outlives_the_notebook_even_one_holding_the_gil(nb: NotebookKernel, tmp_path) -> None:
     ids = info(nb)
     pids = [int(p) for p in ids["PIDS"] + ids["SUPS"]]
