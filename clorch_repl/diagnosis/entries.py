@@ -334,3 +334,29 @@ def members_of(pg: str, states: list[RankEvidence]) -> list[int]:
         if info and info.get("ranks"):
             return [r for r in info["ranks"] if any(s.rank == r for s in states)]
     return [s.rank for s in states]
+
+
+def out_of_step(answers: dict[int, dict[str, Any] | None]) -> str | None:
+    """Why the ranks' groups no longer line up, from their light answers (the flight recorder's
+    group status), or None while they do (or where the recorder cannot say).
+
+    Every member of a group numbers its collectives on it in the order it calls them; a collective
+    is matched across ranks by that number. When a failed cell left one member further on than
+    another (a collective that timed out on rank 0 while rank 1 never called it: gloo's own
+    timeout, ``%clorch start --timeout``), every later collective on that group pairs the wrong
+    calls, and gloo has closed its connections besides: the group is broken for good, though
+    every rank is idle and nothing looks stuck. Point-to-point calls (send, recv) are numbered
+    apart and never compared; ranks that did not answer are left out."""
+    called: dict[str, dict[int, int]] = {}
+    for rank, answer in answers.items():
+        if not answer or "error" in answer:
+            continue
+        for key, values in ((answer.get("fr") or {}).get("pg_status") or {}).items():
+            called.setdefault(str(key), {})[rank] = int(values.get("last_enqueued_collective", -1))
+    for key, by_rank in sorted(called.items()):
+        if len(set(by_rank.values())) > 1:
+            pg = key.rsplit("/", 1)[-1]
+            name = "the default group" if pg == "0" else f"group {pg}"
+            said = ", ".join(f"rank {r} {max(0, n)}" for r, n in sorted(by_rank.items()))
+            return f"the ranks' collectives on {name} no longer line up (called so far: {said})"
+    return None

@@ -21,7 +21,8 @@ from typing import Callable, Iterable
 from ..errors import ClorchError, ranks_are
 from ..launchers.base import Launcher
 from ..common.rank_sets import rank_words
-from .protocol import CellOutcome, CellRequest
+from ..diagnosis.entries import out_of_step
+from .protocol import CellOutcome, CellRequest, Status
 from .relay import Relay
 from ..wire import PROTOCOL_VERSION
 from ..wire.requests import request_code
@@ -123,7 +124,24 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
         return Regrouped(False, f"clorch: the group was aborted, but {why}; every rank kept its variables: {fresh}", why)
     took = time.monotonic() - aborted_at
     return Regrouped(True, f"clorch: the group was aborted and formed again in {took:.1f} s; every rank kept its "
-                           "variables (the collective the ranks were stuck in is lost: run that step again)")
+                           "variables (the collective that did not complete on every rank is lost: run that step again)")
+
+
+def abort_if_out_of_step(relay: Relay, outcome: CellOutcome) -> None:
+    """After a failed cell with every rank out of it: when the ranks' collectives no longer line
+    up (:func:`clorch_repl.diagnosis.entries.out_of_step`: one rank's collective timed out, or
+    raised, where another never called it), abort the group now, as a stuck collective's is,
+    so that :func:`after_abort` forms it again in place. Left alone, every later collective on
+    it failed ("Application timeout caused pair closure") until a restart cost a rank its
+    variables (a try-out: gloo's timeout, ``%clorch start --timeout 5``)."""
+    if any(part.status is Status.STUCK for part in outcome.ranks.values()):
+        return  # (a rank still in its cell: the stuck report stands, and it may not answer in time)
+    why = out_of_step(relay.light_answers())
+    if why is None:
+        return
+    logger.info("clorch_repl: %s: aborting the group to form it again", why)
+    if relay.free_group([]).aborted:
+        outcome.group_aborted, outcome.aborted_at = True, time.monotonic()
 
 
 def died_between_cells(launcher: Launcher) -> list[int]:

@@ -263,8 +263,7 @@ class Session(Suspending):
         self._lost = () if formed else tuple(sorted(set(self._lost) | set(lost)))
 
     @property
-    def lost(self) -> tuple[int, ...]:
-        """Ranks that cannot be in a group (dead or stuck) while the session is degraded."""
+    def lost(self) -> tuple[int, ...]:  # ranks that cannot be in a group (dead or stuck) while degraded
         return self._lost
 
     # ------------------------------------------------------------------------------- cells
@@ -314,6 +313,8 @@ class Session(Suspending):
             with self.hooks.waiting():
                 outcome = relay.finish(started, sink, interrupted=interrupted)
                 died = [r.rank for r in outcome.ranks.values() if r.status is Status.DIED]
+                if not (outcome.ok or outcome.group_aborted or died) and self.life.state is SessionState.READY:
+                    recovery.abort_if_out_of_step(relay, outcome)  # a collective that failed on some ranks
                 if outcome.group_aborted or died:
                     why = (outcome.diagnosis or "").split("\n", 1)[0]
                     outcome.recovery = self._recover(why, outcome.aborted_at or time.monotonic(), died)
@@ -413,10 +414,9 @@ class Session(Suspending):
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked over control."""
-        _, relay = self._require()
-        if self.life.state is SessionState.SUSPENDED:
+        if self._require() and self.life.state is SessionState.SUSPENDED:
             return {}  # nothing writes while suspended, and asking would wait for the resume
-        answers = relay.light_answers()
+        answers = self._require()[1].light_answers()
         return {rank: answer["saves"] for rank, answer in answers.items()
                 if answer is not None and answer.get("saves")}
 

@@ -271,3 +271,24 @@ def test_a_rank_that_dies_between_cells_is_told_once_then_cells_run_on_the_other
                         "print(t.item(), 'x' in dir())")
         assert summed.status == "ok", summed.text
         assert [lines_of(summed.text, r) for r in range(3)] == [["3.0 True"], ["3.0 False"], ["3.0 True"]], summed.text
+
+
+def test_a_collective_that_timed_out_on_one_rank_alone_leaves_a_working_group() -> None:
+    """gloo's own timeout (``--timeout 3``) ends rank 0's all_reduce while rank 1 never called it:
+    nothing is stuck, but the two no longer line up and gloo closed its connections, so every
+    later collective failed ("Application timeout caused pair closure") until a restart cost a
+    rank its variables (a try-out). The session forms the group again after the failed cell."""
+    with clorch_session("--nproc 2 --backend gloo --timeout 3") as nb:
+        setup = nb.run("%%distributed\nimport time, torch, torch.distributed as dist\nkeep = rank + 10\n"
+                       "y = torch.ones(3)\ndist.all_reduce(y)\n")
+        assert setup.status == "ok", setup.text
+        for _ in range(2):  # and again on the re-formed group
+            failed = nb.run("%%distributed\nif rank == 1:\n    time.sleep(6)\ndist.all_reduce(y)\n", timeout=90)
+            flat = " ".join(_plain(failed.text).split())
+            assert failed.status == "error" and "Timed out" in flat, flat
+            assert FORMED.search(flat) and "the collective that did not complete on every rank is lost" in flat, flat
+            after = nb.run("%%distributed\nz = torch.ones(2) * (rank + 1)\ndist.all_reduce(z)\nprint(z.tolist(), keep)")
+            assert after.status == "ok", after.text
+            assert lines_of(after.text, 0) == ["[3.0, 3.0] 10"] and lines_of(after.text, 1) == ["[3.0, 3.0] 11"], after.text
+        why = nb.run("%clorch why")
+        assert "no collective is pending" in why.text, why.text
