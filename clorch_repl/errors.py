@@ -325,7 +325,8 @@ class DistributedCellError(Exception):
             elif result.status is Status.STUCK:
                 parts.append(f"{who} did not return after the interrupt")
             elif result.status is Status.INTERRUPTED:
-                parts.append(f"{who} interrupted")
+                cause = self._stopped_after()
+                parts.append(f"{who} interrupted" + (f" by clorch after {cause}" if cause else ""))
             elif result.status is Status.RETURNED:
                 parts.append(f"{who} returned after the interrupt")
             elif result.error is not None:  # one line: the whole message is in the traceback
@@ -340,6 +341,17 @@ class DistributedCellError(Exception):
         if self.outcome.recovery:
             parts.append(self.outcome.recovery.removeprefix("clorch: "))
         return "; ".join(parts) or "the cell failed"
+
+    def _stopped_after(self) -> str:
+        """Why clorch interrupted ranks the user did not ("" when the user did, or a time limit):
+        "rank 0 failed" (raised or died) first. Said beside their tracebacks, which show only a
+        KeyboardInterrupt wherever it landed (a try-out found nothing saying who sent it)."""
+        from .session.protocol import Status
+
+        if self.outcome.interrupted or self.outcome.timed_out:
+            return ""
+        first = [o.rank for o in self.outcome.failed if o.status in (Status.ERROR, Status.DIED) and not o.freed]
+        return f"{rank_words(first)} failed" if first else ""
 
     def _grace_said(self) -> str:
         """Why a cell with ``--timeout 2`` can end seconds later: the interrupt's grace period."""
@@ -412,6 +424,12 @@ class DistributedCellError(Exception):
                     lines.append("Where it is now:" if one else "Where they are now (the same stack on each):")
                     lines.extend("    " + line for line in stack)
             elif result.error is not None:
+                if (cause := self._stopped_after()) and result.status is Status.INTERRUPTED:
+                    from .session.cell_run import FAILURE_GRACE_S
+
+                    say(f"{who} {'was' if one else 'were'} interrupted by clorch, not by you: {cause}, and the "
+                        f"other ranks are stopped {FAILURE_GRACE_S:g} s after a rank fails (in SPMD code they "
+                        "most likely wait for it). Where the interrupt landed:")
                 lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
         stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]

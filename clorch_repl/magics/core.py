@@ -65,7 +65,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
-            raise ClorchError("no ranks are running: run %clorch start first")
+            raise ClorchError("no ranks are running: run %clorch start first" + views.detached_hint())
         return self.session
 
     # -------------------------------------------------------------------------- %clorch
@@ -153,7 +153,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
                 line = views.spares_line(self.warm.usage(), "the first %clorch start")
                 print(f"clorch: no ranks are running; {line}")
             else:
-                print("clorch: no ranks are running; %clorch start starts them")
+                print("clorch: no ranks are running; %clorch start starts them" + views.detached_hint())
             return
         session = self._session()
         views.notice(views.session_line(session))

@@ -140,9 +140,16 @@ class SessionCommands:
 
         if self.session is not None and check_owner(self.session):  # taken from us: ours no longer
             self.session = None
-        if self.session is not None and self.session.running:
-            raise ClorchError("this kernel drives ranks already: %clorch stop (or %clorch detach) first")
         name = None if args.name is None else registry.check_name(args.name)
+        if self.session is not None and self.session.running:
+            driven = getattr(self.session, "name", None)  # a detached session's (ConnectedSession)
+            if driven is not None and name in (None, driven):
+                print(f"clorch: this kernel drives session {driven!r} already")
+                return
+            which = f"session {driven!r}" if driven else "the ranks it started"
+            raise ClorchError(f"this kernel drives {which} already, and one kernel drives one session: "
+                              "%clorch detach keeps them running past this kernel, %clorch stop ends them; "
+                              "then %clorch connect")
         session, tail = connect(name, args.take, views.StartProgress(), NotebookHooks())
         self.session = session
         topo = session.topology

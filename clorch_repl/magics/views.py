@@ -162,3 +162,27 @@ def degraded_notice(session: Session) -> str | None:
     return (f"clorch: {session.life.why}: cells run on {rank_words(running)}, which "
             f"{'has' if len(running) == 1 else 'have'} no group (collectives fail)"
             + (f"; {advice}" if advice else f" until %clorch restart --ranks {','.join(map(str, lost))}"))
+
+
+
+def detached_hint() -> str:
+    """Where a kernel that drives no ranks says so: this user's detached sessions on this host and
+    how to reach them ("" when there are none). After Kernel > Restart the first thing typed is a
+    cell or ``%clorch status``, and a plain "%clorch start" would make a second set of ranks."""
+    from ..errors import ConfigError
+    from ..session import registry
+
+    here = []
+    for name in registry.names():
+        try:
+            record = registry.read(name)
+        except ConfigError:  # an unreadable file: %clorch sessions says what is wrong with it
+            continue
+        if registry.elsewhere(record) is None and registry.live(record):
+            here.append(name)
+    if len(here) == 1:
+        return f"; your detached session {here[0]!r} runs on this host: %clorch connect {here[0]} drives it from here"
+    if here:
+        return (f"; {len(here)} detached sessions of yours run on this host ({', '.join(here)}): "
+                "%clorch connect NAME drives one from here")
+    return ""

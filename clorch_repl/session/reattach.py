@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 from .. import cuda
 from ..errors import ClorchError, ConfigError
 from ..common.human import size, span
+from ..common.rank_sets import rank_words
 from ..host import hold
 from ..host.logfiles import without_ansi
 from ..launchers.adopted import AdoptedLauncher, no_start
@@ -206,7 +207,10 @@ def detach(session: Session, name: str, keep_for_s: float, progress: Progress,
                           "ranks' nannies end them once this kernel's callback endpoint stops answering, and they "
                           "cannot yet re-register with a new kernel's endpoint (see the README, \"Sessions that "
                           "outlive the notebook\")")
-    if session.relay is None or session.life.state is not SessionState.READY or session.relay.busy():
+    if session.relay is not None and session.life.state is SessionState.READY and (busy := session.relay.busy()):
+        raise ConfigError(f"only an idle session can be detached, and a cell is running on {rank_words(busy)}: "
+                          "wait for it to end (or %clorch interrupt it), then %clorch detach")
+    if session.relay is None or session.life.state is not SessionState.READY:
         raise ConfigError(f"only a ready, idle session can be detached; this one is {session.life.state.value}"
                           f"{' (' + session.life.why + ')' if session.life.why else ''}: wait, or %clorch restart")
     path = registry.path_of(name)

@@ -373,8 +373,9 @@ class Suspending:
         says so. Refused (the session stays suspended) while a rank's GPU lacks room."""
         group, relay = self._require()
         if self.life.state is not SessionState.SUSPENDED:
-            raise ClorchError(f"nothing to resume: the session is {self.life.state.value} (%clorch suspend gives "
-                              "the GPUs back)")
+            raise ClorchError(f"nothing to resume: the session is {self.life.state.value} " + (
+                "(%clorch suspend gives the GPUs back)" if self.topology.uses_gpu
+                else "(its ranks run on CPUs: they hold no GPU, and are never suspended)"))
         held = getattr(self, "_held", {})
         problem = room_problem(self.topology, held, remote=_remote(group))
         if problem:

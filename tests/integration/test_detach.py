@@ -364,7 +364,14 @@ def test_a_clean_exit_of_the_notebook_kernel_keeps_a_detached_session(kernels: K
     time.sleep(1.5)
     assert all(pid_running(p) for p in pids_of(record))
     second = kernels.new()
+    # the new kernel's first cell names the session and how to reach it (not just "%clorch start")
+    hint = "your detached session 'restarted' runs on this host: %clorch connect restarted drives it from here"
+    for line in ("%clorch status", "%%distributed\nprint(1)"):
+        said = " ".join(second.run(line).text.split())
+        assert "no ranks are running" in said and hint in said, (line, said)
     ok(second.run("%clorch connect"))  # the only session: no name needed
+    again = ok(second.run("%clorch connect restarted"))  # connected already: said, nothing undone
+    assert "this kernel drives session 'restarted' already" in again.text, again.text
     assert "x is 0" in ok(second.run("%%distributed --ranks 0\nprint('x is', x)")).text
     ok(second.run("%clorch stop"))
     assert wait_gone(pids_of(record), 10) == []
@@ -381,7 +388,7 @@ def test_detach_input_is_checked(kernels: Kernels) -> None:
     for line, said in (("%clorch detach --keep-for 0", "--keep-for must be a duration"),
                        ("%clorch detach --keep-for soon", "--keep-for must be a duration"),
                        ("%clorch detach --name ../x", "session name '../x' must be"),
-                       ("%clorch connect other", "this kernel drives ranks already")):
+                       ("%clorch connect other", "this kernel drives the ranks it started already")):
         reply = first.run(line)
         assert reply.status == "error" and said in reply.text, (line, reply.text)
     ok(first.run("%clorch stop"))

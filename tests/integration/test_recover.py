@@ -292,3 +292,37 @@ def test_a_collective_that_timed_out_on_one_rank_alone_leaves_a_working_group() 
             assert lines_of(after.text, 0) == ["[3.0, 3.0] 10"] and lines_of(after.text, 1) == ["[3.0, 3.0] 11"], after.text
         why = nb.run("%clorch why")
         assert "no collective is pending" in why.text, why.text
+
+
+def test_the_readmes_recipe_gives_a_fresh_rank_the_survivors_trained_ddp_model() -> None:
+    """README, "Giving the fresh rank its state back" (DDP): run on every rank after
+    ``%clorch restart --ranks 1``, the survivors keep their trained weights and the fresh rank gets
+    them. The recipe before rebuilt the model on every rank, so rank 0 broadcast freshly initialised
+    weights and the training was lost everywhere (a try-out)."""
+    setup = ("%%distributed\nimport os, torch, torch.distributed as dist\n"
+             "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+             "device = torch.device('cpu')\n"
+             "def make_model():\n    torch.manual_seed(rank)\n    return torch.nn.Linear(4, 2)\n")
+    step = ("%%distributed\ng = torch.Generator().manual_seed(rank)\nopt.zero_grad()\n"
+            "model(torch.randn(8, 4, generator=g)).sum().backward()\nopt.step()\n"
+            "print(round(model.module.weight.sum().item(), 5))\n")
+    with clorch_session("--nproc 3 --backend gloo") as nb:
+        assert nb.run(setup).status == "ok"
+        built = nb.run("%%distributed\nmodel = DDP(make_model())\nopt = torch.optim.SGD(model.parameters(), lr=0.1)")
+        assert built.status == "ok", built.text
+        for _ in range(3):
+            trained = nb.run(step)
+            assert trained.status == "ok", trained.text
+        weights = {lines_of(trained.text, r)[0] for r in range(3)}
+        assert len(weights) == 1, trained.text
+        died = nb.run("%%distributed\nif rank == 1:\n    os._exit(1)\nt = torch.ones(1)\ndist.all_reduce(t)\n", timeout=90)
+        assert died.status == "error", died.text
+        assert nb.run("%clorch restart --ranks 1", timeout=120).status == "ok"
+        assert nb.run(setup).status == "ok"  # the fresh rank's set-up cell (the others just run it again)
+        recipe = nb.run("%%distributed\nif 'model' in globals():\n    model = DDP(model.module)\nelse:\n"
+                        "    model = DDP(make_model().to(device))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                        "print(round(model.module.weight.sum().item(), 5))\n")
+        assert recipe.status == "ok", recipe.text
+        assert [lines_of(recipe.text, r) for r in range(3)] == [list(weights)] * 3, (weights, recipe.text)
+        after = nb.run(step)
+        assert after.status == "ok" and len({lines_of(after.text, r)[0] for r in range(3)}) == 1, after.text

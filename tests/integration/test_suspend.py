@@ -38,6 +38,7 @@ def test_cpu_ranks_refuse_suspend_and_keep_working() -> None:
         assert nb.run("%clorch suspend --after 0").status == "ok"  # (nothing armed: nothing to say)
         resumed = nb.run("%clorch resume")
         assert resumed.status == "error" and "nothing to resume: the session is ready" in resumed.text, resumed.text
+        assert "%clorch suspend" not in resumed.text and "run on CPUs" in resumed.text, resumed.text  # (refused here)
 
         after = nb.run("%%distributed\nt = x.clone()\ndist.all_reduce(t)\nprint(t.tolist())\n")
         assert after.status == "ok", after.text

@@ -136,3 +136,16 @@ def test_a_rank_freed_by_the_groups_abort_is_not_said_to_be_interrupted() -> Non
     summary = str(errors.DistributedCellError(outcome))
     assert summary.startswith("rank 0 freed from a collective by aborting the group; rank 1: ValueError: boom"), summary
     assert "interrupted" not in summary, summary
+
+
+def test_a_rank_clorch_interrupted_after_another_failed_is_said_to_be_so() -> None:
+    """Rank 0 raised; rank 1, asleep, was interrupted by clorch after the failure grace period:
+    its bare KeyboardInterrupt said nothing of who sent it (a try-out)."""
+    outcome = CellOutcome(ranks={0: _failed(0, Status.ERROR, "RuntimeError", ("RuntimeError: Timed out",)),
+                                 1: _failed(1, Status.INTERRUPTED, "KeyboardInterrupt", ("KeyboardInterrupt",))})
+    err = errors.DistributedCellError(outcome)
+    assert str(err).startswith("rank 0: RuntimeError: boom; rank 1 interrupted by clorch after rank 0 failed"), str(err)
+    flat = " ".join(line.strip() for line in err._render_traceback_())
+    assert "rank 1 was interrupted by clorch, not by you: rank 0 failed, and the other ranks are stopped 2 s" in flat, flat
+    yours = errors.DistributedCellError(CellOutcome(ranks=dict(outcome.ranks), interrupted=True))
+    assert "by clorch" not in str(yours) and "by clorch" not in " ".join(yours._render_traceback_())
