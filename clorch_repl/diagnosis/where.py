@@ -52,8 +52,11 @@ def where(state: RankEvidence, *, many: bool = False) -> str:
     if not state.answered:
         why = (state.answer or {}).get("error")
         lock = "their Python locks" if many else "its Python lock"
-        head = "did not answer" + (f" ({why})" if why else f" (native code is holding {lock})")
         line = _fallback_line(state.fallback_stack)
+        if not why and _idle_in_loop(state.fallback_stack, line):
+            return (f"did not answer in time, though {'their stacks show them' if many else 'its stack shows it'} "
+                    "idle, waiting for a request (not running a cell): a busy host, not a held Python lock")
+        head = "did not answer" + (f" ({why})" if why else f" (native code is holding {lock})")
         return head + (f"; {'they are' if many else 'it is'} at {line}" if line else "")
     ans = state.answer
     stack = ans.get("stack") or []
@@ -112,6 +115,15 @@ def _short(path: str) -> str:
 #: a faulthandler frame: ``File "/path/x.py", line 3 in step`` (the notebook has named cells'
 #: files ``Cell In[12]`` by then: clorch_repl.session.cell_files)
 _FAULTHANDLER_FRAME = re.compile(r'File "(.+)", line (\d+) in (.+)$')
+
+
+def _idle_in_loop(stack: str | None, innermost: str | None) -> bool:
+    """Whether a faulthandler stack is a kernel's between requests: no cell's frame, and its
+    innermost call its event loop's wait (``selectors.py ... in select()``). Such a rank's probe
+    went unanswered only because its control thread got no core in time (a try-out on a loaded
+    2-core box), never because native code held its Python lock: ``select`` releases it."""
+    return bool(stack) and "Cell In[" not in (stack or "") and bool(innermost) and \
+        "selectors.py" in (innermost or "") and "select()" in (innermost or "")
 
 
 def _fallback_line(stack: str | None) -> str | None:

@@ -130,6 +130,14 @@ def test_every_phrase_has_its_plural() -> None:
         "ranks 0-1 are at Cell In[3], line 5 in <module>, with their CUDA streams still busy"]
     assert where(silent, many=True) == ("did not answer (native code is holding their Python locks); "
                                         "they are at Cell In[7], line 3 in <module>")
+    idle = RankEvidence(0, answer=None, fallback_stack=(
+        '  File "/usr/lib/python3.11/selectors.py", line 468 in select\n'
+        '  File "/usr/lib/python3.11/asyncio/base_events.py", line 1884 in _run_once\n'))
+    # its stack shows it waiting for a request: a probe unanswered on a busy host (a try-out's verdict
+    # blamed a held Python lock, which select() releases)
+    assert where(idle) == ("did not answer in time, though its stack shows it idle, waiting for a request (not "
+                           "running a cell): a busy host, not a held Python lock")
+    assert "their stacks show them idle" in where(idle, many=True)
     assert where(prompt, many=True) == ("are waiting for input at Cell In[3], line 2 in <module> "
                                         "(their prompts 'go? ' wait for your answers in the notebook)")
     assert where(library, many=True) == "are in library code outside their cells' lines (IPython/x.py:1 in f())"
