@@ -344,8 +344,7 @@ class DistributedCellError(Exception):
 
     def _stopped_after(self) -> str:
         """Why clorch interrupted ranks the user did not ("" when the user did, or a time limit):
-        "rank 0 failed" (raised or died) first. Said beside their tracebacks, which show only a
-        KeyboardInterrupt wherever it landed (a try-out found nothing saying who sent it)."""
+        "rank 0 failed" (raised or died), said beside their bare KeyboardInterrupts (a try-out)."""
         from .session.protocol import Status
 
         if self.outcome.interrupted or self.outcome.timed_out:
@@ -425,11 +424,9 @@ class DistributedCellError(Exception):
                     lines.extend("    " + line for line in stack)
             elif result.error is not None:
                 if (cause := self._stopped_after()) and result.status is Status.INTERRUPTED:
-                    from .session.cell_run import FAILURE_GRACE_S
-
-                    say(f"{who} {'was' if one else 'were'} interrupted by clorch, not by you: {cause}, and the "
-                        f"other ranks are stopped {FAILURE_GRACE_S:g} s after a rank fails (in SPMD code they "
-                        "most likely wait for it). Where the interrupt landed:")
+                    say(f"{who} {'was' if one else 'were'} interrupted by clorch, not by you: {cause}, and the other "
+                        "ranks are stopped soon after a rank fails (in SPMD code they most likely wait for it). "
+                        "Where the interrupt landed:")
                 lines.extend(result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"])
         dead = [o.rank for o in self.outcome.failed if o.status is Status.DIED]
         stuck = [o.rank for o in self.outcome.failed if o.status is Status.STUCK]

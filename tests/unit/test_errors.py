@@ -146,6 +146,6 @@ def test_a_rank_clorch_interrupted_after_another_failed_is_said_to_be_so() -> No
     err = errors.DistributedCellError(outcome)
     assert str(err).startswith("rank 0: RuntimeError: boom; rank 1 interrupted by clorch after rank 0 failed"), str(err)
     flat = " ".join(line.strip() for line in err._render_traceback_())
-    assert "rank 1 was interrupted by clorch, not by you: rank 0 failed, and the other ranks are stopped 2 s" in flat, flat
+    assert "rank 1 was interrupted by clorch, not by you: rank 0 failed, and the other ranks are stopped soon after a rank fails" in flat, flat
     yours = errors.DistributedCellError(CellOutcome(ranks=dict(outcome.ranks), interrupted=True))
     assert "by clorch" not in str(yours) and "by clorch" not in " ".join(yours._render_traceback_())

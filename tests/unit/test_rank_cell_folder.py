@@ -76,7 +76,7 @@ def test_ranks_writing_a_cells_file_at_once_never_show_half_of_it(monkeypatch: p
     # ipykernel's dumpCell truncates the file and writes it again: a rank's debugger reading it
     # meanwhile (another rank's dump of the same cell) found it empty or cut short.
     use_folder(monkeypatch, tmp_path / "cells")
-    code = "total = total + 1\n" * 20_000  # a long cell: its write takes several system calls
+    code = "total = total + 1\n" * 8_000  # a long cell (144 KB): its write takes several system calls
     path = compiler.get_file_name(code)
     debugger = cell_files.RankDebugger(logging.getLogger(__name__), None, None, None, None, [])
     message: dict[str, Any] = {"seq": 1, "command": "dumpCell", "arguments": {"code": code}}
@@ -84,7 +84,7 @@ def test_ranks_writing_a_cells_file_at_once_never_show_half_of_it(monkeypatch: p
     seen: list[int] = []
 
     def write() -> None:
-        for _ in range(10):
+        for _ in range(5):
             reply = asyncio.run(debugger.dumpCell(message))
             assert reply["body"]["sourcePath"] == path and reply["success"]
 
