@@ -6,7 +6,8 @@ cell at 64 ranks within 2x a plain kernel's ``pass``.)
 Why: on 16 cores 64 ranks' threads wake at once for every cell, and the notebook kernel's main
 thread, which reads every rank's reply one after another, competes with them for a core. A rank
 at a lower priority (``nice``), or under ``SCHED_BATCH`` (it never preempts on waking), would
-leave the notebook's thread its core. One session of N gloo ranks started by a notebook kernel
+leave the notebook's thread its core; so would ranks kept off the first two cores ("cores 2+",
+which a rank's NUMA binding could do). One session of N gloo ranks started by a notebook kernel
 (``CLORCH_SPARES=0``); each round runs the modes in a random order, each mode setting every
 thread of every rank from inside a cell, then ``--iters`` pairs of (``pass``, empty cell) in
 random order (``cell_latency.interleaved``). Printed per mode: the cell / ``pass`` ratio of p50s,
@@ -30,11 +31,14 @@ from cell_latency import interleaved  # noqa: E402
 from notebook_kernel import NotebookKernel  # noqa: E402
 
 #: each mode: the scheduling policy and the nice value every rank thread gets
-MODES = {"normal": ("SCHED_OTHER", 0), "nice 5": ("SCHED_OTHER", 5), "SCHED_BATCH": ("SCHED_BATCH", 0),
-         "SCHED_BATCH, nice 5": ("SCHED_BATCH", 5)}
+#: each mode: the scheduling policy, the nice value and the first core every rank thread gets (the
+#: cores before it left to the notebook kernel and its client)
+MODES = {"normal": ("SCHED_OTHER", 0, 0), "nice 5": ("SCHED_OTHER", 5, 0), "SCHED_BATCH": ("SCHED_BATCH", 0, 0),
+         "SCHED_BATCH, nice 5": ("SCHED_BATCH", 5, 0), "cores 2+": ("SCHED_OTHER", 0, 2)}
 SET = ("%%distributed\nimport os as _o\nfor _t in _o.listdir('/proc/self/task'):\n    try:\n"
        "        _o.sched_setscheduler(int(_t), _o.{policy}, _o.sched_param(0))\n"
        "        _o.setpriority(_o.PRIO_PROCESS, int(_t), {nice})\n"
+       "        _o.sched_setaffinity(int(_t), range({first}, _o.cpu_count()))\n"
        "    except OSError as _e:\n        print('refused:', _e)\n")
 
 
@@ -53,8 +57,8 @@ def main() -> None:
         cells: dict[str, list[float]] = {m: [] for m in MODES}
         for _ in range(args.rounds):
             for mode in random.sample(list(MODES), len(MODES)):
-                policy, nice = MODES[mode]
-                set_mode = nb.run(SET.format(policy=policy, nice=nice))
+                policy, nice, first = MODES[mode]
+                set_mode = nb.run(SET.format(policy=policy, nice=nice, first=first))
                 if set_mode.status != "ok" or "refused" in set_mode.text:
                     sys.exit(f"{mode}: the ranks could not take it:\n{set_mode.text}")
                 floor, cell = interleaved(nb, args.iters)

@@ -87,9 +87,9 @@ GPU_INDEX = Variable("CLORCH_GPU_INDEX", "the rank's own GPU as its host names i
                      "whatever position CUDA_VISIBLE_DEVICES gives it: for NUMA binding and %clorch top")
 SPARE = Variable("CLORCH_SPARE", "set in a warm spare's environment: it imports torch before its kernel starts "
                  "and learns the group's meeting point only when it is made a rank")
-SPARE_CUDA = Variable("CLORCH_SPARE_CUDA", "1: a warm spare of a GPU rank sets up the CUDA driver (cuInit: "
-                      "no context, no GPU memory) ahead instead of at its join; unset or 0: at its join "
-                      "(an experiment until measured in a restart on a GPU)")
+SPARE_CUDA = Variable("CLORCH_SPARE_CUDA", "0: a warm spare of a GPU rank sets up the CUDA driver (cuInit: no "
+                      "context, no GPU memory) at its join instead of ahead, while it waits (the default, 1: "
+                      "0.1-0.2 s off every restart on an H100)", default="1")
 RANK_LOG = Variable("CLORCH_RANK_LOG", "a warm spare's rank log: where it moves its stdout and stderr when it "
                     "is made a rank")
 STACK_FILE = Variable("CLORCH_STACK_FILE", "where the rank's kernel appends its main thread's stack on SIGUSR1")

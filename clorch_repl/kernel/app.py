@@ -135,23 +135,22 @@ def warm_imports() -> None:
 
 
 def _warm_cuda_driver() -> None:
-    """With ``CLORCH_SPARE_CUDA=1`` (common.env_vars.SPARE_CUDA), in a spare that will be a GPU
-    rank: the CUDA driver's own set-up now (``cuInit``, through ``torch.cuda.init``), not when the
-    spare joins. In a plain process on an H100 that took 0.18-0.19 s of the 0.30 s its first CUDA
-    call took, leaving 0.10 s for the context (docs/PERFORMANCE.md, "Issue 39's targets measured
-    again"). ``cuInit`` creates no context and allocates nothing on a GPU, so the spare would still
-    hold no GPU memory and the old rank's memory stays its own until it exits. Off by default
-    until a restart on a GPU has measured it and ``tests/gpu/test_gpu_spares.py`` (whose check
-    looks at the GPU device files a spare has open, some of which ``cuInit`` may open) has run
-    with it. A driver that fails here is only logged: the join sets CUDA up again and fails
-    there, as a cold rank would, with the error in its cell. Called by the spare itself
-    (:func:`main`), never by :func:`warm_imports`, which the ranks' zygote runs before it forks
-    them: CUDA initialised there would make every forked rank a bad fork."""
+    """In a spare that will be a GPU rank (unless ``CLORCH_SPARE_CUDA=0``, common.env_vars.SPARE_CUDA):
+    the CUDA driver's own set-up now (``cuInit``, through ``torch.cuda.init``), not when the spare
+    joins. ``cuInit`` creates no context and allocates nothing on a GPU, so the spare holds no GPU
+    memory and the old rank's stays its own until it exits (it does open the GPU's device files).
+    Measured on an H100 (docs/PERFORMANCE.md, "evening session"): 0.20 s ahead, and the join
+    0.42-0.46 s against 0.50-0.66 s without, every restart 0.46-0.67 s against 0.58-0.90 s; with it
+    on, ``tests/gpu/test_gpu_spares.py`` counts the processes holding a CUDA context (the ranks
+    alone). A driver that fails here is only logged: the join sets CUDA up again and fails there,
+    as a cold rank would, with the error in its cell. Called by the spare itself (:func:`main`),
+    never by :func:`warm_imports`, which the ranks' zygote runs before it forks them: CUDA
+    initialised there would make every forked rank a bad fork."""
     from ..common import env_vars
     from ..wire.rank_env import device_index
 
-    if env_vars.SPARE_CUDA.get() != "1" or device_index(os.environ) is None:
-        return  # off (the default), or a CPU rank's spare
+    if env_vars.SPARE_CUDA.get() == "0" or device_index(os.environ) is None:
+        return  # turned off, or a CPU rank's spare
     import torch
 
     try:

@@ -16,7 +16,7 @@ def test_the_status_line_counts_a_spare_not_yet_forked_as_starting() -> None:
 
 
 def test_a_spare_whose_cuda_driver_fails_ahead_still_starts_and_says_why(monkeypatch, caplog) -> None:
-    # CLORCH_SPARE_CUDA=1 on a GPU rank's spare: the driver is set up before the join. Here torch's
+    # A GPU rank's spare (CLORCH_SPARE_CUDA unset: on): the driver is set up before the join. Here torch's
     # CPU build is what fails (no CUDA compiled in), for real: the spare's start must go on (its
     # join meets the same error in the rank's cell), and its log must say what failed.
     import logging
@@ -27,7 +27,7 @@ def test_a_spare_whose_cuda_driver_fails_ahead_still_starts_and_says_why(monkeyp
 
     from clorch_repl import cuda
 
-    monkeypatch.setenv("CLORCH_SPARE_CUDA", "1")
+    monkeypatch.delenv("CLORCH_SPARE_CUDA", raising=False)  # the default: on
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     if cuda.available():  # a stand-in where CUDA would work: initialising it here would make this
         def broken() -> None:  # test process a bad fork for every later test that forks
@@ -40,12 +40,12 @@ def test_a_spare_whose_cuda_driver_fails_ahead_still_starts_and_says_why(monkeyp
     assert "sets it up when it joins" in record.getMessage()
 
 
-def test_a_spare_sets_up_no_cuda_unless_asked_or_for_a_cpu_rank(monkeypatch, caplog) -> None:
+def test_a_spare_sets_up_no_cuda_when_told_not_to_or_for_a_cpu_rank(monkeypatch, caplog) -> None:
     import logging
 
     from clorch_repl.kernel import app
 
-    for spare_cuda, visible in (("", "0"), ("0", "0"), ("1", "")):
+    for spare_cuda, visible in (("0", "0"), ("1", ""), ("", "")):
         monkeypatch.setenv("CLORCH_SPARE_CUDA", spare_cuda)
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         with caplog.at_level(logging.WARNING, logger=app.__name__):
