@@ -122,8 +122,8 @@ def _idle_in_loop(stack: str | None, innermost: str | None) -> bool:
     innermost call its event loop's wait (``selectors.py ... in select()``). Such a rank's probe
     went unanswered only because its control thread got no core in time (a try-out on a loaded
     2-core box), never because native code held its Python lock: ``select`` releases it."""
-    return bool(stack) and "Cell In[" not in (stack or "") and bool(innermost) and \
-        "selectors.py" in (innermost or "") and "select()" in (innermost or "")
+    line = innermost or ""
+    return bool(stack) and "Cell In[" not in str(stack) and "selectors.py" in line and "select()" in line
 
 
 def _fallback_line(stack: str | None) -> str | None:

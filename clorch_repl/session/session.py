@@ -134,7 +134,8 @@ class Session(Suspending):
                            tuple(range(n)), timeout_s=self.topology.timeout_s + JOIN_MARGIN_S)
         outcome = self.relay.execute(join, silent=True)
         if outcome.ended_by_user:
-            # the user's Ctrl-C ended the join: ranks interrupted, returned, stuck, or even dead of it (torch's import cut short can segfault): its doing
+            # the user's Ctrl-C ended the join: ranks interrupted, returned, stuck, or even dead of it
+            # (torch's import cut short can segfault): its doing, not theirs
             raise StartInterrupted([])  # (start() stops the ranks and says what outlived that)
         if not outcome.ok:
             raise StartupError("the ranks could not form their process group", outcome)
@@ -226,8 +227,7 @@ class Session(Suspending):
             raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
                               f"wait, {self.hooks.verbs.interrupt}, or restart "
                               f"{'it' if len(busy) == 1 else 'them'} too")
-        dead = [p.rank for p in group.ranks if not p.alive and p.rank not in ranks]
-        if dead:
+        if dead := [r for r in recovery.died_between_cells(group) if r not in ranks]:
             raise ClorchError(f"{ranks_are(dead)} dead too: add {'it' if len(dead) == 1 else 'them'} to --ranks")
         t0 = time.monotonic()
         self.life.move("replace" if self.life.can("replace") else "abort", f"replacing {rank_words(ranks)}")
@@ -279,7 +279,8 @@ class Session(Suspending):
             _, relay = self._require()
             return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
         if self.life.state is SessionState.READY and (dead := recovery.died_between_cells(self._require()[0])):
-            raise recovery.died_between_cells_error(self.group, dead, self._recover(f"{rank_words(dead)} died", time.monotonic(), dead))
+            line = self._recover(f"{rank_words(dead)} died", time.monotonic(), dead)  # as after a death in a cell
+            raise recovery.died_between_cells_error(self.group, dead, line)
         started = self.begin(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
                              cell_number=cell_number, stdin=stdin_of(sink, stdin))  # a Ctrl-C during its send marks it (StartedCell.interrupted)
         return self.finish(started, sink)
@@ -386,9 +387,7 @@ class Session(Suspending):
         rest); otherwise only the ranks' signals are sent (no stacks, no recovery: those use the
         session's sockets). Either way it returns ({}, None) at once (see .waited)."""
         group, relay = self._require()
-        if relay.interrupt_waiting(otherwise=None if relay.owned_here() else group.interrupt):
-            return {}, None
-        if not relay.owned_here():
+        if relay.interrupt_waiting(otherwise=None if relay.owned_here() else group.interrupt) or not relay.owned_here():
             return {}, None
         group.interrupt()
         deadline = time.monotonic() + grace_s
@@ -414,9 +413,10 @@ class Session(Suspending):
 
     def saves_in_flight(self) -> dict[int, list[dict[str, Any]]]:
         """rank -> its asynchronous checkpoint saves still writing (``%clorch status``), asked over control."""
-        if self._require() and self.life.state is SessionState.SUSPENDED:
+        _, relay = self._require()
+        if self.life.state is SessionState.SUSPENDED:
             return {}  # nothing writes while suspended, and asking would wait for the resume
-        answers = self._require()[1].light_answers()
+        answers = relay.light_answers()
         return {rank: answer["saves"] for rank, answer in answers.items()
                 if answer is not None and answer.get("saves")}
 
