@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from test_merge_output import _shell, feed, out  # noqa: F401  (_shell: its autouse fixture)
+from test_merge_output import _shell, feed, out, shown  # noqa: F401  (_shell: its autouse fixture)
 
 
 def test_a_line_ended_late_after_another_ranks_line_adds_no_empty_line(monkeypatch: Any) -> None:
@@ -23,7 +23,9 @@ def test_a_line_ended_late_after_another_ranks_line_adds_no_empty_line(monkeypat
     monkeypatch.setattr(display, "PARTIAL_LINE_HOLD_S", 0.0)  # both holds over: the rank is that late
     monkeypatch.setattr(display, "MERGE_HOLD_S", 0.0)
     cap = feed([out(0, "after 5"), out(1, "after 5\n"), out(0, "\n"), out(0, "next\n")])
-    assert cap.stdout == "[rank 0] after 5\n[rank 1] after 5\n[rank 0] next\n", cap.stdout
+    # rank 0's line, shown unfinished, is its live line (a display of its own): its newline ends it there
+    assert cap.stdout == "[rank 1] after 5\n[rank 0] next\n", cap.stdout
+    assert {o.data["text/plain"] for o in shown(cap.outputs)} == {"[rank 0] after 5"}  # shown, then its end
     # an empty line a rank prints on purpose is still shown
     cap = feed([out(0, "\n"), out(1, "x\n"), out(0, "y\n")], merge=False)
     assert cap.stdout == "[rank 0] \n[rank 1] x\n[rank 0] y\n", cap.stdout
@@ -134,3 +136,19 @@ def test_kernel_a_warning_before_a_print_stays_before_it(nb: Any) -> None:
         for rank in (0, 1):
             mine = [line for line in reply.text.splitlines() if line.startswith(f"[rank {rank}] ")]
             assert mine == [f"[rank {rank}] {word} {rank}" for word in ("first", "second", "third")], reply.text
+
+
+def test_kernel_dots_printed_on_every_rank_stay_one_line_per_rank(nb: Any) -> None:
+    """``print('.', end='', flush=True)`` in a loop, the way people show progress without a bar,
+    on both ranks at once: each rank's dots are one line that grows live, never chopped into
+    labelled pieces by the other rank's dots."""
+    reply = nb.run("%%distributed\nimport time\nfor _ in range(5):\n    print('.', end='', flush=True)\n"
+                   "    time.sleep(0.3)\nprint(' done')")
+    assert reply.status == "ok", reply.text
+    assert "." not in stdout_of(reply), stdout_of(reply)  # no piece of a dotted line in the stream
+    finals: dict[str, str] = {}
+    for m in reply.outputs:
+        display_id = (m["content"].get("transient") or {}).get("display_id", "")
+        if m["msg_type"] in ("display_data", "update_display_data") and not display_id.startswith("clorch-held-"):
+            finals[display_id] = m["content"]["data"]["text/plain"]
+    assert sorted(finals.values()) == ["[rank 0] ..... done", "[rank 1] ..... done"], finals

@@ -192,7 +192,30 @@ def test_the_rest_of_a_line_already_shown_in_part_stays_that_ranks(monkeypatch: 
         sink.output(out(0, "def"))
         sink.output(out(1, "def"))
         sink.flush(final=True)
-    assert cap.stdout == "[rank 0] step def\n[rank 1] def", cap.stdout
+    # rank 0's line is live in a display of its own (several ranks write), rank 1's unfinished
+    # line, left at the cell's end, is a line of the stream
+    assert cap.stdout == "[rank 1] def", cap.stdout
+    assert [o.data["text/plain"] for o in shown(cap.outputs)][-1] == "[rank 0] step def"
+
+
+def test_lines_written_in_pieces_by_several_ranks_at_once_stay_whole(monkeypatch: Any) -> None:
+    """``print('.', end='', flush=True)`` in a loop on every rank: each rank's line, shown in part
+    after its hold, was continued in the stream, where the other rank's piece had ended it, so
+    each piece began a new labelled line (``[rank 0] ..`` / ``[rank 1] ..`` / ``[rank 0] ..``).
+    Now each rank's line is one live display, updated as its dots come, whole at the end."""
+    import clorch_repl.notebook.display as display
+
+    monkeypatch.setattr(display, "PARTIAL_LINE_HOLD_S", 0.0)  # every piece comes later than the hold
+    cap = feed([out(0, "."), out(1, "."), out(0, "."), out(1, "."), out(1, ". done\n"), out(0, ". done\n"),
+                out(0, "next\n"), out(1, "next\n")])
+    assert cap.stdout == "[ranks 0-1] next\n", cap.stdout  # no piece of a dotted line in the stream
+    finals: dict[str, str] = {}
+    for o in shown(cap.outputs):  # each display's last text
+        finals[o.transient["display_id"]] = o.data["text/plain"]
+    assert sorted(finals.values()) == ["[rank 0] ... done", "[rank 1] ... done"], finals
+    # one rank alone writes in pieces into the stream, as before: nothing else can cut its line
+    cap = feed([out(0, "."), out(0, "."), out(0, " done\n")], ranks=(0,))
+    assert cap.stdout == "[rank 0] .. done\n" and shown(cap.outputs) == [], cap.stdout
 
 
 def test_rich_output_keeps_its_place_in_each_ranks_order() -> None:
