@@ -31,8 +31,8 @@ from . import sessions, views
 from .cell_options import cell_options, notebook_cell_number
 from .head_start import HeadStart
 from .warm import LoadSpares
-from .suspend import (parse_duration, refuse_cell, resume_command, set_idle_suspend, suspend_after_option,
-                      suspend_command)
+from .suspend import (end_idle_suspend, parse_duration, refuse_cell, resume_command, set_idle_suspend,
+                      suspend_after_option, suspend_command)
 from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, refused, stdin_ranks_option, tail_option, timeout_option, topology_options,
@@ -220,6 +220,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         """End every rank; no process is left behind."""
         if parse(self._stop, line) is None:
             return
+        end_idle_suspend(self)  # (the session's --suspend-after ends with it)
         if self.session is None or not self.session.running:
             if self.session is not None and self.session.group is not None:
                 self.session.stop()  # what an interrupted restart left (its launcher, warm spares)

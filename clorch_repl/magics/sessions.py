@@ -21,7 +21,7 @@ from ..notebook.hooks import NotebookHooks
 from ..session import registry
 from . import views
 from .arguments import argument, magic_arguments, parse
-from .suspend import set_idle_suspend
+from .suspend import end_idle_suspend, set_idle_suspend
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class SessionCommands:
                         said = (f"stopped the session's {n} rank(s); their variables are gone"
                                 + (f", their logs are kept in {kept}" if kept else ""))
         finally:
+            end_idle_suspend(self)
             self.warm.end()
         return said
 

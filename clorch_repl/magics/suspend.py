@@ -27,7 +27,7 @@ from .arguments import argument, magic_arguments, parse
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IdleSuspend", "parse_duration", "refuse_cell", "resume_command", "set_idle_suspend",
+__all__ = ["IdleSuspend", "end_idle_suspend", "parse_duration", "refuse_cell", "resume_command", "set_idle_suspend",
            "suspend_after_option", "suspend_command"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -161,6 +161,14 @@ def set_idle_suspend(magics: Any, after_s: float | None) -> str | None:
         return (f"clorch: no event loop runs between cells here (a terminal IPython), so --suspend-after "
                 f"{duration(after_s)} cannot fire; %clorch suspend suspends now")
     return f"clorch: the session suspends by itself once no cell has run for {duration(after_s)}"
+
+
+def end_idle_suspend(magics: Any) -> None:
+    """The session ends (``%clorch stop``, the extension unloaded): its idle suspend ends with it,
+    unsaid. Left armed, its timer woke for good on the kernel's loop (for a magics object an
+    unload had dropped, too), and the next ``%clorch start`` said "the session will not suspend by
+    itself" of a session that never had the setting."""
+    set_idle_suspend(magics, 0)  # (its line, said only when one was armed, is for the user's own "0")
 
 
 @magic_arguments(name="clorch suspend")

@@ -542,3 +542,26 @@ def test_stopping_a_suspended_session_ends_the_ranks_without_asking_them_to_leav
     assert session.stop() == []
     assert relay.requests == [] and group.polite is False  # no leave request: it would wait on locked CUDA
     assert session.life.state is S.STOPPED
+
+
+def test_the_idle_suspend_ends_with_the_session() -> None:
+    """``%clorch stop`` (and the extension's unload) end the session's --suspend-after: its timer
+    was left waking on the kernel's loop for good, and the next ``%clorch start`` said "the session
+    will not suspend by itself" of a session that never had the setting."""
+    from clorch_repl.magics.suspend import end_idle_suspend, set_idle_suspend
+
+    cancelled: list[bool] = []
+
+    class _CancellingLoop(_Loop):
+        def call_later(self, delay: float, callback: Any) -> Any:
+            self.scheduled.append((delay, callback))
+            return type("Handle", (), {"cancel": lambda self: cancelled.append(True)})()
+
+    magics = type("Magics", (), {"shell": None, "session": _IdleSession()})()
+    idle = IdleSuspend(magics, 600.0, _CancellingLoop())  # type: ignore[arg-type]
+    idle.arm()
+    magics._idle_suspend = idle  # what %clorch start --suspend-after 10m arms (refused here: no GPU)
+    end_idle_suspend(magics)
+    assert cancelled == [True] and magics._idle_suspend is None
+    assert set_idle_suspend(magics, None) is None  # the next start (no --suspend-after) says nothing of it
+    end_idle_suspend(magics)  # nothing armed: nothing to do, nothing said
