@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ..host.rankfiles import report_stack
 from ..common.rank_sets import merge_blocks, rank_words
 from .entries import Entry, RankEvidence, Verdict, describe_tensors, entries_of, members_of, unrecorded_pending
-from .where import frame_label, own_frame
+from .where import frame_label, own_frame, reporting_error
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,9 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int,
             lines.append(f"    {gone.key}: operation {gone.enqueued} (its group's own count) pending, every "
                          f"entry of the group gone from the recorder (last completed: {gone.completed})")
     stack = ans.get("stack") or []
-    if ans.get("in_cell") and stack and all(f.get("library") for f in stack):
+    if ans.get("in_cell") and reporting_error(stack):
+        lines.append("  its cell raised an error: IPython was writing its traceback (shown with the cell's errors)")
+    elif ans.get("in_cell") and stack and all(f.get("library") for f in stack):
         # IPython formatting the cell's traceback, say: a dozen frames of pygments or
         # stack_data would bury the other ranks' evidence; the two ends say where it is.
         inner = f" ... {frame_label(stack[-1])}" if len(stack) > 1 else ""

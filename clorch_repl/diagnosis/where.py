@@ -63,8 +63,11 @@ def where(state: RankEvidence, *, many: bool = False) -> str:
     if not ans.get("in_cell"):
         return f"{_is(many)} not running a cell"
     user = [f for f in stack if not f.get("library")]
+    if reporting_error(stack):
+        return f"{'have' if many else 'has'} raised an error in {'their cells' if many else 'its cell'} " \
+               f"(IPython is writing {'their tracebacks' if many else 'its traceback'})"
     if not user:
-        # Only library frames under run_code: IPython showing the cell's traceback, for example.
+        # Only library frames under run_code: a library's callback IPython runs, for example.
         inner = f" ({frame_label(stack[-1])})" if stack else ""
         cells = "their cells'" if many else "its cell's"
         return f"{_is(many)} in library code outside {cells} lines{inner}"
@@ -90,6 +93,20 @@ def own_frame(frame: dict[str, Any]) -> bool:
     thread's): the rank marks the frame whose code file lies inside its clorch_repl package
     (:func:`clorch_repl.diagnosis.probe.is_own`), as only the rank knows where that is."""
     return bool(frame.get("own"))
+
+
+#: IPython's functions that write a failed cell's traceback (``InteractiveShell``'s)
+_REPORTING = frozenset({"showtraceback", "_showtraceback", "showsyntaxerror", "showindentationerror"})
+
+
+def reporting_error(stack: list[dict[str, Any]]) -> bool:
+    """Whether a stack (from IPython's call of the cell inwards) is IPython writing the cell's
+    traceback: the cell's code has raised and is off the stack. A survivor of a dead peer is
+    often found there when asked; its frames (IPython, pygments, stack_data) said "in library code
+    outside its cell's lines", as if the rank were somewhere unknown, while its own traceback,
+    shown below the verdict, says where its cell failed."""
+    return bool(stack) and stack[0].get("function") in _REPORTING \
+        and str(stack[0].get("file", "")).endswith("interactiveshell.py")
 
 
 def frame_label(frame: dict[str, Any]) -> str:

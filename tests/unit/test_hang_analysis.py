@@ -168,11 +168,24 @@ def test_recorded_nccl_ranks_with_different_sizes() -> None:
 
 
 def test_a_rank_in_library_code_only_shows_two_frames_not_a_dozen() -> None:
-    # A survivor formatting its cell's traceback (IPython, then pygments) when it was asked.
+    # A library's callback that IPython runs around the cell (a post_run_cell hook, say).
+    stack = [frame("/x/site-packages/IPython/core/events.py", 89, "trigger")]
+    stack += [frame("/x/site-packages/pygments/lexer.py", 565 + i, "_process_state") for i in range(14)]
+    state = RankEvidence(1, answer={"fr": None, "fr_missing": "off", "stack": stack, "in_cell": True})
+    text = "\n".join(render.evidence([state]))
+    assert text.endswith("  in library code outside its cell's lines: IPython/core/events.py:89 in "
+                         "trigger() ... pygments/lexer.py:578 in _process_state()"), text
+    assert "pygments/lexer.py:570" not in text
+
+
+def test_a_survivor_writing_its_traceback_is_said_to_have_raised() -> None:
+    """A survivor of a dead peer, asked while IPython formats its cell's traceback (IPython, then
+    pygments): it was said to be "in library code outside its cell's lines: ...showtraceback()
+    ... pygments", as if it were somewhere unknown; its cell has raised, and its traceback says where."""
     stack = [frame("/x/site-packages/IPython/core/interactiveshell.py", 2279, "showtraceback")]
     stack += [frame("/x/site-packages/pygments/lexer.py", 565 + i, "_process_state") for i in range(14)]
     state = RankEvidence(1, answer={"fr": None, "fr_missing": "off", "stack": stack, "in_cell": True})
     text = "\n".join(render.evidence([state]))
-    assert text.endswith("  in library code outside its cell's lines: IPython/core/interactiveshell.py:2279 in "
-                         "showtraceback() ... pygments/lexer.py:578 in _process_state()"), text
-    assert "pygments/lexer.py:570" not in text
+    assert text.endswith("  its cell raised an error: IPython was writing its traceback (shown with the cell's "
+                         "errors)"), text
+    assert "pygments" not in text and "library code" not in text

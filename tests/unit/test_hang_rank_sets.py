@@ -142,6 +142,11 @@ def test_every_phrase_has_its_plural() -> None:
                                         "(their prompts 'go? ' wait for your answers in the notebook)")
     assert where(library, many=True) == "are in library code outside their cells' lines (IPython/x.py:1 in f())"
     assert where(library) == "is in library code outside its cell's lines (IPython/x.py:1 in f())"
+    writing = RankEvidence(0, answer={"in_cell": True, "stack": [
+        {"file": "/x/site-packages/IPython/core/interactiveshell.py", "line": 2279, "function": "showtraceback",
+         "library": True}, {"file": "/x/site-packages/pygments/lexer.py", "line": 1, "function": "f", "library": True}]})
+    assert where(writing) == "has raised an error in its cell (IPython is writing its traceback)"
+    assert where(writing, many=True) == "have raised an error in their cells (IPython is writing their tracebacks)"
 
 
 # ----------------------------------------------- defect 3: clorch's frames in every thread
