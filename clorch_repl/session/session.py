@@ -217,6 +217,9 @@ class Session(Suspending):
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()
         check_unique_in_range(ranks, self.topology.nproc, "--ranks", "rank")
+        if dead := [r for r in recovery.died_between_cells(group) if r not in ranks]:  # nothing to keep: theirs too
+            progress(f"{ranks_are(dead)} dead too, so {'it starts' if len(dead) == 1 else 'they start'} afresh as well")
+            ranks = sorted({*ranks, *dead})  # (the advice after a rank stuck while another was dead named one)
         if why := group.cannot_replace(ranks):
             raise ConfigError(why)
         if len(ranks) == self.topology.nproc:
@@ -227,8 +230,6 @@ class Session(Suspending):
             raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
                               f"wait, {self.hooks.verbs.interrupt}, or restart "
                               f"{'it' if len(busy) == 1 else 'them'} too")
-        if dead := [r for r in recovery.died_between_cells(group) if r not in ranks]:
-            raise ClorchError(f"{ranks_are(dead)} dead too: add {'it' if len(dead) == 1 else 'them'} to --ranks")
         t0 = time.monotonic()
         self.life.move("replace" if self.life.can("replace") else "abort", f"replacing {rank_words(ranks)}")
         self._generation += 1

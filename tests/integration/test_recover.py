@@ -213,6 +213,30 @@ def test_a_rank_stuck_in_its_own_code_is_restarted_alone_freeing_the_one_waiting
         assert lines_of(after.text, 0) == ["2.0 0"] and lines_of(after.text, 1) == ["2.0 None"], after.text
 
 
+def test_the_restart_advised_for_a_stuck_rank_works_while_another_is_dead() -> None:
+    """Rank 0 died; then rank 1 was stuck in its own code. The report advised ``%clorch restart
+    --ranks 1``, which was refused ("rank 0 is dead too: add it to --ranks"), while every later
+    cell was refused as rank 1 still ran (a try-out). A dead rank has nothing to keep: the restart
+    of the ranks named starts the dead ones afresh too, saying so, and rank 2 keeps its variables."""
+    stuck = ("%%distributed --timeout 3\nimport time\nif rank == 1:\n    while True:\n        try:\n"
+             "            time.sleep(100)\n        except KeyboardInterrupt:\n            pass\n")
+    with clorch_session("--nproc 3 --backend gloo") as nb:
+        assert nb.run("%%distributed\nkeep = rank * 10\n").status == "ok"
+        died = nb.run("%%distributed\nimport os\nif rank == 0:\n    os._exit(3)\n", timeout=90)
+        assert died.status == "error" and "rank 0 died" in _plain(died.text), died.text
+        report = nb.run(stuck, timeout=120)
+        text = " ".join(_plain(report.text).split())
+        assert report.status == "error" and "%clorch restart --ranks 1" in text, text
+        back = nb.run("%clorch restart --ranks 1", timeout=120)
+        assert back.status == "ok", back.text
+        assert "rank 0 is dead too, so it starts afresh as well" in back.text, back.text
+        assert "ranks 0-1 started afresh and the group formed again" in back.text, back.text
+        after = nb.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                       "dist.all_reduce(t)\nprint(t.item(), globals().get('keep'))\n")
+        assert after.status == "ok", after.text
+        assert [lines_of(after.text, r) for r in range(3)] == [["3.0 None"], ["3.0 None"], ["3.0 20"]], after.text
+
+
 def test_with_every_rank_dead_a_cell_is_refused_and_a_whole_restart_advised() -> None:
     """Both ranks die in one cell. The report advises a whole restart (not --ranks naming them all,
     which is refused), and later cells, transfers and scripts are refused instead of "succeeding" on
