@@ -72,7 +72,7 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int,
                          f"entry of the group gone from the recorder (last completed: {gone.completed})")
     stack = ans.get("stack") or []
     if ans.get("in_cell") and reporting_error(stack):
-        lines.append("  its cell raised an error: IPython was writing its traceback (shown with the cell's errors)")
+        lines.append("  its cell had already failed (its traceback is among the cell's errors)")
     elif ans.get("in_cell") and stack and all(f.get("library") for f in stack):
         # IPython formatting the cell's traceback, say: a dozen frames of pygments or
         # stack_data would bury the other ranks' evidence; the two ends say where it is.

@@ -186,6 +186,5 @@ def test_a_survivor_writing_its_traceback_is_said_to_have_raised() -> None:
     stack += [frame("/x/site-packages/pygments/lexer.py", 565 + i, "_process_state") for i in range(14)]
     state = RankEvidence(1, answer={"fr": None, "fr_missing": "off", "stack": stack, "in_cell": True})
     text = "\n".join(render.evidence([state]))
-    assert text.endswith("  its cell raised an error: IPython was writing its traceback (shown with the cell's "
-                         "errors)"), text
+    assert text.endswith("  its cell had already failed (its traceback is among the cell's errors)"), text
     assert "pygments" not in text and "library code" not in text
