@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..common.rank_sets import merge_blocks, rank_words
 from .entries import (Entry, CollectiveProgress, RankEvidence, Verdict, entries_of, group_label, members_of,
-                      progress, unrecorded_pending)
+                      of_this_cell, progress, unrecorded_pending)
 from .where import where
 
 #: what other modules take from here: the verdict and the records it is made of
@@ -236,14 +236,19 @@ def _no_collective(states: list[RankEvidence]) -> Verdict:
         # pending any more: name the death, and the last collective the survivors entered.
         parts = by_phrase(dead, lambda s, _many: f"died ({s.dead})")
         last: dict[tuple[str, int, str, str], list[int]] = {}
+        none = []  # ranks whose cell entered no collective: not waiting for the dead one
         for state in states:
-            entries = entries_of(state)
+            entries = [e for e in entries_of(state) if of_this_cell(state, e)]
             if entries:
                 e = max(entries, key=lambda x: (int(x.raw.get("time_created_ns") or 0), x.seq))
                 last.setdefault((e.pg, e.seq, e.op, e.tensors), []).append(state.rank)
+            elif state.dead is None and state.answered and state.answer.get("fr"):
+                none.append(state.rank)
         for (pg, seq, op, tensors), ranks in last.items():
             what = f"{op} #{seq} ({tensors + ', ' if tensors else ''}{group_label(pg, states)})"
             parts.append(f"the last collective of {rank_words(ranks)} was {what}")
+        if none:
+            parts.append(f"{rank_words(none)} had entered no collective in this cell")
         return Verdict(sentence="; ".join(parts), hang=False)
     return Verdict(sentence="no collective is pending: " + "; ".join(by_phrase(states, _outside)), hang=False)
 

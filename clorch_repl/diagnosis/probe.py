@@ -58,6 +58,7 @@ def answer(request: ProbeRequest) -> dict[str, Any]:
         "pid": os.getpid(), "host": os.uname().nodename, "now_ns": time.time_ns(),
         "fr": fr, "fr_missing": fr_missing, "groups": record.group_members(),
         "stack": stack, "in_cell": in_cell, "cuda_busy": cuda_busy(), "saves": saves_in_flight(),
+        "cell_began_ns": _cell_began_ns(),
     }
     if request.usage:  # %clorch top: what the rank uses now (clorch_repl.diagnosis.usage)
         from .usage import usage
@@ -127,6 +128,12 @@ def _executing() -> bool:
     imported here: a process without it is no rank's kernel)."""
     output = sys.modules.get("clorch_repl.kernel.output")
     return output is not None and output.in_cell()
+
+
+def _cell_began_ns() -> int | None:
+    """When the rank's latest cell began (clorch_repl.kernel.output, as :func:`_executing` asks it)."""
+    output = sys.modules.get("clorch_repl.kernel.output")
+    return output.cell_began_ns() if output is not None else None
 
 
 def _in_kernel() -> bool:

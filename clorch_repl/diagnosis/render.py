@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from ..host.rankfiles import report_stack
 from ..common.rank_sets import merge_blocks, rank_words
-from .entries import Entry, RankEvidence, Verdict, describe_tensors, entries_of, members_of, unrecorded_pending
+from .entries import (Entry, RankEvidence, Verdict, describe_tensors, entries_of, members_of, of_this_cell,
+                      unrecorded_pending)
 from .where import frame_label, own_frame, reporting_error
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int,
         lines.append("  last collectives:" if entries else "  no collective recorded")
         last = {e.pg: e for e in entries}
         for e in entries:
-            state_word = _state_word(e, lost(e.pg) if last[e.pg] is e else [])
+            state_word = _state_word(e, lost(e.pg) if last[e.pg] is e and of_this_cell(state, e) else [])
             lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                          f"group {e.pg}: {state_word}")
         for gone in unrecorded_pending(state):

@@ -38,6 +38,8 @@ COALESCE_S = 0.1
 #: True while a cell's code runs; outside it (the kernel's own flush at a cell's end) every
 #: flush is done, so nothing of a cell is published after the cell's reply.
 _in_cell = False
+#: when the user's latest cell began (see cell_began_ns); None before the first
+_cell_began_ns: int | None = None
 #: the rank's stream written to last (RankOutStream._after_the_other)
 _last_stream: "RankOutStream | None" = None
 #: The messages switches of streams may send: a burst of SWITCH_BURST, then SWITCH_RATE a second.
@@ -170,11 +172,20 @@ def in_cell() -> bool:
     return _in_cell
 
 
+def cell_began_ns() -> int | None:
+    """When the running cell (or the last one) began, by ``time.time_ns`` (the flight recorder's
+    clock): a probe tells the notebook which collectives are this cell's, so that a death report
+    does not blame a collective that ended before it (the session's start-up barrier, say)."""
+    return _cell_began_ns
+
+
 def start_cell(limits: Limits, silent: bool) -> None:
     """A cell starts: a fresh budget (see :func:`_start_budget`), and the streams in cell mode."""
-    global _in_cell
+    global _in_cell, _cell_began_ns
     _start_budget(limits, silent)
     _in_cell = True
+    if not silent:  # (clorch's own requests are no cell of the user's)
+        _cell_began_ns = time.time_ns()
 
 
 def end_cell() -> None:

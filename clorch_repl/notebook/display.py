@@ -170,7 +170,7 @@ class NotebookDisplay:
             self._merge_last_partials()
         for key, (text, since) in list(self._partial.items()):
             if final or now - since >= PARTIAL_LINE_HOLD_S:
-                self._release_partial(key, final)
+                self._release_partial(key, expired=not final)
         self._drain(now, final)
         self._flush_streams()
         self.held.refresh(final)
@@ -254,15 +254,16 @@ class NotebookDisplay:
                 del self._partial[key]
                 self._enqueue(key[0], "line", (name, text, False), ("line", name, text))
 
-    def _release_partial(self, key: tuple[int, str], final: bool = False) -> None:
-        """An unfinished line waited long enough (or other output of its rank comes after it): show
-        it as it is, never merged. Where several ranks write, it becomes the rank's live line, a
-        display of its own updated as the rest comes, as a progress line is (``print('.',
-        end='')`` in a loop): written into the stream, each rank's next piece ended another rank's
-        piece on screen and began a new labelled line, so every rank's line came out chopped into
-        pieces. ``final``: the cell is over, nothing more comes, a line of the stream suffices."""
+    def _release_partial(self, key: tuple[int, str], expired: bool = False) -> None:
+        """An unfinished line waited long enough (``expired``), or other output of its rank comes
+        after it, or the cell ends: show it as it is, never merged. Where its hold expired while
+        other ranks also write lines in pieces, it becomes the rank's live line, a display of its
+        own updated as the rest comes, as a progress line is (``print('.', end='')`` in a loop on
+        every rank): written into the stream, each rank's next piece ended another rank's piece on
+        screen and began a new labelled line, so every rank's line came out chopped into pieces.
+        Otherwise (one rank's slow line, a line its own display follows) the stream, as before."""
         text, _ = self._partial.pop(key)
-        if len(self.ranks) > 1 and not final:
+        if expired and any(k[0] != key[0] for k in (*self._partial, *self._rewriting)):
             self._rewriting.add(key)  # its rest takes the same way, until its newline (see _stream)
             self._enqueue(key[0], "progress", (key[1], text), None)
             return

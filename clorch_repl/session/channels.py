@@ -206,7 +206,7 @@ class Channels:
         msg_id, frame = self._encoders[rank].frame(msg_type, b"{}", metadata, content, date)
         sock = self._shell[rank]
         sock.send(frame)  # one frame: not through send_multipart's loop
-        self.ready.touched(sock)  # (the send may have taken the wake-up of a reply already there)
+        self.ready.sent(sock)  # (the send may have taken the wake-up of a reply already there)
         return msg_id
 
     def touched(self, rank: int) -> None:

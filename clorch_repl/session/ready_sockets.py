@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 #: The longest a message can go unnoticed when a send elsewhere swallowed its socket's wake-up
 #: (see the module's docstring): every socket is asked at least this often while waiting.
 SWEEP_S = 0.1
+#: How long after a send of the relay's its socket waits to be asked, unless its descriptor
+#: wakes first (see :meth:`ReadySockets.sent`)
+SENT_CHECK_S = 0.002
 #: pyzmq's constants are enums (a Python call per ``&``); their plain values
 _EVENTS, _POLLIN, _FD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.FD)
 
@@ -68,6 +71,9 @@ class ReadySockets:
         self._order: dict[Any, int] = {}
         self._next = 0
         self._suspects: set[Any] = set()
+        #: sockets sent on and not heard of since (see :meth:`sent`), and when they are asked
+        self._sent: dict[Any, None] = {}
+        self._sent_due = float("inf")
         #: the sockets the sweep asks (see the module's docstring)
         self._sweep: set[Any] = set()
         self._swept = time.monotonic()
@@ -91,6 +97,7 @@ class ReadySockets:
         fd = self._fd.pop(sock)
         del self._by_fd[fd], self._order[sock]
         self._suspects.discard(sock)
+        self._sent.pop(sock, None)
         self._sweep.discard(sock)
         try:
             self._epoll.unregister(fd)
@@ -101,22 +108,44 @@ class ReadySockets:
         """Say that something was sent on ``sock``: the send may have taken its wake-up."""
         self._suspects.add(sock)
 
+    def sent(self, sock: Any) -> None:
+        """Say that the relay sent on ``sock``: as :meth:`touched`, but the socket is asked only
+        once :data:`SENT_CHECK_S` has passed with no word of it (its descriptor waking). Why: a
+        cell sent to every rank made every rank's shell socket a suspect, asked at the next poll
+        (64 asks at 64 ranks, each two system calls inside libzmq, an empty cell's largest cost
+        of the relay's own after the replies' reading: ``benchmarks/relay_floor.py``), and none
+        ever held anything: a rank's reply takes longer than the sends. A send takes a wake-up
+        only when a message was there already (a reply to an earlier request, which the relay
+        reads before a cell); that message is found :data:`SENT_CHECK_S` later, not at once."""
+        if not self._sent:
+            self._sent_due = time.monotonic() + SENT_CHECK_S
+        self._sent[sock] = None
+
     def drained(self, sock: Any) -> None:
         """Say that ``sock``'s ``zmq.EVENTS`` was just read and said it holds nothing: its
         descriptor announces what comes next, so it is not asked again until then."""
         self._suspects.discard(sock)
+        self._sent.pop(sock, None)
 
     def poll(self, timeout_s: float) -> list[Any]:
         """The registered sockets holding a message, waiting up to ``timeout_s`` for one."""
         deadline = time.monotonic() + max(0.0, timeout_s)
+        sent = self._sent
         while True:
             now = time.monotonic()
-            wait = 0.0 if self._suspects else max(0.0, min(deadline, self._swept + SWEEP_S) - now)
+            wait = 0.0 if self._suspects else max(0.0, min(deadline, self._swept + SWEEP_S, self._sent_due) - now)
             for fd, _ in self._epoll.poll(wait):
                 sock = self._by_fd.get(fd)
                 if sock is not None:
                     self._suspects.add(sock)
+                    if sent:
+                        sent.pop(sock, None)  # heard of: asked now, as a woken socket is
             now = time.monotonic()
+            if now >= self._sent_due:
+                self._suspects.update(sent)
+                sent.clear()
+            if not sent:
+                self._sent_due = float("inf")
             if now >= self._swept + SWEEP_S:
                 self._suspects.update(self._sweep)
                 self._swept = now
@@ -128,6 +157,7 @@ class ReadySockets:
                 return sorted(ready, key=self._order.__getitem__)
 
     def close(self) -> None:
+        self._sent.clear()
         self._by_fd.clear()
         self._fd.clear()
         self._order.clear()

@@ -255,3 +255,24 @@ def test_the_last_collective_beside_a_dead_peer_is_not_called_completed() -> Non
     assert "    all_reduce #2 (float32[8]) group 0: ended, perhaps failed (rank 1 of its group died)" in text
     alive = [RankEvidence(0, answer=answer), _idle(1, 2)]
     assert "    all_reduce #2 (float32[8]) group 0: completed" in render.report(analyse(alive), alive).splitlines()
+
+
+def test_a_death_report_blames_no_collective_from_before_the_cell() -> None:
+    """A try-out: rank 1 died while rank 0 only slept; the report said "the last collective of rank
+    0 was barrier #1" and "barrier #1 ... ended, perhaps failed (rank 1 of its group died)": the
+    session's start-up barrier, completed long before the cell. A rank says when its cell began
+    (``cell_began_ns``, the recorder's clock), and what came before it is not the cell's."""
+    entries = [dict(_entry(1, "barrier", "completed"), retired=True)]  # created at 1 s
+    answer = _answer(entries, 2, cell_began_ns=5 * 10**9)
+    states = [RankEvidence(0, answer=answer), RankEvidence(1, dead="exit code 3")]
+    text = render.report(analyse(states), states).splitlines()
+    assert text[0] == "rank 1 died (exit code 3); rank 0 had entered no collective in this cell", text
+    assert "    barrier #1 (no tensor) group 0: completed" in text, text
+    # a collective of the cell is still named, and its state doubted
+    entries.append(dict(_entry(2, "all_reduce", "scheduled", 8), retired=True))  # created at 2 s
+    answer = _answer(entries, 2, cell_began_ns=int(1.5 * 10**9))
+    answer["fr"]["pg_status"] = {"0": {"last_enqueued_collective": 2, "last_completed_collective": 2}}
+    states = [RankEvidence(0, answer=answer), RankEvidence(1, dead="exit code 3")]
+    text = render.report(analyse(states), states).splitlines()
+    assert text[0].startswith("rank 1 died (exit code 3); the last collective of rank 0 was all_reduce #2"), text
+    assert "    all_reduce #2 (float32[8]) group 0: ended, perhaps failed (rank 1 of its group died)" in text, text

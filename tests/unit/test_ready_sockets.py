@@ -78,6 +78,41 @@ def test_a_send_that_took_the_wake_up_is_told_and_the_reply_found(pairs) -> None
     assert ours.recv() == b"reply"
 
 
+def test_the_relays_sends_are_asked_only_when_nothing_was_heard_of_them_for_a_moment(pairs) -> None:
+    """A cell's send to every rank made each shell socket a suspect, asked at the next poll: 64
+    looks at 64 ranks for nothing (a reply takes longer). ``sent`` asks them only after
+    SENT_CHECK_S; a reply that wakes its descriptor first is found at once, and the reply whose
+    wake-up the send took (a reply to an earlier request) is still found, that much later."""
+    ready = ReadySockets()
+    counted = [_Counted(ours) for ours, _ in pairs]
+    for sock in counted:
+        ready.register(sock)
+    _settle(ready)
+    looks = [c.looks for c in counted]
+    for (ours, _), sock in zip(pairs, counted):
+        ours.send(b"request")
+        ready.sent(sock)
+    assert ready.poll(0) == [] and [c.looks for c in counted] == looks, "the sends' sockets were asked at once"
+    pairs[3][1].send(b"reply")  # its descriptor wakes: found at once, asked once
+    assert ready.poll(1.0) == [counted[3]]
+    assert pairs[3][0].recv() == b"reply"
+    ready.drained(counted[3])
+    time.sleep(ready_sockets.SENT_CHECK_S * 2)
+    assert ready.poll(0) == [] and all(c.looks == n + 1 for c, n in zip(counted, looks) if c is not counted[3])
+    # (the others, heard of by none, asked once their moment passed: empty)
+    # a reply already there when the request was sent, whose wake-up the send took
+    ours, theirs = pairs[0]
+    theirs.send(b"old reply")
+    time.sleep(0.05)
+    ours.get(zmq.EVENTS)  # (what the send may do to the descriptor)
+    ready.sent(counted[0])
+    t0 = time.monotonic()
+    found = ready.poll(1.0)
+    assert found == [counted[0]] and time.monotonic() - t0 >= ready_sockets.SENT_CHECK_S * 0.9, found
+    assert time.monotonic() - t0 < 0.5
+    assert ours.recv() == b"old reply"
+
+
 def test_a_swallowed_wake_up_is_found_by_the_sweep(pairs, monkeypatch) -> None:
     monkeypatch.setattr(ready_sockets, "SWEEP_S", 0.2)
     ready = ReadySockets()
