@@ -16,7 +16,7 @@ no book-keeping, no liveness checks: what even a free gatherer could not take aw
 *checked* bare cells (the same, each reply's signature checked and decoded by the relay's decoder:
 what a gatherer would still have to do somewhere). Printed: wall a cell of each, median [min-max]
 over ``--pairs`` pairs of blocks (the order alternated pair by pair), the ratio to the relay of
-each pair, and the ranks' CPU a cell (all of them, every thread) with the host's core count, whose
+each pair, the notebook's CPU a cell (this thread's), and the ranks' CPU a cell (all of them, every thread) with the host's core count, whose
 quotient is the ranks' own floor if their work spread perfectly over the cores.
 
 The bare cells bypass the relay's ledger; they ask nothing that leaves output (``pass`` sends no
@@ -43,9 +43,9 @@ from clorch_repl.session.protocol import CellRequest  # noqa: E402
 from clorch_repl.wire.framing import utc_date  # noqa: E402
 
 
-def bare_block(session, cells: int, check: bool) -> float:  # type: ignore[no-untyped-def]
-    """Wall seconds of ``cells`` bare cells (see the module's docstring); ``check``: each reply's
-    signature checked and decoded as the relay's read does."""
+def bare_block(session, cells: int, check: bool) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(this thread's CPU seconds, wall seconds) of ``cells`` bare cells (see the module's
+    docstring); ``check``: each reply's signature checked and decoded as the relay's read does."""
     channels = session.relay.channels
     ranks = sorted(channels.clients)
     request = CellRequest(CELL, tuple(ranks))
@@ -53,7 +53,7 @@ def bare_block(session, cells: int, check: bool) -> float:  # type: ignore[no-un
     shells = [channels._shell[r] for r in ranks]  # noqa: SLF001 - a benchmark of the relay's floor
     decoders = [channels._decoders[r] for r in ranks]  # noqa: SLF001
     send = channels.send
-    t0 = time.perf_counter()
+    cpu0, t0 = time.thread_time(), time.perf_counter()
     for _ in range(cells):
         date = utc_date()
         for rank in ranks:
@@ -64,10 +64,25 @@ def bare_block(session, cells: int, check: bool) -> float:  # type: ignore[no-un
                 reply = decoder.decode([frame])
                 if reply["content"].get("status") != "ok":
                     raise SystemExit(f"a bare cell failed: {reply['content']}")
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     if not session.run(CELL, None, None, Quiet()).ok:  # the relay's view is still true
         raise SystemExit("a relay cell after bare ones failed")
-    return wall
+    return cpu, wall
+
+
+def count_passes(session) -> list[int]:  # type: ignore[no-untyped-def]
+    """Count the relay's wait-loop passes from now on (the list's one number): each pass reads
+    what has come, then does the cell's book-keeping (a flush, deadlines, prompts), so how many a
+    cell takes says how much of that book-keeping the replies' trickle costs."""
+    relay, passes = session.relay, [0]
+    wait_once = relay._wait_once  # noqa: SLF001 - a benchmark of the relay's loop
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        passes[0] += 1
+        return wait_once(*args, **kwargs)
+
+    relay._wait_once = counted  # noqa: SLF001
+    return passes
 
 
 def spread(values: list[float], scale: float = 1.0, fmt: str = ".2f") -> str:
@@ -84,21 +99,27 @@ def measure(n: int, cells: int, pairs: int) -> None:
         bare_block(session, max(20, cells // 5), True)
         walls: dict[str, list[float]] = {"relay": [], "bare": [], "checked": []}
         ranks_us: dict[str, list[float]] = {k: [] for k in walls}
+        cpus: dict[str, list[float]] = {k: [] for k in walls}
+        passes, relay_cells = count_passes(session), 0
         kinds = list(walls)
         for i in range(pairs):
             for kind in (kinds if i % 2 == 0 else kinds[::-1]):
                 cpu0 = ranks_cpu(pids)
-                wall = block(session, cells)[1] if kind == "relay" else bare_block(session, cells, kind == "checked")
+                cpu, wall = block(session, cells)[:2] if kind == "relay" else bare_block(session, cells, kind == "checked")
                 walls[kind].append(wall / cells)
+                cpus[kind].append(cpu / cells)
+                relay_cells += cells if kind == "relay" else 1  # (a bare block ends with one relay cell)
                 ranks_us[kind].append((ranks_cpu(pids) - cpu0) / cells)
         cores = len(os.sched_getaffinity(0))
         print(f"n={n} ({pairs} pairs of blocks of {cells} cells, {cores} cores, load {os.getloadavg()[0]:.1f}, "
               f"tree {os.getcwd()}):", flush=True)
+        print(f"  the relay's wait-loop passes: {passes[0] / relay_cells:.1f} a cell", flush=True)
         for kind in kinds:
             ratio = "" if kind == "relay" else (
                 "  / relay " + spread([b / r for b, r in zip(walls[kind], walls["relay"])], fmt=".3f"))
             ranks = statistics.median(ranks_us[kind])
-            print(f"  {kind:>8}: wall {spread(walls[kind], 1e3)} ms a cell{ratio}; the ranks' CPU "
+            print(f"  {kind:>8}: wall {spread(walls[kind], 1e3)} ms a cell{ratio}; the notebook's CPU "
+                  f"{statistics.median(cpus[kind]) * 1e3:.2f} ms a cell; the ranks' CPU "
                   f"{ranks * 1e3:.2f} ms a cell (over {cores} cores at best {ranks / cores * 1e3:.2f} ms)", flush=True)
     finally:
         session.stop()

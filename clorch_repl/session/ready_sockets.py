@@ -55,7 +55,7 @@ SWEEP_S = 0.1
 #: wakes first (see :meth:`ReadySockets.sent`)
 SENT_CHECK_S = 0.002
 #: pyzmq's constants are enums (a Python call per ``&``); their plain values
-_EVENTS, _POLLIN, _FD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.FD)
+_POLLIN, _FD = int(zmq.POLLIN), int(zmq.FD)
 
 
 class ReadySockets:
@@ -149,7 +149,10 @@ class ReadySockets:
             if now >= self._swept + SWEEP_S:
                 self._suspects.update(self._sweep)
                 self._swept = now
-            ready = [sock for sock in self._suspects if sock.getsockopt(_EVENTS) & _POLLIN]
+            # one zmq_poll of the suspects (each one's EVENTS looked up in C): pyzmq's getsockopt
+            # builds an enum of the option on every call, 1.7 us a socket against 0.7 here at 64
+            suspects = self._suspects
+            ready = [sock for sock, _ in zmq.zmq_poll([(sock, _POLLIN) for sock in suspects], 0)] if suspects else []
             # asked and empty: their descriptors announce what comes next; those holding a message
             # stay suspects until a look finds them empty (the reader's, see drained)
             self._suspects = set(ready)

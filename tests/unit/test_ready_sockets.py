@@ -6,6 +6,7 @@ is found by the sweep."""
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Iterator
 
@@ -28,6 +29,21 @@ def pairs() -> Iterator[list[tuple[zmq.Socket, zmq.Socket]]]:
         made.append((ours, theirs))
     yield made
     ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def looks(monkeypatch) -> collections.Counter:
+    """How often each socket's events were looked up (ReadySockets asks its suspects through
+    ``zmq.zmq_poll``), per socket."""
+    counts: collections.Counter = collections.Counter()
+    real = zmq.zmq_poll
+
+    def counted(items, timeout=None):  # type: ignore[no-untyped-def]
+        counts.update(sock for sock, _ in items)
+        return real(items, timeout)
+
+    monkeypatch.setattr(zmq, "zmq_poll", counted)
+    return counts
 
 
 def _settle(ready: ReadySockets) -> None:
@@ -78,27 +94,27 @@ def test_a_send_that_took_the_wake_up_is_told_and_the_reply_found(pairs) -> None
     assert ours.recv() == b"reply"
 
 
-def test_the_relays_sends_are_asked_only_when_nothing_was_heard_of_them_for_a_moment(pairs) -> None:
+def test_the_relays_sends_are_asked_only_when_nothing_was_heard_of_them_for_a_moment(pairs, looks) -> None:
     """A cell's send to every rank made each shell socket a suspect, asked at the next poll: 64
     looks at 64 ranks for nothing (a reply takes longer). ``sent`` asks them only after
     SENT_CHECK_S; a reply that wakes its descriptor first is found at once, and the reply whose
     wake-up the send took (a reply to an earlier request) is still found, that much later."""
     ready = ReadySockets()
-    counted = [_Counted(ours) for ours, _ in pairs]
+    counted = [ours for ours, _ in pairs]
     for sock in counted:
         ready.register(sock)
     _settle(ready)
-    looks = [c.looks for c in counted]
-    for (ours, _), sock in zip(pairs, counted):
-        ours.send(b"request")
+    before = [looks[c] for c in counted]
+    for sock in counted:
+        sock.send(b"request")
         ready.sent(sock)
-    assert ready.poll(0) == [] and [c.looks for c in counted] == looks, "the sends' sockets were asked at once"
+    assert ready.poll(0) == [] and [looks[c] for c in counted] == before, "the sends' sockets were asked at once"
     pairs[3][1].send(b"reply")  # its descriptor wakes: found at once, asked once
     assert ready.poll(1.0) == [counted[3]]
     assert pairs[3][0].recv() == b"reply"
     ready.drained(counted[3])
     time.sleep(ready_sockets.SENT_CHECK_S * 2)
-    assert ready.poll(0) == [] and all(c.looks == n + 1 for c, n in zip(counted, looks) if c is not counted[3])
+    assert ready.poll(0) == [] and all(looks[c] == n + 1 for c, n in zip(counted, before) if c is not counted[3])
     # (the others, heard of by none, asked once their moment passed: empty)
     # a reply already there when the request was sent, whose wake-up the send took
     ours, theirs = pairs[0]
@@ -144,7 +160,7 @@ def test_waits_no_longer_than_asked_and_forgets_what_it_unregisters(pairs) -> No
     ready.close()
 
 
-def test_a_drained_socket_is_not_asked_until_its_descriptor_wakes(pairs, monkeypatch) -> None:
+def test_a_drained_socket_is_not_asked_until_its_descriptor_wakes(pairs, looks) -> None:
     """What the relay's read loop does: it reads until EVENTS says empty and says so (drained)."""
     ready = ReadySockets()
     ours, theirs = pairs[0]
@@ -155,41 +171,28 @@ def test_a_drained_socket_is_not_asked_until_its_descriptor_wakes(pairs, monkeyp
     assert ours.recv() == b"reply"
     assert not ours.get(zmq.EVENTS) & zmq.POLLIN
     ready.drained(ours)
-    asked: list[int] = []
-    real = ours.getsockopt
-    monkeypatch.setattr(ours, "getsockopt", lambda opt: asked.append(opt) or real(opt), raising=False)
-    assert ready.poll(0) == [] and asked == [], "a drained socket was asked again"
+    asked = looks[ours]
+    assert ready.poll(0) == [] and looks[ours] == asked, "a drained socket was asked again"
     theirs.send(b"next")
     assert ready.poll(2.0) == [ours]
     assert ours.recv() == b"next"
 
 
-class _Counted:
-    """A real socket whose ``zmq.EVENTS`` looks are counted (every other call goes through)."""
-
-    def __init__(self, sock: zmq.Socket) -> None:
-        self.sock, self.looks = sock, 0
-
-    def getsockopt(self, option: int) -> int:
-        if option == zmq.EVENTS:
-            self.looks += 1
-        return self.sock.getsockopt(option)
-
-
-def test_the_sweep_leaves_out_a_socket_nothing_else_uses_and_its_message_is_still_found(pairs, monkeypatch) -> None:
+def test_the_sweep_leaves_out_a_socket_nothing_else_uses_and_its_message_is_still_found(pairs, monkeypatch,
+                                                                                        looks) -> None:
     # a rank's iopub: only the read loop touches it, so no send can have swallowed its wake-up,
     # and asking it in every sweep (a third of the sockets at any rank count) is wasted
     monkeypatch.setattr(ready_sockets, "SWEEP_S", 0.05)
     ready = ReadySockets()
     (shell, shell_peer), (iopub, iopub_peer) = pairs[0], pairs[1]
-    swept, unswept = _Counted(shell), _Counted(iopub)
+    swept, unswept = shell, iopub
     ready.register(swept)
     ready.register(unswept, swept=False)
     _settle(ready)
-    before = swept.looks, unswept.looks
+    before = looks[swept], looks[unswept]
     assert ready.poll(0.3) == []  # several sweeps' worth of waiting, nothing sent
-    assert swept.looks > before[0], "the sweep did not ask the socket that may be sent on"
-    assert unswept.looks == before[1], "the sweep asked the socket that only its reader uses"
+    assert looks[swept] > before[0], "the sweep did not ask the socket that may be sent on"
+    assert looks[unswept] == before[1], "the sweep asked the socket that only its reader uses"
     iopub_peer.send(b"output")  # its descriptor wakes epoll: found without any sweep
     assert ready.poll(2.0) == [unswept]
     assert iopub.recv() == b"output"
