@@ -6,6 +6,12 @@ ipykernel ``breakpoint()`` is silently skipped. On a rank it opens pdb instead, 
 line, whose prompts reach the notebook through the cell's stdin path (clorch_repl.session.stdin);
 when a debug client is attached, debugpy's hook runs as before. ``PYTHONBREAKPOINT`` is honoured
 as Python honours it (``0`` turns breakpoint() off, a dotted name picks another debugger).
+
+On a rank that may not read input in this cell (not in ``%%distributed --stdin-ranks``, or a front
+end that takes none, as nbclient's), ``breakpoint()`` is skipped with one line saying why, as a
+plain ipykernel skips it without a debugger: pdb printed its frame header there (merged with the
+rank that does debug, as if both had stopped) and then failed its first prompt with a forty-line
+traceback through ``bdb``, ``pdb`` and ``cmd`` (a try-out).
 """
 
 from __future__ import annotations
@@ -31,10 +37,27 @@ def breakpointhook(*args: Any, **kwargs: Any) -> Any:
             attached = False
         if attached:
             return debugpy.breakpoint()
+    if (why := _no_stdin()) is not None:
+        print(why, file=sys.stderr, flush=True)
+        return None
     import pdb
 
     pdb.Pdb().set_trace(sys._getframe(1))  # the frame that called breakpoint()
     return None
+
+
+def _no_stdin() -> str | None:
+    """The line that says why this rank skips ``breakpoint()`` (see the module docstring), or None
+    where its prompts may reach the notebook."""
+    from IPython.core.getipython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    why = kernel._no_stdin() if hasattr(kernel, "_no_stdin") else None  # clorch_repl.kernel.stdin_policy
+    if why is None:
+        return None
+    head, sep, rest = why.partition(": ")  # "input() on rank 1: only rank 0 may read input ..."
+    rest = rest.replace("to answer its prompts from the notebook", "to debug it too")
+    return f"breakpoint() skipped on rank {os.environ.get('RANK', '?')}: {rest}" if sep else f"breakpoint() skipped: {why}"
 
 
 def install() -> None:

@@ -78,6 +78,22 @@ def test_breakpoint_on_rank_1_steps_prints_and_continues(nb: NotebookKernel) -> 
     assert "[rank 1] y 42 sum 83" in lines, reply.text
 
 
+def test_breakpoint_on_a_rank_outside_stdin_ranks_is_skipped_saying_why(nb: NotebookKernel) -> None:
+    """``--stdin-ranks 0`` and ``breakpoint()`` on every rank: rank 0 debugs; rank 1's pdb printed
+    its frame header (merged with rank 0's, as if both had stopped) and then failed with a
+    forty-line traceback through bdb, pdb and cmd (a try-out). Rank 1 now skips it, saying why."""
+    code = ("%%distributed --stdin-ranks 0\ndef f():\n    a = 41 + rank\n    breakpoint()\n    return a\n"
+            "print('result', f())\n")
+    reply = nb.run(code, answers=["p a", "c"], timeout=90)
+    assert reply.status == "ok", reply.text
+    assert set(reply.prompts) <= {"[rank 0] (Pdb) ", "[rank 0] ipdb> "} and len(reply.prompts) == 2, reply.prompts
+    lines = reply.text.splitlines()
+    assert "[rank 0] 41" in lines and "[rank 0] result 41" in lines and "[rank 1] result 42" in lines, reply.text
+    assert ("[rank 1] breakpoint() skipped on rank 1: only rank 0 may read input in this cell (%%distributed "
+            "--stdin-ranks); add rank 1 there to debug it too") in " ".join(reply.text.split()), reply.text
+    assert "Traceback" not in reply.text and "[ranks 0-1] >" not in reply.text, reply.text
+
+
 def test_clorch_debug_opens_the_frames_of_a_ranks_last_exception(nb: NotebookKernel) -> None:
     code = ("%%distributed\ndef divide(total, parts):\n    share = total * 10\n    return share / parts\n"
             "divide(7, rank - 1)\n")
