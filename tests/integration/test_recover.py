@@ -350,3 +350,33 @@ def test_the_readmes_recipe_gives_a_fresh_rank_the_survivors_trained_ddp_model()
         assert [lines_of(recipe.text, r) for r in range(3)] == [list(weights)] * 3, (weights, recipe.text)
         after = nb.run(step)
         assert after.status == "ok" and len({lines_of(after.text, r)[0] for r in range(3)}) == 1, after.text
+
+
+def test_the_readmes_recipe_makes_ranks_an_interrupt_left_a_step_apart_equal_again() -> None:
+    """README, "An interrupt lands where each rank happens to be": a try-out interrupted a DDP loop
+    and rank 1 had taken one more optimizer step than rank 0; the README's broadcast from rank 0
+    makes their parameters and SGD's momentum equal again, and their next steps agree."""
+    recipe = ("%%distributed\nwith torch.no_grad():\n    for t in [*model.parameters(), *model.buffers()]:\n"
+              "        dist.broadcast(t, src=0)\n    for state in opt.state.values():   # momentum, Adam's moments\n"
+              "        for v in state.values():\n            if torch.is_tensor(v):\n"
+              "                dist.broadcast(v, src=0)\n")
+    spread = ("%%distributed\nfrom torch.nn.utils import parameters_to_vector as p2v\n"
+              "v = torch.cat([p2v(model.parameters()), *[s['momentum_buffer'].flatten() for s in opt.state.values()]])\n"
+              "hi, lo = v.clone(), v.clone()\ndist.all_reduce(hi, op=dist.ReduceOp.MAX)\n"
+              "dist.all_reduce(lo, op=dist.ReduceOp.MIN)\nprint('spread', (hi - lo).abs().max().item())\n")
+    step = ("%%distributed\nopt.zero_grad()\nmodel(torch.ones(8, 4) * (rank + 1)).sum().backward()\nopt.step()\n")
+    with clorch_session("--nproc 2 --backend gloo") as nb:
+        built = nb.run("%%distributed\nimport torch, torch.distributed as dist\n"
+                       "from torch.nn.parallel import DistributedDataParallel as DDP\ntorch.manual_seed(0)\n"
+                       "model = DDP(torch.nn.Linear(4, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n")
+        assert built.status == "ok", built.text
+        assert nb.run(step).status == "ok"
+        # what the interrupt left: rank 1 took the step's optimizer update once more
+        apart = nb.run("%%distributed\nif rank == 1:\n    opt.step()\n")
+        assert apart.status == "ok", apart.text
+        before = nb.run(spread)
+        assert before.status == "ok" and lines_of(before.text, 0) != ["spread 0.0"], before.text
+        assert nb.run(recipe).status == "ok"
+        assert nb.run(step).status == "ok"
+        after = nb.run(spread)
+        assert after.status == "ok" and "[ranks 0-1] spread 0.0" in after.text, after.text
