@@ -69,7 +69,9 @@ class RankSnapshot:
 
 def _state(snap: RankSnapshot) -> str:
     if not snap.alive:
-        return f"dead ({snap.exit})" if snap.exit else "dead"
+        # without describe_exit's hint ("(out of memory? ...)"): one cell of a table, the death
+        # report says the rest
+        return f"dead ({snap.exit.split(' (', 1)[0]})" if snap.exit else "dead"
     if not snap.answered:
         return "busy, not answering" if snap.busy else "not answering"
     return "busy" if snap.busy else "idle"

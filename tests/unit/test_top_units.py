@@ -14,14 +14,15 @@ def test_rows_say_what_each_rank_does() -> None:
                                                                    "memory_total": 141 * 2 ** 30}},
                      collective=Collective("nccl/0", 412, "allreduce", 12.0)),
         RankSnapshot(rank=0, host="", alive=True, busy=True, cell="[7] train(model)", cell_for_s=75, answered=False),
-        RankSnapshot(rank=2, host="", alive=False, busy=False, exit="killed by signal SIGKILL"),
+        RankSnapshot(rank=2, host="", alive=False, busy=False,
+                     exit="killed by signal SIGKILL (out of memory? the OOM killer sends SIGKILL)"),
     ]
     got = rows(snaps)
     assert [r[0] for r in got] == ["0", "1", "2"]
     assert got[0][2] == "busy, not answering" and got[0][6] == "-"
     assert got[1][1:] == ["hostB", "busy", "[7] train(model)", "1m15s", "step 10 loss 0.5", "98 %", "3.0 GiB",
                           "87 %", "40.0 GiB / 141.0 GiB", "allreduce #412, group 0, for 12s STUCK"]
-    assert got[2][2] == "dead (killed by signal SIGKILL)"
+    assert got[2][2] == "dead (killed by signal SIGKILL)"  # (the death report gives the OOM hint, not the table)
     bundle = render(snaps, verdict="rank 0 never called allreduce #412 of the default group", note="closed")
     assert "hang: rank 0 never called allreduce" in bundle["text/plain"] and "(closed)" in bundle["text/plain"]
     assert "<table>" in bundle["text/html"] and "STUCK" in bundle["text/html"]
