@@ -3,7 +3,7 @@
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
 # (default: all, in this order: launch launch-fsdp checkpoint restart scale; named only: launch-rounds,
-# launch-fresh, fork, spare-cuda, relay-ab, priority, floor, cell64); logs go to
+# launch-fresh, fork, spare-cuda, relay-ab, priority, floor, cell64, cell64-ab); logs go to
 # ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
 # side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
 # About 9 minutes in all on one H200.
@@ -52,6 +52,14 @@ fi
 # and 16 gloo ranks, and the 64-rank empty cell beside `pass` alone (not in the default set)
 want floor && step floor 240 python3 benchmarks/relay_floor.py --nprocs 64,16 --cells 100 --pairs 6
 want cell64 && step cell64 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 1 --iters 100 --fresh-max 0
+# the same from this checkout and from each tree in AB_TREES (as relay-ab), alternated twice (not in the default set)
+if want cell64-ab; then
+  for i in 1 2; do t=0; for tree in "$PWD" ${AB_TREES:-}; do
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD step "cell64-ab-$t-$(basename "$tree")-$i" 150 \
+       python3 benchmarks/start_scale.py --nprocs 64 --repeats 1 --iters 100 --fresh-max 0)
+    t=$((t + 1))
+  done; done
+fi
 want priority && step priority 300 python3 benchmarks/rank_priority.py --nprocs 64 --rounds 4 --iters 60
 want restart && step restart 120 python3 benchmarks/cell_latency.py --iters 20 --nprocs "$n" --backend nccl --restarts 3 --starts 1
 want scale && step scale 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 2 --iters 100 --fresh-max 16 --profile 30
