@@ -16,8 +16,9 @@ no book-keeping, no liveness checks: what even a free gatherer could not take aw
 *checked* bare cells (the same, each reply's signature checked and decoded by the relay's decoder:
 what a gatherer would still have to do somewhere). Printed: wall a cell of each, median [min-max]
 over ``--pairs`` pairs of blocks (the order alternated pair by pair), the ratio to the relay of
-each pair, the notebook's CPU a cell (this thread's), and the ranks' CPU a cell (all of them, every thread) with the host's core count, whose
-quotient is the ranks' own floor if their work spread perfectly over the cores.
+each pair, the notebook's CPU a cell (this thread's), the relay's wait-loop passes a cell, and the
+ranks' CPU a cell (all of them, every thread) with the host's core count, whose quotient is the
+ranks' own floor if their work spread perfectly over the cores.
 
 The bare cells bypass the relay's ledger; they ask nothing that leaves output (``pass`` sends no
 iopub message on the lean path), so the relay's view of the ranks stays true. Each block of them is
@@ -105,7 +106,10 @@ def measure(n: int, cells: int, pairs: int) -> None:
         for i in range(pairs):
             for kind in (kinds if i % 2 == 0 else kinds[::-1]):
                 cpu0 = ranks_cpu(pids)
-                cpu, wall = block(session, cells)[:2] if kind == "relay" else bare_block(session, cells, kind == "checked")
+                if kind == "relay":
+                    cpu, wall = block(session, cells)[:2]
+                else:
+                    cpu, wall = bare_block(session, cells, kind == "checked")
                 walls[kind].append(wall / cells)
                 cpus[kind].append(cpu / cells)
                 relay_cells += cells if kind == "relay" else 1  # (a bare block ends with one relay cell)

@@ -55,9 +55,11 @@ def _no_stdin() -> str | None:
     why = kernel._no_stdin() if hasattr(kernel, "_no_stdin") else None  # clorch_repl.kernel.stdin_policy
     if why is None:
         return None
-    head, sep, rest = why.partition(": ")  # "input() on rank 1: only rank 0 may read input ..."
+    _, sep, rest = why.partition(": ")  # "input() on rank 1: only rank 0 may read input ..."
+    if not sep:
+        return f"breakpoint() skipped: {why}"
     rest = rest.replace("to answer its prompts from the notebook", "to debug it too")
-    return f"breakpoint() skipped on rank {os.environ.get('RANK', '?')}: {rest}" if sep else f"breakpoint() skipped: {why}"
+    return f"breakpoint() skipped on rank {os.environ.get('RANK', '?')}: {rest}"
 
 
 def install() -> None:
