@@ -217,19 +217,19 @@ class Session(Suspending):
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()
         check_unique_in_range(ranks, self.topology.nproc, "--ranks", "rank")
-        if dead := [r for r in recovery.died_between_cells(group) if r not in ranks]:  # nothing to keep: theirs too
-            progress(f"{ranks_are(dead)} dead too, so {'it starts' if len(dead) == 1 else 'they start'} afresh as well")
-            ranks = sorted({*ranks, *dead})  # (the advice after a rank stuck while another was dead named one)
+        dead = [r for r in recovery.died_between_cells(group) if r not in ranks]  # nothing to keep: theirs too
+        ranks = sorted({*ranks, *dead})  # (the advice after a rank stuck while another was dead named one)
         if why := group.cannot_replace(ranks):
             raise ConfigError(why)
         if len(ranks) == self.topology.nproc:
-            raise ConfigError("--ranks names every rank: %clorch restart (without --ranks) starts them all afresh")
+            raise ConfigError(f"--ranks{' and the dead ranks' if dead else ''} name every rank: %clorch restart (without --ranks) starts them all afresh")
         # others still in a cell: freed if they wait in a collective (for the ranks replaced, most likely)
         busy = recovery.free_waiting(relay, group, [r for r in relay.busy() if r not in ranks and group.ranks[r].alive])
         if busy:
             raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
-                              f"wait, {self.hooks.verbs.interrupt}, or restart "
-                              f"{'it' if len(busy) == 1 else 'them'} too")
+                              f"wait, {self.hooks.verbs.interrupt}, or restart {'it' if len(busy) == 1 else 'them'} too")
+        if dead:  # said once nothing refuses the restart
+            progress(f"{ranks_are(dead)} dead too, so {'it starts' if len(dead) == 1 else 'they start'} afresh as well")
         t0 = time.monotonic()
         self.life.move("replace" if self.life.can("replace") else "abort", f"replacing {rank_words(ranks)}")
         self._generation += 1
