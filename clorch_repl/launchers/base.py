@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterable
 
 from jupyter_client import BlockingKernelClient
 
@@ -175,6 +175,15 @@ class Launcher(abc.ABC):
         launchers that keep no rank files on this host give the whole log's tail."""
         files = getattr(self, "files", None)  # the local launcher's rankfiles.RankFiles, one per rank
         return files[rank].current_log_tail(lines) if files else self.log_tail(rank, lines)
+
+    def dead(self, ranks: Iterable[int] | None = None) -> list[int]:
+        """The ranks of ``ranks`` (None: every rank) whose process has ended, in rank order.
+
+        Asked before every cell of every rank it runs on, so a launcher that can look at all its
+        ranks at once overrides it (the local one: one ``poll`` of the forked ranks' pidfds);
+        this one asks each rank's :attr:`RankHandle.alive`."""
+        wanted = None if ranks is None else set(ranks)
+        return [p.rank for p in self.ranks if (wanted is None or p.rank in wanted) and not p.alive]
 
     def cell_began(self, ranks: tuple[int, ...]) -> None:
         """The notebook sends ``ranks`` a cell now: where their logs lie on this host, remember

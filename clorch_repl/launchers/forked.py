@@ -233,6 +233,14 @@ class ForkedProcess:
                         os.close(pidfd)
         return self.returncode
 
+    @property
+    def exit_fd(self) -> int | None:
+        """A descriptor that becomes readable once the process has exited (its pidfd), to look at
+        many at once (:meth:`~clorch_repl.launchers.local.LocalLauncher.dead`); None once the exit
+        status is known, or without a pidfd. The pidfd is closed only after :attr:`returncode` is
+        set: a caller that found it quiet and then finds ``returncode`` still None saw this process."""
+        return self._pidfd if self.returncode is None else None
+
     def _pidfd_exited(self) -> bool | None:
         """Whether the pidfd says the supervisor exited; None without one (or once it is closed)."""
         pidfd = self._pidfd

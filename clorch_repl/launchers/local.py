@@ -38,12 +38,10 @@ import json
 import logging
 import os
 import secrets
-import shutil
-import signal
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
@@ -53,11 +51,11 @@ from ..common.atomic import remove_quietly
 from ..placement import teardown
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, local_place, rank_environment
-from ..wire import serving
 from ..common.topology import Topology, host_topology
 from ..host import logcap, logfiles, supervisor
 from . import forked
-from .base import LaunchOptions, Launcher, Progress, RankHandle
+from .base import LaunchOptions, Launcher, Progress
+from .local_rank import LocalRank, ended
 from .spares import wanted_spares
 from ..host.rankfiles import RankFiles
 
@@ -72,68 +70,6 @@ SHUTDOWN_WAIT_S = 1.5
 
 #: How long a start waits for spares that are still starting before it starts the ranks cold.
 SPARE_READY_S = 120.0
-class LocalRank(RankHandle):
-    """One local rank: its kernel's ``KernelManager`` (whose process is the rank's supervisor)."""
-
-    def __init__(self, rank: int, manager: KernelManager, files: RankFiles) -> None:
-        self.rank = rank
-        self.host = ""
-        self.manager = manager
-        self.files = files
-        self.started_at = time.time()
-        self.pid_path = os.path.realpath(manager.connection_file) + ".pid"
-        #: the kernel's "I serve requests" file (:mod:`clorch_repl.wire.serving`), resolved once
-        self.serving_path = serving.serving_path(manager.connection_file)
-        self.returncode: int | None = None
-        self._kernel_pid: int | None = None
-        #: the environment and working directory it was started with (a warm spare's are
-        #: compared with what a cold rank would get now)
-        self.env: dict[str, str] = {}
-        self.cwd = ""
-        #: a warm spare's own log, until it is made a rank
-        self.log_path = ""
-
-    def connection_info(self, session: bool = False) -> dict[str, Any]:
-        return self.manager.get_connection_info(session=session)
-
-    def client(self) -> Any:
-        return self.manager.client()
-
-    @property
-    def supervisor_pid(self) -> int | None:
-        """The process jupyter_client started and signals."""
-        process = getattr(self.manager.provisioner, "process", None)
-        return getattr(process, "pid", None)
-
-    @property
-    def pid(self) -> int | None:
-        """The rank's own Python process (known once the supervisor has forked it)."""
-        if self._kernel_pid is None:
-            self._kernel_pid = supervisor.read_pid(self.pid_path)
-        return self._kernel_pid
-
-    @property
-    def serving(self) -> bool:
-        """Whether the kernel's event loop runs (:mod:`clorch_repl.wire.serving`): for a warm
-        spare, that its imports and its shell are done and it can be made a rank without waiting."""
-        return os.path.exists(self.serving_path)
-
-    def poll(self) -> int | None:
-        """The exit status once the process has ended (negative: killed by that signal)."""
-        if self.returncode is None:
-            process = getattr(self.manager.provisioner, "process", None)
-            if process is not None:
-                self.returncode = process.poll()
-            elif not self.manager.has_kernel:
-                self.returncode = -signal.SIGKILL
-        return self.returncode
-
-    @property
-    def exit(self) -> str | None:
-        code = self.poll()
-        return None if code is None else procs.describe_exit(code)
-
-
 class LocalLauncher(Launcher):
     """Ranks as children of the notebook kernel (see the module docstring)."""
 
@@ -297,6 +233,10 @@ class LocalLauncher(Launcher):
     def join_environment(self) -> dict[str, str]:
         return dict(self._joining)
 
+    def dead(self, ranks: Iterable[int] | None = None) -> list[int]:
+        """The base's answer in one look at the forked ranks' pidfds (:func:`.local_rank.ended`)."""
+        return ended(self.ranks if ranks is None else [self.ranks[r] for r in ranks])
+
     def cannot_replace(self, ranks: list[int]) -> str:  # every rank is this host's child: any can be
         return ""
 
@@ -441,4 +381,6 @@ class LocalLauncher(Launcher):
                 self._end(spares, 1.0, polite=False)
         finally:
             self.zygotes.close()
+            for files in self.files:
+                files.close()
             self.kept_logs = logfiles.remove_keeping_logs(self.dir)

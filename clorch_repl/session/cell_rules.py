@@ -33,7 +33,7 @@ def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], 
     rank's refusal offers its restart alone, or, where the launcher cannot replace it (a detached
     session), what the launcher says to do instead (never a command that would be refused)."""
     wanted = set(chosen)
-    dead = [p for p in group.ranks if p.rank in wanted and not p.alive]
+    dead = [group.ranks[r] for r in group.dead(chosen)]
     if dead:
         what = ", ".join(f"{p.where} ({p.exit})" for p in dead)
         if advice := group.instead_of_replacing([p.rank for p in dead]):

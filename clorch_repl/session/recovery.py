@@ -146,7 +146,7 @@ def abort_if_out_of_step(relay: Relay, outcome: CellOutcome) -> None:
 
 def died_between_cells(launcher: Launcher) -> list[int]:
     """The ranks that died since the last cell (none when every rank lives)."""
-    return [p.rank for p in launcher.ranks if not p.alive]
+    return launcher.dead()
 
 
 def died_between_cells_error(launcher: Launcher, dead: list[int], line: str) -> ClorchError:

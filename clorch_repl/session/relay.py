@@ -367,10 +367,8 @@ class Relay(AsksRanks):
         run.gave_up(diagnosis, answers, stacks)
 
     def _check_deaths(self, run: CellRun, now: float) -> None:
-        for rank in sorted(run.pending):
+        for rank in self._launcher.dead(run.pending):
             proc = self._launcher.ranks[rank]
-            if proc.alive:
-                continue
             self._pump(0)  # keep what it said before it died
             tail = self.cell_names.name(self._launcher.death_report(rank), rank)
             if run.died(rank, proc.exit, proc.host, tail, now):

@@ -80,7 +80,8 @@ class BusyRelay:
 def _refusal(hooks: SessionHooks, alive: bool) -> str:
     group = SimpleNamespace(ranks=[SimpleNamespace(rank=r, alive=alive or r == 0, where=f"rank {r}", exit="SIGKILL")
                                    for r in (0, 1)], instead_of_replacing=lambda ranks: "",  # it can replace them
-                            instead_of_restarting=lambda: "")  # and restart them
+                            instead_of_restarting=lambda: "",  # and restart them
+                            dead=lambda ranks: [r for r in ranks if not (alive or r == 0)])  # (Launcher.dead)
     with pytest.raises(ClorchError) as refused:
         refuse_dead_or_busy(group, BusyRelay(), (0, 1), hooks.verbs)  # type: ignore[arg-type]
     return str(refused.value)
@@ -101,7 +102,8 @@ def test_a_busy_refusal_in_a_session_that_cannot_restart_says_what_works_instead
     """A detached session refuses %clorch restart: the refusal of a cell while ranks are busy
     offered it anyway ("wait, run %clorch interrupt, or %clorch restart")."""
     group = SimpleNamespace(ranks=[SimpleNamespace(rank=r, alive=True, where=f"rank {r}", exit=None) for r in (0, 1)],
-                            instead_of_replacing=lambda ranks: "", instead_of_restarting=lambda: "for fresh ranks, stop")
+                            instead_of_replacing=lambda ranks: "", instead_of_restarting=lambda: "for fresh ranks, stop",
+                            dead=lambda ranks: [])
     with pytest.raises(ClorchError) as refused:
         refuse_dead_or_busy(group, BusyRelay(), (0, 1), NotebookHooks().verbs)  # type: ignore[arg-type]
     said = str(refused.value)

@@ -40,6 +40,9 @@ class FakeGroup:
     def cell_began(self, ranks: tuple[int, ...]) -> None:
         """(The relay tells the launcher each cell's start; these ranks keep no logs.)"""
 
+    def dead(self, ranks: Any = None) -> list[int]:  # (Launcher.dead's contract)
+        return [r.rank for r in self.ranks if (ranks is None or r.rank in ranks) and not r.alive]
+
     def instead_of_replacing(self, ranks: list[int]) -> str:
         return ""  # these ranks can be replaced: the report advises %clorch restart --ranks
 
