@@ -17,8 +17,9 @@ import sys
 from typing import Any, Callable
 
 from ..common.rank_sets import merge_blocks, rank_words
+from .deaths import ended_by
 from .entries import (Entry, CollectiveProgress, RankEvidence, Verdict, entries_of, group_label, members_of,
-                      of_this_cell, progress, unrecorded_pending)
+                      progress, unrecorded_pending)
 from .where import where
 
 #: what other modules take from here: the verdict and the records it is made of
@@ -233,12 +234,14 @@ def _no_collective(states: list[RankEvidence]) -> Verdict:
     dead = [s for s in states if s.dead is not None]
     if dead:
         # A dead peer ends gloo's collectives at once (they fail on the survivors), so nothing is
-        # pending any more: name the death, and the last collective the survivors entered.
+        # pending any more: name the death, and the last collective the survivors entered in the
+        # cell it happened in, or after it (the one rule of deaths.ended_by, which the evidence's
+        # "ended, perhaps failed" follows too).
         parts = by_phrase(dead, lambda s, _many: f"died ({s.dead})")
         last: dict[tuple[str, int, str, str], list[int]] = {}
         none = []  # ranks whose cell entered no collective: not waiting for the dead one
         for state in states:
-            entries = [e for e in entries_of(state) if of_this_cell(state, e)]
+            entries = [e for e in entries_of(state) if ended_by(state, e, dead)]
             if entries:
                 e = max(entries, key=lambda x: (int(x.raw.get("time_created_ns") or 0), x.seq))
                 last.setdefault((e.pg, e.seq, e.op, e.tensors), []).append(state.rank)

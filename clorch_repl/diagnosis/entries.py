@@ -36,6 +36,10 @@ class RankEvidence:
     paused: bool = False
     #: the rank's host when the session spans hosts ("" on the notebook's own)
     host: str = ""
+    #: a dead rank's: per other rank, when (its clock, ns) the cell it was running when this death
+    #: was first seen began; a collective called before it cannot have failed of this death
+    #: (clorch_repl.diagnosis.deaths)
+    died_in: dict[int, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -97,16 +101,6 @@ class Verdict:
 
 
 # ------------------------------------------------------------------------------ entries
-def of_this_cell(state: RankEvidence, entry: Entry) -> bool:
-    """Whether ``entry`` was recorded during the rank's latest cell (its answer's ``cell_began_ns``,
-    the flight recorder's clock); True where either time is unknown. A death report named the
-    survivors' last collective whenever it was: the session's start-up barrier, completed long
-    before, was "the last collective of rank 0" and "ended, perhaps failed (rank 1 of its group
-    died)" for a rank that had run no collective in the cell (a try-out)."""
-    began, created = (state.answer or {}).get("cell_began_ns"), entry.raw.get("time_created_ns")
-    return not began or not created or int(created) >= int(began)
-
-
 def entries_of(state: RankEvidence) -> list[Entry]:
     """The rank's collectives (point-to-point ops are keyed differently and left out here).
 

@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 from ..host.rankfiles import report_stack
 from ..common.rank_sets import merge_blocks, rank_words
-from .entries import (Entry, RankEvidence, Verdict, describe_tensors, entries_of, members_of, of_this_cell,
-                      unrecorded_pending)
+from .deaths import lost_members
+from .entries import Entry, RankEvidence, Verdict, describe_tensors, entries_of, unrecorded_pending
 from .where import frame_label, own_frame, reporting_error
 
 logger = logging.getLogger(__name__)
@@ -28,15 +28,16 @@ def notice(verdict: Verdict) -> str:
     return f"clorch: no progress on any rank; {verdict.sentence}"
 
 
-def evidence(states: list[RankEvidence], *, all_threads: bool = False, recent: int = RECENT) -> list[str]:
+def evidence(states: list[RankEvidence], *, all_threads: bool = False, recent: int = RECENT,
+             shown: list[int] | None = None) -> list[str]:
     """Per rank: its last collectives (op, sequence number, tensors, state) and its stack; ranks
     of one host whose evidence reads the same (three ranks waiting in the same all_reduce at the
     same line) once, under one heading (``---- ranks 0,2-3 ----``), so the rank that differs is
-    not buried between copies."""
-    dead = {s.rank for s in states if s.dead is not None}
+    not buried between copies. ``states``: every rank's evidence, which a rank's reads are
+    weighed against (a peer's death); ``shown``: the ranks whose evidence is shown (None: all)."""
     blocks = [(state.rank, (state.host, tuple(_block(state, all_threads=all_threads, recent=recent,
-                                                      lost=lambda pg: [r for r in members_of(pg, states) if r in dead]))))
-              for state in states]
+                                                      lost=lambda e, s=state: lost_members(s, e, states)))))
+              for state in states if shown is None or state.rank in shown]
     lines: list[str] = []
     for ranks, (host, body) in merge_blocks(blocks):
         lines.append(f"---- {rank_words(ranks)}{f' on {host}' if host else ''} ----")
@@ -45,8 +46,9 @@ def evidence(states: list[RankEvidence], *, all_threads: bool = False, recent: i
 
 
 def _block(state: RankEvidence, *, all_threads: bool, recent: int,
-           lost: Callable[[str], list[int]] = lambda pg: []) -> list[str]:
-    """One rank's evidence, below its heading; ``lost(pg)``: the dead members of group ``pg``."""
+           lost: Callable[[Entry], list[int]] = lambda e: []) -> list[str]:
+    """One rank's evidence, below its heading; ``lost(entry)``: the dead members of the entry's
+    group whose death may have ended it (:func:`~.deaths.lost_members`)."""
     lines: list[str] = []
     if state.dead is not None:
         return [f"  died ({state.dead})"]
@@ -65,7 +67,7 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int,
         lines.append("  last collectives:" if entries else "  no collective recorded")
         last = {e.pg: e for e in entries}
         for e in entries:
-            state_word = _state_word(e, lost(e.pg) if last[e.pg] is e and of_this_cell(state, e) else [])
+            state_word = _state_word(e, lost(e) if last[e.pg] is e else [])
             lines.append(f"    {e.op} #{e.seq} ({describe_tensors(e.raw) or 'no tensor'}) "
                          f"group {e.pg}: {state_word}")
         for gone in unrecorded_pending(state):
@@ -130,6 +132,9 @@ def _stack_lines(head: str, stack: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def report(verdict: Verdict, states: list[RankEvidence], *, all_threads: bool = False) -> str:
-    """Verdict, then evidence: the text of ``%clorch why`` and of a failed cell's diagnosis."""
-    return "\n".join([verdict.sentence, *evidence(states, all_threads=all_threads)])
+def report(verdict: Verdict, states: list[RankEvidence], *, all_threads: bool = False,
+           shown: list[int] | None = None) -> str:
+    """Verdict, then evidence: the text of ``%clorch why`` and of a failed cell's diagnosis.
+    ``states``: every rank's, as the verdict was made of; ``shown``: whose evidence is shown
+    (``%clorch why --rank``; None: every rank's)."""
+    return "\n".join([verdict.sentence, *evidence(states, all_threads=all_threads, shown=shown)])

@@ -10,9 +10,11 @@ what the relay holds (the waiting prompts, the ranks the debugger paused, the ce
 from __future__ import annotations
 
 import logging
+from functools import cached_property
 
 from ..diagnosis import render
 from ..diagnosis.analyse import RankEvidence, Verdict, analyse
+from ..diagnosis.deaths import DeathsSeen
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..launchers.base import Launcher
 from .cell_files import CellNames
@@ -55,7 +57,14 @@ class AsksRanks:
             if not state.answered and fallback:
                 state.fallback_stack = self.stack_of(rank)
             states.append(state)
+        self.deaths_seen.fill(states, lambda rank: self._launcher.ranks[rank].started_at)
         return analyse(states), states
+
+    @cached_property
+    def deaths_seen(self) -> DeathsSeen:
+        """The cells the ranks ran when each death was first seen: a later look (``%clorch why``
+        after other cells) judges the collectives a death may have ended as the death report did."""
+        return DeathsSeen()
 
     def light_answers(self) -> dict[int, dict | None]:
         """Every live rank's flight-recorder group status (the hang watch's cheap question)."""

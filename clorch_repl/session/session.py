@@ -375,8 +375,8 @@ class Session(Suspending):
         if ranks is not None:
             check_unique_in_range(ranks, self.topology.nproc, "--rank", "rank")
         verdict, states = relay.diagnose(all_threads=all_threads)  # every rank: the cause may be any
-        shown = [s for s in states if ranks is None or s.rank in ranks]
-        return render.report(verdict, shown, all_threads=all_threads)
+        # every rank's evidence, ``ranks``' shown: rank 0's alone called completed what a dead peer ended
+        return render.report(verdict, states, all_threads=all_threads, shown=ranks)
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
