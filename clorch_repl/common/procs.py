@@ -73,6 +73,10 @@ def free_port(host: str = LOOPBACK, ephemeral: tuple[int, int] | None | str = "r
         return int(sock.getsockname()[1])
 
 
+#: what :func:`describe_exit` adds to a SIGKILL, the signal the kernel's OOM killer sends
+OOM_HINT = "out of memory? the OOM killer sends SIGKILL"
+
+
 def describe_exit(returncode: int | None) -> str:
     """``-9`` -> ``"killed by signal SIGKILL"``; ``3`` -> ``"exit code 3"``."""
     if returncode is None:
@@ -82,9 +86,16 @@ def describe_exit(returncode: int | None) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = str(-returncode)
-        hint = " (out of memory? the OOM killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
+        hint = f" ({OOM_HINT})" if -returncode == signal.SIGKILL else ""
         return f"killed by signal {name}{hint}"
     return f"exit code {returncode}"
+
+
+def exit_in_a_table(exit: str) -> str:
+    """:func:`describe_exit`'s text without its hint, for one cell of a table (``%clorch status``,
+    the live panel): the hint made every row of the status table 120 columns wide, and the
+    death report and the refusal of the next cell still say it."""
+    return exit.replace(f" ({OOM_HINT})", "")
 
 
 #: How far back from the end of a log :func:`tail_bytes` reads at most. A log's last line can be

@@ -11,6 +11,7 @@ from IPython.display import display
 from ..errors import ClorchError, ranks_are
 from ..common.human import duration as _duration
 from ..common.human import size as _bytes
+from ..common.procs import exit_in_a_table
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher
 from ..session.lifecycle import SessionState
@@ -25,7 +26,7 @@ def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]
               "uptime"]
     body = []
     for row in rows:
-        state = row.state.value if row.exit is None else f"{row.state.value} ({row.exit})"
+        state = row.state.value if row.exit is None else f"{row.state.value} ({exit_in_a_table(row.exit)})"
         body.append([str(row.rank), *([row.host or "-"] if hosts else []), state, str(row.pid or "-"), row.device,
                      row.backend, _bytes(row.memory_bytes), _bytes(row.gpu_memory_bytes),
                      _duration(row.uptime_s) if row.exit is None else "-"])  # a dead rank has none ("0s" read as just started)

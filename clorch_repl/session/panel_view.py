@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common.human import duration as _duration
+from ..common.procs import exit_in_a_table
 from ..common.human import size as _bytes
 
 __all__ = ["RankSnapshot", "Collective", "rows", "render"]
@@ -69,9 +70,7 @@ class RankSnapshot:
 
 def _state(snap: RankSnapshot) -> str:
     if not snap.alive:
-        # without describe_exit's hint ("(out of memory? ...)"): one cell of a table, the death
-        # report says the rest
-        return f"dead ({snap.exit.split(' (', 1)[0]})" if snap.exit else "dead"
+        return f"dead ({exit_in_a_table(snap.exit)})" if snap.exit else "dead"
     if not snap.answered:
         return "busy, not answering" if snap.busy else "not answering"
     return "busy" if snap.busy else "idle"

@@ -65,6 +65,9 @@ def test_status_rows_say_each_ranks_state_from_the_view() -> None:
     from clorch_repl.magics.views import status_rows
     _, body = status_rows(rows)
     assert body[2][-1] == "-" and body[0][-1] != "-", body  # a dead rank has no uptime (it read "0s")
+    from clorch_repl.common.procs import describe_exit
+    killed = dataclasses.replace(rows[2], exit=describe_exit(-9))
+    assert status_rows([killed])[1][0][1] == "dead (killed by signal SIGKILL)"  # the OOM hint widened every row
     starting = _view(Lifecycle(SessionState.STARTING), started_at=None)
     assert [r.state for r in starting.ranks] == [RankState.STARTING] * 2 + [RankState.DEAD, RankState.STARTING]
 
