@@ -173,7 +173,8 @@ def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] 
     ``fresh`` (a new process in a dead rank's place) joins the group with ``env`` as a start would
     (:func:`join_group`, which checks ``protocol``); every other rank gives its groups new backends
     (:func:`.regroup.reform`; only the default group when some rank is fresh, which has none of the others)
-    and says on its output which groups were not carried over and how to make them again."""
+    and says on its output which of the user's groups were not carried over and how to make them
+    again (:func:`left_behind_notice`; clorch's own are made again by themselves)."""
     if int(os.environ["RANK"]) in (fresh or ()):
         join_group(env, generation, protocol=protocol)
         return
@@ -184,7 +185,51 @@ def rejoin(generation: int, fresh: list[int] | None = None, env: dict[str, str] 
     left = reform(generation, only_default=bool(fresh))
     if fresh and os.environ[env_vars.DIST_BACKEND.name] != "nccl":
         dist.barrier()  # the one a fresh gloo rank ends its join with (see join_group)
-    if left:
-        print("clorch: not carried over to the re-formed group: " + "; ".join(left)
-              + ". Make them again on every rank (dist.new_group, init_device_mesh) before using them.",
-              flush=True)
+    notice = left_behind_notice(left)
+    if notice:
+        print(notice, flush=True)
+
+
+# ------------------------------------------------------------------ groups not carried over
+#: How torch's description of a group (``group_desc``) starts for every group clorch makes for its
+#: own use (the sharded checkpoints': ``clorch_repl.training.checkpoint.ranks.GROUP_DESC``). clorch
+#: makes such a group again by itself once it finds it gone, so a re-form never asks the user to.
+OWN_DESC_PREFIX = "clorch:"
+
+
+def clorch_made(desc: str | None) -> bool:
+    """Whether a group of this description is one clorch made for itself (see :data:`OWN_DESC_PREFIX`)."""
+    return bool(desc) and str(desc).startswith(OWN_DESC_PREFIX)
+
+
+def maker(desc: str | None) -> str:
+    """How the user made a group, read from torch's description of it: a DeviceMesh names each of its
+    groups ``mesh_DIM`` (``mesh_dim_0`` for an unnamed dimension), ``dist.new_group`` leaves
+    ``undefined`` unless given a ``group_desc``."""
+    desc = str(desc or "undefined")
+    if desc.startswith("mesh_"):
+        dim = desc[len("mesh_"):]
+        if dim == "default":
+            return "init_device_mesh"
+        if dim.startswith("dim_") and dim[len("dim_"):].isdigit():
+            return f"init_device_mesh (its dimension {dim[len('dim_'):]})"
+        return f"init_device_mesh (its dimension {dim!r})"
+    return "dist.new_group" if desc == "undefined" else f"dist.new_group (group_desc={desc!r})"
+
+
+def left_behind_notice(groups: list[tuple[list[int], str | None]]) -> str:
+    """The line a survivor prints after a re-form that a fresh rank joined: the groups of
+    ``groups`` (each one's global ranks and torch's description, every group but the default one)
+    that the user made and must make again, by their ranks and how they were made (torch's names
+    for them are bare counts); clorch's own are left out. "" when no group is the user's."""
+    counts: dict[str, int] = {}
+    for ranks, desc in groups:
+        if not clorch_made(desc):
+            what = f"of ranks {list(ranks)} made by {maker(desc)}"
+            counts[what] = counts.get(what, 0) + 1
+    if not counts:
+        return ""
+    named = "; ".join(("the group " if n == 1 else f"{n} groups ") + what for what, n in counts.items())
+    them = "it" if sum(counts.values()) == 1 else "them"
+    return (f"clorch: not carried over to the re-formed group: {named}. Make {them} again on every rank "
+            f"(dist.new_group, init_device_mesh) before using {them}.")

@@ -310,10 +310,11 @@ def _forget(pg: Any) -> None:
             registry.pop(pg, None)
 
 
-def reform(generation: int, only_default: bool = False) -> list[str]:
+def reform(generation: int, only_default: bool = False) -> list[tuple[list[int], str | None]]:
     """Give every group of this rank (only the default one with ``only_default``: a fresh rank
     joins, which has none of the others) new backends met under :func:`store_prefix`; returns
-    a line for each group it did not carry over. Runs on the main thread, outside any cell."""
+    each group it did not carry over, as (its global ranks, torch's description of it: how it
+    was made, see :func:`.group.left_behind_notice`). Runs on the main thread, outside any cell."""
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -332,11 +333,10 @@ def reform(generation: int, only_default: bool = False) -> list[str]:
     if only_default:
         store.set(GROUP_COUNT_KEY, str(c10d._world.group_count))  # for the fresh rank (adopt_group_count)
     record.retire_current()  # the dead backends' records must not read as pending collectives
-    left: list[str] = []
+    left: list[tuple[list[int], str | None]] = []
     for pg in _groups():
         if only_default and pg is not default:
-            ranks = sorted(c10d._world.pg_group_ranks.get(pg, {}))
-            left.append(f"the group {c10d._world.pg_names[pg]!r} of ranks {ranks} (made by dist.new_group or a DeviceMesh)")
+            left.append((sorted(c10d._world.pg_group_ranks.get(pg, {})), getattr(pg, "group_desc", None)))
             _forget(pg)
             continue
         slots = _slots(pg)

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["gather", "raise_if_any", "checkpoint_group"]
 
 _GROUPS: dict[int, Any] = {}  # id(default group) -> its gloo group for checkpoints
+#: torch's description of that group: "clorch:" marks a group clorch made for itself, which a rank's
+#: re-form leaves out of what the user must make again (clorch_repl.kernel.group.clorch_made)
+GROUP_DESC = "clorch:checkpoints"
 
 
 def checkpoint_group() -> Any:
@@ -48,7 +51,7 @@ def checkpoint_group() -> Any:
         group = None  # destroyed meanwhile (a torchrun script's destroy_process_group() ends subgroups)
     if group is None:
         _GROUPS.clear()  # groups of an earlier default group are gone with it
-        group = tdist.new_group(backend="gloo")
+        group = tdist.new_group(backend="gloo", group_desc=GROUP_DESC)
         _GROUPS[id(world)] = group
         logger.debug("made a gloo group of %d ranks for checkpoints", tdist.get_world_size(group))
     return group
