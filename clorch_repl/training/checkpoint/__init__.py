@@ -78,8 +78,11 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
     A folder is a sharded checkpoint: it loads into the model however it is sharded now (any
     number of ranks, FSDP2, tensor parallel, or an unsharded model, also in a process without a
     process group). Each rank restores its own saved RNG and sampler state (rank zero's when the
-    checkpoint came from fewer ranks). Nothing is changed on any rank unless every rank validated
-    the checkpoint.
+    checkpoint came from fewer ranks). A rank given rank zero's RNG state is warned (a
+    RuntimeWarning naming both ranks): it would otherwise draw the same dropout masks and
+    augmentations as rank zero unnoticed; reseed it after loading (``torch.manual_seed(seed +
+    rank)``) if they should differ. Nothing is changed on any rank unless every rank validated the
+    checkpoint.
     """
     source = os.path.abspath(os.fspath(path))
     in_flight.wait_for_previous()  # the save that makes or replaces it may still be writing
@@ -89,6 +92,7 @@ def load_checkpoint(path: str | os.PathLike[str], model: Any = None, optimizer: 
     if layout == "missing":  # before the format's own rules: a sharded model was told to load "a single file"
         raise CheckpointError(sharded_format.missing_target_message(source))
     if sharded_format.holds_shards(model, optimizer):
+        single_file.check_readable(source)  # a file that is no checkpoint is said to be none, not an unsharded one
         raise ConfigError(f"{source} is a single-file checkpoint (an unsharded model's) and the model is sharded "
                           "(FSDP2, tensor parallel or FSDP1): load it into the unsharded model, then shard it, or save "
                           "the sharded model with save_checkpoint to get a sharded checkpoint")

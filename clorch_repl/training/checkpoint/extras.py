@@ -4,16 +4,19 @@ and RNG state, the grad scaler's state and the caller's JSON map.
 Saving: :func:`local_extras` runs on every rank (its own RNG and sampler state, and the checks of
 what it was given), :func:`payload_extras` builds what rank zero writes from every rank's part.
 Loading: :func:`check_extras` checks them against the sampler and scaler *before* anything is
-changed, :func:`apply_extras` restores them once every rank has said the checkpoint fits.
+changed, :func:`apply_extras` restores them once every rank has said the checkpoint fits, and warns
+a rank past the saved world size that it got rank zero's RNG state (:mod:`.rank_state`).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
+from ...common.user_frames import users_stacklevel
 from ...errors import CheckpointError, ClorchError, ConfigError
-from .rank_state import entry_for, rng_state, set_rng_state, state_json
+from .rank_state import borrowed_rng_message, entry_for, entry_rank, rng_state, set_rng_state, state_json
 
 __all__ = ["local_extras", "checkpoint_metadata", "payload_extras", "check_extras", "apply_extras", "saved_state"]
 
@@ -106,7 +109,12 @@ def apply_extras(payload: dict[str, Any], sampler: Any, scaler: Any, sampler_ent
     if sampler is not None:
         sampler.load_state_dict(sampler_entry)
     if restore_rng:
-        set_rng_state(entry_for(payload["rng"], rank))
+        rngs = payload["rng"]
+        source = entry_rank(rngs, rank)
+        set_rng_state(rngs[source])
+        if source != rank:
+            warnings.warn(borrowed_rng_message(rank, source, len(rngs)), RuntimeWarning,
+                          stacklevel=users_stacklevel())
 
 
 def saved_state(payload: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 RNG states are kept as tensors and plain numbers, so ``torch.load(weights_only=True)`` reads them
 back without unpickling any code. Every rank saves its own (torch CPU, CUDA where CUDA is
 initialised, Python ``random``, NumPy) and resumes its own; a rank beyond the saved world size
-resumes rank zero's.
+resumes rank zero's, and is warned (:func:`borrowed_rng_message`): from then on it draws the same
+random numbers as rank zero (dropout masks, augmentations), which nothing else would show.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from ...errors import ConfigError
 
-__all__ = ["rng_state", "set_rng_state", "state_json", "entry_for"]
+__all__ = ["rng_state", "set_rng_state", "state_json", "entry_rank", "entry_for", "borrowed_rng_message"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -71,6 +72,21 @@ def state_json(state: Any) -> str:
                           "Convert tensors with .item() or .tolist() first") from None
 
 
+def entry_rank(entries: list[Any], rank: int) -> int:
+    """Whose entry of a per-rank list saved by every rank ``rank`` resumes: its own, or rank zero's
+    past the list's end (the checkpoint came from fewer ranks)."""
+    return rank if rank < len(entries) else 0
+
+
 def entry_for(entries: list[Any], rank: int) -> Any:
-    """This rank's entry of a per-rank list saved by every rank (rank zero's past its end)."""
-    return entries[rank] if rank < len(entries) else entries[0]
+    """This rank's entry of a per-rank list saved by every rank (:func:`entry_rank`)."""
+    return entries[entry_rank(entries, rank)]
+
+
+def borrowed_rng_message(rank: int, source: int, saved_ranks: int) -> str:
+    """The one-line warning for ``rank``, which got rank ``source``'s RNG state (:func:`entry_rank`)
+    from a checkpoint that ``saved_ranks`` ranks saved: what happened, why it matters, what to do."""
+    return (f"load_checkpoint: rank {rank} resumed rank {source}'s random state (the checkpoint was saved by "
+            f"{saved_ranks} rank{'s' if saved_ranks != 1 else ''}), so ranks {source} and {rank} now draw the same "
+            "random numbers (dropout, augmentation); to make them differ, reseed after loading, e.g. "
+            "torch.manual_seed(seed + rank)")

@@ -30,7 +30,7 @@ from .ranks import gather, raise_if_any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["save", "load", "check_model_shapes", "check_optimizer_class"]
+__all__ = ["save", "load", "check_readable", "check_model_shapes", "check_optimizer_class"]
 
 
 def save(target: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, state: Any) -> str:
@@ -133,6 +133,28 @@ def _check_optimizer(path: str, saved: Any, optimizer: Any, saved_class: Any) ->
                                       "it is from another model")
 
 
+def _check_failure(source: str, exc: Exception) -> str:
+    """What a rank reports when checking ``source`` raised ``exc``: a CheckpointError says it
+    itself; anything else is unexpected, logged with its stack here."""
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    logger.debug("checking the checkpoint %s failed", source, exc_info=True)
+    return f"the checkpoint {source} could not be checked: {type(exc).__name__}: {exc}"
+
+
+def check_readable(source: str) -> None:
+    """Raise on every rank, as :func:`load` does, unless ``source`` is a whole single-file checkpoint
+    on every rank. For a caller about to refuse a real checkpoint for another reason (a sharded
+    model): a file that is no checkpoint at all must be called that first, or the advice would be
+    wrong. Its tensors are read onto the meta device, so the check holds no copy of the weights."""
+    error: str | None = None
+    try:
+        read_container(source, torch.device("meta"))
+    except Exception as exc:  # noqa: BLE001 - reported to every rank below
+        error = _check_failure(source, exc)
+    raise_if_any(gather(error), "loading the checkpoint")
+
+
 def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, restore_rng: bool) -> dict[str, Any]:
     """Restore a single-file checkpoint on every rank; returns its ``state`` map."""
     module = unwrap(model) if model is not None else None
@@ -148,11 +170,8 @@ def load(source: str, model: Any, optimizer: Any, sampler: Any, scaler: Any, res
         if optimizer is not None:
             _check_optimizer(source, payload.get("optimizer"), optimizer, meta.get("optimizer_class"))
         sampler_entry = check_extras(source, payload, sampler, scaler, restore_rng, rank)
-    except CheckpointError as exc:
-        error = str(exc)
     except Exception as exc:  # noqa: BLE001 - anything unexpected while validating counts as "does not fit"
-        logger.debug("checking the checkpoint %s failed", source, exc_info=True)
-        error = f"the checkpoint {source} could not be checked: {type(exc).__name__}: {exc}"
+        error = _check_failure(source, exc)
     raise_if_any(gather(error), "loading the checkpoint")
 
     try:
