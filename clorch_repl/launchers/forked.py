@@ -233,6 +233,15 @@ class ForkedProcess:
                         os.close(pidfd)
         return self.returncode
 
+    def __del__(self) -> None:
+        """A handle let go before its exit status came (the session ended while the zygote had not
+        yet reported it, or ended first) gives its pidfd back: nothing else would close it, and
+        every session left one or two open in the notebook's process. Nothing else holds the
+        handle any more, so no thread polls or signals through the descriptor meanwhile."""
+        pidfd, self._pidfd = getattr(self, "_pidfd", None), None
+        if pidfd is not None:
+            os.close(pidfd)
+
     @property
     def exit_fd(self) -> int | None:
         """A descriptor that becomes readable once the process has exited (its pidfd), to look at

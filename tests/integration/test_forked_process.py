@@ -116,3 +116,21 @@ def test_a_fork_waiting_in_another_thread_when_the_zygote_is_closed_is_told_it_e
     assert zygote.process.poll() == 0, zygote.process.poll()
     log = (tmp_path / "zygote.log").read_text()
     assert "Traceback" not in log, log
+
+
+def test_a_handle_let_go_before_its_exit_was_reported_gives_its_pidfd_back(child) -> None:
+    """A session that ends before the zygote reported a rank's exit drops the rank's handle with
+    its pidfd open: every session left one or two descriptors in the notebook's process."""
+    import gc
+    import os
+
+    handle = ForkedProcess(child.pid, _Zygote())  # type: ignore[arg-type]
+    fd = handle.exit_fd
+    assert fd is not None and os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+    del handle
+    gc.collect()
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        target = ""
+    assert target != "anon_inode:[pidfd]", "the dropped handle's pidfd is still open"
