@@ -136,7 +136,7 @@ def _comparer(pg: str, members: list[int]) -> Callable[[Entry, Entry], bool]:
                                       MatchState.COLLECTIVE_STATE_MISMATCH)
             except (AssertionError, KeyError, ValueError, IndexError, TypeError) as exc:
                 logger.debug("torch's Op could not compare %s and %s: %s", ref.raw, other.raw, exc)
-        return (ref.op, ref.tensors) == (other.op, other.tensors)
+        return (ref.op, ref.compared) == (other.op, other.compared)  # (entries.ROOTED_SIDES)
     return same
 
 
@@ -158,12 +158,13 @@ def alike(present: dict[int, Entry], same: Callable[[Entry, Entry], bool]) -> li
 def mismatch_text(groups: list[tuple[list[int], Entry]]) -> str:
     """``rank 0 called broadcast(float32[4]), ranks 1-2 called all_reduce(float32[4])``: each
     group of :func:`alike` with one of its entries. Ops named where they differ; else the
-    tensors a broadcast has or another collective was passed."""
+    tensors a broadcast has or another collective was passed, of those its ranks must pass alike
+    (a scatter's output, not the list only its source passes: :data:`~.entries.ROOTED_SIDES`)."""
     entries = [entry for _, entry in groups]
     if len({entry.op for entry in entries}) > 1:
         return ", ".join(f"{rank_words(ranks)} called {e.op}({e.tensors})" for ranks, e in groups)
     verb = "has" if entries[0].op == "broadcast" else "passed"
-    return ", ".join(f"{rank_words(ranks)} {verb} {e.tensors or 'no tensor'}" for ranks, e in groups)
+    return ", ".join(f"{rank_words(ranks)} {verb} {e.compared or e.tensors or 'no tensor'}" for ranks, e in groups)
 
 
 def _for_torch(raw: dict[str, Any]) -> dict[str, Any]:
@@ -205,6 +206,8 @@ def _absent(state: RankEvidence, pg: str, many: bool) -> str:
     said of several ranks, see :func:`by_phrase`)."""
     if state.dead is not None or not state.answered:
         return where(state, many=many)
+    if state.raised is not None:
+        return f"raised {state.raised} before calling it"
     elsewhere = _pending_elsewhere(state, pg)
     if elsewhere is not None:
         return f"never called it and {'wait' if many else 'waits'} in {elsewhere}"

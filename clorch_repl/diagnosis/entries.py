@@ -40,6 +40,11 @@ class RankEvidence:
     #: was first seen began; a collective called before it cannot have failed of this death
     #: (clorch_repl.diagnosis.deaths)
     died_in: dict[int, int] = field(default_factory=dict)
+    #: what the rank's code raised in the cell being diagnosed (``RuntimeError (data file missing
+    #: on rank 1)``): the notebook has it from the rank's reply (:func:`.render.with_raised`); the
+    #: probe cannot tell, the rank being back at its prompt. Such a rank is the cause of the wait
+    #: of the others, not "not running a cell" beside it
+    raised: str | None = None
 
     @property
     def name(self) -> str:
@@ -68,6 +73,11 @@ class Entry:
     @property
     def tensors(self) -> str:
         return describe_tensors(self.raw)
+
+    @property
+    def compared(self) -> str:
+        """What every rank of the group must pass alike (:func:`compared_tensors`)."""
+        return compared_tensors(self.raw)
 
 
 @dataclass
@@ -310,11 +320,38 @@ def op_name(raw: dict[str, Any]) -> str:
     return _OP_ALIASES.get(name, name)
 
 
-def describe_tensors(raw: dict[str, Any]) -> str:
+#: The sides of an op's tensors that differ among the ranks of its group by design, left out where
+#: the ranks' calls are compared (:func:`compared_tensors`): a scatter's list (its input) is passed
+#: by the source alone, a gather's (its output) is received by the destination alone, and an
+#: all_to_all may be split unevenly. Recorded on 2 and 3 gloo ranks (torch 2.13): a scatter's
+#: input is ``[]`` on every rank but the source and a gather's output ``[]`` on every rank but the
+#: destination; reduce and broadcast record the same sizes on every rank, and the object
+#: collectives are made of these, their bytes padded to one size on every rank
+#: (scatter_object_list: broadcast, scatter, scatter; gather_object: all_gather, gather;
+#: all_gather_object: all_gather twice; broadcast_object_list: broadcast twice). The sides torch's
+#: own comparison (flight_recorder's ``Op.match``) leaves out; this is the rule where it is not
+#: used (the notebook has not imported torch). Before it, every healthy session that scattered
+#: was said to hold a mismatch ("rank 0 passed float32[2, 2], rank 1 passed no tensor").
+ROOTED_SIDES: dict[str, frozenset[str]] = {"scatter": frozenset({"input"}), "gather": frozenset({"output"}),
+                                           "all_to_all": frozenset({"input", "output"})}
+
+
+def compared_tensors(raw: dict[str, Any]) -> str:
+    """What every rank of the group must pass alike for the entry's collective, as
+    :func:`describe_tensors` names it: its input tensors, a scatter's output (what each rank
+    receives), nothing of an all_to_all's (see :data:`ROOTED_SIDES`)."""
+    left_out = ROOTED_SIDES.get(op_name(raw), frozenset())
+    if "input" not in left_out:
+        return describe_tensors(raw)
+    return "" if "output" in left_out else describe_tensors(raw, side="output")
+
+
+def describe_tensors(raw: dict[str, Any], side: str = "input") -> str:
+    """``float32[4], int64[1]``: the entry's input tensors (``side="output"``: its outputs)."""
     if op_name(raw) == "barrier":
         return ""  # NCCL's one-element stand-in tensor is torch's, not the user's
-    sizes = raw.get("input_sizes") or []
-    dtypes = raw.get("input_dtypes") or []
+    sizes = raw.get(f"{side}_sizes") or []
+    dtypes = raw.get(f"{side}_dtypes") or []
     parts = []
     for i, shape in enumerate(sizes):
         dtype = _DTYPES.get(dtypes[i] if i < len(dtypes) else "", (dtypes[i] if i < len(dtypes) else "?"))

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable
 
+from ..common.human import headline
 from ..host.rankfiles import report_stack
 from ..common.rank_sets import merge_blocks, rank_words
 from .deaths import lost_members
@@ -18,6 +20,8 @@ logger = logging.getLogger(__name__)
 RECENT = 5
 #: Stack frames listed per rank (innermost); a cell's stack is rarely deeper.
 FRAMES = 12
+#: Characters of a raised exception's message said in a verdict (:func:`with_raised`).
+RAISED_CHARS = 100
 
 
 def notice(verdict: Verdict) -> str:
@@ -74,15 +78,16 @@ def _block(state: RankEvidence, *, all_threads: bool, recent: int,
             lines.append(f"    {gone.key}: operation {gone.enqueued} (its group's own count) pending, every "
                          f"entry of the group gone from the recorder (last completed: {gone.completed})")
     stack = ans.get("stack") or []
+    others = [f for f in stack if not own_frame(f)]  # (clorch's own frames are never shown)
     if ans.get("in_cell") and reporting_error(stack):
         lines.append("  its cell had already failed (its traceback is among the cell's errors)")
-    elif ans.get("in_cell") and stack and all(f.get("library") for f in stack):
+    elif ans.get("in_cell") and others and all(f.get("library") for f in others):
         # IPython formatting the cell's traceback, say: a dozen frames of pygments or
         # stack_data would bury the other ranks' evidence; the two ends say where it is.
-        inner = f" ... {frame_label(stack[-1])}" if len(stack) > 1 else ""
-        lines.append(f"  in library code outside its cell's lines: {frame_label(stack[0])}{inner}")
+        inner = f" ... {frame_label(others[-1])}" if len(others) > 1 else ""
+        lines.append(f"  in library code outside its cell's lines: {frame_label(others[0])}{inner}")
     elif ans.get("in_cell"):
-        lines.extend(_stack_lines("  stack (most recent call last):", stack))
+        lines.extend(_stack_lines("  stack", stack, order=" (most recent call last)"))
     else:
         lines.append("  idle: not running a cell")
     if ans.get("cuda_busy") is not None:
@@ -120,12 +125,21 @@ def _thread_lines(thread: dict[str, Any]) -> list[str]:
         inner = stack[-1]
         at = "" if own_frame(inner) else f", now at {frame_label(inner)}"
         return [f"  thread {name}: clorch_repl's own work (its frames not shown){at}"]
-    return _stack_lines(f"  thread {name}:", stack)
+    return _stack_lines(f"  thread {name}", stack)
 
 
-def _stack_lines(head: str, stack: list[dict[str, Any]]) -> list[str]:
-    out = [head]
-    for frame in [f for f in stack if not own_frame(f)][-FRAMES:]:
+def _stack_lines(name: str, stack: list[dict[str, Any]], order: str = "") -> list[str]:
+    """``name`` and ``order`` (`` (most recent call last)``) as a heading, then the stack's
+    innermost :data:`FRAMES` frames, clorch's own left out; where none is left, one line saying
+    why (``name: ...``): a heading with nothing under it read as evidence lost (a try-out's
+    report of a survivor)."""
+    frames = [f for f in stack if not own_frame(f)][-FRAMES:]
+    if not frames:
+        why = ("only clorch_repl's own frames (not shown)" if stack else
+               "no frame of its cell's code (the cell had not begun it, or had just left it)")
+        return [f"{name}: {why}"]
+    out = [f"{name}{order}:"]
+    for frame in frames:
         out.append(f"    {frame_label(frame)}")
         if frame.get("code"):
             out.append(f"      {frame['code']}")
@@ -138,3 +152,19 @@ def report(verdict: Verdict, states: list[RankEvidence], *, all_threads: bool = 
     ``states``: every rank's, as the verdict was made of; ``shown``: whose evidence is shown
     (``%clorch why --rank``; None: every rank's)."""
     return "\n".join([verdict.sentence, *evidence(states, all_threads=all_threads, shown=shown)])
+
+
+def with_raised(states: list[RankEvidence], raised: dict[int, tuple[str, str]]) -> list[RankEvidence]:
+    """``states`` with what ranks raised in the cell (``raised``: rank -> exception name and
+    message, from their replies), for the verdict to say "rank 1 raised RuntimeError (data file
+    missing on rank 1) before calling it" where the probe alone, asking after the rank had gone
+    back to its prompt, said "rank 1 never called it and is not running a cell", and the cause
+    was found only below every rank's evidence (a try-out)."""
+    return [replace(s, raised=_raised_words(*raised[s.rank])) if s.rank in raised else s for s in states]
+
+
+def _raised_words(ename: str, evalue: str) -> str:
+    """``RuntimeError (data file missing on rank 1)``: the exception's name and its message's first
+    line, cut to a verdict's measure (the whole traceback is shown with the cell's errors)."""
+    message = headline(evalue, limit=RAISED_CHARS)
+    return f"{ename or 'an exception'} ({message})" if message else (ename or "an exception")

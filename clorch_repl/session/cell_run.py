@@ -232,6 +232,12 @@ class CellRun:
     def death_diagnosed(self, text: str) -> None:
         self.outcome.diagnosis = self.diagnosis = text
 
+    def raised(self) -> dict[int, tuple[str, str]]:
+        """What ranks raised in this cell so far (rank -> exception name and message), for its
+        diagnosis: the probe finds such a rank back at its prompt and cannot say why."""
+        return {rank: (part.error.ename, part.error.evalue) for rank, part in self.outcome.ranks.items()
+                if part.status is Status.ERROR and part.error is not None}
+
     def user_interrupt(self) -> bool:
         """Kernel > Interrupt. Returns whether it is the second (or came during a grace period):
         then the wait ends at once, asking the ranks nothing more."""

@@ -75,6 +75,13 @@ class AsksRanks:
         holds its GIL), its cells named as the notebook shows them (``Cell In[12], line 3``)."""
         return self.cell_names.name(self._launcher.dump_stack(rank), rank)
 
-    def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    def _diagnosis_text(self, timeout_s: float = PROBE_TIMEOUT_S,
+                        raised: dict[int, tuple[str, str]] | None = None) -> str:
+        """A failed cell's diagnosis; ``raised``: what ranks raised in the cell (rank -> exception
+        name and message, :meth:`CellRun.raised`), which the probe cannot know: such a rank is back
+        at its prompt when asked."""
         verdict, states = self.diagnose(timeout_s=timeout_s)
+        if raised:
+            states = render.with_raised(states, raised)
+            verdict = analyse(states)
         return render.report(verdict, states)

@@ -334,7 +334,7 @@ class Relay(AsksRanks):
         if command.diagnose:
             # Before the interrupt moves anything: where each rank was while it was stuck. Briefly:
             # the interrupt waits for it.
-            run.diagnosed(self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S))
+            run.diagnosed(self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S, raised=run.raised()))
         if command.ranks:
             self._pump(0)  # prompts that came while a blocking answer() held the loop: dropped below
             self._launcher.interrupt(list(command.ranks))
@@ -359,7 +359,8 @@ class Relay(AsksRanks):
 
     def _give_up(self, run: CellRun, command: GiveUp) -> None:
         """Stop waiting for ranks that did not return; find where each one is (see CellRun.gave_up)."""
-        diagnosis = self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S) if command.diagnose else None
+        diagnosis = (self._diagnosis_text(timeout_s=INTERRUPT_PROBE_S, raised=run.raised())
+                     if command.diagnose else None)
         alive = [r for r in command.ranks if self._launcher.ranks[r].alive]
         answers = {} if command.hurry or not alive else self._prober.ask(alive, light=True,
                                                                          timeout_s=INTERRUPT_PROBE_S)
@@ -372,7 +373,7 @@ class Relay(AsksRanks):
             self._pump(0)  # keep what it said before it died
             tail = self.cell_names.name(self._launcher.death_report(rank), rank)
             if run.died(rank, proc.exit, proc.host, tail, now):
-                run.death_diagnosed(self._diagnosis_text())
+                run.death_diagnosed(self._diagnosis_text(raised=run.raised()))
 
     # ----------------------------------------------------------------------------- reading
     def _pump(self, timeout_s: float) -> None:
