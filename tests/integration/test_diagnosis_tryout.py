@@ -1,6 +1,6 @@
 """The try-out's three defects of the hang and death diagnosis, on real 2-rank gloo sessions in a
 real notebook kernel; what the user reads is asserted. The rules themselves, on recorded entries:
-tests/unit/test_diagnosis_tryout.py.
+tests/unit/test_diagnosis_tryout_units.py.
 """
 
 from __future__ import annotations

@@ -353,3 +353,14 @@ def test_the_ipython_guard_catches_what_it_guards() -> None:
         "clorch_repl.session.x imports IPython, which only the notebook layer may (notebook/, magics/): take it "
         "through a hook of clorch_repl.session.hooks",
         "clorch_repl.common.z is listed in FRONT_END_MODULES but imports no IPython now: take it off the list"]
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports the test folders without packages, by each file's name: two files of one name
+    (tests/unit/test_x.py and tests/integration/test_x.py) stop the whole suite at collection, which
+    running either folder alone never shows (it happened: CI's one run of everything caught it)."""
+    tests = PACKAGE.parent / "tests"
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(path.relative_to(tests).as_posix())
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
