@@ -8,6 +8,7 @@
     ├── StartupError                    the ranks could not start or form their process group
     ├── RankFailure                     a batch job's rank failed (``rank``: the first, the cause)
     ├── JobTimeout (TimeoutError)       a batch job ran past its ``timeout_ms``
+    ├── JobStillRunning (TimeoutError)  ``job.wait(timeout)`` ran out first; the job runs on
     ├── JobStopped                      a batch job was ended by ``job.stop()``
     ├── NoProcessGroup                  a collective outside any process group
     ├── CollectiveError                 a collective failed
@@ -29,14 +30,12 @@ ranks, shown with each rank's traceback, and the magics turn every ClorchError i
 usage error, which would hide those tracebacks.
 
 Messages follow one rule: say what went wrong, on which rank where there is one, and what to do
-next. This module imports nothing of the package at import time but :mod:`clorch_repl.common.rank_sets`
-(standard library only), so every other module (the
-notebook's, the ranks', the supervisor's) can import it.
+next. This module imports nothing of the package at import time but leaves of :mod:`clorch_repl.common`
+(standard library only), so every other module (the notebook's, the ranks', the supervisor's) can import it.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from .common.human import headline
@@ -46,11 +45,9 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .session.protocol import CellOutcome, RankOutcome
 
 __all__ = ["ClorchError", "ConfigError", "TopologyError", "StartupError", "RankFailure", "JobTimeout", "JobStopped",
-           "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CheckpointError",
-           "SignatureError", "GroupConflict", "SpawnRefused", "ScriptNotFound", "ScriptExit",
+           "JobStillRunning", "NoProcessGroup", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout",
+           "CheckpointError", "SignatureError", "GroupConflict", "SpawnRefused", "ScriptNotFound", "ScriptExit",
            "UnknownRequest", "DistributedCellError"]
-
-logger = logging.getLogger(__name__)
 
 
 class ClorchError(RuntimeError):
@@ -148,6 +145,10 @@ class RankFailure(ClorchError):
 
 class JobTimeout(ClorchError, TimeoutError):
     """A batch job ran past its ``timeout_ms`` and was stopped."""
+
+
+class JobStillRunning(ClorchError, TimeoutError):
+    """``job.wait(timeout)`` ran out of time before the job ended; the job keeps running."""
 
 
 class JobStopped(ClorchError):
@@ -295,9 +296,7 @@ class DistributedCellError(Exception):
     """
 
     def __init__(self, outcome: CellOutcome, timeout_s: float | None = None, merge: bool = True) -> None:
-        self.outcome = outcome
-        self.timeout_s = timeout_s
-        self.merge = merge
+        self.outcome, self.timeout_s, self.merge = outcome, timeout_s, merge
         super().__init__(self.summary())
 
     @property

@@ -75,6 +75,23 @@ def remove_keeping_logs(session_dir: str) -> str:
     return kept
 
 
+def kept_log(folder: str, rank: int, lines: int | None) -> tuple[str, str]:
+    """The path and last ``lines`` lines (None: all) of ``rank``'s log in ``folder``, where
+    :func:`keep_logs` kept a stopped session's logs (``%clorch logs N`` once no ranks run);
+    FileNotFoundError, naming the folder and the logs it has, when it holds none of that rank."""
+    from .rankfiles import log_tail  # (the notebook's: never called where this runs as a script)
+
+    path = os.path.join(folder, f"rank{rank}.log")
+    if not os.path.isfile(path):
+        try:
+            there = sorted(n for n in os.listdir(folder) if _LOG_NAME.fullmatch(n) and not n.endswith(".1"))
+        except OSError:
+            there = []
+        raise FileNotFoundError(f"{folder} holds no log of rank {rank}"
+                                + (f" (it has {', '.join(there)})" if there else " (it is gone or empty)"))
+    return path, log_tail(path, lines)
+
+
 def _private_folder(path: str) -> str:
     """``path`` as a folder only this user can open; another private folder beside it when
     ``path`` exists and is not one (someone else's, or a link)."""

@@ -26,13 +26,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..common import env_vars
 from ..common.atomic import write_json_atomic
-from ..errors import ConfigError, JobStopped, JobTimeout, RankFailure
+from ..errors import ConfigError, JobStillRunning, JobStopped, JobTimeout, RankFailure
 from ..host.rankfiles import log_tail
 from ..host.supervisor import STOP_GRACE_S
 from ..common.procs import describe_exit
 from ..common.rank_sets import rank_words
 from ..common.topology import parse_number
-from ..common.user_frames import public
+from ..common.user_frames import public, shown_from_users_code
 from .job_inputs import extra_env, job_directory, what_to_run
 from .job_ranks import JobPlan, JobRanks, for_launcher, rank_pythonpath
 from .job_status import JobStatus, RankStatus
@@ -107,10 +107,18 @@ class Job:
 
         Raises :class:`RankFailure` naming the rank that failed first (with its traceback),
         :class:`JobTimeout` after ``timeout_ms``, :class:`JobStopped` after ``stop()``, and
-        ``TimeoutError`` if ``timeout`` seconds pass first (the job keeps running).
+        :class:`JobStillRunning` (a ``TimeoutError``) if ``timeout`` seconds pass first (the job
+        keeps running). A Ctrl-C while it waits is a plain KeyboardInterrupt saying that the job
+        keeps running, shown (in IPython) from the caller's line: where the interrupt landed (the
+        lock this waits on) says nothing.
         """
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"{self.id} is still running after {timeout} s; job.stop() ends it")
+        try:
+            ended = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            stopped = KeyboardInterrupt(f"{self.id} keeps running; job.wait() waits again, job.stop() ends it")
+            raise shown_from_users_code(stopped) from None
+        if not ended:
+            raise JobStillRunning(f"{self.id} is still running after {timeout:g} s; job.stop() ends it")
         state = self._state
         if state == "succeeded":
             return [result.value() if result else None for result in self._results]
@@ -296,7 +304,8 @@ class Job:
         if result is not None and result.traceback:
             body = result.traceback.rstrip()
         else:
-            body = f"last lines of its log:\n{self.logs(r, tail=LOG_TAIL_ON_FAILURE).rstrip()}"
+            log = self.logs(r, tail=LOG_TAIL_ON_FAILURE).rstrip()
+            body = f"last lines of its log:\n{log}" if log.strip() else "its log is empty: it wrote nothing"
             notes = self._ranks.notes()  # the launcher may say why (srun: a bad partition, an unshared directory)
             if notes:
                 body += f"\n{notes}"

@@ -178,15 +178,10 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         args = parse(self._logs, line)
         if args is None:
             return
-        tail = None if args.tail == 0 else args.tail
         if args.tail < 0:
             raise ClorchError(f"--tail must be 0 (everything) or more; got {args.tail}")
-        if args.job is not None:
-            from ..jobs.batch import get_job
-
-            text = get_job(args.job).logs(args.rank, tail=tail)
-        else:
-            text = self._session().logs(args.rank, tail)
+        text = views.log_text(self.session, getattr(self, "kept_logs", ""), args.rank,
+                              None if args.tail == 0 else args.tail, args.job)
         print(without_ansi(text), end="" if text.endswith("\n") else "\n")  # the log's colour codes are a terminal's
 
     @magic_arguments(name="clorch interrupt")
@@ -234,11 +229,11 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         self.session = None
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
-        kept = getattr(launcher, "kept_logs", "")  # the session's files are gone, its rank logs are not
+        kept = self.kept_logs = getattr(launcher, "kept_logs", "")  # the session's files are gone, its logs are not
         print(f"clorch: stopped {n} rank(s)" + (f"; their logs are kept in {kept}" if kept else ""))
 
     @magic_arguments(name="clorch top")
-    @argument("--once", action="store_true", help="print one table now instead of a live panel")
+    @argument("--once", action="store_true", help="print one table now, CPU measured over 0.4 s (not a live panel)")
     @argument("--stop", action="store_true", help="close the live panel")
     @argument("--interval", metavar="SECONDS", type=float, default=None,
               help="seconds between updates of the live panel (default 1)")
@@ -316,7 +311,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             return
         from ..session import transfer
 
-        name = transfer.check_name(args.name)
+        name = transfer.check_name(args.name, where="on the ranks")
         ranks, limit = parse_ranks(args.ranks), parse_max_mb(args.max_mb)
         if name not in self.shell.user_ns:
             raise ClorchError(f"name {name!r} is not defined in the notebook")

@@ -16,7 +16,12 @@ __all__ = ["command"]
 
 def command(source: Callable[[], Any], panel: Panel | None, args: argparse.Namespace) -> Panel | None:
     """Carry out ``%clorch top`` with parsed ``args``; returns the panel that is open afterwards.
-    ``source`` finds the notebook's session now: the live panel follows it through restarts."""
+    ``source`` finds the notebook's session now: the live panel follows it through restarts.
+
+    The CPU column is a share of time, so it needs two samples: ``--once`` and the live panel's
+    first draw ask every rank twice, :data:`~clorch_repl.notebook.panel.CPU_SAMPLE_S` (0.4 s)
+    apart, and show the second answer (a single first question said 0 % for a busy rank, having
+    no earlier sample); later rounds of the live panel measure over their interval."""
     if args.stop:
         if panel is None or not panel.open:
             print("clorch: no %clorch top panel is open")

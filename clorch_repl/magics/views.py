@@ -187,3 +187,24 @@ def detached_hint() -> str:
         return (f"; {len(here)} detached sessions of yours run on this host ({', '.join(here)}): "
                 "%clorch connect NAME drives one from here")
     return ""
+
+
+def log_text(session: Session | None, kept: str, rank: int, tail: int | None, job: str | None) -> str:
+    """What ``%clorch logs RANK`` shows: a batch job's rank log (``--job``), the running session's,
+    or, once no ranks run, the log in ``kept``, where the last ``%clorch stop`` kept its session's
+    logs (:mod:`clorch_repl.host.logfiles`), under a line saying so; ClorchError where there is none."""
+    if job is not None:
+        from ..jobs.batch import get_job
+
+        return get_job(job).logs(rank, tail=tail)
+    if session is not None and session.running:
+        return session.logs(rank, tail)
+    if not kept:
+        raise ClorchError("no ranks are running: run %clorch start first" + detached_hint())
+    from ..host.logfiles import kept_log
+
+    try:
+        path, text = kept_log(kept, rank, tail)
+    except FileNotFoundError as exc:
+        raise ClorchError(f"no ranks are running, and {exc}: run %clorch start first") from None
+    return f"clorch: no ranks are running; rank {rank}'s log as the last %clorch stop kept it ({path}):\n{text}"

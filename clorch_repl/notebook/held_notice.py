@@ -100,10 +100,10 @@ class HeldNotice:
         parts = []
         if counts:
             lines, chars = (sum(v[i] for v in counts.values()) for i in (0, 1))
-            parts.append(f"clorch held back {lines:,} lines ({_size(chars)}) of this cell's output; {_logs(counts)}")
+            parts.append(f"clorch held back {_lines(lines)} ({_size(chars)}) of this cell's output; {_logs(counts)}")
         if late:
             lines, chars = (sum(v[i] for v in late.values()) for i in (0, 1))
-            parts.append(f"clorch held back {lines:,} lines ({_size(chars)}) printed after their cell ended; "
+            parts.append(f"clorch held back {_lines(lines)} ({_size(chars)}) printed after their cell ended; "
                          f"{_logs(late)}")
         return wrap("\n".join(parts), indent="  ")
 
@@ -128,6 +128,10 @@ def _logs(counts: dict[int, Any]) -> str:
     if len(ranks) == 1:
         return f"all in %clorch logs {ranks[0]}"
     return f"all in %clorch logs RANK ({ranks_text(ranks)})"
+
+
+def _lines(n: int) -> str:
+    return f"{n:,} line" if n == 1 else f"{n:,} lines"
 
 
 def _size(chars: int) -> str:

@@ -42,9 +42,12 @@ from ..session.view import SessionView
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Panel", "snapshot", "snapshot_once", "INTERVAL_S"]
+__all__ = ["Panel", "snapshot", "snapshot_once", "first_answers", "INTERVAL_S", "CPU_SAMPLE_S"]
 
 INTERVAL_S = 1.0
+#: A rank's CPU share is its CPU time since it was last asked; a first question has no earlier one
+#: (the rank said "0 %" for a busy rank). The first look asks twice, this far apart: see first_answers.
+CPU_SAMPLE_S = 0.4
 DETAIL_AFTER_S = 2.0
 #: A rank whose answer is older than this is shown as not answering.
 SILENT_AFTER_S = 3.0
@@ -131,17 +134,33 @@ def _hang_verdict(view: SessionView, whole: dict[int, Any]) -> str | None:
     return verdict.sentence if verdict.hang else None
 
 
+def first_answers(prober: Any, ranks: list[int], pause_s: float = CPU_SAMPLE_S) -> dict[int, Any]:
+    """The ranks' first answers (light, with usage), their CPU share measured over ``pause_s``:
+    a rank's CPU figure covers the time since it was last asked, and a rank never asked before (a
+    new session, a restart) has no baseline and answered 0 % however busy it was. So the first
+    question only starts the interval, and the answers shown are the second's, ``pause_s`` later.
+    A rank that did not answer the first is not asked again (it shows as not answering)."""
+    first = prober.ask(ranks, light=True, usage=True, timeout_s=ONCE_WITHIN_S)
+    answered = [r for r in ranks if first.get(r) is not None]
+    if not answered:
+        return first
+    time.sleep(pause_s)
+    return {**first, **prober.ask(answered, light=True, usage=True, timeout_s=ONCE_WITHIN_S)}
+
+
 def snapshot_once(session: Any) -> tuple[list[RankSnapshot], str | None, str | None]:
     """Every rank's row, asked once (``%clorch top --once``), on sockets of its own; the note to
     show above them (suspended ranks are not asked); and the hang verdict. Where a collective is
     pending, the ranks' whole records are asked too: the live panel learns the op, the age and the
-    verdict over its rounds, one look must read them from the records (the entry's own time)."""
+    verdict over its rounds, one look must read them from the records (the entry's own time).
+    The CPU column is measured over :data:`CPU_SAMPLE_S` (:func:`first_answers`): ``--once`` takes
+    that long, and shows a true share rather than the 0 % of a question with no earlier one."""
     view = session.view()
     note = suspended_note(view)
     prober = session.relay.new_prober()
     try:
         tracker = Tracker()
-        answers = {} if note else prober.ask(view.alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S)
+        answers = {} if note else first_answers(prober, view.alive)
         now = time.monotonic()
         tracker.answers.update({r: (now, a) for r, a in answers.items() if a is not None})
         pending = {r: tracker.pending(r, a, now) for r, (_, a) in tracker.answers.items()}
@@ -200,14 +219,15 @@ class Panel:
 
     def _attach(self) -> tuple[list[RankSnapshot], str | None]:
         """Ask the session's current ranks, on sockets of the panel's own; their first rows, and
-        the note above them (suspended ranks are not asked)."""
+        the note above them (suspended ranks are not asked). Their CPU is measured over
+        :data:`CPU_SAMPLE_S` (:func:`first_answers`), so the first draw shows a true share."""
         self._relay = self.session.relay  # its sockets: the panel's own prober and its tick
         self._connections = getattr(self._relay, "connections", 0)  # a replaced rank: asked anew
         self._prober = self._relay.new_prober()
         self._tracker, self._waiting, self._kind, self._whole_answers = Tracker(), {}, {}, {}
         view = self.session.view()
         note = suspended_note(view)
-        first = {} if note else self._prober.ask(view.alive, light=True, usage=True, timeout_s=ONCE_WITHIN_S)
+        first = {} if note else first_answers(self._prober, view.alive)
         now = time.monotonic()
         self._tracker.answers.update({r: (now, a) for r, a in first.items() if a is not None})
         self._relay.add_tick(self.tick)

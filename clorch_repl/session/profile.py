@@ -37,7 +37,7 @@ from .transfer import MimeCollector
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ProfileReport", "profiled", "default_folder"]
+__all__ = ["ProfileReport", "profiled", "default_folder", "trace_folder"]
 
 #: Time allowed for the start (a barrier) and the stop (writing a trace) requests.
 REQUEST_TIMEOUT_S = 300.0
@@ -85,14 +85,29 @@ def default_folder(cell_number: int | None, session: Any = None) -> str:
                         f"cell-{cell_number if cell_number is not None else 'x'}-{stamp}")
 
 
+def trace_folder(folder: str) -> str:
+    """``folder`` made (with its parents) and checked to take a file, as an absolute path; before
+    anything is sent to a rank. A folder that cannot be made or written in is refused in one line
+    saying why (``/proc/nope`` gave a raw FileNotFoundError traceback)."""
+    folder = os.path.abspath(os.path.expanduser(folder))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"--profile {folder}: that is a file; give a folder for the traces")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # root passes os.access; a file must really be made
+            pass
+    except OSError as exc:
+        why = exc.strerror or exc.__class__.__name__
+        raise ConfigError(f"--profile {folder}: cannot make or write in that trace folder ({why}); "
+                          "give a folder you can write in, or --profile alone for the session's own") from None
+    return folder
+
+
 def profiled(session: Any, ranks: list[int] | None, folder: str,
              run_cell: Callable[[], CellOutcome], *, show: ShowOutput = plain_output) -> tuple[CellOutcome, ProfileReport]:
     """Run ``run_cell`` with the profiler on every chosen rank; returns its outcome and the report
     (what the profiler's requests print goes to ``show``'s output hook)."""
-    folder = os.path.abspath(os.path.expanduser(folder))
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ConfigError(f"--profile {folder}: that is a file; give a folder for the traces")
-    os.makedirs(folder, exist_ok=True)
+    folder = trace_folder(folder)
     chosen = session.chosen(ranks)
     started = session.run(request_code("profile_start"), list(chosen), REQUEST_TIMEOUT_S,
                           show(chosen), silent=True)

@@ -17,11 +17,13 @@ session's private directory with their digest on the signed channel.
 
 from __future__ import annotations
 
+import builtins
 import json
 import keyword
 import logging
 import os
 import pickle
+import re
 import secrets
 from typing import Any, Callable
 
@@ -40,9 +42,25 @@ logger = logging.getLogger(__name__)
 TRANSFER_TIMEOUT_S = 600.0
 
 
-def check_name(name: str, what: str = "NAME") -> str:
+#: Names IPython keeps in a kernel's namespace (its ``user_ns_hidden``, the output history and
+#: what ``!cmd`` sets): bound to a value, ``get_ipython`` made every later magic fail.
+IPYTHON_NAMES = frozenset({"get_ipython", "display", "exit", "quit", "open", "In", "Out", "_ih", "_oh", "_dh",
+                           "_", "__", "___", "_i", "_ii", "_iii", "_exit_code", "_ip"})
+_HISTORY = re.compile(r"_i?\d+")  # _5, _i5: IPython's numbered output and input history
+
+
+def check_name(name: str, what: str = "NAME", where: str = "in the notebook") -> str:
+    """``name`` if it may be bound ``where``: the one rule for every name clorch binds in a
+    namespace (``%clorch pull``'s and ``--gather``'s in the notebook, ``%clorch push``'s on the
+    ranks). A Python name, and not one that would hide a builtin (``print``) or a name IPython keeps
+    there (``get_ipython``, ``In``, ``_5``, ...): those are refused in one line."""
     if not name.isidentifier() or keyword.iskeyword(name):
         raise ConfigError(f"{what} must be a Python variable name; got {name!r}")
+    if name in IPYTHON_NAMES or _HISTORY.fullmatch(name) or (name.startswith("__") and name.endswith("__")):
+        raise ConfigError(f"{what} {name!r} is one of IPython's own names (like get_ipython, In, Out, _ih, exit): "
+                          f"binding it {where} would break IPython there; choose another name")
+    if hasattr(builtins, name):
+        raise ConfigError(f"{what} {name!r} would hide Python's builtin {name} {where}: choose another name")
     return name
 
 
