@@ -25,7 +25,8 @@ class NotebookHooks(SessionHooks):
 
     #: the engine's refusals name the magics the notebook's user types
     verbs = Verbs(interrupt="%clorch interrupt", restart="%clorch restart",
-                  restart_ranks="%clorch restart --ranks {ranks}")
+                  restart_ranks="%clorch restart --ranks {ranks}", to_start="run %clorch start",
+                  ranks="--ranks", stdin_ranks="--stdin-ranks", timeout="--timeout")
 
     def __init__(self) -> None:
         #: the notebook cells whose relayed text IPython's history keeps (see bound_cell_history)

@@ -9,10 +9,11 @@ notebook's magics), not the notebook's alone.
 from __future__ import annotations
 
 import logging
+import operator
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
-from ..common.topology import check_unique_in_range
+from ..common.topology import check_unique_in_range, parse_timeout
 from ..common.rank_sets import rank_words
 from ..errors import ClorchError, ConfigError, ranks_are
 from ..launchers.base import Launcher
@@ -48,19 +49,40 @@ def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], 
                           + (f"; {instead}" if instead else f", or {verbs.restart}"))
 
 
+def cell_ranks(ranks: Iterable[int], nproc: int, what: str) -> tuple[int, ...]:
+    """The ranks a cell was given (a list of rank numbers), checked as ``%%distributed --ranks``
+    checks its own (:func:`~clorch_repl.common.topology.check_unique_in_range`) and named ``what``
+    (the option as its user writes it: :class:`~clorch_repl.session.hooks.Verbs`); refused with one
+    line before any rank is sent anything."""
+    try:
+        given = list(ranks)  # (not a string: a rank number is no character; nor a bool: True is no rank)
+        if isinstance(ranks, (str, bytes)) or any(isinstance(r, bool) for r in given):
+            raise TypeError
+        chosen = tuple(operator.index(r) for r in given)
+    except TypeError:
+        raise ConfigError(f"{what} must be a list of rank numbers, e.g. [0, 1] (None: every rank); "
+                          f"got {ranks!r}") from None
+    if not chosen:
+        raise ConfigError(f"{what} names no rank: name at least one (None: every rank)")
+    check_unique_in_range(chosen, nproc, what, "rank")
+    return chosen
+
+
 def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *, group: Launcher, relay: Relay,
                  life: Lifecycle, nproc: int, hang_notice_s: float, verbs: Verbs, silent: bool = False,
                  stdin_ranks: list[int] | None = None, cell_number: int | None = None) -> CellRequest:
-    """The request for a cell on ``chosen``, once every rule that refuses one is checked
-    (``hang_notice_s``: the cell's own, or the session's)."""
+    """The request for a cell on ``chosen`` (checked: :func:`cell_ranks`), once every rule that
+    refuses one is checked (``hang_notice_s``: the cell's own, or the session's). ``timeout_s``
+    is read as ``%%distributed --timeout`` is (None: no limit)."""
+    timeout_s = parse_timeout(timeout_s, verbs.timeout)
     refuse_cell(life)  # suspended: no rank runs anything until it resumes
-    check_unique_in_range(chosen, nproc, "--ranks", "rank")
     refuse_dead_or_busy(group, relay, chosen, verbs)
     if stdin_ranks is not None:
-        check_unique_in_range(stdin_ranks, nproc, "--stdin-ranks", "rank")
+        stdin_ranks = list(cell_ranks(stdin_ranks, nproc, verbs.stdin_ranks))
         if outside := sorted(set(stdin_ranks) - set(chosen)):
-            raise ConfigError(f"--stdin-ranks names {rank_words(outside)}, which {'does' if len(outside) == 1 else 'do'} "
-                              f"not run this cell (it runs on {rank_words(chosen)}): name ranks of --ranks")
+            raise ConfigError(f"{verbs.stdin_ranks} names {rank_words(outside)}, which "
+                              f"{'does' if len(outside) == 1 else 'do'} not run this cell (it runs on "
+                              f"{rank_words(chosen)}): name ranks of {verbs.ranks}")
     try:
         limits = limits_from_env(os.environ)
     except ValueError as exc:

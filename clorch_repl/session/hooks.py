@@ -43,7 +43,7 @@ from .sink import OutputSink, PlainSink
 logger = logging.getLogger(__name__)
 
 __all__ = ["CellHooks", "NoStdin", "OutputSink", "PlainSink", "RankOutput", "SessionHooks", "ShowOutput",
-           "StdinHook", "Verbs", "WidgetHook", "plain_output", "stdin_of"]
+           "StdinHook", "SCRIPT_VERBS", "Verbs", "WidgetHook", "plain_output", "stdin_of"]
 
 #: The answer that makes a rank's ``input()`` raise EOFError (what Ctrl-D is at a terminal).
 END_OF_FILE = "\x04"
@@ -51,14 +51,26 @@ END_OF_FILE = "\x04"
 
 @dataclass(frozen=True)
 class Verbs:
-    """How the engine's refusals name what the user can do next, in the words of whoever drives
-    the session: a script calls the session's methods (these defaults), the notebook's user types
-    magics (:class:`clorch_repl.notebook.hooks.NotebookHooks` gives those)."""
+    """How the engine's refusals name what the user can do next, and the options they refuse, in
+    the words of whoever drives the session: a script calls the session's methods and passes their
+    parameters (:data:`SCRIPT_VERBS`), the notebook's user types magics and their options
+    (:class:`clorch_repl.notebook.hooks.NotebookHooks` gives those)."""
 
     interrupt: str = "session.interrupt()"
     restart: str = "session.restart()"
     #: a restart of some ranks only; ``{ranks}``: their numbers, comma-separated
     restart_ranks: str = "session.restart(ranks=[{ranks}])"
+    #: the step that starts the ranks, said as an imperative (``... running: {to_start} first``)
+    to_start: str = "call session.start()"
+    #: how a cell's options are named: its ranks, the ranks whose prompts reach the front end,
+    #: its own time limit (``Session.run``'s parameters)
+    ranks: str = "ranks"
+    stdin_ranks: str = "stdin_ranks"
+    timeout: str = "timeout_s"
+
+
+#: the engine's words: a script calls the session's methods and names ``Session.run``'s parameters
+SCRIPT_VERBS = Verbs()
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,7 @@ class SessionHooks:
     called on the session's own thread; see the module docstring for one that raises."""
 
     #: how the session's refusals name the user's next step (a script's methods by default)
-    verbs: Verbs = Verbs()
+    verbs: Verbs = SCRIPT_VERBS
 
     def widgets(self, relay: Any) -> WidgetHook | None:
         """Where the ranks' comm messages go for this group of ranks (``relay``: its

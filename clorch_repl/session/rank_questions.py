@@ -10,11 +10,14 @@ what the relay holds (the waiting prompts, the ranks the debugger paused, the ce
 from __future__ import annotations
 
 import logging
+import time
 from functools import cached_property
 
 from ..diagnosis import render
 from ..diagnosis.analyse import RankEvidence, Verdict, analyse
 from ..diagnosis.deaths import DeathsSeen
+from ..diagnosis.entries import progress
+from ..diagnosis.moving import SECOND_LOOK_S, moved_on, moving_verdict
 from ..diagnosis.probe import PROBE_TIMEOUT_S, Prober
 from ..launchers.base import Launcher
 from .cell_files import CellNames
@@ -59,6 +62,23 @@ class AsksRanks:
             states.append(state)
         self.deaths_seen.fill(states, lambda rank: self._launcher.ranks[rank].started_at)
         return analyse(states), states
+
+    def why(self, shown: list[int] | None = None, *, all_threads: bool = False) -> str:
+        """``%clorch why``: every rank asked (the cause may be any), the verdict, and ``shown``'s
+        evidence (None: every rank's), weighed against every rank's (rank 0's alone called
+        completed what a dead peer ended). Where the look found collectives pending, a second, light
+        look :data:`~.moving.SECOND_LOOK_S` later says whether they moved on: one look at a busy,
+        healthy group always finds one pending (:mod:`clorch_repl.diagnosis.moving`)."""
+        verdict, states = self.diagnose(all_threads=all_threads)
+        first = {s.rank: p for s in states
+                 if s.answered and (p := progress(s.answer or {})) is not None and p.pending}
+        if verdict.hang and first:
+            time.sleep(SECOND_LOOK_S)
+            later = self._prober.ask(sorted(first), light=True)
+            second = {rank: progress(answer) if answer is not None else None for rank, answer in later.items()}
+            if moved_on(first, second):
+                verdict = moving_verdict(verdict, sorted(first))
+        return render.report(verdict, states, all_threads=all_threads, shown=shown)
 
     @cached_property
     def deaths_seen(self) -> DeathsSeen:

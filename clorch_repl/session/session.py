@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
-from ..diagnosis import DEFAULT_HANG_NOTICE_S, render
+from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartInterrupted, StartupError, ranks_are
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
@@ -28,8 +28,8 @@ from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .sink import OutputSink
 from .suspend import Suspending, refuse_cell
-from .cell_rules import cell_request
-from .view import SessionView, session_view
+from .cell_rules import cell_ranks, cell_request
+from .view import SessionView, not_running_view, session_view
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Session(Suspending):
 
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()
-        check_unique_in_range(ranks, self.topology.nproc, "--ranks", "rank")
+        ranks = list(cell_ranks(ranks, self.topology.nproc, self.hooks.verbs.ranks))
         dead = [r for r in recovery.died_between_cells(group) if r not in ranks]  # nothing to keep: theirs too
         ranks = sorted({*ranks, *dead})  # (the advice after a rank stuck while another was dead named one)
         if why := group.cannot_replace(ranks):
@@ -346,8 +346,8 @@ class Session(Suspending):
     def chosen(self, ranks: list[int] | None) -> tuple[int, ...]:
         """The ranks a cell runs on: ``ranks``, or every rank of the session when None (every
         live, idle rank while the session has lost some: see .lifecycle)."""
-        if ranks is not None:
-            return tuple(ranks)
+        if ranks is not None:  # checked as %%distributed --ranks is, named as the driver's user writes it
+            return cell_ranks(ranks, self.topology.nproc, self.hooks.verbs.ranks)
         if self.life.state is SessionState.DEGRADED:
             return recovery.survivors(self._require()[0], self._lost, self.life.why)
         return tuple(range(self.topology.nproc))
@@ -374,9 +374,7 @@ class Session(Suspending):
         refuse_cell(self.life, "then %clorch why")  # a suspended rank's answer would wait for the resume
         if ranks is not None:
             check_unique_in_range(ranks, self.topology.nproc, "--rank", "rank")
-        verdict, states = relay.diagnose(all_threads=all_threads)  # every rank: the cause may be any
-        # every rank's evidence, ``ranks``' shown: rank 0's alone called completed what a dead peer ended
-        return render.report(verdict, states, all_threads=all_threads, shown=ranks)
+        return relay.why(ranks, all_threads=all_threads)  # every rank asked, ``ranks``' evidence shown
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
@@ -404,6 +402,8 @@ class Session(Suspending):
     # ------------------------------------------------------------------------------- views
     def view(self, *, last_lines: bool = False) -> SessionView:
         """The session now, read-only (status, the panel: .view); ``last_lines``: each local rank's last log line too."""
+        if self.relay is None:  # before the first start, after a stop: the session's state, and no rank
+            return not_running_view(self.life, self.topology, getattr(self._make_launcher, "name", ""))
         group, relay = self._require()
         return session_view(group, relay.busy(), self.life, self.cells, self.topology, generation=self._generation,
                             started_at=self.started_at, last_lines=last_lines)
@@ -417,9 +417,7 @@ class Session(Suspending):
         _, relay = self._require()
         if self.life.state is SessionState.SUSPENDED:
             return {}  # nothing writes while suspended, and asking would wait for the resume
-        answers = relay.light_answers()
-        return {rank: answer["saves"] for rank, answer in answers.items()
-                if answer is not None and answer.get("saves")}
+        return {rank: answer["saves"] for rank, answer in relay.light_answers().items() if answer and answer.get("saves")}
 
     def spares(self) -> list[tuple[int, int | None, bool]]:
         """(pid, resident bytes, ready) of this session's warm spares (the launcher's own answer)."""
@@ -445,6 +443,6 @@ class Session(Suspending):
 
     def _require(self) -> tuple[Launcher, Relay]:
         if self.group is None or self.relay is None:
-            raise ConfigError("no ranks are running: run %clorch start first")
+            raise ConfigError(f"no ranks are running: {self.hooks.verbs.to_start} first")
         return self.group, self.relay
 

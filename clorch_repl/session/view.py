@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankView", "SessionView", "session_view"]
+__all__ = ["RankView", "SessionView", "not_running_view", "session_view"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,14 @@ def session_view(launcher: Launcher, busy: Iterable[int], life: Lifecycle, cells
             last_line=_last_line(launcher, proc.rank) if last_lines and alive and not proc.host else None))
     return SessionView(state=life.state, why=life.why, generation=generation, launcher=launcher.name,
                        backend=topology.backend, ranks=tuple(ranks), started_at=started_at)
+
+
+def not_running_view(life: Lifecycle, topology: Topology, launcher: str) -> SessionView:
+    """The view of a session without ranks (before its first start, after a stop): its state
+    (``stopped``; ``starting`` while a start launches them), and no rank; ``launcher``: the name
+    of the launcher its start uses ("" where the session's factory has none)."""
+    return SessionView(state=life.state, why=life.why, generation=0, launcher=launcher, backend=topology.backend,
+                       ranks=(), started_at=None)
 
 
 def _last_line(launcher: Launcher, rank: int) -> str | None:
