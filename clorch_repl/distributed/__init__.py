@@ -19,7 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, JobStopped, JobTimeout, NoProcessGroup
+from ..errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, JobStillRunning, JobStopped, JobTimeout,
+                      NoProcessGroup)
 from .collectives import (OP_NAMES, Work, all_gather_into, all_reduce, all_to_all_single, barrier, broadcast,
                           check_mode, emulate, recv, reduce, reduce_scatter_into, send)
 from ..jobs.batch import Job, JobStatus, RankStatus, get_job, jobs, launch
