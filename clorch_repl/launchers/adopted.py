@@ -194,6 +194,5 @@ class AdoptedLauncher(Launcher):
         session never detached does (:mod:`clorch_repl.host.logfiles`): what the ranks printed
         while no kernel was connected is often only there. Where they are: ``kept_logs``."""
         hold.remove_session_file(self.session_file, self.dir)
-        for files in self.files:
-            files.close()
+        self.let_go()
         self.kept_logs = logfiles.remove_keeping_logs(self.dir)

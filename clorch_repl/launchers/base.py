@@ -272,6 +272,14 @@ class Launcher(abc.ABC):
     def close(self) -> None:
         """After :meth:`stop`: end what hosts the ranks (allocations, nannies) and remove the files."""
 
+    def let_go(self) -> None:
+        """Close what this process holds open of the ranks' files (each log's reader:
+        :meth:`~clorch_repl.host.rankfiles.RankFiles.cell_began`) without ending anything or
+        removing a file: a session detached or handed to another kernel keeps its ranks. ``close``
+        does it too."""
+        for files in getattr(self, "files", None) or ():  # (as in current_log_tail)
+            files.close()
+
     def describe(self) -> str:
         """One line for ``%clorch status``: where the ranks run."""
         hosts = sorted({r.host for r in self.ranks if r.host})

@@ -381,6 +381,5 @@ class LocalLauncher(Launcher):
                 self._end(spares, 1.0, polite=False)
         finally:
             self.zygotes.close()
-            for files in self.files:
-                files.close()
+            self.let_go()
             self.kept_logs = logfiles.remove_keeping_logs(self.dir)

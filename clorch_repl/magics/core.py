@@ -57,6 +57,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         self.panel: Any = None
         #: %%distributed cells sent from ipykernel's shell handler (installed by load())
         self.head_start = HeadStart(self)
+        #: where the last %clorch stop kept its ranks' logs, for %clorch logs until the next start
+        self.kept_logs = ""
         atexit.register(self.shutdown)
 
     def prewarm(self) -> None:
@@ -129,7 +131,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         session = Session(topology, make, NotebookHooks())
         if hang_notice is not None:
             session.hang_notice_s = hang_notice
-        self.session = session  # before its start: a Ctrl-C just as it returns must not lose its ranks
+        self.session, self.kept_logs = session, ""  # before its start: a Ctrl-C just as it returns must not lose its ranks
         try:
             session.start(progress)
         except BaseException:
@@ -180,7 +182,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             return
         if args.tail < 0:
             raise ClorchError(f"--tail must be 0 (everything) or more; got {args.tail}")
-        text = views.log_text(self.session, getattr(self, "kept_logs", ""), args.rank,
+        text = views.log_text(self.session, self.kept_logs, args.rank,
                               None if args.tail == 0 else args.tail, args.job)
         print(without_ansi(text), end="" if text.endswith("\n") else "\n")  # the log's colour codes are a terminal's
 
@@ -227,9 +229,9 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         n, launcher = self.session.topology.nproc, self.session.group
         left = self.session.stop(say=lambda text: print(f"clorch: {text}", flush=True))
         self.session = None
+        kept = self.kept_logs = getattr(launcher, "kept_logs", "")  # the session's files are gone, its logs are not
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
-        kept = self.kept_logs = getattr(launcher, "kept_logs", "")  # the session's files are gone, its logs are not
         print(f"clorch: stopped {n} rank(s)" + (f"; their logs are kept in {kept}" if kept else ""))
 
     @magic_arguments(name="clorch top")

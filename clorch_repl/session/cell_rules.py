@@ -49,20 +49,23 @@ def refuse_dead_or_busy(group: Launcher, relay: Relay, chosen: tuple[int, ...], 
                           + (f"; {instead}" if instead else f", or {verbs.restart}"))
 
 
-def cell_ranks(ranks: Iterable[int], nproc: int, what: str) -> tuple[int, ...]:
+def cell_ranks(ranks: Iterable[int], nproc: int, what: str, *, empty: bool = False) -> tuple[int, ...]:
     """The ranks a cell was given (a list of rank numbers), checked as ``%%distributed --ranks``
     checks its own (:func:`~clorch_repl.common.topology.check_unique_in_range`) and named ``what``
     (the option as its user writes it: :class:`~clorch_repl.session.hooks.Verbs`); refused with one
-    line before any rank is sent anything."""
+    line before any rank is sent anything. ``empty``: no rank is a choice too (``stdin_ranks=[]``:
+    no rank may ask for input)."""
+    wrong = ConfigError(f"{what} must be a list of rank numbers, e.g. [0, 1] (None: every rank); got {ranks!r}")
+    if isinstance(ranks, (str, bytes)):  # (a rank number is no character)
+        raise wrong
     try:
-        given = list(ranks)  # (not a string: a rank number is no character; nor a bool: True is no rank)
-        if isinstance(ranks, (str, bytes)) or any(isinstance(r, bool) for r in given):
-            raise TypeError
-        chosen = tuple(operator.index(r) for r in given)
+        given = list(ranks)
     except TypeError:
-        raise ConfigError(f"{what} must be a list of rank numbers, e.g. [0, 1] (None: every rank); "
-                          f"got {ranks!r}") from None
-    if not chosen:
+        raise wrong from None
+    if any(isinstance(r, bool) or not hasattr(r, "__index__") for r in given):  # (True is no rank)
+        raise wrong
+    chosen = tuple(operator.index(r) for r in given)
+    if not chosen and not empty:
         raise ConfigError(f"{what} names no rank: name at least one (None: every rank)")
     check_unique_in_range(chosen, nproc, what, "rank")
     return chosen
@@ -78,7 +81,7 @@ def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *,
     refuse_cell(life)  # suspended: no rank runs anything until it resumes
     refuse_dead_or_busy(group, relay, chosen, verbs)
     if stdin_ranks is not None:
-        stdin_ranks = list(cell_ranks(stdin_ranks, nproc, verbs.stdin_ranks))
+        stdin_ranks = list(cell_ranks(stdin_ranks, nproc, verbs.stdin_ranks, empty=True))
         if outside := sorted(set(stdin_ranks) - set(chosen)):
             raise ConfigError(f"{verbs.stdin_ranks} names {rank_words(outside)}, which "
                               f"{'does' if len(outside) == 1 else 'do'} not run this cell (it runs on "

@@ -72,7 +72,7 @@ class AsksRanks:
         verdict, states = self.diagnose(all_threads=all_threads)
         first = {s.rank: p for s in states
                  if s.answered and (p := progress(s.answer or {})) is not None and p.pending}
-        if verdict.hang and first:
+        if verdict.hang and not verdict.mismatch and first:  # (calls that differ may complete, wrongly)
             time.sleep(SECOND_LOOK_S)
             later = self._prober.ask(sorted(first), light=True)
             second = {rank: progress(answer) if answer is not None else None for rank, answer in later.items()}

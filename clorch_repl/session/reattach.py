@@ -179,11 +179,14 @@ def held_line(session: Session) -> str | None:
 
 
 def release(session: Session) -> None:
-    """Let go of ``session``'s ranks without ending them: close this kernel's channels and comm
-    proxies, forget the launcher (never closed: its directory is the ranks')."""
-    relay, comms = session.relay, session.comms
+    """Let go of ``session``'s ranks without ending them: close this kernel's channels, comm
+    proxies and descriptors of the ranks' logs, forget the launcher (never closed: its directory
+    is the ranks')."""
+    relay, comms, group = session.relay, session.comms, session.group
     session.relay = session.comms = None
     session.group = None
+    if group is not None:
+        group.let_go()  # (64 ranks' log readers stayed open in this kernel at each detach)
     if comms is not None:
         comms.close()
     if relay is not None:

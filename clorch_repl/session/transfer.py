@@ -17,7 +17,6 @@ session's private directory with their digest on the signed channel.
 
 from __future__ import annotations
 
-import builtins
 import json
 import keyword
 import logging
@@ -52,15 +51,16 @@ _HISTORY = re.compile(r"_i?\d+")  # _5, _i5: IPython's numbered output and input
 def check_name(name: str, what: str = "NAME", where: str = "in the notebook") -> str:
     """``name`` if it may be bound ``where``: the one rule for every name clorch binds in a
     namespace (``%clorch pull``'s and ``--gather``'s in the notebook, ``%clorch push``'s on the
-    ranks). A Python name, and not one that would hide a builtin (``print``) or a name IPython keeps
-    there (``get_ipython``, ``In``, ``_5``, ...): those are refused in one line."""
+    ranks). A Python name, and not one IPython keeps there (``get_ipython``, ``In``, ``_5``, ...),
+    whose binding broke every later magic: refused in one line. A builtin's name (``input``,
+    ``sum``) is taken, as an assignment takes it: torch's own code names tensors ``input``, and
+    ``pull`` has no other name to give a rank's variable (a review of the first rule, which refused
+    them too)."""
     if not name.isidentifier() or keyword.iskeyword(name):
         raise ConfigError(f"{what} must be a Python variable name; got {name!r}")
     if name in IPYTHON_NAMES or _HISTORY.fullmatch(name) or (name.startswith("__") and name.endswith("__")):
         raise ConfigError(f"{what} {name!r} is one of IPython's own names (like get_ipython, In, Out, _ih, exit): "
                           f"binding it {where} would break IPython there; choose another name")
-    if hasattr(builtins, name):
-        raise ConfigError(f"{what} {name!r} would hide Python's builtin {name} {where}: choose another name")
     return name
 
 

@@ -97,3 +97,29 @@ def test_a_death_report_starts_where_the_log_stood_when_its_cell_began(session: 
     size = os.path.getsize(files.log_path)
     assert session.run("pass", [1], 30, PlainSink()).ok
     assert files.cell_start == size, "the new kernel's cell read the log's end through the old descriptor"
+
+
+def test_a_session_let_go_to_another_kernel_closes_its_log_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detach (reattach.release) forgets the launcher without closing it: each rank's log reader
+    stayed open in the kernel that let go, 64 at a 64-rank detach (a review)."""
+    from clorch_repl.session.reattach import release
+
+    monkeypatch.setenv("CLORCH_SPARES", "0")
+    session = local_session(2, "gloo")
+    session.start()
+    group = session.group
+    try:
+        assert session.run("pass", None, 30, PlainSink()).ok
+        readers = [files._log_reader for files in group.files]
+        assert all(fd is not None for fd in readers)
+        release(session)
+        assert [files._log_reader for files in group.files] == [None, None]
+        for fd in readers:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:
+                target = ""
+            assert not target.endswith(".log"), f"a log reader is still open: {target}"
+    finally:
+        assert group.stop() == []
+        group.close()

@@ -93,3 +93,13 @@ def test_the_engines_hooks_name_the_engines_parameters() -> None:
     notebook = NotebookHooks.verbs  # the magics' words, unchanged
     assert (notebook.to_start, notebook.ranks, notebook.stdin_ranks, notebook.timeout) == (
         "run %clorch start", "--ranks", "--stdin-ranks", "--timeout")
+
+
+def test_no_stdin_rank_is_a_choice_where_no_rank_to_run_on_is_not() -> None:
+    """``stdin_ranks=[]`` says no rank may ask for input (a review: the first check refused it)."""
+    from clorch_repl.errors import ConfigError
+    from clorch_repl.session.cell_rules import cell_ranks
+
+    assert cell_ranks([], 2, "stdin_ranks", empty=True) == ()
+    with pytest.raises(ConfigError, match="ranks names no rank"):
+        cell_ranks([], 2, "ranks")

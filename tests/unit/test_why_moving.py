@@ -31,3 +31,23 @@ def test_a_rank_that_stood_still_or_did_not_answer_keeps_the_hang() -> None:
     assert not moved_on(first, {0: _at(9, 8), 1: _at(5, 4)})  # rank 1 is still in #5
     assert not moved_on(first, {0: _at(9, 8), 1: None})  # rank 1 did not answer the second look
     assert not moved_on({}, {})  # nothing was pending: nothing to say
+
+
+def test_calls_that_differ_keep_their_verdict_though_they_complete() -> None:
+    """NCCL ranks that call all_reduce against broadcast may complete, with wrong data: the first
+    look's mismatch stays the verdict (``AsksRanks.why`` makes no second look for it)."""
+    from clorch_repl.session.rank_questions import AsksRanks
+
+    class Asks(AsksRanks):
+        def __init__(self) -> None:
+            self.asked_again = False
+
+        def diagnose(self, ranks=None, **_):  # type: ignore[no-untyped-def]
+            from clorch_repl.diagnosis.entries import RankEvidence
+            return (Verdict("collective #2: rank 0 called all_reduce(float32[4]), rank 1 called broadcast(float32[4])",
+                            hang=True, mismatch=True), [RankEvidence(0, answer={"fr": {"pg_status": {"0": {
+                                "last_enqueued_collective": 2, "last_completed_collective": 1}}}})])
+
+    asks = Asks()
+    asks._prober = None  # type: ignore[assignment]  # (a second look would call it and fail)
+    assert asks.why().startswith("collective #2: rank 0 called all_reduce")
