@@ -67,7 +67,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
-            raise ClorchError("no ranks are running: run %clorch start first" + views.detached_hint())
+            raise views.not_running()
         return self.session
 
     # -------------------------------------------------------------------------- %clorch

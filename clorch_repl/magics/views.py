@@ -189,6 +189,11 @@ def detached_hint() -> str:
     return ""
 
 
+def not_running() -> ClorchError:
+    """The refusal of a command that needs running ranks, with the detached sessions it could drive."""
+    return ClorchError("no ranks are running: run %clorch start first" + detached_hint())
+
+
 def log_text(session: Session | None, kept: str, rank: int, tail: int | None, job: str | None) -> str:
     """What ``%clorch logs RANK`` shows: a batch job's rank log (``--job``), the running session's,
     or, once no ranks run, the log in ``kept``, where the last ``%clorch stop`` kept its session's
@@ -200,7 +205,7 @@ def log_text(session: Session | None, kept: str, rank: int, tail: int | None, jo
     if session is not None and session.running:
         return session.logs(rank, tail)
     if not kept:
-        raise ClorchError("no ranks are running: run %clorch start first" + detached_hint())
+        raise not_running()
     from ..host.logfiles import kept_log
 
     try:
