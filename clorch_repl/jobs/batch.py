@@ -9,7 +9,7 @@ first (a rank's own error outranks the "peer went away" and timeout errors that 
 
 ``jobs()`` and ``get_job(id)`` list the jobs started from this process (``%clorch jobs``). Logs and
 results live in a private temporary folder removed at interpreter exit (pass ``log_dir`` to keep
-them).
+them); the folders of a process killed outright are swept by the next ``launch`` (:mod:`.job_dirs`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from ..common.procs import describe_exit
 from ..common.rank_sets import rank_words
 from ..common.topology import parse_number
 from ..common.user_frames import public, shown_from_users_code
-from .job_inputs import extra_env, job_directory, what_to_run
+from .job_dirs import job_directory, sweep_stale
+from .job_inputs import extra_env, what_to_run
 from .job_ranks import JobPlan, JobRanks, for_launcher, rank_pythonpath
 from .job_status import JobStatus, RankStatus
 from ..wire.results import RankResult, read_result
@@ -413,6 +414,7 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
 
     with _REGISTRY_LOCK:
         job_id = f"job-{next(_IDS)}"
+    sweep_stale()  # the folders of jobs whose notebook was killed (.job_dirs): no later chance to remove them
     directory, owns = job_directory(job_id, log_dir)
     spec_path = os.path.join(directory, "job.json")
     write_json_atomic(spec_path, {**runs, "dir": directory, "parent_pid": os.getpid(), "job_id": job_id,

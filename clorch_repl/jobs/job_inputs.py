@@ -1,6 +1,7 @@
 """What ``launch`` is asked to run, checked in the launching process before any rank starts:
 ``main`` (a function), or a torchrun script (``script=`` a file, ``module=`` a module, with its
-command-line ``args``), and the job's arguments, extra environment and private directory.
+command-line ``args``), and the job's arguments and extra environment (its private directory is
+:mod:`.job_dirs`'s).
 
 A script job runs the script as torchrun's worker would (``python SCRIPT ARGS``), in a rank whose
 process group is already formed: the script's own ``init_process_group`` is accepted and its
@@ -15,7 +16,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
@@ -81,15 +81,3 @@ def extra_env(env: Mapping[str, str] | None) -> dict[str, str]:
             raise ConfigError(f"env must map strings to strings; got {key!r}: {value!r}")
         extra[key] = value
     return extra
-
-
-def job_directory(job_id: str, log_dir: str | None) -> tuple[str, bool]:
-    """A private (0700) directory for the job's spec, results and logs, and whether it is ours to
-    remove (it is not when it lies in the caller's ``log_dir``)."""
-    if log_dir is not None:
-        os.makedirs(log_dir, exist_ok=True)
-        directory, owns = tempfile.mkdtemp(prefix=f"clorch-{job_id}-", dir=log_dir), False
-    else:
-        directory, owns = tempfile.mkdtemp(prefix=f"clorch-{job_id}-"), True
-    os.chmod(directory, 0o700)
-    return directory, owns
