@@ -119,7 +119,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         topology = launcher.topology(options, nproc=args.nproc, devices=args.devices, backend=args.backend,
                                      timeout=args.timeout)
         topology = dataclasses.replace(topology, cpu_bind=cpu_bind)
-        if suspend_after and (cpu := cpu_refusal(topology)) is not None:  # refused now, not at its time
+        if suspend_after and (cpu := cpu_refusal(topology, NotebookHooks.verbs)) is not None:  # refused now
             raise ClorchError(f"--suspend-after cannot work: {cpu}")
         warm = [self.warm.take(launcher.name, topology, options)]
 
@@ -208,7 +208,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             raise ClorchError("nothing to restart: run %clorch start first")
         ranks = parse_ranks(args.ranks)
         if ranks is not None:
-            refuse_cell(self.session.life, "then %clorch restart --ranks")  # suspended ranks form no group
+            refuse_cell(self.session.life, "then %clorch restart --ranks", NotebookHooks.verbs)  # (no group formed)
         sink = None if ranks is None else NotebookDisplay(tuple(range(self.session.topology.nproc)))
         self.session.restart(views.StartProgress(), ranks=ranks, sink=sink)
 

@@ -182,7 +182,7 @@ def suspend_command(self: Any, line: str) -> None:
     if args.after is not None:
         after = parse_duration(args.after, "--after")
         session = self._session()  # a session to suspend: refused before anything is armed
-        if after and (cpu := cpu_refusal(session.topology)) is not None:  # refused now, not at its time
+        if after and (cpu := cpu_refusal(session.topology, session.hooks.verbs)) is not None:  # refused now, not at its time
             raise ClorchError(f"--after cannot work: {cpu}")
         views.notice(set_idle_suspend(self, after))
         if (keep := getattr(session, "keep_suspend_after", None)) is not None:  # a detached session's setting

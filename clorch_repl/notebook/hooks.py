@@ -26,7 +26,13 @@ class NotebookHooks(SessionHooks):
     #: the engine's refusals name the magics the notebook's user types
     verbs = Verbs(interrupt="%clorch interrupt", restart="%clorch restart",
                   restart_ranks="%clorch restart --ranks {ranks}", to_start="run %clorch start",
-                  ranks="--ranks", stdin_ranks="--stdin-ranks", timeout="--timeout")
+                  ranks="--ranks", stdin_ranks="--stdin-ranks", timeout="--timeout", hang_notice="--hang-notice",
+                  restart_some="%clorch restart --ranks", start="%clorch start", stop="%clorch stop",
+                  status="%clorch status", suspend="%clorch suspend", resume="%clorch resume", why="%clorch why",
+                  why_ranks="--rank", debugger="%clorch debugger", logs="logs")
+    #: the notebook numbers its users' cells itself (each %%distributed cell's [n]); its own
+    #: requests without a number (%clorch debug) go unnumbered, as before (see SessionHooks)
+    numbers_cells = True
 
     def __init__(self) -> None:
         #: the notebook cells whose relayed text IPython's history keeps (see bound_cell_history)

@@ -13,7 +13,7 @@ import operator
 import os
 from typing import TYPE_CHECKING, Iterable
 
-from ..common.topology import check_unique_in_range, parse_timeout
+from ..common.topology import check_unique_in_range, parse_number, parse_timeout
 from ..common.rank_sets import rank_words
 from ..errors import ClorchError, ConfigError, ranks_are
 from ..launchers.base import Launcher
@@ -76,9 +76,16 @@ def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *,
                  stdin_ranks: list[int] | None = None, cell_number: int | None = None) -> CellRequest:
     """The request for a cell on ``chosen`` (checked: :func:`cell_ranks`), once every rule that
     refuses one is checked (``hang_notice_s``: the cell's own, or the session's). ``timeout_s``
-    is read as ``%%distributed --timeout`` is (None: no limit)."""
+    is read as ``%%distributed --timeout`` is (None: no limit), ``hang_notice_s`` as
+    ``--hang-notice`` is (0: off): a bool, text, NaN or a negative number is refused, named as
+    the driver names it (``verbs``), rather than reaching the hang watch."""
     timeout_s = parse_timeout(timeout_s, verbs.timeout)
-    refuse_cell(life)  # suspended: no rank runs anything until it resumes
+    hang_notice_s = float(parse_number(hang_notice_s, verbs.hang_notice, "seconds", zero="off") or 0.0)
+    if cell_number is not None and (isinstance(cell_number, bool) or not isinstance(cell_number, int)
+                                    or cell_number < 0):  # (the notebook's are its [n]: a script's own, here)
+        raise ConfigError(f"cell_number must be a whole number, 0 or more (None: the session numbers the cell); "
+                          f"got {cell_number!r}")
+    refuse_cell(life, verbs=verbs)  # suspended: no rank runs anything until it resumes
     refuse_dead_or_busy(group, relay, chosen, verbs)
     if stdin_ranks is not None:
         stdin_ranks = list(cell_ranks(stdin_ranks, nproc, verbs.stdin_ranks, empty=True))

@@ -67,6 +67,22 @@ class Verbs:
     ranks: str = "ranks"
     stdin_ranks: str = "stdin_ranks"
     timeout: str = "timeout_s"
+    #: a cell's own hang notice (seconds; 0: off)
+    hang_notice: str = "hang_notice_s"
+    #: a restart of some ranks, none named yet ("... or {restart_some} first")
+    restart_some: str = "session.restart(ranks=...)"
+    start: str = "session.start()"
+    stop: str = "session.stop()"
+    status: str = "session.status()"
+    suspend: str = "session.suspend()"
+    resume: str = "session.resume()"
+    why: str = "session.why()"
+    #: the option of ``why`` that picks the ranks whose evidence is shown
+    why_ranks: str = "ranks"
+    #: JupyterLab's debugger panel pointed at a rank (what names a rank out of range, too)
+    debugger: str = "session.debug_rank()"
+    #: what names the rank whose log is read (a rank out of range is refused in its name)
+    logs: str = "session.logs()"
 
 
 #: the engine's words: a script calls the session's methods and names ``Session.run``'s parameters
@@ -204,6 +220,16 @@ class SessionHooks:
 
     #: how the session's refusals name the user's next step (a script's methods by default)
     verbs: Verbs = SCRIPT_VERBS
+    #: Who numbers a user's cells (the ``Cell In[n]`` of the ranks' tracebacks). Each rank counts
+    #: its own cells unless told a number, so after a cell on some ranks only, a later cell on
+    #: all of them was ``In[4]`` on one rank and ``In[5]`` on another, and their identical
+    #: tracebacks no longer merged. The rule: a cell given a ``cell_number`` runs under it;
+    #: one given none, while this is False (plain Python), is numbered by the session (one
+    #: counter per session, past every number it sent, the same for every rank the cell runs
+    #: on); while True, the driver numbers its users' cells itself and a cell without a number
+    #: is one of its own requests (the notebook: each ``%%distributed`` cell is sent the
+    #: notebook's ``[n]``, and ``%clorch debug``'s ``%debug`` goes unnumbered, as it always did).
+    numbers_cells: bool = False
 
     def widgets(self, relay: Any) -> WidgetHook | None:
         """Where the ranks' comm messages go for this group of ranks (``relay``: its
@@ -223,4 +249,4 @@ class SessionHooks:
 
     def debugger(self, rank_handle: Any, rank: int) -> Debugger:
         """The debugger panel forwarded to ``rank``, installed."""
-        raise ClorchError("the debugger panel is JupyterLab's: %clorch debugger works in a notebook kernel only")
+        raise ClorchError(f"the debugger panel is JupyterLab's: {self.verbs.debugger} works in a notebook kernel only")

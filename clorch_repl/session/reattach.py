@@ -104,7 +104,7 @@ class ConnectedSession(Session):
     def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
                 sink: Any = None) -> float:
         if ranks is None:
-            raise ConfigError(no_start("%clorch restart"))
+            raise ConfigError(no_start(self.hooks.verbs.restart))  # (the rest is the launcher's words)
         return super().restart(progress, ranks, sink)  # refused by the launcher, after Session's own checks
 
     @property

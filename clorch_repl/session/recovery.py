@@ -8,7 +8,8 @@ namespaces, and their groups get new backends in place (:mod:`clorch_repl.kernel
 a DDP model or an FSDP2 model built before takes its next step on the new group.
 
 Each function does the I/O of one recovery and returns a :class:`Regrouped`; the session alone
-changes its state from it (:class:`~clorch_repl.session.lifecycle.Lifecycle`).
+changes its state from it (:class:`~clorch_repl.session.lifecycle.Lifecycle`). What the lines
+advise is said in the words of whoever drives the session (``verbs``, :class:`~.hooks.Verbs`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..errors import ClorchError, ranks_are
 from ..launchers.base import Launcher
 from ..common.rank_sets import rank_words
 from ..diagnosis.entries import out_of_step
+from .hooks import SCRIPT_VERBS, Verbs
 from .protocol import CellOutcome, CellRequest, Status
 from .relay import Relay
 from ..wire import PROTOCOL_VERSION
@@ -60,7 +62,7 @@ def _busy_after(relay: Relay, launcher: Launcher, wait_s: float, among: list[int
         time.sleep(0.05)
 
 
-def survivors(launcher: Launcher, lost: Iterable[int], why: str) -> tuple[int, ...]:
+def survivors(launcher: Launcher, lost: Iterable[int], why: str, verbs: Verbs = SCRIPT_VERBS) -> tuple[int, ...]:
     """The ranks a cell runs on while the session has lost ``lost``: the others. None left is
     refused: a cell on no rank would "succeed" having run nothing, and Run All would go on. The
     advice is a whole restart, or what works where the launcher refuses one (a detached session)."""
@@ -69,7 +71,7 @@ def survivors(launcher: Launcher, lost: Iterable[int], why: str) -> tuple[int, .
     if not left:
         instead = launcher.instead_of_replacing(sorted(gone))
         raise ClorchError(f"no rank is left to run on ({why or 'every rank was lost'}): " + (instead or (
-            "%clorch restart starts every rank afresh and forms the group again (their variables are gone)")))
+            f"{verbs.restart} starts every rank afresh and forms the group again (their variables are gone)")))
     return left
 
 
@@ -103,7 +105,7 @@ def _failure(outcome: CellOutcome) -> str:
 
 
 def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: float,
-                said_dead: Iterable[int] = ()) -> Regrouped:
+                said_dead: Iterable[int] = (), verbs: Verbs = SCRIPT_VERBS) -> Regrouped:
     """The group was aborted at ``aborted_at`` (time.monotonic()), or a rank died: once every live
     rank is out of its cell, give the groups new backends (re-form ``generation``); with a rank
     dead, abort the survivors' groups and say who is lost instead. ``said_dead``: ranks whose death
@@ -113,14 +115,14 @@ def after_abort(relay: Relay, launcher: Launcher, generation: int, aborted_at: f
         relay.free_group([])  # (with no ranks to ask about: aborted at once)
     busy = _busy_after(relay, launcher, IDLE_WAIT_S)
     if dead or busy:
-        return lost(launcher, [p.rank for p in dead], busy, said_dead)
+        return lost(launcher, [p.rank for p in dead], busy, said_dead, verbs)
     t0 = time.monotonic()
     outcome = _regroup(relay, launcher, generation, [])
     logger.info("clorch_repl: re-form %d: %.3f s after the abort the ranks were free; the re-form took %.3f s",
                 generation, t0 - aborted_at, time.monotonic() - t0)
     if not outcome.ok:
         why = f"the group could not be formed again ({_failure(outcome)})"
-        fresh = launcher.instead_of_restarting() or "%clorch restart gives fresh ranks and a fresh group"
+        fresh = launcher.instead_of_restarting() or f"{verbs.restart} gives fresh ranks and a fresh group"
         return Regrouped(False, f"clorch: the group was aborted, but {why}; every rank kept its variables: {fresh}", why)
     took = time.monotonic() - aborted_at
     return Regrouped(True, f"clorch: the group was aborted and formed again in {took:.1f} s; every rank kept its "
@@ -159,7 +161,8 @@ def died_between_cells_error(launcher: Launcher, dead: list[int], line: str) -> 
     return ClorchError(f"{what} died since the last cell, so this cell was not run; {line.removeprefix('clorch: ')}")
 
 
-def lost(launcher: Launcher, dead: list[int], stuck: list[int], said_dead: Iterable[int] = ()) -> Regrouped:
+def lost(launcher: Launcher, dead: list[int], stuck: list[int], said_dead: Iterable[int] = (),
+         verbs: Verbs = SCRIPT_VERBS) -> Regrouped:
     """Some ranks cannot be in a group now (dead, or still stuck): the others keep their state and
     go on without one until the lost ranks are replaced. The line leaves out the deaths of
     ``said_dead``, which the report it ends said already ("rank 1 died (exit code 1); rank 1 died;
@@ -180,18 +183,19 @@ def lost(launcher: Launcher, dead: list[int], stuck: list[int], said_dead: Itera
                 "collectives there fail)" if keep else "no rank is left")
         return Regrouped(False, f"clorch: {told}{kept}: {instead}", why, tuple(gone))
     if not keep:
-        line = (f"clorch: {told}no rank is left: %clorch restart starts every rank afresh and forms the group "
+        line = (f"clorch: {told}no rank is left: {verbs.restart} starts every rank afresh and forms the group "
                 "again (their variables are gone)")
         return Regrouped(False, line, why, tuple(gone))
     kept = f"{rank_words(keep)} kept {'its' if len(keep) == 1 else 'their'} variables"
     line = (f"clorch: {told}{kept} but {'has' if len(keep) == 1 else 'have'} no group until "
-            f"%clorch restart --ranks {','.join(str(r) for r in gone)} starts {'it' if len(gone) == 1 else 'them'} "
+            f"{verbs.restart_ranks.format(ranks=','.join(str(r) for r in gone))} starts "
+            f"{'it' if len(gone) == 1 else 'them'} "
             f"afresh and forms the group again (cells run on {rank_words(keep)} meanwhile; collectives there fail)")
     return Regrouped(False, line, why, tuple(gone))
 
 
 def replace(relay: Relay, launcher: Launcher, ranks: list[int], generation: int,
-            progress: Callable[[str], None], sink: OutputSink | None = None) -> Regrouped:
+            progress: Callable[[str], None], sink: OutputSink | None = None, verbs: Verbs = SCRIPT_VERBS) -> Regrouped:
     """Fresh processes for ``ranks`` (ended first if alive) and the group formed again at the same
     world size with the others, who keep their namespaces (re-form ``generation``)."""
     t0 = time.monotonic()
@@ -201,7 +205,7 @@ def replace(relay: Relay, launcher: Launcher, ranks: list[int], generation: int,
     outcome = _regroup(relay, launcher, generation, ranks, sink)
     if not outcome.ok:
         why = f"the group could not be formed again ({_failure(outcome)})"
-        return Regrouped(False, f"clorch: {why}; %clorch restart gives fresh ranks and a fresh group", why)
+        return Regrouped(False, f"clorch: {why}; {verbs.restart} gives fresh ranks and a fresh group", why)
     others = [p.rank for p in launcher.ranks if p.rank not in ranks]
     kept = f"; {rank_words(others)} kept {'its' if len(others) == 1 else 'their'} variables" if others else ""
     one = len(ranks) == 1

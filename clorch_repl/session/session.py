@@ -16,7 +16,7 @@ from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
 from ..launchers.spares import lost_spares
-from ..common.topology import Topology, check_unique_in_range
+from ..common.topology import Topology
 from ..wire import PROTOCOL_VERSION
 from ..wire.requests import request_code
 from . import recovery, saves
@@ -27,7 +27,8 @@ from .protocol import CellOutcome, CellRequest, Status
 from .rank_report import RankReport, rank_reports
 from .relay import INTERRUPT_GRACE_S, Relay, StartedCell
 from .sink import OutputSink
-from .suspend import Suspending, refuse_cell
+from .inspecting import Inspecting
+from .suspend import Suspending
 from .cell_rules import cell_ranks, cell_request
 from .view import SessionView, not_running_view, session_view
 
@@ -38,7 +39,7 @@ LauncherFactory = Callable[[Topology], Launcher]
 JOIN_MARGIN_S = 120.0
 
 
-class Session(Suspending):
+class Session(Inspecting, Suspending):
     """Start, run cells on, inspect, restart and stop one group of worker kernels.
 
     Where the ranks run is the launcher's business (:mod:`clorch_repl.launchers`): ``launcher``
@@ -71,6 +72,7 @@ class Session(Suspending):
         #: ranks that cannot be in a group (dead or stuck) while the session is degraded
         self._lost: tuple[int, ...] = ()
         self.cells = RankCells()  # the last cell sent to each rank, and when (%clorch top's cell column)
+        self._numbered = 0  # the highest cell number sent to the ranks (see begin: who numbers cells)
 
     # ------------------------------------------------------------------------------ lifecycle
     @property
@@ -216,25 +218,27 @@ class Session(Suspending):
 
     def _replace(self, ranks: list[int], progress: Progress, sink: OutputSink | None) -> float:
         group, relay = self._require()
-        ranks = list(cell_ranks(ranks, self.topology.nproc, self.hooks.verbs.ranks))
+        verbs = self.hooks.verbs
+        ranks = list(cell_ranks(ranks, self.topology.nproc, verbs.ranks))
         dead = [r for r in recovery.died_between_cells(group) if r not in ranks]  # nothing to keep: theirs too
         ranks = sorted({*ranks, *dead})  # (the advice after a rank stuck while another was dead named one)
         if why := group.cannot_replace(ranks):
             raise ConfigError(why)
         if len(ranks) == self.topology.nproc:
-            raise ConfigError(f"--ranks{' and the dead ranks' if dead else ''} name every rank: %clorch restart (without --ranks) starts them all afresh")
+            raise ConfigError(f"{verbs.ranks}{' and the dead ranks' if dead else ''} name every rank: {verbs.restart} "
+                              f"(without {verbs.ranks}) starts them all afresh")
         # others still in a cell: freed if they wait in a collective (for the ranks replaced, most likely)
         busy = recovery.free_waiting(relay, group, [r for r in relay.busy() if r not in ranks and group.ranks[r].alive])
         if busy:
             raise ClorchError(f"{ranks_are(busy)} still running a cell, so the group cannot form again with it: "
-                              f"wait, {self.hooks.verbs.interrupt}, or restart {'it' if len(busy) == 1 else 'them'} too")
+                              f"wait, {verbs.interrupt}, or restart {'it' if len(busy) == 1 else 'them'} too")
         if dead:  # said once nothing refuses the restart
             progress(f"{ranks_are(dead)} dead too, so {'it starts' if len(dead) == 1 else 'they start'} afresh as well")
         t0 = time.monotonic()
         self.life.move("replace" if self.life.can("replace") else "abort", f"replacing {rank_words(ranks)}")
         self._generation += 1
         try:
-            done = recovery.replace(relay, group, ranks, self._generation, progress, sink)
+            done = recovery.replace(relay, group, ranks, self._generation, progress, sink, verbs)
         except BaseException:
             self._settle(False, f"replacing {rank_words(ranks)} failed", ranks)
             raise
@@ -254,7 +258,7 @@ class Session(Suspending):
         group, relay = self._require()
         self.life.move("abort", why)
         self._generation += 1
-        done = recovery.after_abort(relay, group, self._generation, aborted_at, said_dead)
+        done = recovery.after_abort(relay, group, self._generation, aborted_at, said_dead, self.hooks.verbs)
         self._settle(done.ok, done.why, done.lost)
         return done.line
 
@@ -275,7 +279,7 @@ class Session(Suspending):
         """Run ``code`` on ``ranks`` (None: all), output to ``sink`` and prompts to ``stdin`` (None:
         ``sink`` if it answers prompts, see :mod:`.hooks`); ``silent``: clorch's own request (not
         in the ranks' history). ``stdin_ranks``: whose prompts reach the hook (default all);
-        ``cell_number``: the notebook's number for the cell, which the ranks give their run of it."""
+        ``cell_number``: the cell's number on the ranks (the notebook's ``[n]``; None: see :meth:`begin`)."""
         if silent:
             _, relay = self._require()
             return relay.execute(self._request(code, ranks, timeout_s, silent=True), sink, silent=True)
@@ -292,10 +296,17 @@ class Session(Suspending):
         """Send a user's cell to the chosen ranks and return at once (see :meth:`Relay.begin`);
         :meth:`finish` waits for it. Everything that can refuse the cell (a dead or busy rank, a
         bad option) refuses it here, before any rank is sent anything. ``stdin``: what answers
-        the ranks' prompts (None: nobody)."""
+        the ranks' prompts (None: nobody). ``cell_number``: the cell's ``In[n]`` on every rank it
+        runs on; without one, the session numbers the cell itself (one more than any number it
+        sent) unless the driver numbers its cells (``SessionHooks.numbers_cells``, which says
+        why and the whole rule): every rank then names it alike, whichever ranks ran before."""
         _, relay = self._require()
+        if cell_number is None and not self.hooks.numbers_cells:
+            cell_number = self._numbered + 1
         request = self._request(code, ranks, timeout_s, hang_notice_s=hang_notice_s, stdin_ranks=stdin_ranks,
                                 cell_number=cell_number)
+        if cell_number is not None:  # the rules passed: this number is spent
+            self._numbered = max(self._numbered, cell_number)
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
         self.current_cell = self.cells.sent(first if cell_number is None else f"[{cell_number}] {first}", request.ranks)
         try:
@@ -349,32 +360,8 @@ class Session(Suspending):
         if ranks is not None:  # checked as %%distributed --ranks is, named as the driver's user writes it
             return cell_ranks(ranks, self.topology.nproc, self.hooks.verbs.ranks)
         if self.life.state is SessionState.DEGRADED:
-            return recovery.survivors(self._require()[0], self._lost, self.life.why)
+            return recovery.survivors(self._require()[0], self._lost, self.life.why, self.hooks.verbs)
         return tuple(range(self.topology.nproc))
-
-    def debug_rank(self, rank: int | None) -> None:
-        """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
-        with None, let the notebook kernel answer them itself again (the hooks' ``debugger``)."""
-        if rank is not None:  # checked before anything changes
-            group, relay = self._require()
-            check_unique_in_range([rank], self.topology.nproc, "%clorch debugger", "rank")
-        if self.debugger is not None:
-            self.debugger.uninstall()
-            self.debugger = None
-            if self.relay is not None:
-                self.relay.set_debug_sink(None)
-        if rank is not None:
-            self.debugger = self.hooks.debugger(group.ranks[rank], rank)
-            relay.set_debug_sink(self.debugger.event)
-
-    def why(self, ranks: list[int] | None = None, *, all_threads: bool = False) -> str:
-        """Where every rank is and the first collective they disagree on (``%clorch why``):
-        the verdict, then ``ranks``' evidence (every rank's by default)."""
-        _, relay = self._require()
-        refuse_cell(self.life, "then %clorch why")  # a suspended rank's answer would wait for the resume
-        if ranks is not None:
-            check_unique_in_range(ranks, self.topology.nproc, "--rank", "rank")
-        return relay.why(ranks, all_threads=all_threads)  # every rank asked, ``ranks``' evidence shown
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``
@@ -422,11 +409,6 @@ class Session(Suspending):
     def spares(self) -> list[tuple[int, int | None, bool]]:
         """(pid, resident bytes, ready) of this session's warm spares (the launcher's own answer)."""
         return self.group.spare_usage() if self.group is not None else []
-
-    def logs(self, rank: int, tail: int | None) -> str:
-        group, _ = self._require()
-        check_unique_in_range([rank], self.topology.nproc, "logs", "rank")
-        return group.log_tail(rank, tail)
 
     def value_dir(self) -> str:
         """Where values between the notebook and the ranks travel (the launcher's answer)."""

@@ -35,6 +35,7 @@ from ..errors import ClorchError
 from ..common.human import size
 from ..launchers.spares import end_spares
 from ..common.rank_sets import rank_words, ranks_are
+from .hooks import SCRIPT_VERBS, Verbs
 from .lifecycle import Lifecycle, SessionState
 from .protocol import CellRequest
 from ..wire import PROTOCOL_VERSION
@@ -59,48 +60,50 @@ HELPER_FLOOR_S = 120.0
 Progress = Callable[[str], None]
 
 
-def cpu_refusal(topology: "Topology") -> str | None:
+def cpu_refusal(topology: "Topology", verbs: Verbs = SCRIPT_VERBS) -> str | None:
     """Why ranks of ``topology`` can never be suspended (they run on CPUs), or None: asked before
     a suspend and before one is armed for later (``--suspend-after``, ``suspend --after``), which
-    would otherwise be accepted and fail at its time."""
+    would otherwise be accepted and fail at its time. ``verbs``: the driver's words (the
+    refusals of this module name the user's next step as :class:`~.hooks.Verbs` says it)."""
     if topology.uses_gpu:
         return None
     return (f"the ranks run on CPUs ({topology.backend}): they hold no GPU to give back; their memory is "
-            "freed only by %clorch stop (which loses their state)")
+            f"freed only by {verbs.stop} (which loses their state)")
 
 
 def refusal(state: SessionState, topology: "Topology", busy: list[int], dead: list[int],
-            launcher: "Launcher") -> str | None:
+            launcher: "Launcher", verbs: Verbs = SCRIPT_VERBS) -> str | None:
     """Why the session cannot be suspended now, with what to do; None when it can. Pure: the
     driver's own check (:func:`cuda_checkpoint.api_problem`) comes after these. The advice for
     lost ranks is the ``launcher``'s where it cannot restart them (a detached session refuses
     ``%clorch restart``: :meth:`~clorch_repl.launchers.base.Launcher.instead_of_replacing`)."""
     if state is SessionState.SUSPENDED:
-        return "the session is suspended already: %clorch resume gives every rank its GPU back"
-    if (cpu := cpu_refusal(topology)) is not None:
+        return f"the session is suspended already: {verbs.resume} gives every rank its GPU back"
+    if (cpu := cpu_refusal(topology, verbs)) is not None:
         return cpu
     if state is not SessionState.READY:
         # a launcher that cannot replace single ranks (slurm, attach) is never advised --ranks
-        single = "" if launcher.instead_of_replacing(dead) else "%clorch restart --ranks or "
-        instead = launcher.instead_of_restarting() or f"{single}%clorch restart first"
+        single = "" if launcher.instead_of_replacing(dead) else f"{verbs.restart_some} or "
+        instead = launcher.instead_of_restarting() or f"{single}{verbs.restart} first"
         return (f"the session is {state.value}: suspend needs every rank alive in its group "
-                f"(%clorch status says why; {instead})")
+                f"({verbs.status} says why; {instead})")
     if dead:
-        instead = launcher.instead_of_replacing(dead) or f"%clorch restart --ranks {','.join(map(str, dead))} first"
+        instead = (launcher.instead_of_replacing(dead)
+                   or f"{verbs.restart_ranks.format(ranks=','.join(map(str, dead)))} first")
         return f"{ranks_are(dead)} dead: {instead}"
     if busy:
-        return (f"{ranks_are(busy)} running a cell: wait for it to finish or %clorch interrupt, "
-                "then %clorch suspend")
+        return (f"{ranks_are(busy)} running a cell: wait for it to finish or {verbs.interrupt}, "
+                f"then {verbs.suspend}")
     return None
 
 
-def refuse_cell(life: Lifecycle, then: str = "then run the cell again") -> None:
+def refuse_cell(life: Lifecycle, then: str = "then run the cell again", verbs: Verbs = SCRIPT_VERBS) -> None:
     """A cell (or a value transfer, or ``then``'s command) while the ranks are suspended: refused,
-    saying so and offering the resume."""
+    saying so and offering the resume (``verbs.resume``)."""
     if life.state in (SessionState.SUSPENDING, SessionState.SUSPENDED, SessionState.RESUMING):
         what = {"suspending": "being suspended", "resuming": "being resumed"}.get(life.state.value, "suspended")
         raise ClorchError(f"the ranks are {what} ({life.why or 'their GPUs given back'}): "
-                          f"%clorch resume gives them their GPUs back, {then}")
+                          f"{verbs.resume} gives them their GPUs back, {then}")
 
 
 @dataclass(frozen=True)
@@ -118,10 +121,11 @@ def _where(launcher: "Launcher", rank: int) -> str:
     return f"rank {rank} on {handle.host or socket.gethostname()}"
 
 
-def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) -> dict[int, Moved]:
+def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int,
+          verbs: Verbs = SCRIPT_VERBS) -> dict[int, Moved]:
     """``action`` (suspend or resume) on ``ranks``' processes through the helper process (see
     :mod:`clorch_repl.host.cuda_checkpoint` for why not here), run here or, for ranks on other hosts,
-    by each rank's nanny there; every rank's result, failures named."""
+    by each rank's nanny there; every rank's result, failures named (the advice in ``verbs``)."""
     timeout = HELPER_FLOOR_S + held_bytes / SLOWEST_BYTES_S
     replies = launcher.checkpoint(action, ranks, timeout)
     if replies is not None:
@@ -129,13 +133,13 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
     pids = {launcher.ranks[r].pid: r for r in ranks}
     if None in pids:
         raise ClorchError(f"{ranks_are([r for p, r in pids.items() if p is None])} without a known process id: "
-                          + (launcher.instead_of_restarting() or "%clorch restart"))
+                          + (launcher.instead_of_restarting() or verbs.restart))
     targets = [f"{pid}={_where(launcher, rank)}" for pid, rank in pids.items()]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # the ranks' GPUs, whichever
     command = [sys.executable, "-m", "clorch_repl.host.cuda_checkpoint", action, *targets]
     helper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               start_new_session=True)  # a Ctrl-C of the notebook's group never reaches it
-    stdout, stderr = _finish(helper, action, ranks, timeout)
+    stdout, stderr = _finish(helper, action, ranks, timeout, verbs)
     moved: dict[int, Moved] = {}
     for line in stdout.splitlines():
         try:
@@ -152,7 +156,8 @@ def drive(action: str, launcher: "Launcher", ranks: list[int], held_bytes: int) 
     return moved
 
 
-def _finish(helper: "subprocess.Popen[str]", action: str, ranks: list[int], timeout: float) -> tuple[str, str]:
+def _finish(helper: "subprocess.Popen[str]", action: str, ranks: list[int], timeout: float,
+            verbs: Verbs = SCRIPT_VERBS) -> tuple[str, str]:
     """The helper's output once it ends. An interrupt (Ctrl-C) does not stop it: the driver is
     midway through each process, and a process stopped there stays locked; the interrupt is
     logged and the suspend or resume finishes (seconds later), saying what it did."""
@@ -166,7 +171,7 @@ def _finish(helper: "subprocess.Popen[str]", action: str, ranks: list[int], time
             helper.kill()
             helper.communicate()
             raise ClorchError(f"the CUDA driver did not {action} {rank_words(ranks)} within {timeout:.0f} s; "
-                              "%clorch stop ends them") from None
+                              f"{verbs.stop} ends them") from None
 
 
 def _from_nanny(rank: int, launcher: "Launcher", action: str, reply: dict[str, Any] | None,
@@ -232,7 +237,7 @@ def held_bytes(launcher: "Launcher", topology: "Topology",
 
 def room_problem(topology: "Topology", held: dict[int, int | None],
                  holders: Callable[[str], tuple[int | None, list[str]]] = gpu_holders,
-                 remote: frozenset[int] = frozenset()) -> str | None:
+                 remote: frozenset[int] = frozenset(), verbs: Verbs = SCRIPT_VERBS) -> str | None:
     """Why some rank's GPU cannot take its state back now (which GPU, who holds it, retry); None
     when every GPU has room. Checked before the driver is asked: a restore that fails midway is
     not one the driver promises to leave the process whole after."""
@@ -248,7 +253,7 @@ def room_problem(topology: "Topology", held: dict[int, int | None],
                         f"it is held by {', '.join(who) if who else 'processes nvidia-smi does not show'}")
     if not problems:
         return None
-    return "; ".join(problems) + ": each rank goes back to its own GPU only; free it and run %clorch resume again"
+    return "; ".join(problems) + f": each rank goes back to its own GPU only; free it and run {verbs.resume} again"
 
 
 def who_holds(topology: "Topology", ranks: list[int], remote: frozenset[int] = frozenset(),
@@ -301,14 +306,14 @@ def _spares_again(group: "Launcher") -> None:
         logger.warning("clorch_repl: could not start warm spares again (%s); restarts start cold", exc)
 
 
-def _held_line(total: int) -> str:
+def _held_line(total: int, verbs: Verbs = SCRIPT_VERBS) -> str:
     """The session's why while suspended (``%clorch status``)."""
-    return f"{size(total)} of GPU memory held in host memory since {time.strftime('%H:%M:%S')}; %clorch resume"
+    return f"{size(total)} of GPU memory held in host memory since {time.strftime('%H:%M:%S')}; {verbs.resume}"
 
 
-def _fresh(group: "Launcher") -> str:
+def _fresh(group: "Launcher", verbs: Verbs = SCRIPT_VERBS) -> str:
     """How to get fresh ranks: a restart, or what works where the launcher refuses one (a detached session)."""
-    return group.instead_of_restarting() or "%clorch restart gives fresh ranks and a fresh group"
+    return group.instead_of_restarting() or f"{verbs.restart} gives fresh ranks and a fresh group"
 
 
 def _failures(moved: dict[int, Moved]) -> str:
@@ -326,8 +331,9 @@ class Suspending:
         docstring); the line that says what was done. A refusal or a failure raises
         :class:`ClorchError`, and a failure leaves the session running as before."""
         group, relay = self._require()
+        verbs = self.hooks.verbs  # the words of whoever drives the session (.hooks.Verbs)
         dead = [p.rank for p in group.ranks if not p.alive]
-        why = refusal(self.life.state, self.topology, relay.busy(), dead, group)
+        why = refusal(self.life.state, self.topology, relay.busy(), dead, group, verbs)
         local = any(not p.host for p in group.ranks)  # a rank elsewhere: its nanny's driver says for itself
         problem = why or (cuda_checkpoint.api_problem() if local else None)
         if problem:
@@ -341,7 +347,7 @@ class Suspending:
         spares = end_spares(group)  # first: the driver's host memory need not compete with theirs
         silent = abort_groups(relay, ranks)
         try:
-            moved = drive("suspend", group, ranks, total) if not silent else {}
+            moved = drive("suspend", group, ranks, total, verbs) if not silent else {}
         except ClorchError as exc:  # the helper could not be run or timed out: nothing known taken
             return self._undo_suspend([], str(exc), total)
         if silent or not all(m.ok for m in moved.values()):
@@ -349,21 +355,22 @@ class Suspending:
                        else _failures(moved))
             return self._undo_suspend([r for r, m in moved.items() if m.ok], failure, total)
         took = time.monotonic() - t0
-        self.life.move("suspended", _held_line(total))
+        self.life.move("suspended", _held_line(total, verbs))
         logger.info("clorch_repl: suspended in %.1f s (%s); %d warm spare(s) ended", took, moved, spares)
         return (f"clorch: suspended {rank_words(ranks)} in {took:.1f} s: {size(total)} of GPU memory moved to host "
-                "memory and every GPU given back; each rank keeps its variables; %clorch resume brings them back")
+                f"memory and every GPU given back; each rank keeps its variables; {verbs.resume} brings them back")
 
     def _undo_suspend(self: Any, taken: list[int], failure: str, total: int) -> str:
         """A suspend failed midway: give back what was taken, form the group again, and say why."""
         group, relay = self._require()
-        back = drive("resume", group, taken, total) if taken else {}
+        verbs = self.hooks.verbs
+        back = drive("resume", group, taken, total, verbs) if taken else {}
         self._generation += 1
         lost = regroup(relay, group, self._generation) if all(m.ok for m in back.values()) else _failures(back)
         if lost:
             self.life.move("degrade", f"a failed suspend left the ranks without a group ({lost})")
             raise ClorchError(f"the suspend failed ({failure}) and the group could not be formed again ({lost}); "
-                              f"every rank kept its variables: {_fresh(group)}")
+                              f"every rank kept its variables: {_fresh(group, verbs)}")
         self.life.move("resumed", f"a suspend failed: {failure}")
         _spares_again(group)
         raise ClorchError(f"the suspend failed and the session runs on as before (its group formed again): {failure}")
@@ -372,12 +379,13 @@ class Suspending:
         """Every rank's GPU state back on its own GPU and the group formed again; the line that
         says so. Refused (the session stays suspended) while a rank's GPU lacks room."""
         group, relay = self._require()
+        verbs = self.hooks.verbs
         if self.life.state is not SessionState.SUSPENDED:
             raise ClorchError(f"nothing to resume: the session is {self.life.state.value} " + (
-                "(%clorch suspend gives the GPUs back)" if self.topology.uses_gpu
+                f"({verbs.suspend} gives the GPUs back)" if self.topology.uses_gpu
                 else "(its ranks run on CPUs: they hold no GPU, and are never suspended)"))
         held = getattr(self, "_held", {})
-        problem = room_problem(self.topology, held, remote=_remote(group))
+        problem = room_problem(self.topology, held, remote=_remote(group), verbs=verbs)
         if problem:
             raise ClorchError(f"cannot resume yet: {problem}")
         t0 = time.monotonic()
@@ -386,10 +394,10 @@ class Suspending:
         self.life.move("resume", f"{size(total)} moving back to the GPUs")
         progress(f"resuming {rank_words(ranks)}: {size(total)} back to the GPUs")
         try:
-            moved = drive("resume", group, ranks, total)
+            moved = drive("resume", group, ranks, total, verbs)
         except ClorchError as exc:  # the helper could not be run or timed out: where each rank is, unknown
             self.life.move("degrade", f"a resume failed ({exc})")
-            raise ClorchError(f"the resume failed ({exc}); %clorch stop, then %clorch start") from None
+            raise ClorchError(f"the resume failed ({exc}); {verbs.stop}, then {verbs.start}") from None
         if not all(m.ok for m in moved.values()):
             return self._undo_resume(moved, total)
         progress("forming the group again")
@@ -398,7 +406,7 @@ class Suspending:
         if lost:
             self.life.move("degrade", f"the group could not be formed again after the resume ({lost})")
             raise ClorchError(f"every rank has its GPU back and kept its variables, but the group could not be "
-                              f"formed again ({lost}): {_fresh(group)}")
+                              f"formed again ({lost}): {_fresh(group, verbs)}")
         self.life.move("resumed")
         _spares_again(group)
         return (f"clorch: resumed {rank_words(ranks)} in {time.monotonic() - t0:.1f} s: each rank back on its own "
@@ -408,14 +416,15 @@ class Suspending:
         """Some rank could not be restored: those that were go back to host memory, so the session
         is suspended as a whole again and the resume can be retried."""
         group, _ = self._require()
+        verbs = self.hooks.verbs
         failure = _failures(moved)
         restored = [r for r, m in moved.items() if m.ok]
-        again = drive("suspend", group, restored, total) if restored else {}
+        again = drive("suspend", group, restored, total, verbs) if restored else {}
         if not all(m.ok for m in again.values()):
             self.life.move("degrade", f"a resume failed midway ({failure}; {_failures(again)})")
             raise ClorchError(f"the resume failed ({failure}) and {rank_words(restored)} could not be suspended "
-                              f"again ({_failures(again)}): %clorch stop, then %clorch start")
+                              f"again ({_failures(again)}): {verbs.stop}, then {verbs.start}")
         holders = who_holds(self.topology, [r for r, m in moved.items() if not m.ok], _remote(group))
-        self.life.move("resume_failed", _held_line(total))
+        self.life.move("resume_failed", _held_line(total, verbs))
         raise ClorchError(f"cannot resume yet: {failure}{'; ' + holders if holders else ''}; the session stays "
-                          "suspended: run %clorch resume again")
+                          f"suspended: run {verbs.resume} again")

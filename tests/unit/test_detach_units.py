@@ -401,6 +401,7 @@ def test_with_no_rank_left_the_advice_is_what_the_launcher_can_do() -> None:
     from types import SimpleNamespace
 
     from clorch_repl.errors import ClorchError
+    from clorch_repl.notebook.hooks import NotebookHooks
     from clorch_repl.session.recovery import survivors
 
     ranks = [SimpleNamespace(rank=0), SimpleNamespace(rank=1)]
@@ -408,7 +409,7 @@ def test_with_no_rank_left_the_advice_is_what_the_launcher_can_do() -> None:
     detached = SimpleNamespace(ranks=ranks, instead_of_replacing=lambda lost: f"a detached session cannot start {lost}")
     assert survivors(local, [1], "rank 1 died") == (0,)
     with pytest.raises(ClorchError, match=r"no rank is left to run on \(ranks 0-1 died\): %clorch restart starts every"):
-        survivors(local, [0, 1], "ranks 0-1 died")
+        survivors(local, [0, 1], "ranks 0-1 died", NotebookHooks.verbs)
     with pytest.raises(ClorchError, match=r"\(ranks 0-1 died\): a detached session cannot start \[0, 1\]$"):
         survivors(detached, [0, 1], "ranks 0-1 died")
 

@@ -20,6 +20,7 @@ from clorch_repl.host import cuda_checkpoint
 from clorch_repl.errors import ClorchError, ConfigError
 from clorch_repl.magics.suspend import IdleSuspend, parse_duration
 from clorch_repl.session import suspend as susp
+from clorch_repl.notebook.hooks import NotebookHooks
 from clorch_repl.session.lifecycle import IllegalMove, Lifecycle, SessionState
 from clorch_repl.session.session import Session
 from clorch_repl.common.topology import Topology
@@ -27,6 +28,9 @@ from clorch_repl.common.topology import Topology
 GPU = Topology(nproc=2, devices=(0, 1), backend="nccl", timeout_s=600)
 CPU = Topology(nproc=2, devices=(None, None), backend="gloo", timeout_s=600)
 S = SessionState
+#: the notebook's words: these tests read what the notebook's user reads (the engine's own words:
+#: tests/unit/test_engine_verbs_units.py)
+NB = NotebookHooks.verbs
 
 
 # --------------------------------------------------------------------------- states and moves
@@ -46,20 +50,20 @@ def test_a_session_is_suspended_and_resumed_through_named_moves() -> None:
 def test_cells_are_refused_while_suspended_and_offer_resume() -> None:
     for state in (S.SUSPENDING, S.SUSPENDED, S.RESUMING):
         with pytest.raises(ClorchError, match="%clorch resume gives them their GPUs back"):
-            susp.refuse_cell(Lifecycle(state, why="20.0 GiB of GPU memory held in host memory"))
+            susp.refuse_cell(Lifecycle(state, why="20.0 GiB of GPU memory held in host memory"), verbs=NB)
     susp.refuse_cell(Lifecycle(S.READY))  # nothing said
 
 
 # --------------------------------------------------------------------------------- refusals
 def test_refusals_say_why_and_what_to_do() -> None:
     local = _Launcher()
-    assert "hold no GPU to give back" in susp.refusal(S.READY, CPU, [], [], local)
-    assert "running a cell: wait for it to finish or %clorch interrupt" in susp.refusal(S.READY, GPU, [1], [], local)
-    assert "rank 0 is dead: %clorch restart --ranks 0" in susp.refusal(S.READY, GPU, [], [0], local)
-    assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], [], local)
-    assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], [], local)
+    assert "hold no GPU to give back" in susp.refusal(S.READY, CPU, [], [], local, NB)
+    assert "running a cell: wait for it to finish or %clorch interrupt" in susp.refusal(S.READY, GPU, [1], [], local, NB)
+    assert "rank 0 is dead: %clorch restart --ranks 0" in susp.refusal(S.READY, GPU, [], [0], local, NB)
+    assert "suspended already: %clorch resume" in susp.refusal(S.SUSPENDED, GPU, [], [], local, NB)
+    assert "the session is degraded" in susp.refusal(S.DEGRADED, GPU, [], [], local, NB)
     assert susp.refusal(S.READY, GPU, [], [], local) is None
-    assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [], local)
+    assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [], local, NB)
 
 
 def test_ranks_a_launcher_cannot_replace_alone_are_never_advised_restart_ranks() -> None:
@@ -78,9 +82,9 @@ def test_ranks_a_launcher_cannot_replace_alone_are_never_advised_restart_ranks()
         def instead_of_replacing(self, ranks: list[int]) -> str:
             return RemoteLauncher.cannot_replace(self, ranks)  # type: ignore[arg-type]
 
-    degraded = susp.refusal(S.DEGRADED, GPU, [], [0], _Remote())
+    degraded = susp.refusal(S.DEGRADED, GPU, [], [0], _Remote(), NB)
     assert degraded.endswith("(%clorch status says why; %clorch restart first)") and "--ranks" not in degraded
-    assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [1], _Remote())
+    assert "%clorch restart --ranks or %clorch restart first" in susp.refusal(S.DEGRADED, GPU, [], [1], _Remote(), NB)
     dead = susp.refusal(S.READY, GPU, [], [0], _Remote())
     assert dead.startswith("rank 0 is dead: rank 0 serves the group's rendezvous store") and "--ranks" not in dead
 
@@ -95,22 +99,22 @@ def test_a_detached_sessions_refusals_never_advise_the_restart_it_refuses() -> N
     me = os.getpid()
     adopted = AdoptedLauncher.from_entries(GPU, "/s", [(0, "/s/r0.json", me, me, 0.0), (1, "/s/r1.json", me, me, 0.0)],
                                            "/s.json")
-    dead = susp.refusal(S.READY, GPU, [], [1], adopted)
+    dead = susp.refusal(S.READY, GPU, [], [1], adopted, NB)
     assert dead == ("rank 1 is dead: a detached session cannot start rank 1 again (%clorch restart is refused "
                     f"there): for fresh ranks, {FRESH_RANKS}")
-    degraded = susp.refusal(S.DEGRADED, GPU, [], [], adopted)
+    degraded = susp.refusal(S.DEGRADED, GPU, [], [], adopted, NB)
     assert degraded == ("the session is degraded: suspend needs every rank alive in its group (%clorch status says "
                         "why; a detached session cannot be restarted (%clorch restart is refused there): for fresh "
                         f"ranks, {FRESH_RANKS})")
     assert susp._fresh(adopted) == adopted.instead_of_restarting()  # a failed suspend's or resume's advice
-    assert susp._fresh(_Launcher()) == "%clorch restart gives fresh ranks and a fresh group"
+    assert susp._fresh(_Launcher(), NB) == "%clorch restart gives fresh ranks and a fresh group"
 
 
 def test_a_gpu_taken_at_resume_is_named_with_who_holds_it() -> None:
     def holders(gpu: str) -> tuple[int | None, list[str]]:
         return ({"0": 80 * 2**30, "1": 2 * 2**30}[gpu], ["pid 4242 (python, 138.0 GiB)"] if gpu == "1" else [])
 
-    problem = susp.room_problem(GPU, {0: 20 * 2**30, 1: 20 * 2**30}, holders)
+    problem = susp.room_problem(GPU, {0: 20 * 2**30, 1: 20 * 2**30}, holders, verbs=NB)
     assert problem is not None and "rank 1's GPU 1 has 2.0 GiB free and rank 1 needs 20.0 GiB" in problem
     assert "held by pid 4242 (python, 138.0 GiB)" in problem and "run %clorch resume again" in problem
     assert "rank 0" not in problem
@@ -187,14 +191,14 @@ class _Relay:
 
 
 def _session(relay: _Relay) -> Session:
-    session = Session(GPU)
+    session = Session(GPU, hooks=NotebookHooks())
     session.group, session.relay = _Launcher(), relay  # type: ignore[assignment]
     session.life = Lifecycle(S.READY)
     return session
 
 
 def _drive(fail: dict[str, set[int]], calls: list[tuple[str, list[int]]]) -> Any:
-    def drive(action: str, launcher: Any, ranks: list[int], held: int) -> dict[int, susp.Moved]:
+    def drive(action: str, launcher: Any, ranks: list[int], held: int, *_: Any) -> dict[int, susp.Moved]:
         calls.append((action, list(ranks)))
         return {r: susp.Moved(r, r not in fail.get(action, set()), {action: 1.0},
                               "" if r not in fail.get(action, set()) else f"rank {r} on here: cuCheckpointProcess"
@@ -215,7 +219,7 @@ def test_suspend_then_resume_moves_the_state_and_forms_the_group_again(monkeypat
     calls: list[tuple[str, list[int]]] = []
     monkeypatch.setattr(susp, "drive", _drive({}, calls))  # stand-in: no driver to checkpoint with here
     monkeypatch.setattr(susp.cuda_checkpoint, "api_problem", lambda: None)
-    monkeypatch.setattr(susp, "room_problem", lambda topology, held, remote: None)
+    monkeypatch.setattr(susp, "room_problem", lambda topology, held, remote, verbs: None)
     relay = _Relay()
     session = _session(relay)
     line = session.suspend()
@@ -446,7 +450,7 @@ def test_ranks_on_other_hosts_are_moved_by_their_nannies_and_silence_is_named() 
 
 
 def test_a_helper_that_cannot_run_leaves_the_session_running(monkeypatch: pytest.MonkeyPatch) -> None:
-    def drive(action: str, launcher: Any, ranks: list[int], held: int) -> dict[int, susp.Moved]:
+    def drive(action: str, launcher: Any, ranks: list[int], held: int, *_: Any) -> dict[int, susp.Moved]:
         raise ClorchError("the CUDA driver did not suspend ranks 0-1 within 120 s; %clorch stop ends them")
 
     monkeypatch.setattr(susp, "drive", drive)  # stand-in for the helper (no driver here)
@@ -501,7 +505,7 @@ def test_the_top_panel_shows_suspended_with_the_memory_held_and_asks_no_rank() -
 def test_a_resume_that_cannot_restore_a_rank_stays_suspended_and_says_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, list[int]]] = []
     monkeypatch.setattr(susp.cuda_checkpoint, "api_problem", lambda: None)
-    monkeypatch.setattr(susp, "room_problem", lambda topology, held, remote: None)
+    monkeypatch.setattr(susp, "room_problem", lambda topology, held, remote, verbs: None)
     monkeypatch.setattr(susp, "who_holds", lambda topology, ranks, remote: "rank 1's GPU 1 is used by pid 4242 "
                         "(python, 38.0 GiB)")  # stand-in for nvidia-smi (no GPU here)
     monkeypatch.setattr(susp, "drive", _drive({"resume": {1}}, calls))  # stand-in for the driver
