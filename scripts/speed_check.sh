@@ -3,7 +3,7 @@
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
 # (default: all, in this order: launch launch-fsdp checkpoint restart scale; named only: launch-rounds,
-# launch-fresh, fork, spare-cuda, relay-ab, priority, floor, eager, layers, cell64, cell64-ab); logs go to
+# launch-fresh, fork, spare-cuda, relay-ab, priority, floor, layers, cell64, cell64-ab); logs go to
 # ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
 # side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
 # About 9 minutes in all on one H200.
@@ -52,7 +52,6 @@ fi
 # and 16 gloo ranks, and the 64-rank empty cell beside `pass` alone (not in the default set)
 want floor && step floor 240 python3 benchmarks/relay_floor.py --nprocs 64,16 --cells 100 --pairs 6
 # where a rank's CPU goes in an empty cell, layer by layer, at 64 and 16 gloo ranks (not in the default set)
-want eager && step eager 200 python3 benchmarks/eager_requests.py --nprocs 64,16 --cells 200 --pairs 8
 want layers && step layers 200 python3 benchmarks/rank_layers.py --nprocs 64,16 --cells 300
 want cell64 && step cell64 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 1 --iters 100 --fresh-max 0
 # the same from this checkout and from each tree in AB_TREES (as relay-ab), alternated twice (not in the default set)

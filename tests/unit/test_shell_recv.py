@@ -10,12 +10,7 @@ from typing import Any
 
 from ipykernel.utils import _async_in_context
 
-import pytest
-
-from clorch_repl.kernel.shell_recv import EAGER_TASKS, one_task_per_request
-
-#: the eager start runs only where Python has eager tasks (3.12 and later; CI's 3.11 has not)
-needs_eager = pytest.mark.skipif(EAGER_TASKS is None, reason="Python before 3.12 has no eager tasks")
+from clorch_repl.kernel.shell_recv import one_task_per_request
 
 PARENT: ContextVar[str] = ContextVar("parent", default="none")
 
@@ -46,82 +41,24 @@ class Kernel:
             self.shell_stream.on_recv(_async_in_context(partial(self.shell_main, None)), copy=False)
 
     async def shell_main(self, subshell_id: Any, msg: list[bytes]) -> None:
-        if msg[0] == b"waits":  # a top-level await cell, or a request behind a running one's lock
-            await asyncio.sleep(0.01)
-        if msg[0] == b"fails":
-            raise RuntimeError("the handler failed")
-        self.seen.append((subshell_id, msg, PARENT.get(), asyncio.current_task()))
+        self.seen.append((subshell_id, msg, PARENT.get()))
         PARENT.set(msg[0].decode())
 
 
 def test_each_request_is_one_task_in_the_kernels_persistent_context() -> None:
     kernel = Kernel()
-    assert one_task_per_request(kernel, eager=False)
+    assert one_task_per_request(kernel)
     assert kernel.shell_stream.copy is False
 
     async def two_requests() -> None:
         for msg in ([b"first"], [b"second"]):
             task = kernel.shell_stream.callback(msg)
             assert isinstance(task, asyncio.Task)
-            assert not kernel.seen or kernel.seen[-1][1] != msg  # started on the loop's next turn
             await task
 
     asyncio.run(two_requests())
-    assert [seen[:3] for seen in kernel.seen] == [(None, [b"first"], "none"), (None, [b"second"], "first")]
-    assert all(isinstance(seen[3], asyncio.Task) for seen in kernel.seen)
+    assert kernel.seen == [(None, [b"first"], "none"), (None, [b"second"], "first")]
     assert PARENT.get() == "none"  # the kernel's context, not the caller's
-
-
-@needs_eager
-def test_an_eager_request_that_never_waits_is_over_inside_the_callback() -> None:
-    """The common cell: handled and finished in the callback that read it, in the kernel's
-    persistent context and inside a task of its own; ZMQStream gets nothing to wait for."""
-    kernel = Kernel()
-    assert one_task_per_request(kernel)
-
-    async def two_requests() -> None:
-        for msg in ([b"first"], [b"second"]):
-            assert kernel.shell_stream.callback(msg) is None
-            assert kernel.seen[-1][1] == msg  # already handled
-
-    asyncio.run(two_requests())
-    assert [seen[:3] for seen in kernel.seen] == [(None, [b"first"], "none"), (None, [b"second"], "first")]
-    assert all(isinstance(seen[3], asyncio.Task) for seen in kernel.seen)  # current_task() as before
-    assert PARENT.get() == "none"
-
-
-def test_applied_again_it_replaces_its_own_callback() -> None:
-    """How a running rank is switched between the two starts (benchmarks/eager_requests.py)."""
-    kernel = Kernel()
-    assert one_task_per_request(kernel, eager=False)
-    first = kernel.shell_stream.callback
-    assert one_task_per_request(kernel, eager=False)
-    assert kernel.shell_stream.callback is not first
-
-    async def one() -> None:
-        await kernel.shell_stream.callback([b"first"])
-
-    asyncio.run(one())
-    assert [seen[:2] for seen in kernel.seen] == [(None, [b"first"])]
-
-
-@needs_eager
-def test_an_eager_request_that_waits_goes_on_as_a_task_and_a_failure_is_handed_back() -> None:
-    """A request that awaits is a pending task the loop finishes; the next request's context still
-    follows it; a request whose handler raised is returned, so that ZMQStream logs it as before."""
-    kernel = Kernel()
-    assert one_task_per_request(kernel)
-
-    async def requests() -> None:
-        task = kernel.shell_stream.callback([b"waits"])
-        assert isinstance(task, asyncio.Task) and not task.done()
-        await task
-        failed = kernel.shell_stream.callback([b"fails"])
-        assert isinstance(failed, asyncio.Task) and isinstance(failed.exception(), RuntimeError)
-        assert kernel.shell_stream.callback([b"after"]) is None
-
-    asyncio.run(requests())
-    assert [seen[:3] for seen in kernel.seen] == [(None, [b"waits"], "none"), (None, [b"after"], "waits")]
 
 
 def test_a_kernel_with_a_shell_channel_thread_keeps_ipykernels_callback() -> None:
