@@ -231,9 +231,12 @@ class RankOutStream(OutStream):
             _echo(self.echo, string)  # held back: the rank's log still gets it (see flood)
             _held_pause()
             return len(string)
-        if (not isinstance(string, str) or self.pub_thread is None or not _COALESCING
-                or not self._is_master_process()):
-            return super().write(string)  # its errors, and forked children, as ipykernel does them
+        child = (_COALESCING and isinstance(string, str) and self.pub_thread is not None
+                 and not self._is_master_process())
+        if child and "\n" not in string:
+            return self._hold_in_child(string)
+        if not isinstance(string, str) or self.pub_thread is None or not _COALESCING or child:
+            return super().write(string)  # its errors, and forked children's lines, as ipykernel does them
         p = string.rfind("\r")
         if p < 0 or p + 1 == len(string) or "\n" in string[p:]:
             self._rewrite_only = False
@@ -266,6 +269,22 @@ class RankOutStream(OutStream):
         return len(string)
 
     write = interrupts_at_users_line(write, __file__)  # Ctrl-C in a print ends at the user's line
+
+    def _hold_in_child(self, string: str) -> int:
+        """In a forked child (a Pool's or a DataLoader's worker), text that ends no line is kept
+        for the line's end. ipykernel sends each of a child's writes at once as a message of its
+        own (a child has no IOPub thread to time a flush, and may be ended without one), and
+        ``print`` writes a line's text and its end apart: the lines of workers printing at once
+        reached the notebook run together ("worker 2 line 0worker 3 line 0"), their ends as
+        empty lines of their own. The text goes with the next write that ends a line (ipykernel
+        sends what the buffer holds), with an explicit flush (``print(..., flush=True)`` flushes
+        after the end; tqdm flushes every update), or as the child exits normally (multiprocessing
+        flushes the standard streams then). A worker killed meanwhile loses its unfinished line,
+        as it could lose a message not yet out of its ZeroMQ socket before."""
+        _echo(self.echo, string)  # the rank's log gets it now, as ipykernel's write would
+        with self._buffer_lock:
+            self._buffers[frozenset(self.parent_header.items())].write(string)
+        return len(string)
 
     def _after_the_other(self) -> None:
         """Before this stream takes text, what the other one still buffers is sent: each stream
@@ -312,7 +331,8 @@ class RankOutStream(OutStream):
     def flush(self) -> None:
         if self._clean:
             return
-        if self._rewrite_only and _in_cell and time.monotonic() - self._last_send < COALESCE_S:
+        if (self._rewrite_only and _in_cell and time.monotonic() - self._last_send < COALESCE_S
+                and self._is_master_process()):  # (a forked child has no timed flush: it sends now)
             return  # a timed flush is scheduled (every write schedules one)
         self._clean = True
         thread = self.pub_thread

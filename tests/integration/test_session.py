@@ -142,6 +142,29 @@ def test_output_of_forked_children_does_not_end_the_cell_early(ip: Any) -> None:
         assert res.success and not outputs_shown(cap.outputs) and "result of" not in cap.stdout, cap.stdout
 
 
+def test_forked_childrens_printed_lines_arrive_whole(ip: Any) -> None:
+    """print() writes a line's text and its end apart, and a forked child (a Pool's or a
+    DataLoader's worker) sent each write as its own message, so the lines of workers printing at
+    once came out run together ("worker 2 line 0worker 3 line 0") with their ends as empty
+    labelled lines ("[ranks 0-1]"). A child now sends whole lines (a partial line waits for its
+    end, an explicit flush, or the child's exit)."""
+    code = ("import multiprocessing as mp, sys\ndef f(i):\n    for j in range(3):\n"
+            "        print(f'worker {i} line {j}', flush=True)\n"
+            "    print(f'tail {i}', end='')\n    sys.stdout.flush()\n    return i\n"
+            "with mp.get_context('fork').Pool(4) as pool:\n    print(pool.map(f, range(4)))")
+    for _ in range(3):
+        res, cap = run(ip, code)
+        assert res.success, cap.stdout
+        for r in (0, 1):
+            lines = lines_of(cap.stdout, r)
+            assert "" not in lines, cap.stdout  # no line's end sent on its own
+            # a partial line flushed on purpose ("tail i") is sent as it is: what follows runs on
+            assert sorted(re.findall(r"tail \d", "\n".join(lines))) == [f"tail {i}" for i in range(4)], cap.stdout
+            body = [line for line in (re.sub(r"tail \d", "", line) for line in lines) if line]
+            assert body[-1] == "[0, 1, 2, 3]", cap.stdout
+            assert sorted(body[:-1]) == sorted(f"worker {i} line {j}" for i in range(4) for j in range(3)), cap.stdout
+
+
 def test_a_display_that_cannot_be_sent_is_not_waited_for(ip: Any) -> None:
     """A display of what JSON cannot hold fails in the rank's Session.send; the cell that catches
     the error must end at once, not after the relay's quiet period for a message never sent."""
