@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from ..common.topology import check_unique_in_range
+from ..errors import ConfigError
 from .suspend import refuse_cell
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,10 @@ class Inspecting:
         return relay.why(ranks, all_threads=all_threads)  # every rank asked, ``ranks``' evidence shown
 
     def logs(self: Any, rank: int, tail: int | None) -> str:
-        """The last ``tail`` lines rank ``rank`` wrote (all of them with None), earlier kernels of
-        the rank (before a restart) included."""
+        """The last ``tail`` lines rank ``rank`` wrote (all of them with None or 0, as ``%clorch logs
+        --tail 0``), earlier kernels of the rank (before a restart) included."""
         group, _ = self._require()
         check_unique_in_range([rank], self.topology.nproc, self.hooks.verbs.logs, "rank")
-        return group.log_tail(rank, tail)
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise ConfigError(f"tail must be a whole number of lines, 0 (everything) or more; got {tail!r}")
+        return group.log_tail(rank, tail or None)

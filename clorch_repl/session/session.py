@@ -200,7 +200,12 @@ class Session(Inspecting, Suspending):
 
         ``ranks``: only those ranks start afresh (dead, stuck or not); the others keep their
         processes and namespaces and form the group again with them (:func:`recovery.replace`);
-        what their ranks print meanwhile goes to ``sink``."""
+        what their ranks print meanwhile goes to ``sink``. A session never started, or stopped, is
+        refused, as the notebook's ``%clorch restart`` refuses it (a restart that quietly started
+        ranks hid a script's missing ``start()``); one whose last restart failed keeps its launcher
+        and may be restarted again."""
+        if self.group is None:
+            raise ConfigError(f"nothing to restart: {self.hooks.verbs.to_start} first")
         if ranks is not None:
             return self._replace(ranks, progress, sink)
         group, relay = self.group, self.relay

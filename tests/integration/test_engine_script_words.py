@@ -20,7 +20,7 @@ import pytest
 
 from clorch_repl.common.procs import wait_gone
 from clorch_repl.errors import ClorchError, ConfigError, DistributedCellError
-from clorch_repl.session.engine import CellHooks, RankOutput, Session, local_session
+from clorch_repl.session.engine import CellHooks, PlainSink, RankOutput, Session, local_session
 from clorch_repl.session.lifecycle import SessionState
 
 
@@ -142,3 +142,28 @@ def test_a_deaths_notice_and_the_restart_refusal_name_the_engines_methods(sessio
     assert str(refused.value) == ("ranks and the dead ranks name every rank: session.restart() (without ranks) "
                                   "starts them all afresh")
     assert session.run("print(rank)", None, 30, Lines()).ok  # the survivor runs on meanwhile
+
+
+def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
+    """A try-out's findings: ``restart()`` of a session never started (or stopped) started ranks
+    quietly where ``%clorch restart`` refuses; ``logs`` took any ``tail`` (-1 gave nothing, "x" a
+    TypeError) where ``--tail`` is checked, and 0 gave nothing where ``--tail 0`` is everything."""
+    session = local_session(2, "gloo")
+    with pytest.raises(ConfigError, match=r"nothing to restart: call session\.start\(\) first"):
+        session.restart()
+    with pytest.raises(ConfigError, match="nothing to restart"):
+        session.restart(ranks=[1])
+    assert session.group is None  # nothing was started
+    session.start()
+    try:
+        assert session.run("print('in the log', rank)", None, None, PlainSink()).ok
+        whole = session.logs(0, None)
+        assert "in the log 0" in whole and session.logs(0, 0) == whole
+        assert session.logs(0, 1).strip() == "in the log 0"
+        for bad in (-1, "x", 2.5, True):
+            with pytest.raises(ConfigError, match=r"tail must be a whole number of lines, 0 \(everything\) or more"):
+                session.logs(0, bad)  # type: ignore[arg-type]
+    finally:
+        session.stop()
+    with pytest.raises(ConfigError, match="nothing to restart"):
+        session.restart()
