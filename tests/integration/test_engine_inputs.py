@@ -11,31 +11,15 @@ from typing import Any, Iterator
 import pytest
 
 from clorch_repl.errors import ConfigError
-from clorch_repl.session.engine import CellHooks, RankOutput, Session, local_session
+from clorch_repl.session.engine import Session, local_session
 from clorch_repl.session.lifecycle import SessionState
-
-
-class Lines(CellHooks):
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[RankOutput] = []
-
-    def text(self, rank: int) -> str:
-        return "".join(i.content.get("text", "") for i in self.items if i.rank == rank and i.kind == "stream")
-
-    def output(self, item: RankOutput) -> None:
-        self.items.append(item)
+from engine_helpers import Lines, engine_session
 
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[Session]:
-    engine = local_session(2, "gloo")
-    engine.start()
-    try:
-        assert engine.run("refused_cells_ran = 0", None, None, None).ok
+    with engine_session(first_cell="refused_cells_ran = 0") as engine:
         yield engine
-    finally:
-        assert engine.stop() == []
 
 
 #: each refused cell counts itself on the ranks, were it ever sent (it never is)

@@ -15,39 +15,18 @@ import math
 import re
 from typing import Any, Iterator
 
-import psutil
 import pytest
 
-from clorch_repl.common.procs import wait_gone
 from clorch_repl.errors import ClorchError, ConfigError, DistributedCellError
-from clorch_repl.session.engine import CellHooks, PlainSink, RankOutput, Session, local_session
+from clorch_repl.session.engine import PlainSink, Session, local_session
 from clorch_repl.session.lifecycle import SessionState
-
-
-class Lines(CellHooks):
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[RankOutput] = []
-
-    def text(self, rank: int) -> str:
-        return "".join(i.content.get("text", "") for i in self.items if i.rank == rank and i.kind == "stream")
-
-    def output(self, item: RankOutput) -> None:
-        self.items.append(item)
+from engine_helpers import Lines, engine_session
 
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[Session]:
-    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other fixtures' sessions
-    engine = local_session(2, "gloo")
-    engine.start()
-    try:
-        assert engine.run("refused_cells_ran = 0", None, None, None).ok
+    with engine_session(first_cell="refused_cells_ran = 0") as engine:
         yield engine
-    finally:
-        children = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        assert engine.stop() == []
-        assert wait_gone(children, 10) == []  # no process left behind
 
 
 def _plain(text: str) -> str:
