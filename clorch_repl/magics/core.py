@@ -418,7 +418,6 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             if options is None:
                 return
             session = self._session()
-            views.notice(views.degraded_notice(session))  # ranks lost: the cell runs on the others
             number = notebook_cell_number(self.shell)
             claimed = self.head_start.claim(line, cell, number)  # never a --profile cell
             display_ = NotebookDisplay(session.chosen(options.rank_list), merge=options.merge, hosts=session.hosts())

@@ -14,7 +14,6 @@ from ..common.human import size as _bytes
 from ..common.procs import exit_in_a_table
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher
-from ..session.lifecycle import SessionState
 from ..session.rank_report import RankReport
 from ..session.session import Session
 
@@ -149,21 +148,6 @@ def session_line(session: Any) -> str | None:
     lines = [] if state == "ready" else [f"clorch: the session is {state}" + (f": {why}" if why else "")]
     held = held_line(session)
     return "\n".join(lines + ([held] if held else [])) or None
-
-
-def degraded_notice(session: Session) -> str | None:
-    """One line before each cell while the session has lost ranks, None otherwise: the restart of
-    the lost ranks that gives the others a group again, or, where the launcher cannot replace
-    them (a detached session), what it says to do instead."""
-    if session.life.state is not SessionState.DEGRADED or session.group is None:
-        return None
-    running = session.chosen(None)
-    lost = list(session.lost)
-    advice = session.group.instead_of_replacing(lost)
-    return (f"clorch: {session.life.why}: cells run on {rank_words(running)}, which "
-            f"{'has' if len(running) == 1 else 'have'} no group (collectives fail)"
-            + (f"; {advice}" if advice else f" until %clorch restart --ranks {','.join(map(str, lost))}"))
-
 
 
 def detached_hint() -> str:

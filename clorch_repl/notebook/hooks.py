@@ -46,6 +46,9 @@ class NotebookHooks(SessionHooks):
         """The notebook kernel reports busy while a cell is waited for (see .kernel_status)."""
         return busy_during(notebook_kernel())
 
+    def notice(self, text: str) -> None:
+        print(text)  # on stdout, above the cell's output: information, not an error
+
     def cell_ended(self, cell_number: int | None) -> None:
         bound_cell_history(cell_number, self.relayed_cells)
 

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any, ContextManager, Mapping, Protocol
 
+from ..common.user_frames import users_stacklevel
 from ..errors import ClorchError
 from .protocol import RankOutput
 from .sink import OutputSink, PlainSink
@@ -240,6 +242,12 @@ class SessionHooks:
         """Held while a cell is waited for (the notebook kernel reports itself busy). Raising on
         entry or exit leaves ``run`` as a raising output hook does."""
         return contextlib.nullcontext()
+
+    def notice(self, text: str) -> None:
+        """A line of the session's own before a cell's output: the ranks it runs on have no group
+        (:func:`~.recovery.degraded_notice`). A ``RuntimeWarning`` by default (Python shows each
+        text once, at the user's line that ran the cell); the notebook prints it."""
+        warnings.warn(text, RuntimeWarning, stacklevel=users_stacklevel())
 
     def cell_ended(self, cell_number: int | None) -> None:
         """A user's cell (``cell_number``: the number its front end gave it, if any) has ended,

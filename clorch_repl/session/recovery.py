@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ..errors import ClorchError, ranks_are
 from ..launchers.base import Launcher
@@ -213,3 +213,23 @@ def replace(relay: Relay, launcher: Launcher, ranks: list[int], generation: int,
                            f"{time.monotonic() - t0:.1f} s{kept} (the fresh {'rank has' if one else 'ranks have'} "
                            f"no variables yet: give {'it' if one else 'them'} what the others hold, e.g. a "
                            "broadcast from a survivor or a sharded checkpoint loaded on every rank)")
+
+
+def degraded_notice(session: Any) -> str | None:
+    """One line before each cell while ``session`` (a :class:`~.session.Session`) has lost ranks,
+    None otherwise: the cell runs on the others, which have no group, until the restart of the
+    lost ranks gives them one, or, where the launcher cannot replace them (a detached session),
+    what it says to do instead; in the words of whoever drives the session (its hooks' verbs).
+    Said by :meth:`~.session.Session.finish` through the hooks' ``notice``, so that a script's
+    later cells say it as the notebook's do."""
+    from .lifecycle import SessionState  # (the lifecycle imports nothing of this module's)
+
+    if session.life.state is not SessionState.DEGRADED or session.group is None:
+        return None
+    running = session.chosen(None)
+    lost = list(session.lost)
+    advice = session.group.instead_of_replacing(lost)
+    restart = session.hooks.verbs.restart_ranks.format(ranks=",".join(map(str, lost)))
+    return (f"clorch: {session.life.why}: cells run on {rank_words(running)}, which "
+            f"{'has' if len(running) == 1 else 'have'} no group (collectives fail)"
+            + (f"; {advice}" if advice else f" until {restart}"))

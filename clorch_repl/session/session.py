@@ -328,6 +328,8 @@ class Session(Inspecting, Suspending):
         try:
             if relay is None:
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
+            if (lost := recovery.degraded_notice(self)) is not None:
+                self.hooks.notice(lost)  # ranks lost: the cell runs on the others, without a group
             with self.hooks.waiting():
                 outcome = relay.finish(started, sink, interrupted=interrupted)
                 died = [r.rank for r in outcome.ranks.values() if r.status is Status.DIED]

@@ -120,7 +120,15 @@ def test_a_deaths_notice_and_the_restart_refusal_name_the_engines_methods(sessio
         session.restart(ranks=[0])  # rank 1, dead, is restarted too: that is every rank
     assert str(refused.value) == ("ranks and the dead ranks name every rank: session.restart() (without ranks) "
                                   "starts them all afresh")
-    assert session.run("print(rank)", None, 30, Lines()).ok  # the survivor runs on meanwhile
+    # the survivor runs on meanwhile, and each such cell says so (a try-out's script learned it
+    # only from the outcome's keys), in the script's words, the test's location named
+    with pytest.warns(RuntimeWarning) as said:
+        later = session.run("print(rank)", None, 30, Lines())
+    assert later.ok and list(later.ranks) == [0]
+    assert [str(w.message) for w in said] == [
+        "clorch: rank 1 died: cells run on rank 0, which has no group (collectives fail) until "
+        "session.restart(ranks=[1])"]
+    assert said[0].filename == __file__
 
 
 def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:

@@ -362,7 +362,9 @@ def test_advice_about_a_detached_sessions_lost_ranks_never_names_the_refused_res
     from clorch_repl.errors import ClorchError
     from clorch_repl.launchers.adopted import FRESH_RANKS, AdoptedLauncher
     from clorch_repl.magics import views
+    from clorch_repl.notebook.hooks import NotebookHooks
     from clorch_repl.session.cell_rules import refuse_dead_or_busy
+    from clorch_repl.session.recovery import degraded_notice
     from clorch_repl.session.hooks import Verbs
     from clorch_repl.session.lifecycle import SessionState
 
@@ -373,8 +375,8 @@ def test_advice_about_a_detached_sessions_lost_ranks_never_names_the_refused_res
     assert advice == ("a detached session cannot start rank 1 again (%clorch restart is refused there): for fresh "
                       f"ranks, {FRESH_RANKS}")
     session = SimpleNamespace(life=SimpleNamespace(state=SessionState.DEGRADED, why="rank 1 died"), group=launcher,
-                              lost=(1,), chosen=lambda ranks: (0,))
-    header = views.degraded_notice(session)  # type: ignore[arg-type]
+                              lost=(1,), chosen=lambda ranks: (0,), hooks=NotebookHooks())
+    header = degraded_notice(session)
     assert header == ("clorch: rank 1 died: cells run on rank 0, which has no group (collectives fail); " + advice)
     relay = SimpleNamespace(busy=lambda: [])
     with pytest.raises(ClorchError) as refused:
