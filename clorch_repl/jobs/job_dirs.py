@@ -7,9 +7,11 @@ temporary directory, which is clorch's to remove: the job's process removes it a
 the rank runs. A notebook kernel SIGKILLed (Kernel > Restart of a stuck kernel, the OOM killer)
 after its jobs ended has neither chance, and its folders would stay in /tmp forever, one per job.
 
-So each folder records who owns it (:data:`OWNER_FILE`: the owner's pid *and* its start time, so
-that a pid the system has since given to another process is not taken for the owner, and its
-host, since a ``TMPDIR`` may be shared between hosts whose pids mean nothing here), and the next
+So each folder records who owns it (:data:`OWNER_FILE`: the owner's pid *and* its start time in
+clock ticks since boot, so that a pid the system has since given to another process is not taken
+for the owner, and no step of the wall clock moves it; the boot and the pid namespace it was made
+in, since a ``TMPDIR`` may be shared with containers whose pids mean nothing here, under the same
+hostname; and its host), and the next
 ``launch`` of any process of the same user sweeps the folders whose owner is gone
 (:func:`sweep_stale`). The decision (:func:`verdict`) keeps a folder unless every one of these
 holds: it is a real directory (not a symlink) of this user, it carries clorch's record of this
@@ -43,10 +45,6 @@ logger = logging.getLogger(__name__)
 OWNER_FILE = "owner.json"
 #: what ``tempfile.mkdtemp(prefix=f"clorch-{job_id}-")`` names a job folder (job ids are job-N)
 FOLDER_NAME = re.compile(r"clorch-job-\d+-[A-Za-z0-9_]+")
-#: how far a live process's start time may be from the recorded one and still be the owner: the
-#: kernel's boot time, from which both are computed, may be read a second apart; a pid reused
-#: within that second is kept as if it were the owner (the safe side)
-START_TOLERANCE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -54,11 +52,14 @@ class Owner:
     """What a job folder's :data:`OWNER_FILE` says."""
 
     pid: int
-    #: the owner's start time (``psutil.Process.create_time``), None when it could not be read
-    started: float | None
+    #: the owner's start, in clock ticks since boot (``/proc/<pid>/stat``'s 22nd field: what the
+    #: wall clock's steps do not move); None when it could not be read
+    started: int | None
     host: str
     #: the folder is clorch's to remove (False: it lies in the caller's ``log_dir``)
     owns_dir: bool
+    #: the boot and the pid namespace the owner ran in (:func:`this_boot`); None: not known
+    boot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,36 @@ def job_directory(job_id: str, log_dir: str | None) -> tuple[str, bool]:
 
 
 def owner_record(owns_dir: bool) -> dict[str, Any]:
-    """This process as the owner of a job folder (see :class:`Owner`)."""
+    """This process as the owner of a job folder (see :class:`Owner`); a start or a boot that
+    cannot be read is recorded as None, and the folder is then never swept (a pid alone proves
+    nothing)."""
+    return {"pid": os.getpid(), "started": start_ticks(os.getpid()), "host": socket.gethostname(),
+            "owns_dir": owns_dir, "boot": this_boot()}
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot; None when there is no such process (or it
+    cannot be read)."""
     try:
-        started: float | None = psutil.Process().create_time()
-    except psutil.Error as exc:  # no start time: the folder is then never swept (a pid alone proves nothing)
-        logger.debug("cannot read this process's start time: %s", exc)
-        started = None
-    return {"pid": os.getpid(), "started": started, "host": socket.gethostname(), "owns_dir": owns_dir}
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[19])  # the 22nd field of stat(5); the first two are before the ")"
+    except (OSError, IndexError, ValueError) as exc:
+        logger.debug("cannot read the start of pid %d: %s", pid, exc)
+        return None
+
+
+def this_boot() -> str | None:
+    """This boot of the host and this process's pid namespace, as one text: a pid and a start in
+    ticks mean something only where both are the same (another boot, or a container sharing the
+    temporary directory under the same hostname, would read as a dead owner)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot_id = fh.read().strip()
+        return f"{boot_id} {os.readlink('/proc/self/ns/pid')}"
+    except OSError as exc:
+        logger.debug("cannot read this boot's id or pid namespace: %s", exc)
+        return None
 
 
 def parse_owner(text: str) -> Owner | None:
@@ -107,14 +131,16 @@ def parse_owner(text: str) -> Owner | None:
     if not isinstance(data, dict):
         return None
     pid, started, host, owns = data.get("pid"), data.get("started"), data.get("host"), data.get("owns_dir")
-    if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(host, str) or not isinstance(owns, bool):
+    boot = data.get("boot")
+    if (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or not isinstance(host, str)
+            or not isinstance(owns, bool) or not (boot is None or isinstance(boot, str))):
         return None
-    if started is not None and (isinstance(started, bool) or not isinstance(started, (int, float))):
+    if started is not None and (isinstance(started, bool) or not isinstance(started, int) or started < 0):
         return None
-    return Owner(pid=pid, started=None if started is None else float(started), host=host, owns_dir=owns)
+    return Owner(pid=pid, started=started, host=host, owns_dir=owns, boot=boot)
 
 
-def verdict(seen: Seen, *, uid: int, host: str, owner_alive: Callable[[Owner], bool],
+def verdict(seen: Seen, *, uid: int, host: str, boot: str | None, owner_alive: Callable[[Owner], bool],
             in_use: Callable[[str], bool]) -> str | None:
     """None when the folder is to be swept, else why it is kept (see the module docstring).
     ``owner_alive`` and ``in_use`` (a process names the folder) are asked last, only of a folder
@@ -130,6 +156,8 @@ def verdict(seen: Seen, *, uid: int, host: str, owner_alive: Callable[[Owner], b
         return "it lies in a caller's log_dir"
     if owner.host != host:
         return f"made on host {owner.host}, whose processes cannot be seen here"
+    if owner.boot is None or owner.boot != boot:
+        return "made under another boot or pid namespace (a container sharing the folder), whose pids mean nothing here"
     if owner.started is None:
         return f"its owner (pid {owner.pid}) has no recorded start time"
     if owner_alive(owner):
@@ -144,15 +172,18 @@ def owner_alive(owner: Owner) -> bool:
     record says (else the pid was given to another process since). A process that cannot be
     looked at counts as alive."""
     try:
-        proc = psutil.Process(owner.pid)
-        if owner.started is not None and abs(proc.create_time() - owner.started) > START_TOLERANCE_S:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        with open(f"/proc/{owner.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
         return False
-    except psutil.Error as exc:  # AccessDenied and the like: we cannot tell, so it may be alive
+    except OSError as exc:  # we cannot tell, so it may be alive
         logger.debug("cannot look at pid %d: %s", owner.pid, exc)
         return True
+    try:
+        state, started = fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return True
+    return state != "Z" and started == owner.started
 
 
 def command_lines(uid: int) -> list[list[str]]:
@@ -217,7 +248,7 @@ def sweep_stale(root: str | None = None) -> list[str]:
     except OSError as exc:
         logger.debug("cannot list %s to sweep stale job folders: %s", root, exc)
         return []
-    uid, host = os.getuid(), socket.gethostname()
+    uid, host, boot = os.getuid(), socket.gethostname(), this_boot()
     lines: list[list[str]] | None = None
 
     def in_use(path: str) -> bool:
@@ -231,7 +262,7 @@ def sweep_stale(root: str | None = None) -> list[str]:
         seen = look(os.path.join(root, name))
         if seen is None:
             continue
-        why = verdict(seen, uid=uid, host=host, owner_alive=owner_alive, in_use=in_use)
+        why = verdict(seen, uid=uid, host=host, boot=boot, owner_alive=owner_alive, in_use=in_use)
         if why is not None:
             logger.debug("keeping job folder %s: %s", seen.path, why)
             continue

@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-import psutil
 
 from clorch_repl.common.procs import pid_running
+from clorch_repl.jobs import job_dirs
 from clorch_repl.jobs.job_dirs import OWNER_FILE
 from notebook_kernel import NotebookKernel, Reply
 
@@ -92,7 +92,7 @@ def test_a_killed_notebooks_job_folder_is_swept_by_the_next_launch(tmp_path: Any
         with open(os.path.join(job, OWNER_FILE)) as fh:
             record = json.load(fh)
         assert record["pid"] == first.pid and record["owns_dir"] is True
-        assert abs(record["started"] - psutil.Process(first.pid).create_time()) < 1.0
+        assert record["started"] == job_dirs.start_ticks(first.pid) and record["boot"] == job_dirs.this_boot()
 
         os.kill(first.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -105,10 +105,10 @@ def test_a_killed_notebooks_job_folder_is_swept_by_the_next_launch(tmp_path: Any
         # a stale-looking folder that a process still names (a rank of an orphaned job may still run)
         busy = make(tmpdir_env, "clorch-job-90-busyxxxx", record)
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"{busy}/job.json"])
-        me = {"pid": os.getpid(), "started": psutil.Process().create_time(), "host": socket.gethostname(),
-              "owns_dir": True}
+        me = {"pid": os.getpid(), "started": job_dirs.start_ticks(os.getpid()), "host": socket.gethostname(),
+              "owns_dir": True, "boot": job_dirs.this_boot()}
         live = make(tmpdir_env, "clorch-job-91-livexxxx", me)
-        reused = make(tmpdir_env, "clorch-job-92-reusedxx", {**me, "started": me["started"] - 3600})
+        reused = make(tmpdir_env, "clorch-job-92-reusedxx", {**me, "started": me["started"] - 3600 * os.sysconf("SC_CLK_TCK")})
         target = make(str(tmp_path), "elsewhere", record)
         link = os.path.join(tmpdir_env, "clorch-job-93-linkxxxx")
         os.symlink(target, link)

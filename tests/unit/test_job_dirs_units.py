@@ -18,7 +18,10 @@ from clorch_repl.jobs.job_dirs import OWNER_FILE, Owner, Seen, names_folder, par
 
 UID = os.getuid()
 HOST = socket.gethostname()
-ME_STARTED = psutil.Process().create_time()
+ME_STARTED = job_dirs.start_ticks(os.getpid())
+BOOT = job_dirs.this_boot()
+#: an hour, in clock ticks: a start that far from the owner's is another process's
+HOUR = 3600 * os.sysconf("SC_CLK_TCK")
 
 
 def no_pid() -> int:
@@ -28,13 +31,13 @@ def no_pid() -> int:
 
 
 def stale(path: str = "/tmp/clorch-job-1-abcdefgh", **changes: Any) -> Seen:
-    owner = Owner(pid=no_pid(), started=1000.0, host=HOST, owns_dir=True)
+    owner = Owner(pid=no_pid(), started=1000, host=HOST, owns_dir=True, boot=BOOT)
     fields = {"path": path, "is_dir": True, "uid": UID, "owner": owner, **changes}
     return Seen(**fields)
 
 
 def judge(seen: Seen, alive: bool = False, used: bool = False) -> str | None:
-    return verdict(seen, uid=UID, host=HOST, owner_alive=lambda _o: alive, in_use=lambda _p: used)
+    return verdict(seen, uid=UID, host=HOST, boot=BOOT, owner_alive=lambda _o: alive, in_use=lambda _p: used)
 
 
 def test_a_folder_of_this_user_whose_owner_and_ranks_are_gone_is_swept() -> None:
@@ -45,9 +48,14 @@ def test_a_folder_of_this_user_whose_owner_and_ranks_are_gone_is_swept() -> None
     ({"is_dir": False}, False, False, "not a real directory"),
     ({"uid": UID + 1}, False, False, f"owned by uid {UID + 1}"),
     ({"owner": None}, False, False, "no readable owner.json"),
-    ({"owner": Owner(pid=1, started=1.0, host=HOST, owns_dir=False)}, False, False, "log_dir"),
-    ({"owner": Owner(pid=1, started=1.0, host="elsewhere", owns_dir=True)}, False, False, "host elsewhere"),
-    ({"owner": Owner(pid=1, started=None, host=HOST, owns_dir=True)}, False, False, "no recorded start time"),
+    ({"owner": Owner(pid=1, started=1, host=HOST, owns_dir=False, boot=BOOT)}, False, False, "log_dir"),
+    ({"owner": Owner(pid=1, started=1, host="elsewhere", owns_dir=True, boot=BOOT)}, False, False, "host elsewhere"),
+    ({"owner": Owner(pid=1, started=None, host=HOST, owns_dir=True, boot=BOOT)}, False, False, "no recorded start time"),
+    # a container sharing /tmp under the same hostname (another pid namespace), or another boot
+    ({"owner": Owner(pid=1, started=1, host=HOST, owns_dir=True, boot="other-boot pid:[1]")}, False, False,
+     "another boot or pid namespace"),
+    ({"owner": Owner(pid=1, started=1, host=HOST, owns_dir=True, boot=None)}, False, False,
+     "another boot or pid namespace"),
     ({}, True, False, "is alive"),
     ({}, False, True, "still names it"),
 ])
@@ -66,16 +74,19 @@ def test_the_host_is_looked_at_only_for_an_otherwise_stale_folder() -> None:
         asked.append("used")
         return False
 
-    verdict(stale(owner=None), uid=UID, host=HOST, owner_alive=alive, in_use=used)
+    verdict(stale(owner=None), uid=UID, host=HOST, boot=BOOT, owner_alive=alive, in_use=used)
     assert asked == []
-    verdict(stale(), uid=UID, host=HOST, owner_alive=alive, in_use=used)
+    verdict(stale(), uid=UID, host=HOST, boot=BOOT, owner_alive=alive, in_use=used)
     assert asked == ["alive", "used"]
 
 
 def test_the_owner_record_is_read_strictly() -> None:
-    good = {"pid": 12, "started": 5.5, "host": "h", "owns_dir": True}
-    assert parse_owner(json.dumps(good)) == Owner(12, 5.5, "h", True)
-    assert parse_owner(json.dumps({**good, "started": None})) == Owner(12, None, "h", True)
+    good = {"pid": 12, "started": 55, "host": "h", "owns_dir": True, "boot": "b pid:[1]"}
+    assert parse_owner(json.dumps(good)) == Owner(12, 55, "h", True, "b pid:[1]")
+    assert parse_owner(json.dumps({**good, "started": None})) == Owner(12, None, "h", True, "b pid:[1]")
+    for pid in (0, -1):  # psutil.Process(-1) raised ValueError out of the launch
+        assert parse_owner(json.dumps({**good, "pid": pid})) is None
+    assert parse_owner(json.dumps({**good, "started": 5.5})) is None and parse_owner(json.dumps({**good, "boot": 3})) is None
     for bad in ("", "{", "[]", json.dumps({**good, "pid": "12"}), json.dumps({**good, "pid": True}),
                 json.dumps({**good, "owns_dir": 1}), json.dumps({**good, "started": "5"}),
                 json.dumps({k: v for k, v in good.items() if k != "host"})):
@@ -90,10 +101,10 @@ def test_a_command_line_names_the_folder_or_a_file_in_it_not_a_sibling() -> None
 
 
 def test_the_owner_is_its_pid_and_start_time_together() -> None:
-    assert job_dirs.owner_alive(Owner(os.getpid(), ME_STARTED, HOST, True))
+    assert job_dirs.owner_alive(Owner(os.getpid(), ME_STARTED, HOST, True, BOOT))
     # the same pid, started an hour later: the system gave the dead owner's pid to another process
-    assert not job_dirs.owner_alive(Owner(os.getpid(), ME_STARTED - 3600, HOST, True))
-    assert not job_dirs.owner_alive(Owner(no_pid(), ME_STARTED, HOST, True))
+    assert not job_dirs.owner_alive(Owner(os.getpid(), ME_STARTED - HOUR, HOST, True, BOOT))
+    assert not job_dirs.owner_alive(Owner(no_pid(), ME_STARTED, HOST, True, BOOT))
 
 
 def make(root: str, name: str, record: dict[str, Any] | None) -> str:
@@ -110,9 +121,9 @@ def make(root: str, name: str, record: dict[str, Any] | None) -> str:
 def test_a_sweep_removes_only_the_stale_folders_of_clorch(tmp_path: Any) -> None:
     root = str(tmp_path / "tmp")
     os.mkdir(root)
-    dead = {"pid": no_pid(), "started": ME_STARTED, "host": HOST, "owns_dir": True}
+    dead = {"pid": no_pid(), "started": ME_STARTED, "host": HOST, "owns_dir": True, "boot": BOOT}
     gone = make(root, "clorch-job-1-deadxxxx", dead)
-    reused = make(root, "clorch-job-2-reusedxx", {**dead, "pid": os.getpid(), "started": ME_STARTED - 3600})
+    reused = make(root, "clorch-job-2-reusedxx", {**dead, "pid": os.getpid(), "started": ME_STARTED - HOUR})
     kept = {
         "live": make(root, "clorch-job-3-livexxxx", {**dead, "pid": os.getpid()}),
         "log_dir": make(root, "clorch-job-4-logdirxx", {**dead, "owns_dir": False}),
@@ -135,7 +146,7 @@ def test_a_sweep_removes_only_the_stale_folders_of_clorch(tmp_path: Any) -> None
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a folder of another user")
 def test_a_folder_of_another_user_is_never_touched(tmp_path: Any) -> None:
     path = make(str(tmp_path), "clorch-job-1-otherxxx",
-                {"pid": no_pid(), "started": ME_STARTED, "host": HOST, "owns_dir": True})
+                {"pid": no_pid(), "started": ME_STARTED, "host": HOST, "owns_dir": True, "boot": BOOT})
     os.chown(path, 4242, 4242)
     assert sweep_stale(str(tmp_path)) == [] and os.path.isdir(path)
 
@@ -151,4 +162,4 @@ def test_a_job_folder_records_its_owner(tmp_path: Any) -> None:
     assert not owns and os.path.basename(folder).startswith("clorch-job-7-")
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     with open(os.path.join(folder, OWNER_FILE)) as fh:
-        assert parse_owner(fh.read()) == Owner(os.getpid(), ME_STARTED, HOST, False)
+        assert parse_owner(fh.read()) == Owner(os.getpid(), ME_STARTED, HOST, False, BOOT)
