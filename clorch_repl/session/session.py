@@ -200,11 +200,11 @@ class Session(Inspecting, Suspending):
 
         ``ranks``: only those ranks start afresh (dead, stuck or not); the others keep their
         processes and namespaces and form the group again with them (:func:`recovery.replace`);
-        what their ranks print meanwhile goes to ``sink``. A session never started, or stopped, is
-        refused, as the notebook's ``%clorch restart`` refuses it (a restart that quietly started
-        ranks hid a script's missing ``start()``); one whose last restart failed keeps its launcher
-        and may be restarted again."""
-        if self.group is None:
+        what their ranks print meanwhile goes to ``sink``. A session never started is refused, as
+        the notebook's ``%clorch restart`` refuses one: a restart that quietly started ranks hid a
+        script's missing ``start()``. One that ran once may be restarted whatever became of it
+        since (a failed restart leaves no launcher: trying again is what the user means)."""
+        if self.group is None and self.started_at is None:
             raise ConfigError(f"nothing to restart: {self.hooks.verbs.to_start} first")
         if ranks is not None:
             return self._replace(ranks, progress, sink)
@@ -328,8 +328,7 @@ class Session(Inspecting, Suspending):
         try:
             if relay is None:
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
-            if (lost := recovery.degraded_notice(self)) is not None:
-                self.hooks.notice(lost)  # ranks lost: the cell runs on the others, without a group
+            self._say_degraded()
             with self.hooks.waiting():
                 outcome = relay.finish(started, sink, interrupted=interrupted)
                 died = [r.rank for r in outcome.ranks.values() if r.status is Status.DIED]
@@ -369,6 +368,17 @@ class Session(Inspecting, Suspending):
         if self.life.state is SessionState.DEGRADED:
             return recovery.survivors(self._require()[0], self._lost, self.life.why, self.hooks.verbs)
         return tuple(range(self.topology.nproc))
+
+    def _say_degraded(self) -> None:
+        """The hooks' notice that the ranks lost some of their group, before a cell's output. The
+        cell is already sent: nothing here may keep :meth:`finish` from waiting for it (a script
+        whose warnings are errors, a notice that cannot be worded), so such a failure is logged."""
+        try:
+            line = recovery.degraded_notice(self)
+            if line is not None:
+                self.hooks.notice(line)
+        except (ClorchError, Warning) as exc:
+            logger.warning("clorch_repl: the lost ranks' notice before a cell could not be given: %s", exc)
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any, Iterator
 
 import pytest
@@ -129,6 +130,10 @@ def test_a_deaths_notice_and_the_restart_refusal_name_the_engines_methods(sessio
         "clorch: rank 1 died: cells run on rank 0, which has no group (collectives fail) until "
         "session.restart(ranks=[1])"]
     assert said[0].filename == __file__
+    with warnings.catch_warnings():  # a script whose warnings are errors: the cell, sent, is still waited for
+        warnings.simplefilter("error")
+        assert session.run("print(rank)", None, 30, Lines()).ok
+    assert session.run("print(rank)", None, 30, Lines()).ok  # nothing left running
 
 
 def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
@@ -152,5 +157,10 @@ def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
                 session.logs(0, bad)  # type: ignore[arg-type]
     finally:
         session.stop()
-    with pytest.raises(ConfigError, match="nothing to restart"):
+    # once started, a restart starts it again whatever became of it (a failed restart leaves
+    # no launcher, and the notebook's retry of it must work)
+    try:
         session.restart()
+        assert session.run("print('again', rank)", None, None, PlainSink()).ok
+    finally:
+        session.stop()
