@@ -27,6 +27,7 @@ from ipykernel.iostream import OutStream
 
 from ..common.ctrl_c import ctrl_c_deferred
 from ..wire.limits import Budget, Limits, held_display
+from .child_flush import CHILD_FLUSH
 from .pace import Pace
 from .tracebacks import interrupts_at_users_line
 
@@ -278,12 +279,13 @@ class RankOutStream(OutStream):
         reached the notebook run together ("worker 2 line 0worker 3 line 0"), their ends as
         empty lines of their own. The text goes with the next write that ends a line (ipykernel
         sends what the buffer holds), with an explicit flush (``print(..., flush=True)`` flushes
-        after the end; tqdm flushes every update), or as the child exits normally (multiprocessing
-        flushes the standard streams then). A worker killed meanwhile loses its unfinished line,
-        as it could lose a message not yet out of its ZeroMQ socket before."""
+        after the end; tqdm flushes every update), or at most :data:`.child_flush.HOLD_S` later
+        as it is (a line that never ends, a ``"\r"`` update unflushed; a worker that ``with
+        Pool()`` ends later than that loses nothing)."""
         _echo(self.echo, string)  # the rank's log gets it now, as ipykernel's write would
         with self._buffer_lock:
             self._buffers[frozenset(self.parent_header.items())].write(string)
+        CHILD_FLUSH.held(self)
         return len(string)
 
     def _after_the_other(self) -> None:
