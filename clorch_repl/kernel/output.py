@@ -280,7 +280,7 @@ class RankOutStream(OutStream):
         empty lines of their own. The text goes with the next write that ends a line (ipykernel
         sends what the buffer holds), with an explicit flush (``print(..., flush=True)`` flushes
         after the end; tqdm flushes every update), or at most :data:`.child_flush.HOLD_S` later
-        as it is (a line that never ends, a ``"\r"`` update unflushed; a worker that ``with
+        as it is (a line that never ends, a ``"\\r"`` update unflushed; a worker that ``with
         Pool()`` ends later than that loses nothing)."""
         _echo(self.echo, string)  # the rank's log gets it now, as ipykernel's write would
         with self._buffer_lock:
