@@ -280,12 +280,19 @@ class RankOutStream(OutStream):
         empty lines of their own. The text goes with the next write that ends a line (ipykernel
         sends what the buffer holds), with an explicit flush (``print(..., flush=True)`` flushes
         after the end; tqdm flushes every update), or at most :data:`.child_flush.HOLD_S` later
-        as it is (a line that never ends, a ``"\\r"`` update unflushed; a worker that ``with
-        Pool()`` ends later than that loses nothing)."""
-        _echo(self.echo, string)  # the rank's log gets it now, as ipykernel's write would
-        with self._buffer_lock:
-            self._buffers[frozenset(self.parent_header.items())].write(string)
-        CHILD_FLUSH.held(self)
+        as it is (a line that never ends, a bare ``write``). Two writes say that no more of the
+        line is coming, and send what is held at once, so that a worker ended right after them
+        (``with Pool()`` terminates its workers) loses nothing: an empty one (the last write of
+        ``print(..., end="")``) and one that ends with ``"\\r"`` (a progress update's, or
+        ``print(..., end="\\r")``'s)."""
+        if string:
+            _echo(self.echo, string)  # the rank's log gets it now, as ipykernel's write would
+            with self._buffer_lock:
+                self._buffers[frozenset(self.parent_header.items())].write(string)
+        if not string or string.endswith("\r"):
+            self._flush()  # the send itself, as ipykernel's write does in a child
+        else:
+            CHILD_FLUSH.held(self)
         return len(string)
 
     def _after_the_other(self) -> None:

@@ -48,7 +48,7 @@ class Inspecting:
             check_unique_in_range(ranks, self.topology.nproc, verbs.why_ranks, "rank")
         return relay.why(ranks, all_threads=all_threads)  # every rank asked, ``ranks``' evidence shown
 
-    def logs(self: Any, rank: int, tail: int | None) -> str:
+    def logs(self: Any, rank: int, tail: int | None = None) -> str:
         """The last ``tail`` lines rank ``rank`` wrote (all of them with None or 0, as ``%clorch logs
         --tail 0``), earlier kernels of the rank (before a restart) included."""
         group, _ = self._require()

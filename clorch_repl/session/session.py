@@ -203,7 +203,9 @@ class Session(Inspecting, Suspending):
         what their ranks print meanwhile goes to ``sink``. A session never started is refused, as
         the notebook's ``%clorch restart`` refuses one: a restart that quietly started ranks hid a
         script's missing ``start()``. One that ran once may be restarted whatever became of it
-        since (a failed restart leaves no launcher: trying again is what the user means)."""
+        since (a failed restart leaves no launcher: trying again is what the user means; after a
+        ``stop()`` it starts again with the same settings, where the magics, which forget the
+        session at ``%clorch stop``, refuse)."""
         if self.group is None and self.started_at is None:
             raise ConfigError(f"nothing to restart: {self.hooks.verbs.to_start} first")
         if ranks is not None:

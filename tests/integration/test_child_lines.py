@@ -42,3 +42,18 @@ def test_a_progress_rewrite_without_a_flush_shows_while_the_child_runs(session: 
     assert session.run(code, None, 60, hooks).ok
     for r in (0, 1):
         assert hooks.text(r) == "\r50% alive when shown: True\n", hooks.items
+
+
+@pytest.mark.parametrize("end", ["", "\r"])
+def test_a_print_without_a_line_end_is_sent_before_a_pool_ends_its_workers(session: Session, end: str) -> None:
+    """A try-out's case: a worker's ``print(x, end="")`` right before ``with Pool()`` terminated it
+    was lost (held for its line's end); print's last write says the line is all there is."""
+    code = ("import multiprocessing as mp\n"
+            f"def g(i):\n    print(f'partial{{i}}', end={end!r})\n    return i\n"
+            "with mp.get_context('fork').Pool(2) as p:\n    p.map(g, range(2), chunksize=1)\nprint('done')")
+    for _ in range(3):
+        hooks = Lines()
+        assert session.run(code, None, 60, hooks).ok
+        for r in (0, 1):
+            text = hooks.text(r)
+            assert "partial0" in text and "partial1" in text and text.endswith("done\n"), hooks.items
