@@ -19,11 +19,18 @@ def test_why_on_a_group_busy_with_collectives_says_nothing_is_stuck() -> None:
         assert nb.run(BUSY).status == "ok"
         try:
             time.sleep(1)
-            for _ in range(3):
+            moved: list[str] = []
+            for _ in range(8):  # a look may land between two calls (seen on a busy 2-core CI box): no second look then
                 why = nb.run("%clorch why")
                 first = " ".join(why.text.split("\n---- ")[0].split())
-                assert why.status == "ok" and first.startswith("no collective is stuck: rank"), why.text
-                assert "completed more collectives in the 0.3 s after the look below" in first, why.text
+                assert why.status == "ok" and first.startswith(("no collective is stuck: rank",
+                                                                 "no collective is pending")), why.text
+                if first.startswith("no collective is stuck"):
+                    assert "completed more collectives in the 0.3 s after the look below" in first, why.text
+                    moved.append(first)
+                if len(moved) == 3:
+                    break
+            assert moved, "no look found a collective pending: the second look was never asked"
         finally:
             done = nb.run("%%distributed\n_stop.set()\n_busy.join(10)\nprint(_busy.is_alive())")
         assert done.status == "ok" and "False" in done.text, done.text
