@@ -18,30 +18,22 @@ def session() -> Iterator[Session]:
         yield engine
 
 
-def test_an_unfinished_line_is_sent_before_the_child_is_ended(session: Session) -> None:
-    """A child's line that never ends (``end=""``, no flush) waits for its end only so long: a
-    worker ended without a flush (``with Pool()`` terminates its workers) still shows it."""
-    code = ("import multiprocessing as mp, time\n"
-            "def f():\n    print(f'unfinished {rank}', end='')\n    time.sleep(30)\n"
-            "p = mp.get_context('fork').Process(target=f)\np.start()\ntime.sleep(1.5)\np.terminate()\np.join()\n"
-            "print('after', p.exitcode)")
+def texts(session: Session, code: str) -> dict[int, str]:
+    """What each rank printed in ``code``, run on both (it must succeed)."""
     hooks = Lines()
-    assert session.run(code, None, 60, hooks).ok
-    for r in (0, 1):
-        assert hooks.text(r) == f"unfinished {r}after -15\n", hooks.items
+    outcome = session.run(code, None, 60, hooks)
+    assert outcome.ok, (outcome, hooks.items)
+    return {r: hooks.text(r) for r in (0, 1)}
 
 
-def test_a_progress_rewrite_without_a_flush_shows_while_the_child_runs(session: Session) -> None:
-    """A worker's ``"\\r"`` update that it never flushes reaches the rank while the worker still
-    runs, not only once it ends."""
-    code = ("import multiprocessing as mp, time\n"
-            "def f():\n    print('\\r50%', end='')\n    time.sleep(30)\n"
+def test_an_unfinished_write_is_sent_before_the_child_is_ended(session: Session) -> None:
+    """A child's text that ends no line and is never flushed (a bare ``write``) waits for its end
+    only so long (kernel/child_flush.py): a worker ended without a flush still shows it."""
+    code = ("import multiprocessing as mp, sys, time\n"
+            "def f():\n    sys.stdout.write(f'unfinished {rank}')\n    time.sleep(30)\n"
             "p = mp.get_context('fork').Process(target=f)\np.start()\ntime.sleep(1.5)\n"
             "seen = p.is_alive()\np.terminate()\np.join()\nprint('', 'alive when shown:', seen)")
-    hooks = Lines()
-    assert session.run(code, None, 60, hooks).ok
-    for r in (0, 1):
-        assert hooks.text(r) == "\r50% alive when shown: True\n", hooks.items
+    assert texts(session, code) == {r: f"unfinished {r} alive when shown: True\n" for r in (0, 1)}
 
 
 @pytest.mark.parametrize("end", ["", "\r"])
@@ -52,8 +44,5 @@ def test_a_print_without_a_line_end_is_sent_before_a_pool_ends_its_workers(sessi
             f"def g(i):\n    print(f'partial{{i}}', end={end!r})\n    return i\n"
             "with mp.get_context('fork').Pool(2) as p:\n    p.map(g, range(2), chunksize=1)\nprint('done')")
     for _ in range(3):
-        hooks = Lines()
-        assert session.run(code, None, 60, hooks).ok
-        for r in (0, 1):
-            text = hooks.text(r)
-            assert "partial0" in text and "partial1" in text and text.endswith("done\n"), hooks.items
+        for text in texts(session, code).values():
+            assert "partial0" in text and "partial1" in text and text.endswith("done\n"), text
