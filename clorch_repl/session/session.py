@@ -202,10 +202,8 @@ class Session(Inspecting, Suspending):
         processes and namespaces and form the group again with them (:func:`recovery.replace`);
         what their ranks print meanwhile goes to ``sink``. A session never started is refused, as
         the notebook's ``%clorch restart`` refuses one: a restart that quietly started ranks hid a
-        script's missing ``start()``. One that ran once may be restarted whatever became of it
-        since (a failed restart leaves no launcher: trying again is what the user means; after a
-        ``stop()`` it starts again with the same settings, where the magics, which forget the
-        session at ``%clorch stop``, refuse)."""
+        script's missing ``start()``. One that ran once may be restarted whatever became of it (a
+        failed restart's retry; after ``stop()``, where the magics forget the session and refuse)."""
         if self.group is None and self.started_at is None:
             raise ConfigError(f"nothing to restart: {self.hooks.verbs.to_start} first")
         if ranks is not None:
@@ -330,7 +328,7 @@ class Session(Inspecting, Suspending):
         try:
             if relay is None:
                 raise ConfigError("the ranks were stopped before the cell sent to them finished")
-            self._say_degraded()
+            interrupted = self._say_degraded() or interrupted
             with self.hooks.waiting():
                 outcome = relay.finish(started, sink, interrupted=interrupted)
                 died = [r.rank for r in outcome.ranks.values() if r.status is Status.DIED]
@@ -371,16 +369,18 @@ class Session(Inspecting, Suspending):
             return recovery.survivors(self._require()[0], self._lost, self.life.why, self.hooks.verbs)
         return tuple(range(self.topology.nproc))
 
-    def _say_degraded(self) -> None:
-        """The hooks' notice that the ranks lost some of their group, before a cell's output. The
-        cell is already sent: nothing here may keep :meth:`finish` from waiting for it (a script
-        whose warnings are errors, a notice that cannot be worded), so such a failure is logged."""
+    def _say_degraded(self) -> bool:
+        """The hooks' notice that the ranks lost some of their group, before a cell's output; True
+        when a Ctrl-C came meanwhile. The cell is already sent: nothing here may keep :meth:`finish`
+        from waiting for it (a failure is logged: warnings as errors), and a Ctrl-C ends it as interrupted."""
         try:
-            line = recovery.degraded_notice(self)
-            if line is not None:
+            if (line := recovery.degraded_notice(self)) is not None:
                 self.hooks.notice(line)
         except (ClorchError, Warning) as exc:
             logger.warning("clorch_repl: the lost ranks' notice before a cell could not be given: %s", exc)
+        except KeyboardInterrupt:
+            return True
+        return False
 
     def interrupt(self, grace_s: float = INTERRUPT_GRACE_S) -> tuple[dict[int, str], str | None]:
         """KeyboardInterrupt on every rank; returns the stacks of ranks still busy after ``grace_s``

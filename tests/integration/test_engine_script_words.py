@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from clorch_repl.errors import ClorchError, ConfigError, DistributedCellError
-from clorch_repl.session.engine import PlainSink, Session, local_session
+from clorch_repl.session.engine import PlainSink, Session, SessionHooks, local_session
 from clorch_repl.session.lifecycle import SessionState
 from engine_helpers import Lines, engine_session
 
@@ -134,6 +134,18 @@ def test_a_deaths_notice_and_the_restart_refusal_name_the_engines_methods(sessio
         warnings.simplefilter("error")
         assert session.run("print(rank)", None, 30, Lines()).ok
     assert session.run("print(rank)", None, 30, Lines()).ok  # nothing left running
+
+    class CtrlCDuringTheNotice(SessionHooks):
+        def notice(self, text: str) -> None:
+            raise KeyboardInterrupt  # Kernel > Interrupt as the line is said: the cell was sent already
+
+    hooks, session.hooks = session.hooks, CtrlCDuringTheNotice()
+    try:
+        cut = session.run("import time\ntime.sleep(20)\nprint('never')", None, 60, Lines())
+    finally:
+        session.hooks = hooks
+    assert cut.interrupted and not cut.ok, cut  # ended as interrupted, the ranks interrupted too
+    assert session.run("print(rank)", None, 30, Lines()).ok  # not refused as still busy
 
 
 def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
