@@ -276,14 +276,33 @@ def sweep_stale(root: str | None = None) -> list[str]:
 
 def _remove(path: str) -> bool:
     """``rmtree`` (which refuses a symlink and never follows one inside); every error is logged
-    and the rest is still removed. True when the folder is gone."""
+    and the rest is still removed. The owner record goes last, so that a sweep cut short (a
+    Ctrl-C during the launch) leaves a folder the next launch can still judge and sweep. True
+    when the folder is gone."""
 
     def failed(failed_path: str, exc: BaseException) -> None:
         if not isinstance(exc, FileNotFoundError):  # FileNotFoundError: another launch sweeps it at once
             logger.debug("could not remove %s while sweeping %s: %s", failed_path, path, exc)
 
-    if sys.version_info >= (3, 12):  # onerror is deprecated there
-        shutil.rmtree(path, onexc=lambda _func, where, exc: failed(where, exc))
-    else:
-        shutil.rmtree(path, onerror=lambda _func, where, info: failed(where, info[1]))
+    def rmtree(where: str) -> None:
+        if sys.version_info >= (3, 12):  # onerror is deprecated there
+            shutil.rmtree(where, onexc=lambda _func, at, exc: failed(at, exc))
+        else:
+            shutil.rmtree(where, onerror=lambda _func, at, info: failed(at, info[1]))
+
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.name == OWNER_FILE:
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+                except OSError as exc:
+                    failed(entry.path, exc)
+    except OSError as exc:
+        failed(path, exc)
+    rmtree(path)  # the record, then the folder
     return not os.path.lexists(path)

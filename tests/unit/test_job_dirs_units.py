@@ -163,3 +163,26 @@ def test_a_job_folder_records_its_owner(tmp_path: Any) -> None:
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     with open(os.path.join(folder, OWNER_FILE)) as fh:
         assert parse_owner(fh.read()) == Owner(os.getpid(), ME_STARTED, HOST, False, BOOT)
+
+
+def test_a_sweep_cut_short_leaves_a_folder_the_next_sweep_takes(tmp_path: Any, monkeypatch: Any) -> None:
+    """A Ctrl-C during a launch's sweep stops it midway: the owner record is removed last, so the
+    folder left is still one the next launch can judge (without its record it never would)."""
+    dead = {"pid": no_pid(), "started": ME_STARTED, "host": HOST, "owns_dir": True, "boot": BOOT}
+    path = make(str(tmp_path), "clorch-job-1-cutxxxxx", dead)
+    for name in ("rank-1.log", "job.json", "zz-result.json"):
+        (tmp_path / "clorch-job-1-cutxxxxx" / name).write_text("x")
+    unlink, calls = os.unlink, []
+
+    def cut_short(where: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(where)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        unlink(where, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_stale(str(tmp_path))
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert os.path.isfile(os.path.join(path, OWNER_FILE))
+    assert sweep_stale(str(tmp_path)) == [path] and not os.path.exists(path)
