@@ -25,6 +25,7 @@ from clorch_repl.session.engine import (CellHooks, NoStdin, RankOutput, Session,
                                         local_session)
 from clorch_repl.session.lifecycle import SessionState
 from clorch_repl.session.protocol import RankState
+from engine_helpers import Lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -53,17 +54,6 @@ class Recorder(CellHooks):
     def text(self, rank: int, stream: str = "stdout") -> str:
         return "".join(i.content["text"] for i in self.items
                        if i.rank == rank and i.kind == "stream" and i.content.get("name") == stream)
-
-
-class OutputOnly(CellHooks):
-    """Hooks that show output and answer no prompts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[RankOutput] = []
-
-    def output(self, item: RankOutput) -> None:
-        self.items.append(item)
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +91,10 @@ def test_input_on_the_ranks_is_answered_by_the_stdin_hook_in_rank_order(session:
 def test_end_of_file_from_the_hook_and_no_hook_at_all_end_the_ranks_input_with_a_reason(session: Session) -> None:
     outcome = session.run("input('? ')", [1], 60, Recorder({}))  # the hook raises EOFError for rank 1
     assert outcome.ranks[1].status is Status.ERROR and outcome.ranks[1].error.ename == "EOFError"
-    outcome = session.run("input('? ')", [0], 60, OutputOnly())
+    outcome = session.run("input('? ')", [0], 60, Lines())
     error = outcome.ranks[0].error
-    assert error is not None and "OutputOnly answers no prompts" in error.evalue, error
-    outcome = session.run("input('? ')", [0], 60, OutputOnly(), stdin=NoStdin("this agent reads no input"))
+    assert error is not None and "Lines answers no prompts" in error.evalue, error
+    outcome = session.run("input('? ')", [0], 60, Lines(), stdin=NoStdin("this agent reads no input"))
     assert "this agent reads no input" in outcome.ranks[0].error.evalue
 
 
