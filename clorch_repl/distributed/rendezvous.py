@@ -7,7 +7,9 @@ group's keys, so cannot steer a later ``dist.new_group`` either (a TCPStore on l
 to every user of the host, and an overwritten key broke the owner's next ``new_group``). A fresh
 file is used for every start, so a restart never reads a previous group's keys. FileStore works
 for gloo and NCCL alike, for the default group and for every later ``new_group`` (which keeps
-its keys under a prefix in the same store).
+its keys under a prefix in the same store). The file itself is made 0600 before torch opens it
+(:func:`private_file`): torch's ``FileStore`` would create it under the rank's umask, readable by
+every user wherever the folder around it is not private (a ``TMPDIR`` shared by hand).
 
 **What this does not protect.** The backends' own data sockets are not authenticated: gloo's
 pairs and NCCL's bootstrap and socket transport listen on TCP, kept on loopback here
@@ -37,6 +39,13 @@ import torch.distributed as dist
 from ..wire.rank_env import STORE_FILE_ENV
 
 
+def private_file(path: str) -> None:
+    """Create ``path`` readable and writable by this user alone, unless it exists (then it is left
+    as it is: another rank of the group made it first, or torch is using it). Empty is what torch's
+    FileStore takes as a store with no keys."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+
+
 def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,
                    port: int | None = None) -> dist.Store:
     """The store of the default group: the private FileStore named by ``CLORCH_STORE_FILE`` when
@@ -45,6 +54,7 @@ def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr
     store_file = os.environ.get(STORE_FILE_ENV)
     env_port = os.environ.get("MASTER_PORT")
     if store_file and (port is None or (env_port is not None and str(port) == env_port)):
+        private_file(store_file)
         store = dist.FileStore(store_file, world_size)
         store.set_timeout(timeout)
         return store

@@ -143,6 +143,8 @@ def test_logs_hold_python_and_native_output_and_stop_ends_every_rank() -> None:
             mode = stat.S_IMODE(os.stat(job.log_path(r)).st_mode)
             assert mode == 0o600, oct(mode)
         assert stat.S_IMODE(os.stat(job.dir).st_mode) == 0o700
+        store = os.path.join(job.dir, "rendezvous.store")  # the group's keys: this user's alone too
+        assert stat.S_IMODE(os.stat(store).st_mode) == 0o600, oct(os.stat(store).st_mode)
         assert job.status().state == "running"
         pids = job.pids()
         assert all(pid_running(pid) for pid in pids)

@@ -303,6 +303,9 @@ def test_ranks_listen_on_loopback_and_ipc_only_with_private_files(ip: Any, magic
             info = json.load(fh)
         assert info["transport"] == "ipc" and info["signature_scheme"] == "hmac-sha256"
         assert len(info["key"]) >= 32
+    # the group's rendezvous (a FileStore the ranks created): this user's alone too
+    store = group.store_file
+    assert os.path.exists(store) and stat.S_IMODE(os.stat(store).st_mode) == 0o600, oct(os.stat(store).st_mode)
 
 
 def test_children_of_ranks_end_with_the_ranks(ip: Any, magics: Any) -> None:
