@@ -29,7 +29,7 @@ from ..common.atomic import write_json_atomic
 from ..errors import ConfigError, JobStillRunning, JobStopped, JobTimeout, RankFailure
 from ..host.rankfiles import log_tail
 from ..host.supervisor import STOP_GRACE_S
-from ..common.procs import describe_exit
+from ..common.procs import describe_exit, working_directory
 from ..common.rank_sets import rank_words
 from ..common.topology import parse_number
 from ..common.user_frames import public, shown_from_users_code
@@ -406,6 +406,7 @@ def launch(nproc_per_node: int | None = None, devices: Sequence[int] | str | Non
     topology = kind.topology(nproc_per_node, devices, backend, pg_timeout_s, nodes, log_dir)
     timeout_ms_number = parse_number(timeout_ms, "timeout_ms", "milliseconds")
     timeout_s = None if timeout_ms_number is None else timeout_ms_number / 1000.0
+    working_directory()  # the ranks start in it: one deleted under the notebook is refused here, saying so
     runs, label = what_to_run(main, script, module, args)
     extra = extra_env(env)
     grace = parse_number(grace_s, "grace_s", "seconds", zero="no grace")

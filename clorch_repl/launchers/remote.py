@@ -21,6 +21,7 @@ from typing import Any
 
 from jupyter_client.session import Session as JupyterSession
 
+from ..common import procs
 from ..common.atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..wire.rank_env import host_gpu_lists
@@ -260,12 +261,13 @@ class RemoteLauncher(Launcher):
     def _configure_send(self) -> None:
         zero = self.server.peers[0].hello
         env = {k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)}
+        cwd = procs.working_directory()
         for rank in range(self.world_size):
             self.server.send(rank, {"op": ToNanny.CONFIG, "master_addr": zero.get("address"),
                                     "master_port": zero.get("master_port"), "backend": self.topology.backend,
                                     "timeout_s": self.topology.timeout_s, "gpu": self._gpus[rank],
                                     "host_gpus": list(self._host_gpus[rank]),
-                                    "cpu_bind": self.topology.cpu_bind, "cwd": os.getcwd(), "env": env})
+                                    "cpu_bind": self.topology.cpu_bind, "cwd": cwd, "env": env})
 
     def interrupt(self, ranks: list[int] | None = None) -> None:
         for rank in range(self.world_size) if ranks is None else ranks:
