@@ -77,28 +77,6 @@ def free_port(host: str = LOOPBACK, ephemeral: tuple[int, int] | None | str = "r
 OOM_HINT = "out of memory? the OOM killer sends SIGKILL"
 
 
-def working_directory() -> str:
-    """This process's working directory, which new ranks start in. Where it was deleted (or moved
-    away) under a running notebook, a :class:`~clorch_repl.errors.ConfigError` saying so and what
-    to do: ``os.getcwd``'s bare FileNotFoundError named neither the folder nor a remedy."""
-    try:
-        return os.getcwd()
-    except FileNotFoundError:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"the working directory of this process (pid {os.getpid()} on host {socket.gethostname()}) "
-                          "no longer exists: it was deleted or moved away, and new ranks start in it. Change "
-                          "to an existing folder (%cd in a notebook, os.chdir() in a script) and try again") from None
-
-
-def still_in(folder: str) -> bool:
-    """Whether this process's working directory is still ``folder`` (False once it is gone)."""
-    try:
-        return os.getcwd() == folder
-    except FileNotFoundError:
-        return False
-
-
 def describe_exit(returncode: int | None) -> str:
     """``-9`` -> ``"killed by signal SIGKILL"``; ``3`` -> ``"exit code 3"``."""
     if returncode is None:

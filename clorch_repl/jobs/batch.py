@@ -29,7 +29,8 @@ from ..common.atomic import write_json_atomic
 from ..errors import ConfigError, JobStillRunning, JobStopped, JobTimeout, RankFailure
 from ..host.rankfiles import log_tail
 from ..host.supervisor import STOP_GRACE_S
-from ..common.procs import describe_exit, working_directory
+from ..common.procs import describe_exit
+from ..common.workdir import working_directory
 from ..common.rank_sets import rank_words
 from ..common.topology import parse_number
 from ..common.user_frames import public, shown_from_users_code

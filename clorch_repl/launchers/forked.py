@@ -29,7 +29,7 @@ from typing import Any, Callable
 from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_client.provisioning import LocalProvisioner
 
-from ..common import env_vars, procs
+from ..common import env_vars, workdir
 from ..host import proctitle
 from ..host.zygote import CLOSE_MESSAGE
 from ..errors import ClorchError
@@ -71,7 +71,7 @@ class Zygote:
 
     def __init__(self, log_path: str) -> None:
         #: what it was started with: a rank forked later must see what a fresh one would
-        self.env, self.cwd, self.log_path = dict(os.environ), procs.working_directory(), log_path
+        self.env, self.cwd, self.log_path = dict(os.environ), workdir.working_directory(), log_path
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
         self._ready = False
@@ -100,7 +100,7 @@ class Zygote:
     def stale(self) -> bool:
         """Whether it can no longer fork what a fresh rank would be: the notebook's environment or
         working directory changed since it started (its imports may have read them), or it died."""
-        return self.process.poll() is not None or self.env != dict(os.environ) or not procs.still_in(self.cwd)
+        return self.process.poll() is not None or self.env != dict(os.environ) or not workdir.still_in(self.cwd)
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any] | None:
         """One message (exits filed away as they come); None on timeout or once it is gone."""
@@ -301,7 +301,7 @@ class ForkedProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> dict[str, Any]:
         zygote: Zygote = kwargs.pop(ZYGOTE_KW)
-        cwd = kwargs.get("cwd") or procs.working_directory()
+        cwd = kwargs.get("cwd") or workdir.working_directory()
         self.process = zygote.fork(cmd, dict(kwargs["env"]), cwd, kwargs["stdout"])
         self.pid = self.process.pid
         # its own session (setsid in the child), perhaps not yet: never ask getpgid, which could

@@ -46,7 +46,7 @@ from typing import Any, Iterable
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from ..common import procs
+from ..common import procs, workdir
 from ..common.atomic import remove_quietly
 from ..placement import teardown
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
@@ -124,7 +124,7 @@ class LocalLauncher(Launcher):
             return KernelManager(kernel_name=FORKED_KERNEL_NAME if fork else KERNEL_NAME, transport="ipc",
                                  kernel_spec_manager=self._spec_manager, ip=os.path.join(self.dir, name),
                                  connection_file=os.path.join(self.dir, f"{name}.json"))
-        cwd = procs.working_directory()
+        cwd = workdir.working_directory()
         try:
             manager = forked.start_kernel(self.zygotes, manager_for, env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
         except KeyboardInterrupt:
@@ -191,9 +191,9 @@ class LocalLauncher(Launcher):
             changed = sorted(k for k in set(now) | set(spare.env) if now.get(k) != spare.env.get(k))
             if changed:
                 return f"the environment changed since the warm spares started ({', '.join(changed)})"
-            if not procs.still_in(spare.cwd):
+            if not workdir.still_in(spare.cwd):
                 return (f"the working directory changed since the warm spares started ({spare.cwd} -> "
-                        f"{procs.working_directory()})")
+                        f"{workdir.working_directory()})")
         return ""
 
     def _wait_until_serving(self, spares: list[LocalRank], progress: Progress) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from jupyter_client.session import Session as JupyterSession
 
-from ..common import procs
+from ..common import workdir
 from ..common.atomic import remove_quietly
 from ..errors import ClorchError, ConfigError
 from ..wire.rank_env import host_gpu_lists
@@ -261,7 +261,7 @@ class RemoteLauncher(Launcher):
     def _configure_send(self) -> None:
         zero = self.server.peers[0].hello
         env = {k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)}
-        cwd = procs.working_directory()
+        cwd = workdir.working_directory()
         for rank in range(self.world_size):
             self.server.send(rank, {"op": ToNanny.CONFIG, "master_addr": zero.get("address"),
                                     "master_port": zero.get("master_port"), "backend": self.topology.backend,
