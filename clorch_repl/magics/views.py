@@ -15,7 +15,9 @@ from ..common.procs import exit_in_a_table
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher
 from ..session.rank_report import RankReport
+from ..session.inspecting import kept_log_text
 from ..session.session import Session
+from ..notebook.hooks import NotebookHooks
 
 
 def status_rows(rows: Sequence[RankReport]) -> tuple[list[str], list[list[str]]]:
@@ -190,10 +192,4 @@ def log_text(session: Session | None, kept: str, rank: int, tail: int | None, jo
         return session.logs(rank, tail)
     if not kept:
         raise not_running()
-    from ..host.logfiles import kept_log
-
-    try:
-        path, text = kept_log(kept, rank, tail)
-    except FileNotFoundError as exc:
-        raise ClorchError(f"no ranks are running, and {exc}: run %clorch start first") from None
-    return f"clorch: no ranks are running; rank {rank}'s log as the last %clorch stop kept it ({path}):\n{text}"
+    return kept_log_text(kept, rank, tail, NotebookHooks.verbs)

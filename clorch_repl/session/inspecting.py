@@ -15,6 +15,7 @@ from typing import Any
 
 from ..common.topology import check_unique_in_range
 from ..errors import ConfigError
+from .hooks import Verbs
 from .suspend import refuse_cell
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 class Inspecting:
     """:meth:`why`, :meth:`logs` and :meth:`debug_rank` of a :class:`~clorch_repl.session.session.Session`."""
+
+    #: the folder where the last :meth:`stop` kept the ranks' logs ("" before any stop kept them)
+    kept_logs: str = ""
 
     def debug_rank(self: Any, rank: int | None) -> None:
         """Forward the notebook kernel's debug_request (JupyterLab's debugger) to ``rank``, or,
@@ -50,9 +54,33 @@ class Inspecting:
 
     def logs(self: Any, rank: int, tail: int | None = None) -> str:
         """The last ``tail`` lines rank ``rank`` wrote (all of them with None or 0, as ``%clorch logs
-        --tail 0``), earlier kernels of the rank (before a restart) included."""
+        --tail 0``), earlier kernels of the rank (before a restart) included; once the session is
+        stopped, what its stop kept of them, under a line saying so (as ``%clorch logs`` after
+        ``%clorch stop``)."""
+        if self.group is None and self.kept_logs:
+            check_unique_in_range([rank], self.topology.nproc, self.hooks.verbs.logs, "rank")
+            return kept_log_text(self.kept_logs, rank, _checked_tail(tail), self.hooks.verbs)
         group, _ = self._require()
         check_unique_in_range([rank], self.topology.nproc, self.hooks.verbs.logs, "rank")
-        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
-            raise ConfigError(f"tail must be a whole number of lines, 0 (everything) or more; got {tail!r}")
-        return group.log_tail(rank, tail or None)
+        return group.log_tail(rank, _checked_tail(tail))
+
+
+def _checked_tail(tail: int | None) -> int | None:
+    """``logs``' ``tail``: None for everything (0 or None), else the number of lines; refused
+    unless a whole number, 0 or more."""
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+        raise ConfigError(f"tail must be a whole number of lines, 0 (everything) or more; got {tail!r}")
+    return tail or None
+
+
+def kept_log_text(kept: str, rank: int, tail: int | None, verbs: Verbs) -> str:
+    """Rank ``rank``'s log (its last ``tail`` lines; None: all) in ``kept``, where a stop kept a
+    session's logs (:mod:`clorch_repl.host.logfiles`), under a line saying so; a ConfigError
+    naming the next step where that folder holds no log of the rank."""
+    from ..host.logfiles import kept_log
+
+    try:
+        path, text = kept_log(kept, rank, tail)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"no ranks are running, and {exc}: {verbs.to_start} first") from None
+    return f"clorch: no ranks are running; rank {rank}'s log as the last {verbs.stop} kept it ({path}):\n{text}"

@@ -183,6 +183,7 @@ class Session(Inspecting, Suspending):
             self.life.move_if("stopped")
             if not keep_logs:
                 group.close()  # even after a second Ctrl-C during the stop
+                self.kept_logs = getattr(group, "kept_logs", "")  # logs() reads them there from now on
         return left
 
     def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import warnings
 from typing import Any, Iterator
 
@@ -148,10 +149,12 @@ def test_a_deaths_notice_and_the_restart_refusal_name_the_engines_methods(sessio
     assert session.run("print(rank)", None, 30, Lines()).ok  # not refused as still busy
 
 
-def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
+def test_restart_and_logs_refuse_what_the_notebook_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     """A try-out's findings: ``restart()`` of a session never started (or stopped) started ranks
     quietly where ``%clorch restart`` refuses; ``logs`` took any ``tail`` (-1 gave nothing, "x" a
-    TypeError) where ``--tail`` is checked, and 0 gave nothing where ``--tail 0`` is everything."""
+    TypeError) where ``--tail`` is checked, and 0 gave nothing where ``--tail 0`` is everything;
+    ``logs`` after ``stop()`` said no ranks run where ``%clorch logs`` shows the kept log."""
+    monkeypatch.setenv("CLORCH_KEEP_LOGS", "1")  # (the suite's default is 0: nothing left in /tmp)
     session = local_session(2, "gloo")
     with pytest.raises(ConfigError, match=r"nothing to restart: call session\.start\(\) first"):
         session.restart()
@@ -169,6 +172,17 @@ def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
                 session.logs(0, bad)  # type: ignore[arg-type]
     finally:
         session.stop()
+    # stopped, the log is the one its stop kept, as %clorch logs shows it after %clorch stop
+    kept = session.logs(0, 1)
+    assert kept.startswith("clorch: no ranks are running; rank 0's log as the last session.stop() kept it (")
+    assert kept.splitlines()[-1] == "in the log 0", kept
+    with pytest.raises(ConfigError, match=r"session\.logs\(\) names rank 2, which does not exist"):
+        session.logs(2)
+    with pytest.raises(ConfigError, match="tail must be a whole number"):
+        session.logs(0, -1)
+    shutil.rmtree(session.kept_logs)
+    with pytest.raises(ConfigError, match=r"no ranks are running, and .* holds no log of rank 0.*call session\.start\(\) first"):
+        session.logs(0)
     # once started, a restart starts it again whatever became of it (a failed restart leaves
     # no launcher, and the notebook's retry of it must work)
     try:
@@ -176,3 +190,4 @@ def test_restart_and_logs_refuse_what_the_notebook_refuses() -> None:
         assert session.run("print('again', rank)", None, None, PlainSink()).ok
     finally:
         session.stop()
+        shutil.rmtree(session.kept_logs, ignore_errors=True)
