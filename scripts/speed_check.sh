@@ -3,7 +3,7 @@
 # torchrun (DDP and FSDP2), the sharded checkpoint's load, save and asynchronous stall, restarts
 # with warm spares, and the 64-rank start with its empty cell. STEPS picks some of them
 # (default: all, in this order: launch launch-fsdp checkpoint restart scale; named only: launch-rounds,
-# launch-fresh, fork, spare-cuda, relay-ab, priority, floor, layers, cell64, cell64-ab); logs go to
+# launch-fresh, fork, spare-cuda, relay-ab, priority, floor, layers, cell64, cell64-ab, timeline); logs go to
 # ${OUT:-/tmp/clorch-speed-check}. ROUNDS (checkpoint rounds, default 3), LOAD_PAIRS (its loads side by
 # side, default 12) and PROFILE (checkpoint.py's --profile lines, default 0) tune the checkpoint step.
 # About 9 minutes in all on one H200.
@@ -54,6 +54,8 @@ want floor && step floor 240 python3 benchmarks/relay_floor.py --nprocs 64,16 --
 # where a rank's CPU goes in an empty cell, layer by layer, at 64 and 16 gloo ranks (not in the default set)
 want layers && step layers 200 python3 benchmarks/rank_layers.py --nprocs 64,16 --cells 300
 want cell64 && step cell64 200 python3 benchmarks/start_scale.py --nprocs 64 --repeats 1 --iters 100 --fresh-max 0
+# the 64-rank empty cell split into its stages, in the client, the notebook kernel and every rank (not in the default set)
+want timeline && step timeline 200 python3 benchmarks/cell_timeline.py --nprocs 64 --cells 150
 # the same from this checkout and from each tree in AB_TREES (as relay-ab), alternated twice (not in the default set)
 if want cell64-ab; then
   for i in 1 2; do t=0; for tree in "$PWD" ${AB_TREES:-}; do
