@@ -11,14 +11,15 @@ clock for every process of the host), by wrapping, from cells, the methods that 
 * the client: the execute_request sent, its idle status read;
 * the notebook kernel: ipykernel's shell dispatch (the head start's wrapper included), the head
   start's send of the cell to the ranks (``HeadStart._begin``; the sends alone:
-  ``Relay._send_all``), IPython's ``run_cell``, and ``Session.finish`` (the magic's wait);
+  ``Relay._send_all``, whose start is the "first send" below), IPython's ``run_cell``, and
+  ``Session.finish`` (the magic's wait);
 * each rank: its lean execute of the cell (``LeanExecute._lean_execute``: after the request was
   read and checked, until the reply is sent).
 
 Each cell's stages are matched by time (the ranks' notes fall inside the client's span of the
 cell) and printed as medians with [p10-p90] over the cells, in milliseconds. The wrappers cost
-time of their own (the cell and ``pass`` alike, about 0.5 ms each on the 16-core host): compare
-stages with each other and with ``pass``, not these totals with ``start_scale.py``'s.
+time of their own, in the cell and in ``pass`` alike: compare stages with each other and with
+``pass``, not these totals with ``start_scale.py``'s (not measured: what the wrappers cost).
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ def main() -> None:
         print(f"{'`pass`' if kind == 'pass' else 'empty cell'} at {args.nprocs} ranks ({count} of "
               f"{args.cells} matched), ms: median [p10-p90]")
         for name, samples in rows.items():
+            if len(samples) < 2:
+                print(f"  {name:40s} {statistics.median(samples) * 1e3:7.3f} (one cell)")
+                continue
             deciles = statistics.quantiles(samples, n=10)
             print(f"  {name:40s} {statistics.median(samples) * 1e3:7.3f} [{deciles[0] * 1e3:.3f}-{deciles[8] * 1e3:.3f}]")
 

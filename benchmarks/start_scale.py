@@ -19,10 +19,10 @@ start by start so that a shared machine's load falls on both alike:
 
 Prints medians with [min-max] over ``--repeats`` and the 1-minute load average when each rank
 count began. Targets (issue 39, on the 16-core device): 64 ranks formed within 10 s; an empty
-cell at 64 within 2x a plain kernel's. The plain kernel is the target's baseline: a notebook
-kernel with clorch_repl loaded and its ranks idle runs ``pass`` a little slower (about 5 % on the
-2-core box), so the ratio against that kernel's own ``pass`` (printed beside it, and all that
-this benchmark printed before 2026-12-06) flatters the cell.
+cell at 64 within 2x a plain kernel's. The plain kernel is the target's baseline; the notebook
+kernel's own ``pass`` (clorch_repl loaded, its ranks idle; all that this benchmark printed before
+2026-12-06) is printed beside it. The two differed by a few percent either way where measured
+(docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ def main() -> None:
                              "cumulative time; not counted in the figures")
     args = parser.parse_args()
     nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
-    plain = NotebookKernel(env={"CLORCH_SPARES": "0"}) if args.iters else None  # the cell's baseline
+    plain: NotebookKernel | None = None
     try:
+        plain = NotebookKernel(env={"CLORCH_SPARES": "0"}) if args.iters else None  # the cell's baseline
         assert nb.run("%load_ext clorch_repl").status == "ok"
         for n in (int(x) for x in args.nprocs.split(",")):
             load = os.getloadavg()[0]

@@ -8,8 +8,8 @@ to every user of the host, and an overwritten key broke the owner's next ``new_g
 file is used for every start, so a restart never reads a previous group's keys. FileStore works
 for gloo and NCCL alike, for the default group and for every later ``new_group`` (which keeps
 its keys under a prefix in the same store). The file itself is made 0600 before torch opens it
-(:func:`private_file`): torch's ``FileStore`` would create it under the rank's umask, readable by
-every user wherever the folder around it is not private (a ``TMPDIR`` shared by hand).
+(:func:`private_file`): torch's ``FileStore`` would create it under the rank's umask (0644), so
+that the folder's mode alone kept the group's keys from other users.
 
 **What this does not protect.** The backends' own data sockets are not authenticated: gloo's
 pairs and NCCL's bootstrap and socket transport listen on TCP, kept on loopback here
@@ -43,7 +43,7 @@ def private_file(path: str) -> None:
     """Create ``path`` readable and writable by this user alone, unless it exists (then it is left
     as it is: another rank of the group made it first, or torch is using it). Empty is what torch's
     FileStore takes as a store with no keys."""
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
 
 
 def loopback_store(rank: int, world_size: int, timeout: datetime.timedelta, addr: str | None = None,

@@ -100,7 +100,7 @@ class Zygote:
     def stale(self) -> bool:
         """Whether it can no longer fork what a fresh rank would be: the notebook's environment or
         working directory changed since it started (its imports may have read them), or it died."""
-        return self.process.poll() is not None or self.env != dict(os.environ) or not workdir.still_in(self.cwd)
+        return self.process.poll() is not None or self.env != dict(os.environ) or not workdir.shares_folder(self.process.pid, self.cwd)
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any] | None:
         """One message (exits filed away as they come); None on timeout or once it is gone."""

@@ -142,6 +142,7 @@ class LocalLauncher(Launcher):
     def launch(self, progress: Progress) -> None:
         """Start every rank's kernel process, or make the warm spares the ranks; returns at once
         (readiness is the relay's job)."""
+        workdir.working_directory()  # refused before anything is ended or started where it was deleted
         # A fresh rendezvous for every start: a restart never reads a previous group's keys.
         self.store_file = os.path.join(self.dir, f"rendezvous-{secrets.token_hex(8)}.store")
         #: the group's MASTER_PORT (the ranks meet through the FileStore; torch's names are set too)
@@ -191,9 +192,8 @@ class LocalLauncher(Launcher):
             changed = sorted(k for k in set(now) | set(spare.env) if now.get(k) != spare.env.get(k))
             if changed:
                 return f"the environment changed since the warm spares started ({', '.join(changed)})"
-            if not workdir.still_in(spare.cwd):
-                return (f"the working directory changed since the warm spares started ({spare.cwd} -> "
-                        f"{workdir.working_directory()})")
+            if not workdir.shares_folder(spare.pid, spare.cwd):
+                return f"the working directory is not the folder the warm spares started in ({spare.cwd})"
         return ""
 
     def _wait_until_serving(self, spares: list[LocalRank], progress: Progress) -> str:
@@ -244,6 +244,7 @@ class LocalLauncher(Launcher):
     def replace(self, ranks: list[int], progress: Progress) -> None:
         """Fresh kernels for ``ranks`` beside the others (Launcher.replace): each one's warm spare where the set
         is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file."""
+        workdir.working_directory()  # refused before anything is ended or started where it was deleted
         self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
         spares, self.spares = self.spares, []
         usable = spares and not self._stale(spares) and all(s.serving for s in spares)

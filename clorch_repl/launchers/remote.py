@@ -123,6 +123,7 @@ class RemoteLauncher(Launcher):
 
     # -------------------------------------------------------------------- the contract
     def launch(self, progress: Progress) -> None:
+        workdir.working_directory()  # the ranks start in it: refused before the allocation, where it was deleted
         server = self.server
         if not self._configured:
             self.begin(progress)

@@ -111,7 +111,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
                               "%clorch stop or %clorch restart first")
         if self.session is not None:  # an interrupted restart's leftovers: end them, never orphan them
             self.session.stop()
-            self.session = None
+            self._forget_session()
         launcher = launcher_class(args.launcher)
         options = parse_launch(args)
         cpu_bind = parse_cpu_bind(args.cpu_bind)
@@ -135,7 +135,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         try:
             session.start(progress)
         except BaseException:
-            self.session = None  # a start that failed stopped what it started
+            self._forget_session()  # a start that failed stopped what it started (and kept its logs)
             raise
         views.notice(set_idle_suspend(self, suspend_after))
 
@@ -221,15 +221,15 @@ class ClorchMagics(sessions.SessionCommands, Magics):
         if self.session is None or not self.session.running:
             if self.session is not None and self.session.group is not None:
                 self.session.stop()  # what an interrupted restart left (its launcher, warm spares)
-                self.session = None
+                self._forget_session()
             count = self.warm.end()
             print(f"clorch: no ranks are running; ended the {count} warm spare(s) made when the extension loaded"
                   if count else "clorch: no ranks are running")
             return
-        n, launcher = self.session.topology.nproc, self.session.group
-        left = self.session.stop(say=lambda text: print(f"clorch: {text}", flush=True))
-        self.session = None
-        kept = self.kept_logs = getattr(launcher, "kept_logs", "")  # the session's files are gone, its logs are not
+        session, n = self.session, self.session.topology.nproc
+        left = session.stop(say=lambda text: print(f"clorch: {text}", flush=True))
+        self._forget_session()
+        kept = session.kept_logs  # the session's files are gone, its logs are not
         if left:
             raise ClorchError(f"stopped {n} rank(s), but not everything ended: {'; '.join(left)}")
         print(f"clorch: stopped {n} rank(s)" + (f"; their logs are kept in {kept}" if kept else ""))

@@ -31,6 +31,15 @@ class SessionCommands:
 
     session: Any
     warm: Any  # the magics' warm spares (clorch_repl.magics.warm.LoadSpares)
+    kept_logs: str  # where a stop kept the last session's logs ("": nowhere), for %clorch logs
+
+    def _forget_session(self) -> None:
+        """Let go of the session, stopped: the logs its stop kept (if it kept any) are what
+        ``%clorch logs`` shows from now on, whichever stop it was (``%clorch stop``, a failed
+        start, an interrupted restart's leftovers)."""
+        session, self.session = self.session, None
+        if session is not None and session.kept_logs:
+            self.kept_logs = session.kept_logs
 
     def shutdown(self, say: Callable[[str], None] | None = None) -> str | None:
         """Stop the ranks and end warm spares (extension unload, notebook kernel exit); what was

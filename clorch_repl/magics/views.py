@@ -190,6 +190,7 @@ def log_text(session: Session | None, kept: str, rank: int, tail: int | None, jo
         return get_job(job).logs(rank, tail=tail)
     if session is not None and session.running:
         return session.logs(rank, tail)
+    kept = (session.kept_logs if session is not None else "") or kept  # (a failed restart's stop kept them)
     if not kept:
         raise not_running()
     return kept_log_text(kept, rank, tail, NotebookHooks.verbs)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 from ..diagnosis import DEFAULT_HANG_NOTICE_S
 from ..errors import ClorchError, ConfigError, StartInterrupted, StartupError, ranks_are
+from ..common import workdir
 from ..common.rank_sets import rank_words
 from ..launchers.base import Launcher, Progress
 from ..launchers.local import LocalLauncher
@@ -85,8 +86,7 @@ class Session(Inspecting, Suspending):
         On any failure, or a KeyboardInterrupt, every rank already started is stopped again. A
         warm spare can die between the launcher's last look at it and the group's forming (the
         out-of-memory killer, a user's kill): the start then ends those ranks and starts them
-        cold, once, rather than fail a restart that a cold start would have made.
-        """
+        cold, once, rather than fail a restart that a cold start would have made."""
         t0 = getattr(progress, "since", None) or time.monotonic()
         if self.group is None:
             self.group = self._make_launcher(self.topology)
@@ -182,8 +182,9 @@ class Session(Inspecting, Suspending):
         finally:
             self.life.move_if("stopped")
             if not keep_logs:
+                self.kept_logs = ""  # (what logs() reads from now on: never an earlier stop's)
                 group.close()  # even after a second Ctrl-C during the stop
-                self.kept_logs = getattr(group, "kept_logs", "")  # logs() reads them there from now on
+                self.kept_logs = getattr(group, "kept_logs", "")
         return left
 
     def restart(self, progress: Progress = lambda _: None, ranks: list[int] | None = None,
@@ -195,18 +196,17 @@ class Session(Inspecting, Suspending):
         kernel.quick_exit), and their process group ends with their processes. A group with a dead, hung or busy rank is ended at once, as
         torchrun's agent ends its workers when one fails: SIGTERM, which a rank that must flush something can
         handle (the supervisor's grace, 5 s), then SIGKILL; a broken group asked to shut down would only wait.
-        The new ranks start once every process of the old ones has exited (issue 39: on GPUs the driver frees
-        a process's memory at its exit; the old kernel's last words come before the new one's log banner).
-        An interrupt (Ctrl-C) during the restart stops everything, warm spares included.
-
-        ``ranks``: only those ranks start afresh (dead, stuck or not); the others keep their
-        processes and namespaces and form the group again with them (:func:`recovery.replace`);
-        what their ranks print meanwhile goes to ``sink``. A session never started is refused, as
-        the notebook's ``%clorch restart`` refuses one: a restart that quietly started ranks hid a
-        script's missing ``start()``. One that ran once may be restarted whatever became of it (a
-        failed restart's retry; after ``stop()``, where the magics forget the session and refuse)."""
+        The new ranks start once every process of the old ones has exited (issue 39: on GPUs the driver frees a
+        process's memory at its exit; the old kernel's last words come before the new one's log banner). An
+        interrupt (Ctrl-C) during the restart stops everything, warm spares included. ``ranks``: only those ranks
+        start afresh (dead, stuck or not); the others keep their processes and namespaces and form the group again
+        with them (:func:`recovery.replace`); what their ranks print meanwhile goes to ``sink``. Refused: a session
+        never started, as ``%clorch restart`` refuses it (a quiet start hid a script's missing ``start()``; one that
+        ran once restarts whatever became of it: a failed restart's retry, after ``stop()``, where the magics
+        forget the session), and a deleted working directory, before any rank is ended (:mod:`..common.workdir`)."""
         if self.group is None and self.started_at is None:
             raise ConfigError(f"nothing to restart: {self.hooks.verbs.to_start} first")
+        workdir.working_directory()  # the new ranks start in it: refused before any rank is ended, where it is gone
         if ranks is not None:
             return self._replace(ranks, progress, sink)
         group, relay = self.group, self.relay

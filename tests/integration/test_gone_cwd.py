@@ -2,7 +2,9 @@
 
 The ranks start in the notebook's working directory; once it is gone, ``os.getcwd`` raises a bare
 FileNotFoundError from inside the launcher. What the user must see instead is that folder's
-absence and the remedy, and once they change folder the same session starts again."""
+absence and the remedy, with nothing ended or left behind by the refusal, and once they change
+folder the same session starts again. A folder made again at the same path is another folder:
+warm spares started in the first must not become the ranks there."""
 
 from __future__ import annotations
 
@@ -12,15 +14,21 @@ import tempfile
 import psutil
 import pytest
 
-from clorch_repl.common.procs import wait_gone
+from clorch_repl.common.procs import pid_running, wait_gone
 from clorch_repl.errors import ConfigError
 from clorch_repl.session.engine import local_session
 
 
-@pytest.mark.parametrize("spares", ["0", "1"])
-def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works(spares: str,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CLORCH_SPARES", spares)  # cold starts, and warm spares (forked in the old folder)
+def _spare_pids(session) -> list[int]:  # type: ignore[no-untyped-def]
+    return [s.pid for s in session.group.spares if s.pid is not None]
+
+
+@pytest.mark.parametrize("spares,fork", [("0", "1"), ("1", "1"), ("1", "0")],
+                         ids=["cold", "warm spares", "warm spares, fresh interpreters"])
+def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works(
+        spares: str, fork: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLORCH_SPARES", spares)
+    monkeypatch.setenv("CLORCH_FORK_RANKS", fork)  # (without the zygote, nothing ends a lost spare at stop)
     home = os.getcwd()
     gone, elsewhere = tempfile.mkdtemp(), tempfile.mkdtemp()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -28,11 +36,18 @@ def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works
     try:
         os.chdir(gone)
         session.start()
+        ranks, warm = session.pids(), _spare_pids(session)
         os.rmdir(gone)
-        with pytest.raises(ConfigError) as refused:
-            session.restart()
-        words = str(refused.value)
-        assert "working directory" in words and "no longer exists" in words and "os.chdir()" in words, words
+        for ranks_asked in ([1], None):  # a restart of some ranks, then of all
+            with pytest.raises(ConfigError) as refused:
+                session.restart(ranks=ranks_asked)
+            words = str(refused.value)
+            assert f"the working directory of this process, {gone}, (pid {os.getpid()}" in words, words
+            assert "no longer exists" in words and "os.chdir()" in words, words
+            if ranks_asked is not None:  # refused before anything was ended: the ranks and spares run on
+                assert session.pids() == ranks and all(pid_running(p) for p in ranks + warm)
+                assert session.run("x = 1", None, None, None).ok
+        assert wait_gone(warm, 10) == []  # the whole restart stopped the session: its spares with it, at once
         os.chdir(elsewhere)
         session.restart()
         assert session.run("import os\nassert os.getcwd() == %r" % elsewhere, None, None, None).ok
@@ -41,7 +56,32 @@ def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works
         assert session.stop() == []
         os.rmdir(elsewhere)
     children = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    assert wait_gone(children, 10) == []  # the refused start left no rank, spare or zygote behind
+    assert wait_gone(children, 10) == []  # the refused starts left no rank, spare or zygote behind
+
+
+def test_warm_spares_started_in_a_folder_made_again_at_its_path_are_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLORCH_SPARES", "1")
+    home, folder = os.getcwd(), tempfile.mkdtemp()
+    session = local_session(2, "gloo")
+    try:
+        os.chdir(folder)
+        session.start()
+        assert session.group.spares, "the session made no warm spares"
+        os.chdir(home)
+        os.rmdir(folder)
+        os.mkdir(folder, 0o700)  # the same path, another folder (a checkout cloned again)
+        os.chdir(folder)
+        with open("data.txt", "w") as fh:
+            fh.write("here")
+        session.restart()
+        assert not session.group.from_spares, "spares working in the deleted folder became the ranks"
+        assert session.run("assert open('data.txt').read() == 'here'", None, None, None).ok
+    finally:
+        os.chdir(home)
+        assert session.stop() == []
+        for name in os.listdir(folder):
+            os.remove(os.path.join(folder, name))
+        os.rmdir(folder)
 
 
 def test_a_batch_job_launched_from_a_deleted_working_directory_is_refused_saying_so() -> None:

@@ -73,3 +73,40 @@ def test_logs_after_a_stop_show_the_log_the_stop_kept(ip: Any, magics: Any, monk
         magics.shutdown()
         if kept:
             shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_logs_after_a_failed_restart_show_the_log_its_stop_kept(ip: Any, magics: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review's finding: a restart whose start fails stops the session (its logs kept), but
+    ``%clorch logs N`` then said no ranks were running, naming no log. The start's failure is
+    simulated (a raising ``start``): a real one (a group that cannot form) takes minutes to provoke;
+    the stop before it and the stop after it are the real ones."""
+    from clorch_repl.errors import ClorchError
+
+    monkeypatch.setenv("CLORCH_KEEP_LOGS", "1")
+    monkeypatch.setattr(magics, "kept_logs", "", raising=False)
+    if magics.session is not None and magics.session.running:
+        magics.shutdown()
+    ip.run_line_magic("clorch", "start --nproc 2")
+    session = magics.session
+    try:
+        assert ip.run_cell("%%distributed\nprint(f'before the restart, rank {rank}')").success
+
+        def failing_start(progress: Any = None) -> float:
+            raise ClorchError("simulated: the ranks could not form their process group")
+
+        monkeypatch.setattr(session, "start", failing_start)
+        with capture_output() as cap:
+            result = ip.run_cell("%clorch restart")
+        assert not result.success and "simulated" in cap.stdout + cap.stderr
+        assert session.kept_logs and not session.running
+        with capture_output() as cap:
+            ip.run_line_magic("clorch", "logs 0")
+        assert cap.stdout.startswith(f"clorch: no ranks are running; rank 0's log as the last %clorch stop kept it "
+                                     f"({os.path.join(session.kept_logs, 'rank0.log')}):"), cap.stdout
+        assert "before the restart, rank 0" in cap.stdout.splitlines(), cap.stdout
+    finally:
+        monkeypatch.undo()
+        magics.shutdown()
+        if session.kept_logs:
+            shutil.rmtree(session.kept_logs, ignore_errors=True)

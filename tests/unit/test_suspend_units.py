@@ -548,6 +548,38 @@ def test_stopping_a_suspended_session_ends_the_ranks_without_asking_them_to_leav
     assert session.life.state is S.STOPPED
 
 
+def test_a_stop_whose_close_is_interrupted_never_leaves_an_earlier_stops_logs_to_show() -> None:
+    """A review's finding: ``session.logs(N)`` after a stop reads the folder that stop kept; where
+    the launcher's close was cut short (a second Ctrl-C) the session still named an earlier
+    stop's folder, and showed that session's log as this one's."""
+    class Interrupted(_Launcher):
+        kept_logs = "/tmp/clorch-this-stop-logs"
+
+        def stop(self, grace_s: float = 5.0, *, polite: bool = True) -> list[str]:
+            return []
+
+        def close(self) -> None:
+            raise KeyboardInterrupt
+
+    class Channels(_Relay):
+        def set_comm_sink(self, sink: Any) -> None:
+            pass
+
+        def idle(self, rank: int) -> bool:
+            return True
+
+        def close(self) -> None:
+            pass
+
+    session = _session(Channels())
+    session.kept_logs = "/tmp/clorch-an-earlier-stop-logs"
+    session.group = Interrupted()  # type: ignore[assignment]
+    session.life = Lifecycle(S.SUSPENDED)  # (stopped without a leave request: nothing asked of the fake)
+    with pytest.raises(KeyboardInterrupt):
+        session.stop()
+    assert session.kept_logs == ""
+
+
 def test_the_idle_suspend_ends_with_the_session() -> None:
     """``%clorch stop`` (and the extension's unload) end the session's --suspend-after: its timer
     was left waking on the kernel's loop for good, and the next ``%clorch start`` said "the session
