@@ -58,7 +58,8 @@ def _no_stdin() -> str | None:
     _, sep, rest = why.partition(": ")  # "input() on rank 1: only rank 0 may read input ..."
     if not sep:
         return f"breakpoint() skipped: {why}"
-    rest = rest.replace("to answer its prompts from the notebook", "to debug it too")
+    asks, said, _ = rest.rpartition(" to answer its prompts")  # (the driver's words end it: Verbs.stdin_refused)
+    rest = f"{asks} to debug it too" if said else rest
     return f"breakpoint() skipped on rank {os.environ.get('RANK', '?')}: {rest}"
 
 

@@ -27,6 +27,8 @@ class NotebookHooks(SessionHooks):
     verbs = Verbs(interrupt="%clorch interrupt", restart="%clorch restart",
                   restart_ranks="%clorch restart --ranks {ranks}", to_start="run %clorch start",
                   ranks="--ranks", stdin_ranks="--stdin-ranks", timeout="--timeout", hang_notice="--hang-notice",
+                  stdin_refused=("only {allowed} may read input in this cell (%%distributed --stdin-ranks); add rank "
+                                 "{rank} there to answer its prompts from the notebook"),
                   restart_some="%clorch restart --ranks", start="%clorch start", stop="%clorch stop",
                   status="%clorch status", suspend="%clorch suspend", resume="%clorch resume", why="%clorch why",
                   why_ranks="--rank", debugger="%clorch debugger", logs="logs")

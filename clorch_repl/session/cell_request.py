@@ -9,10 +9,15 @@ from typing import Any
 from ..common import env_vars
 from ..common.rank_sets import rank_words
 from .cell_run import CellRun
+from .hooks import SCRIPT_VERBS
 from .protocol import CellRequest
 from .stdin import StdinBroker
 from ..wire.framing import (CELL_NUMBER_KEY, COMPACT_REPLY_KEY, LEAN_KEY, NO_STDIN_KEY, NO_STDIN_RANK,
                             OUTPUT_LIMITS_KEY, pack)
+
+
+#: a request made without the session's rules (a test's, a tool's): the engine's own words
+DEFAULT_STDIN_REFUSED = SCRIPT_VERBS.stdin_refused
 
 
 def packed_request(request: CellRequest, silent: bool, allowed: bool, front: bool,
@@ -33,9 +38,8 @@ def packed_request(request: CellRequest, silent: bool, allowed: bool, front: boo
         metadata[CELL_NUMBER_KEY] = int(request.cell_number)
     if not allowed:
         rank = NO_STDIN_RANK
-        why = no_front if not front else (
-            f"only {rank_words(request.stdin_ranks or ())} may read input in this cell "
-            f"(%%distributed --stdin-ranks); add rank {rank} there to answer its prompts from the notebook")
+        why = no_front if not front else (request.stdin_refused or DEFAULT_STDIN_REFUSED).format(
+            allowed=rank_words(request.stdin_ranks or ()), rank=rank)
         metadata[NO_STDIN_KEY] = f"input() on rank {rank}: {why}"
     return pack(metadata), pack(content)
 

@@ -100,4 +100,5 @@ def cell_request(code: str, chosen: tuple[int, ...], timeout_s: float | None, *,
                           "environment: fix it with %env, or unset it for the default)") from None
     return CellRequest(code, chosen, timeout_s, hang_notice_s=0.0 if silent else hang_notice_s,
                        stdin_ranks=None if stdin_ranks is None else tuple(stdin_ranks), cell_number=cell_number,
+                       stdin_refused=verbs.stdin_refused,
                        output_limits=limits, recover=not silent and life.state is SessionState.READY)

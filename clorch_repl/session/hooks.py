@@ -68,6 +68,11 @@ class Verbs:
     #: its own time limit (``Session.run``'s parameters)
     ranks: str = "ranks"
     stdin_ranks: str = "stdin_ranks"
+    #: what a rank left out of a cell's ``stdin_ranks`` says when it asks for input: ``{allowed}``,
+    #: the ranks that may; ``{rank}``, the one asking (filled in on the rank). The rank's
+    #: ``breakpoint()`` says the same, its last words ("to answer its prompts ...") replaced
+    stdin_refused: str = ("only {allowed} may read input in this cell (session.run's stdin_ranks); add rank {rank} "
+                          "to stdin_ranks to answer its prompts through the stdin hook")
     timeout: str = "timeout_s"
     #: a cell's own hang notice (seconds; 0: off)
     hang_notice: str = "hang_notice_s"

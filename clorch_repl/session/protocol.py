@@ -36,6 +36,8 @@ class CellRequest:
     #: ranks whose input() / breakpoint() prompts reach the front end (None: every rank); the
     #: others raise StdinNotImplementedError naming ``--stdin-ranks``
     stdin_ranks: tuple[int, ...] | None = None
+    #: what a rank left out of ``stdin_ranks`` says when it asks (the driver's ``Verbs.stdin_refused``)
+    stdin_refused: str = ""
     #: the number the notebook shows for this cell (``[12]``): each rank numbers its run of the
     #: cell the same, so that its traceback says ``Cell In[12]``; None leaves the ranks' own count
     cell_number: int | None = None

@@ -88,6 +88,22 @@ def test_input_on_the_ranks_is_answered_by_the_stdin_hook_in_rank_order(session:
     assert hooks.text(0) == "got zero\n" and hooks.text(1) == "got one\n"
 
 
+def test_a_rank_left_out_of_stdin_ranks_says_so_in_the_engines_words(session: Session) -> None:
+    """It named ``%%distributed --stdin-ranks`` and the notebook to a script, which has neither."""
+    hooks = Recorder({0: "zero"})
+    outcome = session.run("name = input('your name? ')\nprint('got', name)", None, 60, hooks, stdin_ranks=[0])
+    assert hooks.prompts == [(0, "your name? ", False)] and hooks.text(0) == "got zero\n"
+    error = outcome.ranks[1].error
+    assert error is not None and error.evalue == (
+        "input() on rank 1: only rank 0 may read input in this cell (session.run's stdin_ranks); add rank 1 to "
+        "stdin_ranks to answer its prompts through the stdin hook"), error
+    hooks = Recorder({0: "c"})  # (rank 0's pdb: continue)
+    outcome = session.run("breakpoint()\nprint('past it')", None, 60, hooks, stdin_ranks=[0])
+    assert outcome.ok and hooks.text(1, "stderr").splitlines()[-1] == (
+        "breakpoint() skipped on rank 1: only rank 0 may read input in this cell (session.run's stdin_ranks); add "
+        "rank 1 to stdin_ranks to debug it too"), hooks.text(1, "stderr")
+
+
 def test_end_of_file_from_the_hook_and_no_hook_at_all_end_the_ranks_input_with_a_reason(session: Session) -> None:
     outcome = session.run("input('? ')", [1], 60, Recorder({}))  # the hook raises EOFError for rank 1
     assert outcome.ranks[1].status is Status.ERROR and outcome.ranks[1].error.ename == "EOFError"

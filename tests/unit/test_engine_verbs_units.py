@@ -40,7 +40,9 @@ def test_the_notebooks_words_are_its_magics_and_the_engines_its_methods() -> Non
         "stdin_ranks": "--stdin-ranks", "timeout": "--timeout", "hang_notice": "--hang-notice",
         "restart_some": "%clorch restart --ranks", "start": "%clorch start", "stop": "%clorch stop",
         "status": "%clorch status", "suspend": "%clorch suspend", "resume": "%clorch resume", "why": "%clorch why",
-        "why_ranks": "--rank", "debugger": "%clorch debugger", "logs": "logs"}
+        "why_ranks": "--rank", "debugger": "%clorch debugger", "logs": "logs",
+        "stdin_refused": ("only {allowed} may read input in this cell (%%distributed --stdin-ranks); add rank {rank} "
+                          "there to answer its prompts from the notebook")}
     assert SessionHooks().verbs is SCRIPT_VERBS and SCRIPT_VERBS == Verbs()
     assert not any("%" in word for word in dataclasses.asdict(SCRIPT_VERBS).values())
     with pytest.raises(ClorchError, match=r"^the debugger panel is JupyterLab's: session.debug_rank\(\) works in"):
