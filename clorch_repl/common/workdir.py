@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 from ..errors import ConfigError
 
@@ -21,24 +22,38 @@ from ..errors import ConfigError
 _DELETED = " (deleted)"
 
 
-def working_directory() -> str:
-    """This process's working directory, which new ranks start in. Where it was deleted under a
-    running notebook, a :class:`~clorch_repl.errors.ConfigError` naming it and saying what to do."""
+def working_directory(needed: str = "new ranks start in it") -> str:
+    """This process's working directory. Where it was deleted under a running notebook, a
+    :class:`~clorch_repl.errors.ConfigError` naming it, saying why it was ``needed`` and what to do."""
     try:
         return os.getcwd()
     except FileNotFoundError:
-        raise ConfigError(f"the working directory of this process{_gone_name()} (pid {os.getpid()} on host "
-                          f"{socket.gethostname()}) no longer exists, and new ranks start in it: change to an "
-                          "existing folder (%cd in a notebook, os.chdir() in a script) and try again") from None
+        where = f"(pid {os.getpid()} on host {socket.gethostname()})"
+        path = _gone_path()
+        if not path:
+            said = f"this process's working directory {where} was deleted"
+        elif os.path.isdir(path):  # made again at its path: another folder, which this process is not in
+            said = f"this process's working directory, {path} {where}, was deleted; the folder there now is another one"
+        else:
+            said = f"this process's working directory, {path} {where}, was deleted"
+        raise ConfigError(f"{said}, and {needed}: change to an existing folder (%cd in a notebook, "
+                          "os.chdir() in a script) and try again") from None
 
 
-def _gone_name() -> str:
-    """`` ``PATH``: the deleted folder's last path, as Linux keeps it (empty where it cannot say)."""
+def torch_importable(what: str) -> None:
+    """Refuse ``what``, a command that imports torch in this process, where torch is not imported
+    yet and the working directory was deleted: torch's import then ends the process (Intel oneMKL's
+    "Cannot load libtorch_cpu.so", exit status 2), and a notebook kernel's end ends its ranks."""
+    if "torch" not in sys.modules:
+        working_directory(f"{what} imports torch here, which would end this process in a deleted folder")
+
+
+def _gone_path() -> str:
+    """The deleted folder's last path, as Linux keeps it ("" where it cannot say)."""
     try:
-        link = os.readlink("/proc/self/cwd")
+        return os.readlink("/proc/self/cwd").removesuffix(_DELETED)
     except OSError:
         return ""
-    return f", {link.removesuffix(_DELETED)},"
 
 
 def shares_folder(pid: int | None, folder: str) -> bool:

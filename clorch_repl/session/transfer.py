@@ -26,6 +26,7 @@ import re
 import secrets
 from typing import Any, Callable
 
+from ..common import workdir
 from ..common.atomic import remove_quietly
 from ..errors import ClorchError, ConfigError, DistributedCellError
 from ..wire import values
@@ -101,6 +102,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
     """``{rank: value}`` of ``name`` on each chosen rank (``None``: the last cell's value); what
     the ranks print meanwhile goes to ``show``'s output hook."""
     what = what or f"%clorch pull {name}"
+    workdir.torch_importable(what)  # (reading the values imports it)
     chosen = session.chosen(ranks)
     directory = session.value_dir()
     token = secrets.token_hex(8)
@@ -132,6 +134,7 @@ def pull(session: Session, name: str | None, ranks: list[int] | None, limit: int
 def push(session: Session, name: str, value: Any, ranks: list[int] | None, limit: int, *,
          show: ShowOutput = plain_output) -> tuple[int, ...]:
     """Give every chosen rank ``value`` as ``name``; returns the ranks."""
+    workdir.torch_importable(f"%clorch push {name}")  # (writing the value imports it)
     chosen = session.chosen(ranks)
     path = os.path.join(session.value_dir(), f"value-{secrets.token_hex(8)}-push.pt")
     try:

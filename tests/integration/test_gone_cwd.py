@@ -42,8 +42,9 @@ def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works
             with pytest.raises(ConfigError) as refused:
                 session.restart(ranks=ranks_asked)
             words = str(refused.value)
-            assert f"the working directory of this process, {gone}, (pid {os.getpid()}" in words, words
-            assert "no longer exists" in words and "os.chdir()" in words, words
+            assert words.startswith(f"this process's working directory, {gone} (pid {os.getpid()} on host "), words
+            assert words.endswith(", was deleted, and new ranks start in it: change to an existing folder (%cd in "
+                                  "a notebook, os.chdir() in a script) and try again"), words
             if ranks_asked is not None:  # refused before anything was ended: the ranks and spares run on
                 assert session.pids() == ranks and all(pid_running(p) for p in ranks + warm)
                 assert session.run("x = 1", None, None, None).ok
@@ -92,8 +93,30 @@ def test_a_batch_job_launched_from_a_deleted_working_directory_is_refused_saying
         os.chdir(gone)
         os.rmdir(gone)
         for what in ({"main": "os:getpid"}, {"script": "train.py"}):
-            with pytest.raises(ConfigError, match="no longer exists") as refused:
+            with pytest.raises(ConfigError, match="was deleted, and new ranks start in it") as refused:
                 dist.launch(nproc_per_node=1, **what)
             assert "os.chdir()" in str(refused.value)
     finally:
         os.chdir(home)
+
+
+def test_pull_and_push_in_a_deleted_folder_are_refused_instead_of_ending_the_notebook() -> None:
+    """A try-out's finding: ``%clorch pull`` imports torch in the notebook kernel the first time,
+    and torch's import in a deleted folder ends the process (Intel oneMKL: "Cannot load
+    libtorch_cpu.so", exit status 2): the notebook kernel died, and its ranks with it."""
+    from notebook_kernel import clorch_session
+
+    folder = tempfile.mkdtemp()
+    with clorch_session() as nb:
+        assert nb.run("%%distributed\nt = rank + 40").status == "ok"
+        assert nb.run(f"import os, sys\nos.chdir({folder!r})\nos.rmdir({folder!r})\n"
+                      "assert 'torch' not in sys.modules").status == "ok"  # (what the refusal is for)
+        for command in ("%clorch pull t", "x = 2\n%clorch push x"):
+            refused = nb.run(command)
+            assert refused.status == "error", refused.text
+            words = " ".join(refused.text.split())
+            assert f"this process's working directory, {folder} (pid " in words, words
+            assert "imports torch here, which would end this process in a deleted folder" in words, words
+        assert nb.run("%cd /tmp").status == "ok"
+        pulled = nb.run("%clorch pull t\nprint(t)")
+        assert pulled.status == "ok" and "{0: 40, 1: 41}" in pulled.text, pulled.text
