@@ -9,8 +9,9 @@ process notes when its stages begin and end with ``time.perf_counter`` (CLOCK_MO
 clock for every process of the host), by wrapping, from cells, the methods that run them:
 
 * the client: the execute_request sent, its idle status read;
-* the notebook kernel: ipykernel's shell dispatch (the head start's wrapper included), the head
-  start's send of the cell to the ranks (``HeadStart._begin``; the sends alone:
+* the notebook kernel: ipykernel's shell dispatch (the head start's wrapper included; after
+  IPython's ``run_cell`` it flushes the streams, sleeps its 0.5 ms, replies and says idle), the
+  head start's send of the cell to the ranks (``HeadStart._begin``; the sends alone:
   ``Relay._send_all``, whose start is the "first send" below), IPython's ``run_cell``, and
   ``Session.finish`` (the magic's wait);
 * each rank: its lean execute of the cell (``LeanExecute._lean_execute``: after the request was
@@ -103,7 +104,8 @@ def stages(kind: str, c0: float, c7: float, notes: list[tuple[str, float, float]
         return {}
     n1, n6 = dispatch
     out = {"client -> dispatch": n1 - c0, "dispatch -> run_cell": run_cell[0] - n1,
-           "run_cell": run_cell[1] - run_cell[0], "run_cell -> dispatch end": n6 - run_cell[1],
+           "run_cell": run_cell[1] - run_cell[0],
+           "run_cell -> dispatch end (ipykernel: flush, sleep, reply)": n6 - run_cell[1],
            "dispatch end -> client idle": c7 - n6, "client total": c7 - c0}
     if kind == "pass":
         return out
@@ -114,7 +116,7 @@ def stages(kind: str, c0: float, c7: float, notes: list[tuple[str, float, float]
     starts = sorted(t0 for t0, _ in spans)
     last_reply = max(t1 for _, t1 in spans)
     out.update({
-        "dispatch -> every rank sent the cell": sent[1] - n1,
+        "dispatch -> every rank sent the cell (head start)": sent[1] - n1,
         "  of it the sends": sends[1] - sends[0],
         "first send -> first rank starts": starts[0] - sends[0],
         "first send -> median rank starts": statistics.median(starts) - sends[0],
@@ -134,7 +136,7 @@ def main() -> None:
     parser.add_argument("--nprocs", type=int, default=64)
     parser.add_argument("--cells", type=int, default=150, help="empty cells, and as many `pass`")
     args = parser.parse_args()
-    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
+    nb = NotebookKernel(env={"CLORCH_SPARES": "0", "CLORCH_KEEP_LOGS": "0"})
     folder = tempfile.mkdtemp(prefix="clorch-timeline-")  # (the ranks' notes come back through files)
     try:
         assert nb.run("%load_ext clorch_repl").status == "ok"
@@ -174,10 +176,10 @@ def main() -> None:
               f"{args.cells} matched), ms: median [p10-p90]")
         for name, samples in rows.items():
             if len(samples) < 2:
-                print(f"  {name:40s} {statistics.median(samples) * 1e3:7.3f} (one cell)")
+                print(f"  {name:58s} {statistics.median(samples) * 1e3:7.3f} (one cell)")
                 continue
             deciles = statistics.quantiles(samples, n=10)
-            print(f"  {name:40s} {statistics.median(samples) * 1e3:7.3f} [{deciles[0] * 1e3:.3f}-{deciles[8] * 1e3:.3f}]")
+            print(f"  {name:58s} {statistics.median(samples) * 1e3:7.3f} [{deciles[0] * 1e3:.3f}-{deciles[8] * 1e3:.3f}]")
 
 
 if __name__ == "__main__":

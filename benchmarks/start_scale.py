@@ -151,7 +151,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nprocs", default="4,8,16")
     parser.add_argument("--repeats", type=int, default=3, help="starts per mode and baseline, per rank count")
-    parser.add_argument("--iters", type=int, default=100, help="pairs of cells for the empty cell (0: none)")
+    parser.add_argument("--iters", type=int, default=100,
+                        help="rounds of the empty cell, the notebook kernel's pass and a plain kernel's pass (0: none)")
     parser.add_argument("--fresh-max", type=int, default=10**6,
                         help="time fresh interpreters and torchrun (each rank imports torch: about 0.3 GB a "
                              "rank) only up to this many ranks")
@@ -160,10 +161,11 @@ def main() -> None:
                              "(wall time: waits show as the calls that waited), its LINES costliest calls by "
                              "cumulative time; not counted in the figures")
     args = parser.parse_args()
-    nb = NotebookKernel(env={"CLORCH_SPARES": "0"})
+    quiet = {"CLORCH_SPARES": "0", "CLORCH_KEEP_LOGS": "0"}  # (cold starts; no kept logs left in /tmp per start)
+    nb = NotebookKernel(env=quiet)
     plain: NotebookKernel | None = None
     try:
-        plain = NotebookKernel(env={"CLORCH_SPARES": "0"}) if args.iters else None  # the cell's baseline
+        plain = NotebookKernel(env=quiet) if args.iters else None  # the cell's baseline
         assert nb.run("%load_ext clorch_repl").status == "ok"
         for n in (int(x) for x in args.nprocs.split(",")):
             load = os.getloadavg()[0]
