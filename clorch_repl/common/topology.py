@@ -134,7 +134,7 @@ def check_unique_in_range(items: Sequence[int], upper: int, what: str, unit: str
         if item < 0:
             raise ConfigError(f"{what} names {unit} {item}: {unit} numbers start at 0")
         if item >= upper:
-            hint = f"0..{upper - 1}" if upper > 0 else "none exist"
+            hint = (f"0-{upper - 1}" if upper > 1 else "only 0") if upper > 0 else "none exist"  # (as ranks are spelled)
             raise ConfigError(f"{what} names {unit} {item}, which does not exist ({hint})")
 
 

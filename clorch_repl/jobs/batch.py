@@ -143,7 +143,7 @@ class Job:
 
     def log_path(self, rank: int) -> str:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.topology.nproc:
-            raise ConfigError(f"{self.id} has ranks 0..{self.topology.nproc - 1}; got rank {rank!r}")
+            raise ConfigError(f"{self.id} has {rank_words(range(self.topology.nproc))}; got rank {rank!r}")
         return self._plan.log_path(rank)
 
     @public

@@ -46,7 +46,7 @@ def test_launch_trains_a_small_model() -> None:
     assert [r.exit_code for r in status.ranks] == [0, 0]
     assert "final loss" in job.logs(1)
     assert "succeeded" in status.summary() and job.id in repr(job)
-    with pytest.raises(ConfigError, match="has ranks 0..1"):
+    with pytest.raises(ConfigError, match="has ranks 0-1; got rank"):
         job.logs(2)
     assert launch_mod.jobs()[-1] is job
     from clorch_repl.jobs.batch import get_job, jobs

@@ -41,7 +41,7 @@ def test_a_bad_time_limit_is_refused_before_the_cell_is_sent(session: Session, t
 @pytest.mark.parametrize("ranks, said", [
     ("0", "ranks must be a list of rank numbers, e.g. [0, 1] (None: every rank); got '0'"),
     ([], "ranks names no rank: name at least one (None: every rank)"),
-    ([7], "ranks names rank 7, which does not exist (0..1)"),
+    ([7], "ranks names rank 7, which does not exist (0-1)"),
 ])
 def test_bad_ranks_are_refused_before_the_cell_is_sent(session: Session, ranks: Any, said: str) -> None:
     with pytest.raises(ConfigError) as refused:

@@ -45,13 +45,13 @@ def _cells_named(outcome: Any) -> dict[int, list[str]]:
 def test_why_logs_and_the_debugger_name_the_engines_methods(session: Session) -> None:
     with pytest.raises(ConfigError) as refused:
         session.why([5])
-    assert str(refused.value) == "ranks names rank 5, which does not exist (0..1)"
+    assert str(refused.value) == "ranks names rank 5, which does not exist (0-1)"
     with pytest.raises(ConfigError) as refused:
         session.logs(5, 10)
-    assert str(refused.value) == "session.logs() names rank 5, which does not exist (0..1)"
+    assert str(refused.value) == "session.logs() names rank 5, which does not exist (0-1)"
     with pytest.raises(ConfigError) as refused:
         session.debug_rank(5)
-    assert str(refused.value) == "session.debug_rank() names rank 5, which does not exist (0..1)"
+    assert str(refused.value) == "session.debug_rank() names rank 5, which does not exist (0-1)"
     with pytest.raises(ClorchError) as refused:
         session.debug_rank(0)  # JupyterLab's panel: nothing of it in plain Python
     assert str(refused.value) == ("the debugger panel is JupyterLab's: session.debug_rank() works in a notebook "

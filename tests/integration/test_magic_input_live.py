@@ -19,7 +19,7 @@ def test_start_twice_and_logs_of_a_missing_rank_are_refused(ip: Any, magics: Any
         ip.run_line_magic("clorch", CPU_START)
     try:
         for line, message in [("%clorch start", "2 gloo rank(s) are already running"),
-                              ("%clorch logs 5", "logs names rank 5, which does not exist (0..1)"),
+                              ("%clorch logs 5", "logs names rank 5, which does not exist (0-1)"),
                               ("%clorch logs -1", "rank numbers start at 0"),
                               ("%clorch logs --tail 5", "the following arguments are required: rank"),
                               ("%clorch logs 0 --tail -2", "--tail must be 0 (everything) or more")]:

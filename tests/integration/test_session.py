@@ -229,7 +229,7 @@ def test_ranks_option_runs_on_the_chosen_ranks_only(ip: Any) -> None:
 
 
 @pytest.mark.parametrize("line, message", [
-    ("--ranks 0,5", "--ranks names rank 5, which does not exist (0..1)"),
+    ("--ranks 0,5", "--ranks names rank 5, which does not exist (0-1)"),
     ("--ranks 1,1", "--ranks repeats 1"),
     ("--ranks x", "--ranks must be comma-separated integers"),
     ("--timeout -3", "--timeout must be a positive number of seconds"),

@@ -108,7 +108,7 @@ def test_clorch_debug_opens_the_frames_of_a_ranks_last_exception(nb: NotebookKer
 def test_clorch_debug_refuses_a_rank_that_does_not_exist(nb: NotebookKernel) -> None:
     reply = nb.run("%clorch debug 5", answers=[], timeout=30)
     assert reply.status == "error"
-    assert "%clorch debug names rank 5, which does not exist (0..1)" in reply.text, reply.text
+    assert "%clorch debug names rank 5, which does not exist (0-1)" in reply.text, reply.text
 
 
 def test_clorch_debug_refuses_a_front_end_that_takes_no_input(nb: NotebookKernel) -> None:

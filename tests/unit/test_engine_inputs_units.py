@@ -42,7 +42,7 @@ def test_the_view_of_a_session_not_started_says_stopped() -> None:
 
 
 @pytest.mark.parametrize("ranks, said", [
-    ([7], "ranks names rank 7, which does not exist (0..1)"),
+    ([7], "ranks names rank 7, which does not exist (0-1)"),
     ([0, 0], "ranks repeats 0: each rank may appear once"),
     ([-1], "ranks names rank -1: rank numbers start at 0"),
     ([], "ranks names no rank: name at least one (None: every rank)"),

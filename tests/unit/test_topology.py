@@ -41,7 +41,8 @@ def test_session_ranks_get_the_translated_device(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"devices": "0,2", "gpu_count": 2}, "devices names GPU 2, which does not exist (0..1)"),
+    ({"devices": "0,2", "gpu_count": 2}, "devices names GPU 2, which does not exist (0-1)"),
+    ({"devices": "1", "gpu_count": 1}, "devices names GPU 1, which does not exist (only 0)"),
     ({"devices": "1,1", "gpu_count": 2}, "devices repeats 1"),
     ({"devices": "-1", "gpu_count": 2}, "GPU numbers start at 0"),
     ({"nproc": 3, "gpu_count": 2}, "nproc 3 needs 3 GPUs but 2 are visible"),
