@@ -3,6 +3,7 @@ everywhere and ``--help`` works on all of them (after ipyparallel's magics)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -121,6 +122,17 @@ stdin_ranks_option = _compose(argument(
 max_mb_option = _compose(argument(
     "--max-mb", metavar="MB", default=None, dest="max_mb",
     help="largest value one rank may send or receive, in MB (default 256)"))
+
+def one_rank(text: str) -> int:
+    """argparse's type for a positional that names one rank: a whole number (its range is the
+    session's to check). A list or range is said to name several, where argparse's own words were
+    "invalid int value"."""
+    try:
+        return int(text)
+    except ValueError:
+        several = " (one rank at a time: a list or a range names several)" if any(c in text for c in ",-") else ""
+        raise argparse.ArgumentTypeError(f"one rank number, e.g. 0; got {text!r}{several}") from None
+
 
 tail_option = _compose(argument("--tail", metavar="N", type=int, default=200,
                                 help="how many lines to show (default 200; 0 for all)"))

@@ -33,7 +33,7 @@ from .head_start import HeadStart
 from .warm import LoadSpares
 from .suspend import (end_idle_suspend, parse_duration, refuse_cell, resume_command, set_idle_suspend,
                       suspend_after_option, suspend_command)
-from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, parse,
+from .arguments import (argument, hang_notice_option, launcher_options, magic_arguments, max_mb_option, one_rank, parse,
                         parse_cpu_bind, parse_hang_notice, parse_launch, parse_max_mb, parse_ranks, parse_run,
                         ranks_option, refused, stdin_ranks_option, tail_option, timeout_option, topology_options,
                         user_errors)
@@ -169,7 +169,7 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             print(saves)
 
     @magic_arguments(name="clorch logs")
-    @argument("rank", type=int, help="the rank whose log to show")
+    @argument("rank", type=one_rank, help="the rank whose log to show")
     @tail_option
     @argument("--job", metavar="ID", default=None, help="a batch job from %%clorch jobs instead of the session")
     def _logs(self, line: str) -> None:

@@ -21,10 +21,13 @@ def test_start_twice_and_logs_of_a_missing_rank_are_refused(ip: Any, magics: Any
         for line, message in [("%clorch start", "2 gloo rank(s) are already running"),
                               ("%clorch logs 5", "logs names rank 5, which does not exist (0-1)"),
                               ("%clorch logs -1", "rank numbers start at 0"),
+                              ("%clorch logs 0,1", "argument rank: one rank number, e.g. 0; got '0,1' (one rank "
+                                                   "at a time: a list or a range names several)"),
+                              ("%clorch logs x", "argument rank: one rank number, e.g. 0; got 'x'"),
                               ("%clorch logs --tail 5", "the following arguments are required: rank"),
                               ("%clorch logs 0 --tail -2", "--tail must be 0 (everything) or more")]:
             result, out = say(ip, line)
-            assert not result.success and message in out, (line, out)
+            assert not result.success and message in " ".join(out.split()), (line, out)  # (wrapped to the width)
             assert "Traceback" not in out
     finally:
         magics.shutdown()
