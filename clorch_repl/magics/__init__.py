@@ -8,10 +8,14 @@ from typing import Any
 from .core import ClorchMagics
 
 _registered: dict[int, ClorchMagics] = {}
+#: where the last unload's stop kept each shell's rank logs: ``%clorch logs N`` reads them after a
+#: ``%reload_ext`` too, as after ``%clorch stop``, until the next session starts
+_kept_logs: dict[int, str] = {}
 
 
 def load(ipython: Any) -> None:
     magics = ClorchMagics(ipython)
+    magics.kept_logs = _kept_logs.pop(id(ipython), "")
     ipython.register_magics(magics)
     _registered[id(ipython)] = magics
     magics.head_start.install(getattr(ipython, "kernel", None))  # in a Jupyter kernel (ipykernel) only
@@ -29,6 +33,8 @@ def unload(ipython: Any) -> None:
     if said:  # %reload_ext too: a habit that must not end the ranks unsaid
         print(f"clorch: the extension was unloaded: {said}")
     atexit.unregister(magics.shutdown)
+    if magics.kept_logs:
+        _kept_logs[id(ipython)] = magics.kept_logs
     registry = ipython.magics_manager.magics
     for kind, names in magics.magics.items():
         for name in names:

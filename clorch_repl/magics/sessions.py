@@ -53,10 +53,10 @@ class SessionCommands:
                 if self.release_detached():  # a detached session outlives us
                     said = "the detached session's ranks keep running: %clorch sessions lists it"
                 else:
-                    launcher = self.session.group
-                    self.session.stop(**({"say": say} if say is not None else {}))
-                    self.session = None
-                    kept = getattr(launcher, "kept_logs", "")
+                    session = self.session
+                    session.stop(**({"say": say} if say is not None else {}))
+                    self._forget_session()
+                    kept = session.kept_logs
                     if running:
                         said = (f"stopped the session's {n} rank(s); their variables are gone"
                                 + (f", their logs are kept in {kept}" if kept else ""))

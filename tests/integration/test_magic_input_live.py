@@ -40,15 +40,26 @@ def test_status_without_ranks_answers_and_does_not_fail(no_session: Any) -> None
     assert out.strip() == "clorch: no ranks are running; %clorch start starts them"
 
 
-def test_unloading_the_extension_stops_the_ranks(ip: Any, magics: Any) -> None:
+def test_unloading_the_extension_stops_the_ranks(ip: Any, magics: Any, monkeypatch: Any) -> None:
+    import shutil
+
     from clorch_repl.common.procs import wait_gone
 
+    monkeypatch.setenv("CLORCH_KEEP_LOGS", "1")  # (the suite's default: none kept)
     ip.run_line_magic("clorch", CPU_START)
+    assert ip.run_cell("%%distributed\nprint('before the unload', rank)").success
     pids = magics.session.pids()
-    ip.run_line_magic("unload_ext", "clorch_repl")
+    result, said = say(ip, "%unload_ext clorch_repl")
     assert wait_gone(pids, 10) == []
-    result, out = say(ip, "%clorch status")
-    assert not result.success and "Line magic function `%clorch` not found" in out  # gone with the extension
-    ip.run_line_magic("load_ext", "clorch_repl")
-    result, out = say(ip, "%clorch status")
-    assert "no ranks are running" in out  # loaded again, clean
+    kept = said.rsplit("their logs are kept in ", 1)[1].strip()
+    try:
+        result, out = say(ip, "%clorch status")
+        assert not result.success and "Line magic function `%clorch` not found" in out  # gone with the extension
+        ip.run_line_magic("load_ext", "clorch_repl")
+        result, out = say(ip, "%clorch status")
+        assert "no ranks are running" in out  # loaded again, clean
+        result, out = say(ip, "%clorch logs 0")  # what the unload's stop kept, as after %clorch stop
+        assert result.success and "before the unload 0" in out.splitlines(), out
+        assert out.startswith(f"clorch: no ranks are running; rank 0's log as the last %clorch stop kept it ({kept}")
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
