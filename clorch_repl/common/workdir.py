@@ -71,28 +71,3 @@ def shares_folder(pid: int | None, folder: str) -> bool:
         except OSError:
             pass
     return here == folder
-
-
-def same_folder(pid: int, other: int) -> bool:
-    """Whether processes ``pid`` and ``other`` work in the very same folder (False where either
-    cannot be asked: gone, or no /proc)."""
-    try:
-        return os.path.samestat(os.stat(f"/proc/{pid}/cwd"), os.stat(f"/proc/{other}/cwd"))
-    except OSError:
-        return False
-
-
-def still_there(pid: int, path: str) -> bool | None:
-    """Whether process ``pid``, started in ``path``, still works in the folder at that path: False
-    where that folder was deleted (or another was made at its path), None where it cannot be told
-    (the process gone, no /proc)."""
-    try:
-        theirs = os.stat(f"/proc/{pid}/cwd")
-    except OSError:
-        return None
-    try:
-        return os.path.samestat(theirs, os.stat(path))
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return None

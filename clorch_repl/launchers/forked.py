@@ -69,10 +69,9 @@ def provisioner_registered() -> bool:
 class Zygote:
     """One zygote process and its socket: ``fork`` a rank's supervisor, learn each one's exit."""
 
-    def __init__(self, log_path: str, cwd: str | None = None) -> None:
-        #: what it was started with: a rank forked later must see what a fresh one would (``cwd``:
-        #: the folder its ranks work in, the notebook's working directory by default)
-        self.env, self.cwd, self.log_path = dict(os.environ), cwd or workdir.working_directory(), log_path
+    def __init__(self, log_path: str) -> None:
+        #: what it was started with: a rank forked later must see what a fresh one would
+        self.env, self.cwd, self.log_path = dict(os.environ), workdir.working_directory(), log_path
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
         self._ready = False
@@ -98,16 +97,10 @@ class Zygote:
     def pid(self) -> int:
         return self.process.pid
 
-    def stale(self, cwd: str | None = None) -> bool:
-        """Whether it can no longer fork what a fresh rank working in ``cwd`` (by default the
-        notebook's working directory) would be: the notebook's environment changed since it
-        started, or that folder is not the one it works in (its imports may have read them), or it
-        died."""
-        if self.process.poll() is not None or self.env != dict(os.environ):
-            return True
-        if cwd is None:
-            return not workdir.shares_folder(self.process.pid, self.cwd)
-        return cwd != self.cwd or workdir.still_there(self.process.pid, cwd) is False
+    def stale(self) -> bool:
+        """Whether it can no longer fork what a fresh rank would be: the notebook's environment or
+        working directory changed since it started (its imports may have read them), or it died."""
+        return self.process.poll() is not None or self.env != dict(os.environ) or not workdir.shares_folder(self.process.pid, self.cwd)
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any] | None:
         """One message (exits filed away as they come); None on timeout or once it is gone."""
@@ -329,13 +322,12 @@ class Zygotes:
         #: why forking failed, once it did: this launcher's ranks are fresh interpreters from then on
         self.broken = ""
 
-    def get(self, cwd: str | None = None) -> Zygote | None:
-        """The zygote to fork ranks working in ``cwd`` (the notebook's working directory by default)
-        from now: a fresh one where the last is stale; None when forking failed."""
+    def get(self) -> Zygote | None:
+        """The zygote to fork from now (a fresh one where the last is stale); None when forking failed."""
         if self.broken:
             return None
         self._retired = [z for z in self._retired if not _closed_if_idle(z)]
-        if self.current is not None and self.current.stale(cwd):
+        if self.current is not None and self.current.stale():
             logger.info("clorch_repl: the environment or working directory changed; a new rank zygote starts")
             self._retired.append(self.current)
             self.current = None
@@ -346,7 +338,7 @@ class Zygotes:
                                "ranks, a faster start)")
                 logger.info("clorch_repl: %s; starting the ranks as fresh interpreters", self.broken)
                 return None
-            self.current = Zygote(os.path.join(self.dir, "zygote.log"), cwd)
+            self.current = Zygote(os.path.join(self.dir, "zygote.log"))
         return self.current
 
     def close(self) -> None:
@@ -368,7 +360,7 @@ def start_kernel(zygotes: Zygotes, manager_for: Callable[[bool], Any], **kwargs:
     """Start a rank's kernel (``manager_for(forked)`` makes its ``KernelManager``): forked from the
     zygote where wanted, as a fresh interpreter where not, or where the zygote failed (said once,
     in the log: the rank's own start then shows what is wrong, e.g. a torch that cannot import)."""
-    zygote = zygotes.get(kwargs.get("cwd")) if wanted() else None
+    zygote = zygotes.get() if wanted() else None
     if zygote is not None:
         manager = manager_for(True)
         try:

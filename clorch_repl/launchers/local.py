@@ -48,7 +48,6 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from ..common import procs, workdir
 from ..common.atomic import remove_quietly
-from ..errors import ConfigError
 from ..placement import teardown
 from ..kernel import KERNEL_MODULE, STACK_FILE_ENV
 from ..wire.rank_env import RANK_LOG_ENV, SPARE_ENV, STORE_FILE_ENV, local_place, rank_environment
@@ -118,16 +117,14 @@ class LocalLauncher(Launcher):
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
 
-    def _start_kernel(self, name: str, env: dict[str, str], files: RankFiles, log_fd: int,
-                      cwd: str | None = None) -> LocalRank:
+    def _start_kernel(self, name: str, env: dict[str, str], files: RankFiles, log_fd: int) -> LocalRank:
         """One kernel below its supervisor (forked from the zygote: .forked): connection file ``NAME.json``
-        and IPC sockets ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``; working in
-        ``cwd`` (the notebook's working directory by default)."""
+        and IPC sockets ``NAME-*`` in the private directory, stdout and stderr to ``log_fd``."""
         def manager_for(fork: bool) -> KernelManager:
             return KernelManager(kernel_name=FORKED_KERNEL_NAME if fork else KERNEL_NAME, transport="ipc",
                                  kernel_spec_manager=self._spec_manager, ip=os.path.join(self.dir, name),
                                  connection_file=os.path.join(self.dir, f"{name}.json"))
-        cwd = cwd or workdir.working_directory()
+        cwd = workdir.working_directory()
         try:
             manager = forked.start_kernel(self.zygotes, manager_for, env=env, stdout=log_fd, stderr=log_fd, cwd=cwd)
         except KeyboardInterrupt:
@@ -178,12 +175,11 @@ class LocalLauncher(Launcher):
         if self.zygotes.broken:  # each such start is a slow one: say why
             progress(f"{self.zygotes.broken}; the ranks started as fresh interpreters")
 
-    def _stale(self, spares: list[LocalRank], folder_of: int | None = None) -> str:
+    def _stale(self, spares: list[LocalRank]) -> str:
         """Why the warm spares cannot be the next ranks ("" when they can): one died, the set is
         incomplete, or the notebook's environment or working directory changed since they started
         (a spare has what a cold rank would have had then; ``%env NCCL_DEBUG=INFO`` and a restart
-        must reach the ranks). Names changed variables, never their values. ``folder_of``: the
-        process whose folder the spares must work in (default: the notebook's own)."""
+        must reach the ranks). Names changed variables, never their values."""
         if len(spares) != self.topology.nproc:
             return f"{len(spares)} warm spare(s) for {self.topology.nproc} ranks" if spares else ""
         # the kernel itself, not only its supervisor, which leaves a moment after it
@@ -196,8 +192,7 @@ class LocalLauncher(Launcher):
             changed = sorted(k for k in set(now) | set(spare.env) if now.get(k) != spare.env.get(k))
             if changed:
                 return f"the environment changed since the warm spares started ({', '.join(changed)})"
-            if not (workdir.shares_folder(spare.pid, spare.cwd) if folder_of is None
-                    else spare.pid is not None and workdir.same_folder(spare.pid, folder_of)):
+            if not workdir.shares_folder(spare.pid, spare.cwd):
                 return f"the working directory is not the folder the warm spares started in ({spare.cwd})"
         return ""
 
@@ -243,25 +238,16 @@ class LocalLauncher(Launcher):
         """The base's answer in one look at the forked ranks' pidfds (:func:`.local_rank.ended`)."""
         return ended(self.ranks if ranks is None else [self.ranks[r] for r in ranks])
 
-    def cannot_replace(self, ranks: list[int]) -> str:
-        """Every rank is this host's child, so any can be replaced, but not where the folder the
-        others work in was deleted (asked before the session breaks the group up for it)."""
-        try:
-            self._kept_folder(ranks)
-        except ConfigError as exc:
-            return str(exc)
+    def cannot_replace(self, ranks: list[int]) -> str:  # every rank is this host's child: any can be
         return ""
 
     def replace(self, ranks: list[int], progress: Progress) -> None:
         """Fresh kernels for ``ranks`` beside the others (Launcher.replace): each one's warm spare where the set
-        is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file.
-        They work where the ranks kept do (not in the notebook's folder, which a ``%cd`` may have
-        changed since: a group's relative paths stay one); refused before anything is ended where
-        that folder was deleted."""
-        cwd, kept = self._kept_folder(ranks)
+        is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file."""
+        workdir.working_directory()  # refused before anything is ended or started where it was deleted
         self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
         spares, self.spares = self.spares, []
-        usable = spares and not self._stale(spares, kept) and all(s.serving for s in spares)
+        usable = spares and not self._stale(spares) and all(s.serving for s in spares)
         self._end([s for s in spares if not usable or s.rank not in ranks], 1.0, polite=False)
         tag = secrets.token_hex(3)
         for rank in ranks:
@@ -272,22 +258,9 @@ class LocalLauncher(Launcher):
                 continue
             files = self.files[rank]
             self.ranks[rank] = self._start_kernel(f"rank{rank}-{tag}", self.rank_env(rank, self.master_port), files,
-                                                  files.open_log(), cwd)
+                                                  files.open_log())
         self._joining = {STORE_FILE_ENV: self.store_file, "MASTER_PORT": str(self.master_port)}
         progress(f"{len(ranks)} fresh rank(s) started" + (" from warm spares" if usable else ""))
-
-    def _kept_folder(self, replaced: list[int]) -> tuple[str, int | None]:
-        """The folder the ranks that a restart of ``replaced`` keeps work in, and the pid of one of
-        them that is in it (None where none could be asked); a ConfigError where it was deleted."""
-        kept = [p for r, p in enumerate(self.ranks) if r not in replaced and p.cwd and p.pid is not None]
-        answers = [(p, workdir.still_there(p.pid, p.cwd)) for p in kept]
-        for rank, there in answers:
-            if there:
-                return rank.cwd, rank.pid
-        if any(there is False for _, there in answers):
-            raise ConfigError(f"the ranks this restart keeps work in {kept[0].cwd}, which was deleted, and a fresh "
-                              "rank must start where they are: restart every rank instead, from an existing folder")
-        return (kept[0].cwd if kept and os.path.isdir(kept[0].cwd) else workdir.working_directory()), None
 
     def adopt(self, options: LaunchOptions) -> None:
         """Take a start's options: a launcher made before it (warm spares made at load) becomes

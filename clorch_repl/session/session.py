@@ -206,9 +206,9 @@ class Session(Inspecting, Suspending):
         forget the session), and a deleted working directory, before any rank is ended (:mod:`..common.workdir`)."""
         if self.group is None and self.started_at is None:
             raise ConfigError(f"nothing to restart: {self.hooks.verbs.to_start} first")
-        if ranks is not None:  # (the fresh ranks start where the kept ones work: the launcher's to check)
-            return self._replace(ranks, progress, sink)
         workdir.working_directory()  # the new ranks start in it: refused before any rank is ended, where it is gone
+        if ranks is not None:
+            return self._replace(ranks, progress, sink)
         group, relay = self.group, self.relay
         healthy = (group is not None and relay is not None and all(p.alive for p in group.ranks)
                    and not relay.busy())

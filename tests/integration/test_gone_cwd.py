@@ -38,23 +38,17 @@ def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works
         session.start()
         ranks, warm = session.pids(), _spare_pids(session)
         os.rmdir(gone)
-        # a restart of some ranks: the fresh ones would start where the kept ones work, which is gone
-        with pytest.raises(ConfigError) as refused:
-            session.restart(ranks=[1])
-        assert str(refused.value) == (f"the ranks this restart keeps work in {gone}, which was deleted, and a fresh "
-                                      "rank must start where they are: restart every rank instead, from an existing "
-                                      "folder")
-        assert session.pids() == ranks and all(pid_running(p) for p in ranks + warm)  # nothing was ended
-        assert session.run("x = 1", None, None, None).ok
-        with pytest.raises(ConfigError) as refused:  # every rank: refused too, before any is ended
-            session.restart()
-        words = str(refused.value)
-        assert words.startswith(f"this process's working directory, {gone} (pid {os.getpid()} on host "), words
-        assert words.endswith(", was deleted, and new ranks start in it: change to an existing folder (%cd in "
-                              "a notebook, os.chdir() in a script) and try again"), words
-        assert session.pids() == ranks and session.run("x = 1", None, None, None).ok
-        session.stop()
-        assert wait_gone(warm, 10) == []
+        for ranks_asked in ([1], None):  # a restart of some ranks, then of all
+            with pytest.raises(ConfigError) as refused:
+                session.restart(ranks=ranks_asked)
+            words = str(refused.value)
+            assert words.startswith(f"this process's working directory, {gone} (pid {os.getpid()} on host "), words
+            assert words.endswith(", was deleted, and new ranks start in it: change to an existing folder (%cd in "
+                                  "a notebook, os.chdir() in a script) and try again"), words
+            if ranks_asked is not None:  # refused before anything was ended: the ranks and spares run on
+                assert session.pids() == ranks and all(pid_running(p) for p in ranks + warm)
+                assert session.run("x = 1", None, None, None).ok
+        assert wait_gone(warm, 10) == []  # the whole restart stopped the session: its spares with it, at once
         os.chdir(elsewhere)
         session.restart()
         assert session.run("import os\nassert os.getcwd() == %r" % elsewhere, None, None, None).ok
@@ -64,26 +58,6 @@ def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works
         os.rmdir(elsewhere)
     children = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert wait_gone(children, 10) == []  # the refused starts left no rank, spare or zygote behind
-
-
-def test_a_restart_of_some_ranks_starts_them_where_the_others_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A try-out's finding: after a ``%cd``, ``%clorch restart --ranks 1`` started rank 1 in the
-    notebook's new folder while rank 0 stayed in the old one; a group's relative paths must stay
-    one. Also where the notebook's new folder was deleted since: the ranks' own is what counts."""
-    monkeypatch.setenv("CLORCH_SPARES", "1")
-    home, first, second = os.getcwd(), tempfile.mkdtemp(), tempfile.mkdtemp()
-    session = local_session(2, "gloo")
-    try:
-        os.chdir(first)
-        session.start()
-        os.chdir(second)
-        os.rmdir(second)
-        session.restart(ranks=[1])
-        assert session.run("import os\nassert os.getcwd() == %r, os.getcwd()" % first, None, None, None).ok
-    finally:
-        os.chdir(home)
-        assert session.stop() == []
-        os.rmdir(first)
 
 
 def test_warm_spares_started_in_a_folder_made_again_at_its_path_are_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
