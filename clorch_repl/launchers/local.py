@@ -243,8 +243,15 @@ class LocalLauncher(Launcher):
 
     def replace(self, ranks: list[int], progress: Progress) -> None:
         """Fresh kernels for ``ranks`` beside the others (Launcher.replace): each one's warm spare where the set
-        is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file."""
-        workdir.working_directory()  # refused before anything is ended or started where it was deleted
+        is ready and current (the rest of it ended), else cold; they meet in this start's rendezvous file.
+        Like every new rank, they work in the notebook's working directory, said where the ranks kept
+        started elsewhere (a ``%cd`` since): their relative paths then differ."""
+        cwd = workdir.working_directory()  # refused before anything is ended or started where it was deleted
+        elsewhere = sorted({p.cwd for r, p in enumerate(self.ranks) if r not in ranks and p.cwd and p.cwd != cwd})
+        if elsewhere:
+            progress(f"the fresh rank(s) work in {cwd}, the notebook's working directory; the others started in "
+                     f"{', '.join(elsewhere)} (relative paths differ between them: %cd there and restart these "
+                     "ranks again to have them alike)")
         self._end([self.ranks[r] for r in ranks], 1.0, polite=False)
         spares, self.spares = self.spares, []
         usable = spares and not self._stale(spares) and all(s.serving for s in spares)

@@ -130,7 +130,8 @@ def one_rank(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        several = " (one rank at a time: a list or a range names several)" if any(c in text for c in ",-") else ""
+        several = (" (one rank at a time: a list or a range names several)"
+                   if any(c in text.lstrip("-") for c in ",-") else "")
         raise argparse.ArgumentTypeError(f"one rank number, e.g. 0; got {text!r}{several}") from None
 
 

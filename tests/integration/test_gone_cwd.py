@@ -60,6 +60,34 @@ def test_a_restart_in_a_deleted_working_directory_says_so_and_the_next_one_works
     assert wait_gone(children, 10) == []  # the refused starts left no rank, spare or zygote behind
 
 
+def test_a_restart_of_some_ranks_after_a_cd_says_that_their_folders_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A try-out's finding: after a ``%cd``, ``%clorch restart --ranks 1`` started rank 1 in the
+    notebook's new folder while rank 0 stayed in the old one, without a word."""
+    monkeypatch.setenv("CLORCH_SPARES", "0")
+    home, first, second = os.getcwd(), tempfile.mkdtemp(), tempfile.mkdtemp()
+    session = local_session(2, "gloo")
+    said: list[str] = []
+    try:
+        os.chdir(first)
+        session.start()
+        os.chdir(second)
+        session.restart(said.append, ranks=[1])
+        assert (f"the fresh rank(s) work in {second}, the notebook's working directory; the others started in "
+                f"{first} (relative paths differ between them: %cd there and restart these ranks again to have "
+                "them alike)") in said, said
+        assert session.run("import os\nassert os.getcwd() == (%r if rank == 0 else %r)" % (first, second),
+                           None, None, None).ok
+        said.clear()
+        os.chdir(first)
+        session.restart(said.append, ranks=[1])  # alike again: nothing to say
+        assert not any("the others started in" in line for line in said), said
+    finally:
+        os.chdir(home)
+        assert session.stop() == []
+        os.rmdir(first)
+        os.rmdir(second)
+
+
 def test_warm_spares_started_in_a_folder_made_again_at_its_path_are_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLORCH_SPARES", "1")
     home, folder = os.getcwd(), tempfile.mkdtemp()
