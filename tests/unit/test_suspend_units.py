@@ -519,6 +519,19 @@ def test_a_resume_that_cannot_restore_a_rank_stays_suspended_and_says_retry(monk
     assert relay.requests == []  # no group formed while a rank is still suspended
 
 
+class _StoppedRelay(_Relay):
+    """A relay whose ranks are idle and whose channels close (a stop's side of the relay)."""
+
+    def set_comm_sink(self, sink: Any) -> None:
+        pass
+
+    def idle(self, rank: int) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
 def test_stopping_a_suspended_session_ends_the_ranks_without_asking_them_to_leave() -> None:
     class Stoppable(_Launcher):
         def stop(self, grace_s: float = 5.0, *, polite: bool = True) -> list[str]:
@@ -528,17 +541,7 @@ def test_stopping_a_suspended_session_ends_the_ranks_without_asking_them_to_leav
         def close(self) -> None:
             pass
 
-    class Channels(_Relay):
-        def set_comm_sink(self, sink: Any) -> None:
-            pass
-
-        def idle(self, rank: int) -> bool:
-            return True
-
-        def close(self) -> None:
-            pass
-
-    relay = Channels()
+    relay = _StoppedRelay()
     session = _session(relay)
     group = Stoppable()
     session.group = group  # type: ignore[assignment]
@@ -561,17 +564,7 @@ def test_a_stop_whose_close_is_interrupted_never_leaves_an_earlier_stops_logs_to
         def close(self) -> None:
             raise KeyboardInterrupt
 
-    class Channels(_Relay):
-        def set_comm_sink(self, sink: Any) -> None:
-            pass
-
-        def idle(self, rank: int) -> bool:
-            return True
-
-        def close(self) -> None:
-            pass
-
-    session = _session(Channels())
+    session = _session(_StoppedRelay())
     session.kept_logs = "/tmp/clorch-an-earlier-stop-logs"
     session.group = Interrupted()  # type: ignore[assignment]
     session.life = Lifecycle(S.SUSPENDED)  # (stopped without a leave request: nothing asked of the fake)
