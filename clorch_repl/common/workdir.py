@@ -48,6 +48,18 @@ def torch_importable(what: str) -> None:
         working_directory(f"{what} imports torch here, which would end this process in a deleted folder")
 
 
+def torch_import_refused() -> bool:
+    """Whether :func:`torch_importable` would refuse now (asked where a refusal must come later, in
+    the words of whoever refuses)."""
+    if "torch" in sys.modules:
+        return False
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def _gone_path() -> str:
     """The deleted folder's last path, as Linux keeps it ("" where it cannot say)."""
     try:

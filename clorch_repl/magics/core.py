@@ -23,6 +23,7 @@ from ..notebook.hooks import NotebookHooks
 from ..session.hooks import NoStdin
 from ..session.session import Session
 from ..session.suspend import cpu_refusal
+from ..common import workdir
 from ..common.human import headline
 from ..host.logfiles import without_ansi
 from ..launchers.registry import launcher_class
@@ -417,6 +418,8 @@ class ClorchMagics(sessions.SessionCommands, Magics):
             options = cell_options(self.distributed, line)
             if options is None:
                 return
+            if options.gather is not None:  # before the ranks run it: gathering imports torch here
+                workdir.torch_importable(f"--gather {options.gather}")
             session = self._session()
             number = notebook_cell_number(self.shell)
             claimed = self.head_start.claim(line, cell, number)  # never a --profile cell

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from IPython.core.error import UsageError
 
-from ..common import env_vars
+from ..common import env_vars, workdir
 from ..errors import ClorchError, DistributedCellError
 from ..notebook.front_end import NotebookStdin
 from ..wire.framing import peek_execute
@@ -239,6 +239,8 @@ class HeadStart:
             options = cell_options(magics.distributed, line, quiet_help=True)
             if options is None or options.profile is not None:
                 return None
+            if options.gather is not None and workdir.torch_import_refused():
+                return None  # the magic refuses it before any rank runs it (its gather would import torch)
             number = int(shell.execution_count)  # what the magic's cell number will read
             started = session.begin(body, options.rank_list, options.timeout_s, hang_notice_s=options.hang_notice_s,
                                     stdin_ranks=options.stdin_rank_list, cell_number=number,

@@ -128,7 +128,7 @@ def test_a_batch_job_launched_from_a_deleted_working_directory_is_refused_saying
         os.chdir(home)
 
 
-def test_pull_and_push_in_a_deleted_folder_are_refused_instead_of_ending_the_notebook() -> None:
+def test_pull_push_and_gather_in_a_deleted_folder_are_refused_instead_of_ending_the_notebook() -> None:
     """A try-out's finding: ``%clorch pull`` imports torch in the notebook kernel the first time,
     and torch's import in a deleted folder ends the process (Intel oneMKL: "Cannot load
     libtorch_cpu.so", exit status 2): the notebook kernel died, and its ranks with it."""
@@ -145,6 +145,12 @@ def test_pull_and_push_in_a_deleted_folder_are_refused_instead_of_ending_the_not
             words = " ".join(refused.text.split())
             assert f"this process's working directory, {folder} (pid " in words, words
             assert "imports torch here, which would end this process in a deleted folder" in words, words
+        refused = nb.run("%%distributed --gather g\ng = rank")  # refused before any rank runs it
+        words = " ".join(refused.text.split())
+        assert refused.status == "error" and "--gather g imports torch here" in words, refused.text
+        assert "were interrupted" not in words, words  # (not sent ahead, then taken back)
+        ran = nb.run("%%distributed\nprint('g' in globals())")
+        assert ran.status == "ok" and "False" in ran.text and "True" not in ran.text, ran.text
         assert nb.run("%cd /tmp").status == "ok"
         pulled = nb.run("%clorch pull t\nprint(t)")
         assert pulled.status == "ok" and "{0: 40, 1: 41}" in pulled.text, pulled.text
