@@ -44,7 +44,7 @@ def torch_importable(what: str) -> None:
     """Refuse ``what``, a command that imports torch in this process, where torch is not imported
     yet and the working directory was deleted: torch's import then ends the process (Intel oneMKL's
     "Cannot load libtorch_cpu.so", exit status 2), and a notebook kernel's end ends its ranks."""
-    if "torch" not in sys.modules:
+    if torch_import_refused():
         working_directory(f"{what} imports torch here, which would end this process in a deleted folder")
 
 

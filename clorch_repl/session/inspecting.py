@@ -57,12 +57,11 @@ class Inspecting:
         --tail 0``), earlier kernels of the rank (before a restart) included; once the session is
         stopped, what its stop kept of them, under a line saying so (as ``%clorch logs`` after
         ``%clorch stop``)."""
-        if self.group is None and self.kept_logs:
-            check_unique_in_range([rank], self.topology.nproc, self.hooks.verbs.logs, "rank")
-            return kept_log_text(self.kept_logs, rank, _checked_tail(tail), self.hooks.verbs)
-        group, _ = self._require()
+        stopped = self.group is None and self.kept_logs
+        group = None if stopped else self._require()[0]
         check_unique_in_range([rank], self.topology.nproc, self.hooks.verbs.logs, "rank")
-        return group.log_tail(rank, _checked_tail(tail))
+        tail = _checked_tail(tail)
+        return kept_log_text(self.kept_logs, rank, tail, self.hooks.verbs) if group is None else group.log_tail(rank, tail)
 
 
 def _checked_tail(tail: int | None) -> int | None:
